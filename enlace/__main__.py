@@ -1,0 +1,3 @@
+from enlace.cli import main
+
+main()

@@ -1,0 +1,128 @@
+"""`enlace` — the trainer's command line (runs on the GPU server; also locally).
+
+Thin click commands over the operations in train.py, preflight.py, verify_resume.py and data/.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from enlace.config import load_config
+
+RUN_HELP = "RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."
+EXIT_CODES = """\b
+Exit codes:
+  0  ok (preflight: ok or tight)
+  1  the run failed (verify-resume: states differ)
+  2  bad usage, config or checkpoint (one line says what, where and the fix)
+  3  preflight: out of memory
+  4  preflight: fp16 unstable"""
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+    help="Override one config value (highest precedence), e.g. --set training.max_steps=50. Repeatable.",
+)  # fmt: skip
+root_option = click.option(
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
+)  # fmt: skip
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EXIT_CODES)  # fmt: skip
+@click.version_option(package_name="enlace")
+def main() -> None:
+    """Train small byte-level language models, resumably and (optionally) bit-exactly.
+
+    \b
+    Configs:  configs/runs/RUN.yaml names a data file (configs/data/) and a profile
+              (configs/profiles/); precedence: --set > run > profile > data > defaults.
+    Outputs:  runs/RUN_NAME/{config.yaml,run.json,train.log,metrics.jsonl,checkpoints/}
+
+    \b
+    Start here:
+      enlace check-config smoke-cpu     # the resolved config, or what is wrong
+      enlace preflight smoke-cpu        # does it fit, how long will it take
+      enlace train smoke-cpu            # train (resumes from the latest checkpoint)
+    """
+
+
+@main.command("check-config")
+@click.argument("run")
+@set_option
+@root_option
+@click.option("--json", "as_json", is_flag=True, help="Print the resolved config (or the error) as JSON.")
+def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
+    """Resolve RUN's config and print it, or say exactly what is wrong (exit 2).
+
+    RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
+    from enlace.errors import ConfigError
+
+    try:
+        cfg = load_config(run, overrides, root)
+    except ConfigError as e:
+        if as_json:
+            click.echo(json.dumps({"ok": False, "error": e.message, "file": e.source, "key": e.key}))
+            sys.exit(e.exit_code)
+        raise
+    if as_json:
+        click.echo(json.dumps({"ok": True, "run_name": cfg.run_name, "files": cfg.files,
+                               "fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}, indent=1))  # fmt: skip
+    else:
+        click.echo(f"# {cfg.files['run']} (profile {cfg.files['profile']}, data {cfg.files['data']})")
+        click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
+
+
+@main.command()
+@click.argument("run")
+@set_option
+@root_option
+@click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH",
+              help="Checkpoint to resume from: the run's newest complete one, none (start afresh), or a dir.")
+@click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP",
+              help="Train up to STEP, checkpoint and stop (status 'stopped'); the LR schedule still spans "
+                   "training.max_steps, so --until 10 then --until 20 equals one --until 20.")  # fmt: skip
+def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, until: int | None) -> None:
+    """Train RUN; resume from its latest complete checkpoint if there is one.
+
+    SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second one exits
+    at once; the last complete checkpoint stays intact). RUN is a file stem in configs/runs/ or a path."""
+    from enlace.train import train as run_training
+
+    cfg = load_config(run, overrides, root)
+    run_training(cfg, resume=resume, until=until)
+
+
+@main.command()
+@click.argument("data")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to create (must not exist).")
+@click.option("--dtype", type=click.Choice(["uint8", "uint16"]), default="uint8", show_default=True)
+@click.option("--shard-tokens", type=click.IntRange(min=1024), default=1 << 24, show_default=True,
+              help="Tokens per shard file.")  # fmt: skip
+@click.option("--val-fraction", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=None,
+              help="Fraction held out for validation (default: the data config's val_fraction).")  # fmt: skip
+@root_option
+def prepare(data: str, out: Path, dtype: str, shard_tokens: int, val_fraction: float | None,
+            root: Path | None) -> None:  # fmt: skip
+    """Write the byte corpus of data config DATA (configs/data/DATA.yaml) as token shards in OUT.
+
+    Use the shards with a data config of `kind: shards` and `shard_dir: OUT`. OUT appears only
+    once complete."""
+    from enlace.config import find_root, load_data_config
+    from enlace.data import prepare_shards, resolve_paths
+
+    root = find_root(root)
+    data_cfg = load_data_config(data, root)
+    if data_cfg.kind != "bytes":
+        raise click.UsageError(f"DATA {data!r} is kind {data_cfg.kind}; prepare reads a kind: bytes config")
+    files = resolve_paths(data_cfg.paths, root)
+    frac = val_fraction if val_fraction is not None else data_cfg.val_fraction
+    meta = prepare_shards(files, out, shard_tokens, dtype, frac,
+                          progress=lambda name, n: click.echo(f"  wrote {name} ({n} tokens)", err=True))  # fmt: skip
+    click.echo(f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, "
+               f"{meta['tokens']['train']} + {meta['tokens']['val']} tokens ({dtype}) from {len(files)} files")  # fmt: skip

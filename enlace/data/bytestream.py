@@ -1,0 +1,118 @@
+"""ByteStream: raw bytes of files → uint8 tokens, random windows from a seeded generator.
+
+The corpus is the concatenation of the files (memory-mapped, never loaded whole). The train split
+is its first (1 - val_fraction), the val split the rest. Under DDP each rank draws from its own
+contiguous slice of the train split, so ranks never see the same window start.
+
+Batch k's window starts come from a generator seeded by (seed, split, rank, k): the whole state
+of the stream is the counter k, and any batch can be re-drawn exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import hashlib
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from enlace.errors import EnlaceError
+
+
+class DataError(EnlaceError):
+    exit_code = 2
+
+
+def mix_seed(*parts: object) -> int:
+    """A 63-bit seed from any parts; distinct parts give unrelated seeds."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
+    """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    files: list[Path] = []
+    for pattern in patterns:
+        expanded = pattern.replace("{stdlib}", stdlib)
+        if not Path(expanded).is_absolute():
+            expanded = str(root / expanded)
+        matches = sorted(Path(m) for m in glob.glob(expanded, recursive=True) if Path(m).is_file())
+        if not matches:
+            raise DataError(f"data.paths: {pattern!r} matches no file (looked for {expanded}) — "
+                            "put the corpus there, or fix the pattern in the data config")
+        files.extend(m for m in matches if m not in files)
+    return files
+
+
+class ConcatBytes:
+    """Several files read as one byte array, via memory maps."""
+
+    def __init__(self, files: list[Path]):
+        self.maps = [np.memmap(f, dtype=np.uint8, mode="r") for f in files if f.stat().st_size > 0]
+        self.starts = [0]
+        for m in self.maps:
+            self.starts.append(self.starts[-1] + len(m))
+        self.length = self.starts[-1]
+
+    def read(self, start: int, n: int) -> np.ndarray:
+        """Bytes [start, start+n) as a uint8 array (may span files)."""
+        out = np.empty(n, dtype=np.uint8)
+        i = bisect.bisect_right(self.starts, start) - 1
+        pos, filled = start - self.starts[i], 0
+        while filled < n:
+            chunk = self.maps[i][pos : pos + n - filled]
+            out[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+            i, pos = i + 1, 0
+        return out
+
+
+class ByteStream:
+    VERSION = 1
+
+    def __init__(self, files: list[Path], seq_len: int, batch_size: int, split: str = "train",
+                 val_fraction: float = 0.05, seed: int = 0, rank: int = 0, world: int = 1):  # fmt: skip
+        self.data = ConcatBytes(files)
+        self.seq_len, self.batch_size, self.split, self.seed = seq_len, batch_size, split, seed
+        self.rank = rank
+        n_train = int(self.data.length * (1.0 - val_fraction))
+        if split == "train":
+            per_rank = n_train // world
+            self.lo, self.hi = rank * per_rank, (rank + 1) * per_rank
+        elif split == "val":
+            self.lo, self.hi = n_train, self.data.length
+        else:
+            raise ValueError(f"split must be train or val, not {split!r}")
+        if self.hi - self.lo < seq_len + 1:
+            raise DataError(f"the {split} split has {self.hi - self.lo} bytes, fewer than seq_len + 1 = "
+                            f"{seq_len + 1}: add data, lower model.seq_len or change data.val_fraction")  # fmt: skip
+        self.position = 0  # batches drawn so far
+
+    def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch number k: x, y of shape (batch_size, seq_len), int64."""
+        g = torch.Generator().manual_seed(mix_seed(self.seed, self.split, self.rank, k))
+        starts = torch.randint(self.lo, self.hi - self.seq_len, (self.batch_size,), generator=g)
+        rows = np.stack([self.data.read(int(s), self.seq_len + 1) for s in starts])
+        buf = torch.from_numpy(rows).long()  # (B, T+1)
+        return buf[:, :-1], buf[:, 1:]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.batch_at(self.position)
+        self.position += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"version": self.VERSION, "kind": "bytes", "position": self.position, "seed": self.seed,
+                "rank": self.rank}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != "bytes" or state.get("version") != self.VERSION:
+            raise DataError(f"data state is {state.get('kind')} v{state.get('version')}, "
+                            f"this stream is bytes v{self.VERSION}: the checkpoint is from another data config")  # fmt: skip
+        if state["seed"] != self.seed:
+            raise DataError(f"data state was drawn with seed {state['seed']}, this run uses {self.seed}")
+        self.position = int(state["position"])

@@ -1,0 +1,146 @@
+"""ShardStream: a directory of token shards written by `enlace prepare`, read in a seeded order.
+
+Layout:  <dir>/meta.json  {"version", "dtype", "train": [file, ...], "val": [file, ...]}
+         <dir>/train-000000.bin ...   raw little-endian tokens (uint8 or uint16)
+
+Train batches are contiguous runs of batch_size * seq_len + 1 tokens from one shard. Shards are
+visited in an order drawn per epoch from (seed, epoch); under DDP the ranks take interleaved
+chunks of each shard, so they never overlap. The position (epoch, shard index, offset) is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from enlace.data.bytestream import ConcatBytes, DataError, mix_seed
+
+DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
+
+
+def _read_meta(shard_dir: Path) -> dict:
+    meta_path = shard_dir / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(f"data.shard_dir: {shard_dir} has no meta.json — write it with "
+                        "`enlace prepare DATA --out DIR`")  # fmt: skip
+    meta = json.loads(meta_path.read_text())
+    if meta.get("version") != 1 or meta.get("dtype") not in DTYPES:
+        raise DataError(f"{meta_path}: unsupported shard format {meta.get('version')}/{meta.get('dtype')}")
+    return meta
+
+
+class ShardStream:
+    VERSION = 1
+
+    def __init__(self, shard_dir: Path, seq_len: int, batch_size: int, split: str = "train",
+                 seed: int = 0, rank: int = 0, world: int = 1):  # fmt: skip
+        meta = _read_meta(shard_dir)
+        dtype = DTYPES[meta["dtype"]]
+        self.shards = [np.memmap(shard_dir / name, dtype=dtype, mode="r") for name in meta[split]]
+        self.seq_len, self.batch_size, self.split, self.seed = seq_len, batch_size, split, seed
+        self.rank, self.world = rank, world
+        self.chunk = batch_size * seq_len  # tokens one rank consumes per batch (+1 for the target)
+        usable = [len(s) >= self.chunk * world + 1 for s in self.shards]
+        if not any(usable):
+            raise DataError(f"{shard_dir}: no {split} shard holds {self.chunk * world + 1} tokens "
+                            "(batch_size * seq_len * world + 1); prepare larger shards or a smaller batch")  # fmt: skip
+        self.epoch, self.index, self.offset = 0, 0, 0
+        self._order = self._order_for(0)
+
+    @staticmethod
+    def files(shard_dir: Path) -> list[Path]:
+        meta = _read_meta(shard_dir)
+        paths = [shard_dir / "meta.json"] + [shard_dir / n for n in meta["train"] + meta["val"]]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise DataError(f"shard files missing: {', '.join(missing)}")
+        return paths
+
+    def _order_for(self, epoch: int) -> list[int]:
+        if self.split == "val":
+            return list(range(len(self.shards)))
+        g = torch.Generator().manual_seed(mix_seed(self.seed, "shards", epoch))
+        return torch.randperm(len(self.shards), generator=g).tolist()
+
+    def _take(self, shard: np.ndarray, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = torch.from_numpy(shard[start : start + self.chunk + 1].astype(np.int64))
+        return buf[:-1].view(self.batch_size, self.seq_len), buf[1:].view(self.batch_size, self.seq_len)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        step = self.chunk * self.world
+        while True:
+            shard = self.shards[self._order[self.index]]
+            if self.offset + step + 1 <= len(shard):
+                batch = self._take(shard, self.offset + self.rank * self.chunk)
+                self.offset += step
+                return batch
+            self.index, self.offset = self.index + 1, 0
+            if self.index == len(self.shards):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._order_for(self.epoch)
+
+    def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch k of the split read straight through (used for the fixed eval batches)."""
+        usable = [s for s in self.shards if len(s) >= self.chunk + 1]
+        per_shard = [(len(s) - 1) // self.chunk for s in usable]
+        k %= sum(per_shard)
+        for shard, n in zip(usable, per_shard):
+            if k < n:
+                return self._take(shard, k * self.chunk)
+            k -= n
+        raise AssertionError("unreachable")
+
+    def state_dict(self) -> dict:
+        return {"version": self.VERSION, "kind": "shards", "epoch": self.epoch, "index": self.index,
+                "offset": self.offset, "seed": self.seed, "rank": self.rank}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != "shards" or state.get("version") != self.VERSION:
+            raise DataError(f"data state is {state.get('kind')} v{state.get('version')}, "
+                            f"this stream is shards v{self.VERSION}: the checkpoint is from another data config")  # fmt: skip
+        if state["seed"] != self.seed:
+            raise DataError(f"data state was drawn with seed {state['seed']}, this run uses {self.seed}")
+        self.epoch, self.index, self.offset = int(state["epoch"]), int(state["index"]), int(state["offset"])
+        self._order = self._order_for(self.epoch)
+
+
+def prepare_shards(files: list[Path], out: Path, shard_tokens: int = 1 << 24, dtype: str = "uint8",
+                   val_fraction: float = 0.05, progress=None) -> dict:  # fmt: skip
+    """Write `files` (concatenated bytes) as train/val shards into `out`, atomically.
+
+    Returns the meta dict. `out` appears only once complete (written to a temp dir, then renamed).
+    """
+    if out.exists():
+        raise DataError(f"{out} already exists — choose another --out or remove it first")
+    if dtype not in DTYPES:
+        raise DataError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    corpus = ConcatBytes(files)
+    n_train = int(corpus.length * (1.0 - val_fraction))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        meta = {"version": 1, "dtype": dtype, "train": [], "val": [], "tokens": {"train": 0, "val": 0}}
+        for split, lo, hi in (("train", 0, n_train), ("val", n_train, corpus.length)):
+            for i, start in enumerate(range(lo, hi, shard_tokens)):
+                n = min(shard_tokens, hi - start)
+                name = f"{split}-{i:06d}.bin"
+                corpus.read(start, n).astype(DTYPES[dtype]).tofile(tmp / name)
+                meta[split].append(name)
+                meta["tokens"][split] += n
+                if progress:
+                    progress(name, n)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        for p in tmp.iterdir():
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta

@@ -1,0 +1,67 @@
+"""The one place that seeds RNGs and switches deterministic execution on.
+
+On CUDA, deterministic mode needs CUBLAS_WORKSPACE_CONFIG set before cuBLAS initialises, cuDNN
+pinned, TF32 off and torch's deterministic algorithms. On CPU it pins intra-op threads to 1:
+with 2 threads, separate processes on a loaded machine differ in 15-40 % of runs (measured, see
+shared/notes/torch-cpu-facts.md); 1 thread was bitwise reproducible. The thread count is recorded
+in every checkpoint because it changes the bits.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from enlace.config import RuntimeConfig
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def configure(rt: RuntimeConfig, device: torch.device) -> dict:
+    """Seed, set threads and (if asked) deterministic kernels. Returns what was set, for the log."""
+    if rt.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
+    threads = rt.threads or (1 if rt.deterministic and device.type == "cpu" else 0)
+    if threads:
+        torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(rt.deterministic)
+    torch.backends.cudnn.deterministic = rt.deterministic
+    torch.backends.cudnn.benchmark = not rt.deterministic
+    torch.backends.cuda.matmul.allow_tf32 = not rt.deterministic
+    torch.backends.cudnn.allow_tf32 = not rt.deterministic
+    seed_everything(rt.seed)
+    return {"deterministic": rt.deterministic, "threads": torch.get_num_threads(), "seed": rt.seed}
+
+
+def rng_state() -> dict:
+    """Every RNG the trainer can touch, in a form `torch.load(weights_only=True)` accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},  # fmt: skip
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_as_python_state(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))  # fmt: skip
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_python_state(s):
+    """random.setstate wants tuples; a round trip through torch.save may hand back lists."""
+    return (s[0], tuple(s[1]), s[2])

@@ -1,0 +1,204 @@
+"""Build once, use twice: the pieces `train` and `preflight` share.
+
+`build_parts` makes the model, optimizer, GradScaler, autocast and determinism settings from a
+Config; `train_step` runs one optimizer step (with gradient accumulation) from any batch source;
+`evaluate` runs the fixed val batches; `capture_state` / `restore_state` move every piece of state
+into and out of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from enlace import determinism
+from enlace.checkpoint import first_difference
+from enlace.config import Config
+from enlace.errors import CheckpointError, EnlaceError
+from enlace.model import ByteGPT
+from enlace.optim import build_optimizer, lr_at
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+STATE_VERSION = 1
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Dist:
+    """Where this process sits in a torchrun job (rank 0 of 1 when not under torchrun)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Dist:
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))  # fmt: skip
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class Parts:
+    cfg: Config
+    device: torch.device
+    dist: Dist
+    raw_model: ByteGPT  # the module whose state_dict is saved
+    model: torch.nn.Module  # what runs forward: raw, compiled and/or DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def autocast(self):
+        precision = self.cfg.runtime.precision
+        return torch.autocast(self.device.type, dtype=AMP_DTYPES.get(precision), enabled=precision != "fp32")
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # mean loss over the micro-batches, nats per byte (0-dim, on device)
+    lr: float
+    skipped: bool  # GradScaler skipped the update (inf/NaN gradients)
+    scale: float
+
+
+def resolve_device(cfg: Config, dist: Dist) -> torch.device:
+    want = cfg.runtime.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise EnlaceError(f"{cfg.files.get('profile', 'runtime')}: runtime.device is cuda but no CUDA device is "
+                          "visible here — run it on the GPU server, or --set runtime.device=cpu")  # fmt: skip
+    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", dist.local_rank)
+
+
+def build_parts(cfg: Config, dist: Dist | None = None) -> Parts:
+    dist = dist or Dist()
+    device = resolve_device(cfg, dist)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    settings = determinism.configure(cfg.runtime, device)
+    raw_model = ByteGPT(cfg.model).to(device)
+    model: torch.nn.Module = raw_model
+    if dist.world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.runtime.compile:
+        model = torch.compile(model)
+    optimizer = build_optimizer(raw_model, cfg.optim, cfg.runtime.deterministic)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.runtime.precision == "fp16",
+                                  init_scale=cfg.runtime.fp16_init_scale)  # fmt: skip
+    settings.update(device=str(device), params=raw_model.num_params(), precision=cfg.runtime.precision,
+                    compile=cfg.runtime.compile, world=dist.world)  # fmt: skip
+    return Parts(cfg, device, dist, raw_model, model, optimizer, scaler, settings)
+
+
+def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch]) -> StepResult:
+    """One optimizer step: grad_accum micro-batches, clip, scaler step. `step` counts from 0."""
+    cfg, model, opt, scaler = parts.cfg, parts.model, parts.optimizer, parts.scaler
+    lr = lr_at(step, cfg.optim, cfg.training.max_steps)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    model.train()
+    accum = cfg.training.grad_accum
+    total = torch.zeros((), device=parts.device)
+    for micro in range(accum):
+        x, y = (t.to(parts.device, non_blocking=True) for t in next_batch())
+        # DDP: all-reduce gradients only on the last micro-step.
+        sync = contextlib.nullcontext() if micro == accum - 1 or parts.dist.world == 1 else model.no_sync()
+        with sync:
+            with parts.autocast():
+                _, loss = model(x, y)
+            scaler.scale(loss / accum).backward()
+        total += loss.detach() / accum
+    if cfg.optim.grad_clip > 0:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(parts.raw_model.parameters(), cfg.optim.grad_clip)
+    before = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    after = scaler.get_scale()
+    opt.zero_grad(set_to_none=True)
+    return StepResult(total, lr, scaler.is_enabled() and after < before, after)
+
+
+@torch.no_grad()
+def evaluate(parts: Parts, val_stream, n_batches: int) -> dict[str, float]:
+    """Mean val loss over the fixed val batches 0..n-1 (same batches every eval), and bits per byte."""
+    parts.model.eval()
+    total = 0.0
+    for k in range(n_batches):
+        x, y = (t.to(parts.device) for t in val_stream.batch_at(k))
+        with parts.autocast():
+            _, loss = parts.raw_model(x, y)
+        total += loss.item()
+    parts.model.train()
+    val_loss = total / n_batches
+    return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2)}
+
+
+def rank_state(data_stream) -> dict[str, Any]:
+    """What differs between DDP ranks: the data position and every RNG."""
+    return {"data": data_stream.state_dict(), "rng": determinism.rng_state()}
+
+
+def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str, int], commit: str) -> dict[str, Any]:
+    """The checkpoint's files: name → object for torch.save (all weights_only-loadable).
+
+    `ranks` holds rank_state() of every rank, gathered on rank 0 (one entry without DDP)."""
+    trainer = {
+        "version": STATE_VERSION,
+        "step": progress["step"],
+        "tokens": progress["tokens"],
+        "scaler": parts.scaler.state_dict(),
+        "ranks": ranks,
+        "config": parts.cfg.to_dict(),
+        "fingerprint": parts.cfg.fingerprint_fields(),
+        "commit": commit,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+    return {"model.pt": parts.raw_model.state_dict(), "optimizer.pt": parts.optimizer.state_dict(),
+            "trainer.pt": trainer}  # fmt: skip
+
+
+def check_compatible(parts: Parts, trainer: dict[str, Any], where: str) -> None:
+    """Refuse a checkpoint from another config, world size or (deterministic) thread count."""
+    if trainer.get("version") != STATE_VERSION:
+        raise CheckpointError(f"{where}: trainer state v{trainer.get('version')}, expected v{STATE_VERSION}")
+    diff = first_difference(trainer["fingerprint"], parts.cfg.fingerprint_fields())
+    if diff:
+        key, old, new = diff
+        raise CheckpointError(f"{where}: the checkpoint was made with {key}={old!r}, this run has {new!r} — "
+                              f"resume with the same {key}, or start afresh with --resume none")  # fmt: skip
+    if len(trainer["ranks"]) != parts.dist.world:
+        raise CheckpointError(f"{where}: saved by {len(trainer['ranks'])} processes, resuming with "
+                              f"{parts.dist.world} — resume with the same number of GPUs/processes")  # fmt: skip
+    threads = torch.get_num_threads()
+    if parts.cfg.runtime.deterministic and trainer["threads"] != threads and parts.device.type == "cpu":
+        raise CheckpointError(f"{where}: saved with {trainer['threads']} CPU threads, this process uses {threads}; "
+                              "deterministic resume needs the same — set runtime.threads accordingly")  # fmt: skip
+
+
+def restore_state(parts: Parts, files: dict[str, Any], data_stream, where: str) -> dict[str, Any]:
+    """Load model, optimizer, scaler, this rank's RNG and data position; returns the trainer record."""
+    trainer = files["trainer.pt"]
+    check_compatible(parts, trainer, where)
+    try:
+        parts.raw_model.load_state_dict(files["model.pt"])
+    except RuntimeError as e:
+        raise CheckpointError(f"{where}: model weights do not fit this model: {str(e).splitlines()[0]}") from None
+    parts.optimizer.load_state_dict(files["optimizer.pt"])
+    parts.scaler.load_state_dict(trainer["scaler"])
+    mine = trainer["ranks"][parts.dist.rank]
+    data_stream.load_state_dict(mine["data"])
+    determinism.set_rng_state(mine["rng"])
+    return trainer

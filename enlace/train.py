@@ -1,0 +1,202 @@
+"""`enlace train RUN`: the training loop, top to bottom.
+
+    resolve config → run dir → build parts → resume from `latest` → loop:
+        step → log every log_every → eval every eval_every → checkpoint every checkpoint.every
+        → on SIGTERM/SIGINT: finish the step, checkpoint, status "stopped", exit 0
+    → final eval + checkpoint → status "finished" (or "stopped" for --until)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from enlace import engine
+from enlace.checkpoint import load_checkpoint, remove_stale_temps, resolve_resume, save_checkpoint
+from enlace.config import Config
+from enlace.data import build_stream
+from enlace.errors import EnlaceError
+from enlace.rundir import RunDir
+from enlace.sysinfo import git_commit, hostname, mib, peak_rss_bytes
+
+
+class StopSignal:
+    """First SIGTERM/SIGINT: ask the loop to stop after this step. Second: exit at once.
+
+    Exiting at once is safe: a checkpoint becomes visible only by an atomic rename."""
+
+    def __init__(self, on_second):
+        self.signame: str | None = None
+        self._on_second = on_second
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.signame is not None:
+            self._on_second(signal.Signals(signum).name)
+            os._exit(128 + signum)
+        self.signame = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+def _all_ranks_agree(flag: bool, dist: engine.Dist) -> bool:
+    """Under DDP every rank must stop at the same step: true if any rank saw a signal."""
+    if dist.world == 1:
+        return flag
+    t = torch.tensor([int(flag)])
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _gather_rank_states(stream, dist: engine.Dist) -> list[dict[str, Any]]:
+    mine = engine.rank_state(stream)
+    if dist.world == 1:
+        return [mine]
+    everyone: list[Any] = [None] * dist.world
+    torch_dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict[str, Any]:
+    """Train `cfg` (resuming by default); returns the final run.json fields."""
+    dist = engine.Dist.from_env()
+    if dist.world > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if torch.cuda.is_available() and cfg.runtime.device != "cpu" else "gloo")
+    run = RunDir(cfg.run_dir, enabled=dist.is_main)
+    stop = StopSignal(on_second=lambda name: run.update_status(status="stopped", exit_code=128, signal=name))
+    try:
+        return _train(cfg, run, dist, stop, resume, until)
+    except EnlaceError as e:
+        run.log(f"error: {e.message}")
+        run.update_status(status="failed", exit_code=e.exit_code, error=e.message)
+        raise
+    except BaseException as e:
+        run.log("crashed:\n" + traceback.format_exc())
+        run.update_status(status="failed", exit_code=1, error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        stop.restore()
+        run.close()
+
+
+def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None):
+    t = cfg.training
+    commit = git_commit(cfg.root)
+    run.freeze_config(cfg.to_dict())
+    if dist.is_main:
+        remove_stale_temps(run.checkpoints)
+    run.update_status(run_name=cfg.run_name, status="starting", pid=os.getpid(), commit=commit, host=hostname(),
+                      torch=torch.__version__, max_steps=t.max_steps, exit_code=None, error=None)  # fmt: skip
+
+    parts = engine.build_parts(cfg, dist)
+    train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)
+    val_stream = build_stream(cfg, "val", t.eval_batch_size or t.batch_size)
+    progress = {"step": 0, "tokens": 0}
+    ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
+    if ckpt is not None:
+        trainer = engine.restore_state(parts, load_checkpoint(ckpt, parts.device), train_stream, str(ckpt))
+        progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
+
+    target = min(until or t.max_steps, t.max_steps)
+    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world
+    s = parts.settings
+    run.log(f"run {cfg.run_name} | commit {commit[:12]} | {s['params'] / 1e6:.2f}M params | {s['device']} "
+            f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
+            f"{s['threads']} | world {dist.world} | {tokens_per_step} tokens/step")  # fmt: skip
+    if ckpt is not None:
+        run.log(f"resumed from {ckpt.relative_to(cfg.run_dir)} at step {progress['step']} "
+                f"({progress['tokens']} tokens seen)")  # fmt: skip
+    else:
+        run.log(f"starting from scratch (resume={resume})")
+        _eval(run, parts, val_stream, 0)  # the baseline the final eval is compared with
+    run.update_status(status="running", step=progress["step"], resumed_from=ckpt.name if ckpt else None,
+                      started_at=time.time())  # fmt: skip
+
+    def checkpoint() -> str:
+        states = _gather_rank_states(train_stream, dist)
+        if not dist.is_main:
+            return ""
+        path = save_checkpoint(run.checkpoints, progress["step"], engine.capture_state(
+            parts, states, progress, commit), cfg.checkpoint.keep)  # fmt: skip
+        run.log(f"checkpoint {path.name} saved")
+        return path.name
+
+    step_times: list[float] = []  # seconds per optimizer step, eval and checkpoint excluded
+    last_saved = progress["step"] if ckpt is not None else -1
+    last_eval = -1
+    interval_s, interval_tokens = 0.0, 0  # since the last log line
+    t_run = time.perf_counter()
+    while progress["step"] < target:
+        t0 = time.perf_counter()
+        result = engine.train_step(parts, progress["step"], train_stream.next_batch)
+        progress["step"] += 1
+        progress["tokens"] += tokens_per_step
+        step = progress["step"]
+        logging = step % t.log_every == 0 or step == target
+        loss = result.loss.item() if logging else 0.0  # .item() syncs the device: step times are real
+        step_times.append(time.perf_counter() - t0)
+        interval_s += step_times[-1]
+        interval_tokens += tokens_per_step
+        if logging:
+            rate = interval_tokens / max(interval_s, 1e-9)
+            elapsed = time.perf_counter() - t_run
+            run.log(f"step {step:6d}/{t.max_steps} | loss {loss:.4f} | lr {result.lr:.3e} | "
+                    f"{rate:8.0f} tok/s | {elapsed:7.1f}s" + (" | skipped (fp16 overflow)" if result.skipped else ""))  # fmt: skip
+            run.metric({"kind": "train", "step": step, "loss": loss, "lr": result.lr, "tokens": progress["tokens"],
+                        "tokens_per_s": rate, "elapsed_s": elapsed, "scale": result.scale,
+                        "skipped": result.skipped})  # fmt: skip
+            run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=progress["tokens"])
+            interval_s, interval_tokens = 0.0, 0
+        if t.eval_every and step % t.eval_every == 0:
+            _eval(run, parts, val_stream, step)
+            last_eval = step
+        if _all_ranks_agree(stop.signame is not None, dist):
+            run.log(f"{stop.signame or 'stop'} received: finishing at step {step}")
+            checkpoint()
+            run.update_status(status="stopped", exit_code=0, step=step)
+            return _summary(run, step_times, tokens_per_step, "stopped")
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+            last_saved = step
+            checkpoint()
+
+    step = progress["step"]
+    if last_eval != step:
+        _eval(run, parts, val_stream, step)
+    if last_saved != step:
+        checkpoint()
+    status = "finished" if step >= t.max_steps else "stopped"
+    if until is not None and step < t.max_steps:
+        run.log(f"--until {until}: stopping at step {step} of {t.max_steps}")
+    run.update_status(status=status, exit_code=0, step=step)
+    return _summary(run, step_times, tokens_per_step, status)
+
+
+def _eval(run: RunDir, parts: engine.Parts, val_stream, step: int) -> None:
+    ev = engine.evaluate(parts, val_stream, parts.cfg.training.eval_batches)
+    run.log(f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | val_bpb {ev['val_bpb']:.4f}")
+    run.metric({"kind": "eval", "step": step, **ev})
+    run.update_status(val_loss=ev["val_loss"], val_bpb=ev["val_bpb"])
+
+
+def _summary(run: RunDir, step_times: list[float], tokens_per_step: int, status: str) -> dict[str, Any]:
+    """Peak memory and steady-state throughput (median step time, first 3 steps excluded)."""
+    steady = step_times[3:] or step_times
+    median = statistics.median(steady) if steady else 0.0
+    record = {"kind": "summary", "status": status, "steps": len(step_times),
+              "median_step_s": median, "tokens_per_s": tokens_per_step / median if median else 0.0,
+              "peak_rss_mib": mib(peak_rss_bytes())}  # fmt: skip
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        record["cuda_max_reserved_mib"] = mib(torch.cuda.max_memory_reserved())
+    run.metric(record)
+    run.log(f"done ({status}): {record['tokens_per_s']:.0f} tok/s median, peak RSS {record['peak_rss_mib']} MiB")
+    run.update_status(peak_rss_mib=record["peak_rss_mib"], median_tokens_per_s=record["tokens_per_s"])
+    return record
