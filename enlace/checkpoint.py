@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -145,8 +146,14 @@ def load_checkpoint(ckpt: Path, map_location: str | torch.device = "cpu") -> dic
     if manifest.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{ckpt}: checkpoint format v{manifest.get('version')}, this enlace reads "
                               f"v{FORMAT_VERSION}")  # fmt: skip
-    return {name: torch.load(ckpt / name, map_location=map_location, weights_only=True)
-            for name in manifest["files"]}  # fmt: skip
+    files = {}
+    for name in manifest["files"]:
+        try:
+            files[name] = torch.load(ckpt / name, map_location=map_location, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+            first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{ckpt / name}: cannot be loaded with weights_only=True ({first[:200]})") from None
+    return files
 
 
 def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:

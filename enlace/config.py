@@ -193,7 +193,8 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
     if not path.is_file():
         have = sorted(p.stem for p in (root / "configs" / kind).glob("*.yaml"))
         raise ConfigError(
-            source, key, f"{kind} config {ref!r} not found ({path})", f"one of: {', '.join(have) or 'none'}"
+            source, key, f"{kind.rstrip('s')} config {ref!r} not found ({path})",
+            f"one of: {', '.join(have) or 'none'}",
         )
     return path
 
@@ -305,7 +306,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
 
     data_path = _resolve_file(root, "data", data_ref, data_src, "data")
     profile_path = _resolve_file(root, "profiles", profile_ref, profile_src, "profile")
-    rel = lambda p: str(p.relative_to(root)) if p.is_relative_to(root) else str(p)  # noqa: E731
+    rel = lambda p: str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
 
     flat: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -334,7 +335,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
 
 
 def _check_combinations(cfg: Config, origin: dict[str, str]) -> None:
-    src = lambda key, default="defaults": origin.get(key, default)  # noqa: E731
+    src = lambda key, default="defaults": origin.get(key, default)
     rt, m, t, o, d = cfg.runtime, cfg.model, cfg.training, cfg.optim, cfg.data
     if rt.deterministic and rt.compile:
         raise ConfigError(

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -163,7 +164,7 @@ def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str,
         "config": parts.cfg.to_dict(),
         "fingerprint": parts.cfg.fingerprint_fields(),
         "commit": commit,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "threads": torch.get_num_threads(),
     }
     return {"model.pt": parts.raw_model.state_dict(), "optimizer.pt": parts.optimizer.state_dict(),

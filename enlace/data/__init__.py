@@ -7,7 +7,7 @@ from enlace.config import Config
 from enlace.data.bytestream import ByteStream, resolve_paths
 from enlace.data.shards import ShardStream, prepare_shards
 
-__all__ = ["ByteStream", "ShardStream", "build_stream", "prepare_shards", "resolve_paths", "data_files"]
+__all__ = ["ByteStream", "ShardStream", "build_stream", "data_files", "prepare_shards", "resolve_paths"]
 
 
 def build_stream(cfg: Config, split: str, batch_size: int, rank: int = 0, world: int = 1):

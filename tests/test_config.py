@@ -1,0 +1,132 @@
+"""Config composition, precedence and every class of error (file, key and fix named)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, write_run
+from enlace.config import load_config
+from enlace.errors import ConfigError
+
+SHIPPED_RUNS = sorted(p.stem for p in (REPO / "configs" / "runs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("run", SHIPPED_RUNS)
+def test_every_shipped_run_config_loads(run):
+    cfg = load_config(run, root=REPO)
+    assert cfg.run_name == run  # each names itself after its file
+
+
+def test_precedence_set_over_run_over_profile_over_data_over_defaults(project):
+    (project / "configs" / "profiles" / "p.yaml").write_text(
+        "runtime: {precision: bf16, seed: 7}\ntraining: {batch_size: 3, log_every: 4}\n")
+    (project / "configs" / "data" / "d.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.2\n")
+    write_run(project, "prec", base={}, data="d", profile="p", training={"batch_size": 5}, runtime={"seed": 9})
+    cfg = load_config("prec", ["runtime.seed=11"], root=project)
+    assert cfg.runtime.seed == 11  # --set beats the run file
+    assert cfg.training.batch_size == 5  # run file beats the profile
+    assert cfg.training.log_every == 4  # profile beats defaults
+    assert cfg.runtime.precision == "bf16"
+    assert cfg.data.val_fraction == 0.2  # data file beats defaults
+    assert cfg.training.max_steps == 200  # defaults
+    assert cfg.run_name == "prec"  # run_name defaults to the file stem
+
+
+def test_run_named_by_path_and_set_can_switch_profile(project, tmp_path):
+    path = write_run(project, "bypath")
+    moved = tmp_path / "elsewhere.yaml"
+    moved.write_text(path.read_text())
+    cfg = load_config(str(moved), ["profile=rtx2060"], root=project)
+    assert cfg.run_name == "elsewhere" and cfg.runtime.precision == "fp16"
+
+
+def _error(project, *overrides, **sections) -> ConfigError:
+    write_run(project, "bad", **sections)
+    with pytest.raises(ConfigError) as exc:
+        load_config("bad", list(overrides), root=project)
+    return exc.value
+
+
+def test_unknown_key_names_file_key_and_closest(project):
+    e = _error(project, optim={"lerning_rate": 1e-3})
+    assert e.source == "configs/runs/bad.yaml" and e.key == "optim.lerning_rate"
+    assert "'learning_rate'" in e.message and "\n" not in e.message
+
+
+def test_unknown_section_and_unknown_set_key(project):
+    assert "'training'" in _error(project, trainig={"batch_size": 2}).message
+    e = _error(project, "training.bach_size=3")
+    assert e.source == "--set" and "'batch_size'" in e.message
+
+
+def test_unknown_key_in_profile_names_the_profile(project):
+    (project / "configs" / "profiles" / "cpu.yaml").write_text("runtime: {precison: fp32}\n")
+    e = _error(project)
+    assert e.source == "configs/profiles/cpu.yaml" and "'precision'" in e.message
+
+
+def test_wrong_types(project):
+    e = _error(project, training={"batch_size": "eight"})
+    assert e.key == "training.batch_size" and "integer" in e.message
+    e = _error(project, runtime={"precision": "fp8"})
+    assert "fp32, bf16, fp16" in e.message
+    e = _error(project, runtime={"compile": "yes"})
+    assert "true or false" in e.message
+
+
+def test_missing_referenced_files(project):
+    e = _error(project, data="nope")
+    assert e.key == "data" and "tiny" in e.message and "smoke" in e.message  # lists what exists
+    e = _error(project, profile="gtx9000")
+    assert "profile config 'gtx9000' not found" in e.message and "rtx2060" in e.message
+    with pytest.raises(ConfigError, match="run config 'ghost' not found"):
+        load_config("ghost", root=project)
+
+
+def test_bad_combinations(project):
+    e = _error(project, runtime={"deterministic": True, "compile": True})
+    assert e.key == "runtime.compile" and "autotun" in e.message
+    assert "divisible" in _error(project, model={"d_model": 30, "n_head": 4}).message
+    assert "min_lr" in _error(project, optim={"min_lr": 1.0, "learning_rate": 0.1}).message
+
+
+def test_invalid_run_name_refused(project):
+    e = _error(project, run_name="x; touch /tmp/pwned")
+    assert e.key == "run_name" and "[A-Za-z0-9._-]" in e.message
+
+
+def test_bad_yaml_names_line(project):
+    (project / "configs" / "runs" / "broken.yaml").write_text("data: tiny\nmodel: [unclosed\n")
+    with pytest.raises(ConfigError, match="line"):
+        load_config("broken", root=project)
+
+
+def test_fingerprint_ignores_logging_but_not_model(project):
+    write_run(project, "fp")
+    base = load_config("fp", root=project).fingerprint()
+    assert load_config("fp", ["training.log_every=7"], root=project).fingerprint() == base
+    assert load_config("fp", ["model.d_model=64"], root=project).fingerprint() != base
+
+
+def test_cli_typo_is_one_line_exit_2_no_traceback(project):
+    write_run(project, "typo", optim={"lerning_rate": 1e-3})
+    out = subprocess.run([sys.executable, "-m", "enlace", "check-config", "typo", "--root", str(project)],
+                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "configs/runs/typo.yaml" in lines[0] and "lerning_rate" in lines[0] and "'learning_rate'" in lines[0]
+
+
+def test_cli_check_config_json(project):
+    write_run(project, "ok")
+    out = subprocess.run([sys.executable, "-m", "enlace", "check-config", "ok", "--json", "--root", str(project)],
+                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    assert doc["ok"] is True and doc["config"]["model"]["d_model"] == 32

@@ -1,0 +1,35 @@
+"""Everything the server needs must be shippable by git: nothing under enlace/, configs/ or
+scripts/ may be ignored (an unanchored `data/` once hid enlace/data/ and configs/data/)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from conftest import REPO
+
+SHIPPED = ("enlace", "configs", "scripts")
+
+
+def _ignored(paths: list[str]) -> list[str]:
+    out = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+                         input="\n".join(paths), capture_output=True, text=True)  # fmt: skip
+    return out.stdout.split()
+
+
+def test_no_shipped_file_is_ignored():
+    files = [str(p.relative_to(REPO)) for d in SHIPPED for p in (REPO / d).rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
+    assert len(files) > 10
+    assert _ignored(files) == []
+
+
+def test_root_outputs_are_ignored_and_anchored():
+    assert _ignored(["data/corpus/a.txt", "runs/x/run.json"]) == ["data/corpus/a.txt", "runs/x/run.json"]
+    # The anchoring is what matters: the same names one level down must stay tracked.
+    assert _ignored(["enlace/data/bytestream.py", "configs/data/smoke.yaml", "configs/runs/smoke-cpu.yaml"]) == []
+    for line in (REPO / ".gitignore").read_text().splitlines():
+        assert line.strip() not in ("data/", "runs/", "data", "runs"), f"unanchored {line!r}"
+
+
+def test_ide_folders_ignored():
+    assert _ignored([".vscode/settings.json", ".idea/workspace.xml"]) == [".vscode/settings.json", ".idea/workspace.xml"]

@@ -1,0 +1,54 @@
+"""A short real training run on CPU: the loss falls and the run directory is complete."""
+
+from __future__ import annotations
+
+import yaml
+
+from conftest import write_run
+from helpers import enlace, metrics, run_json
+
+
+def test_short_run_lowers_loss_and_leaves_a_complete_run_dir(project):
+    write_run(project, "tiny", training={"max_steps": 40, "eval_every": 20, "log_every": 5},
+              model={"dropout": 0.0})  # fmt: skip
+    out = enlace(project, "train", "tiny")
+    run = project / "runs" / "tiny"
+    for name in ("config.yaml", "run.json", "train.log", "metrics.jsonl", "checkpoints/latest"):
+        assert (run / name).is_file(), name
+    evals = metrics(run, "eval")
+    assert [e["step"] for e in evals] == [0, 20, 40]
+    assert evals[-1]["val_bpb"] < evals[0]["val_bpb"] - 1.0  # from ~8 bits per byte down by > 1
+    state = run_json(run)
+    assert state["status"] == "finished" and state["exit_code"] == 0 and state["step"] == 40
+    assert state["pid"] > 0 and state["torch"].startswith("2.")
+    assert yaml.safe_load((run / "config.yaml").read_text())["run_name"] == "tiny"
+    log = (run / "train.log").read_text()
+    assert "step     40/40" in log and "tok/s" in log and "params" in log
+    assert "step     40/40" in out.stdout  # echoed to the terminal too
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-000040"
+    summary = metrics(run, "summary")[-1]
+    assert summary["peak_rss_mib"] > 100 and summary["tokens_per_s"] > 0
+
+
+def test_finished_run_restarted_does_nothing_more(project):
+    write_run(project, "again", training={"max_steps": 6})
+    enlace(project, "train", "again")
+    out = enlace(project, "train", "again")
+    assert "resumed from checkpoints/step-000006" in out.stdout
+    assert [m["step"] for m in metrics(project / "runs" / "again", "train")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_missing_corpus_fails_cleanly_and_marks_run_failed(project):
+    (project / "configs" / "data" / "gone.yaml").write_text("kind: bytes\npaths: ['data/gone/*.txt']\n")
+    write_run(project, "nodata", data="gone")
+    out = enlace(project, "train", "nodata", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "data/gone/*.txt" in out.stderr
+    assert run_json(project / "runs" / "nodata")["status"] == "failed"
+
+
+def test_cuda_profile_on_a_cpu_machine_says_how_to_fix(project):
+    write_run(project, "gpu", profile="rtx2060")
+    out = enlace(project, "train", "gpu", check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "--set runtime.device=cpu" in out.stderr
