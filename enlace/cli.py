@@ -87,7 +87,10 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
 @click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP",
               help="Train up to STEP, checkpoint and stop (status 'stopped'); the LR schedule still spans "
                    "training.max_steps, so --until 10 then --until 20 equals one --until 20.")  # fmt: skip
-def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, until: int | None) -> None:
+@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Put the run directory under this dir instead of <root>/runs.")
+def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, until: int | None,
+          runs_dir: Path | None) -> None:  # fmt: skip
     """Train RUN; resume from its latest complete checkpoint if there is one.
 
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second one exits
@@ -95,6 +98,7 @@ def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, 
     from enlace.train import train as run_training
 
     cfg = load_config(run, overrides, root)
+    cfg.runs_root = runs_dir
     run_training(cfg, resume=resume, until=until)
 
 
@@ -126,3 +130,40 @@ def prepare(data: str, out: Path, dtype: str, shard_tokens: int, val_fraction: f
                           progress=lambda name, n: click.echo(f"  wrote {name} ({n} tokens)", err=True))  # fmt: skip
     click.echo(f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, "
                f"{meta['tokens']['train']} + {meta['tokens']['val']} tokens ({dtype}) from {len(files)} files")  # fmt: skip
+
+
+@main.command("verify-resume")
+@click.argument("run")
+@click.option("--steps", type=click.IntRange(min=2), default=20, show_default=True,
+              help="N: compare N straight steps with N/2 + resume in a new process + N/2.")  # fmt: skip
+@set_option
+@root_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--keep", is_flag=True, help="Keep the temporary run dirs even when identical.")
+def verify_resume_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path | None, as_json: bool,
+                      keep: bool) -> None:  # fmt: skip
+    """Prove that resuming RUN reproduces the uninterrupted run, bit for bit.
+
+    Trains N steps straight, and separately N/2 steps + checkpoint + a fresh process resuming to N
+    (in a temporary runs dir); compares every parameter, optimizer tensor and scaler value by bytes
+    and the logged losses after N/2. Exit 0 only when identical. Use a deterministic config
+    (e.g. smoke-cpu-deterministic): without it, kernels may legitimately differ run to run."""
+    from enlace.verify_resume import verify_resume
+
+    cfg = load_config(run, overrides, root)
+    if not cfg.runtime.deterministic and not as_json:
+        click.echo(f"note: {cfg.run_name} is not deterministic; a difference may be kernel noise", err=True)
+    report = verify_resume(cfg, run, list(overrides), steps, keep)
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    elif report["ok"]:
+        click.echo(f"identical: {report['tensors']} tensors, {report['losses_compared']} logged losses after step "
+                   f"{report['resumed_at']} ({steps} steps straight vs {report['resumed_at']} + resume + "
+                   f"{steps - report['resumed_at']})")  # fmt: skip
+    else:
+        diff = report["first_difference"]
+        what = (f"first differing tensor: {diff['name']} (max abs diff {diff['max_abs_diff']})" if diff
+                else "tensors identical")  # fmt: skip
+        click.echo(f"DIFFERENT: {what}; logged losses identical: {report['losses_identical']}; "
+                   f"runs kept in {report['work_dir']}")  # fmt: skip
+    sys.exit(0 if report["ok"] else 1)

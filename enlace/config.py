@@ -112,6 +112,7 @@ class Config:
     runtime: RuntimeConfig
     root: Path = Path(".")  # project root: configs/, data/, runs/ live here
     files: dict[str, str] = field(default_factory=dict)  # run/profile/data → file used
+    runs_root: Path | None = None  # where run dirs go (default: <root>/runs)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run_name": self.run_name}
@@ -121,7 +122,7 @@ class Config:
 
     @property
     def run_dir(self) -> Path:
-        return self.root / "runs" / self.run_name
+        return (self.runs_root or self.root / "runs") / self.run_name
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The values a checkpoint must share with the run that resumes it (flat, dotted)."""

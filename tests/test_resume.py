@@ -1,0 +1,118 @@
+"""Exact resume: 2N steps straight == N + resume in a new process + N, byte for byte.
+
+Negative tests tamper with a checkpoint (RNG or data position reset to a fresh start's) and show
+the comparison then fails — the exactness check can fail."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import write_run
+from enlace import determinism
+from enlace.checkpoint import load_checkpoint, save_checkpoint
+from enlace.verify_resume import compare_states
+from helpers import enlace
+
+DET = {"runtime": {"deterministic": True}, "model": {"dropout": 0.1},
+       "training": {"grad_accum": 2, "eval_every": 3, "max_steps": 40}}  # fmt: skip
+
+
+@pytest.fixture
+def shard_project(project):
+    enlace(project, "prepare", "tiny", "--out", str(project / "data" / "tinyshards"), "--shard-tokens", "8192")
+    (project / "configs" / "data" / "tinyshards.yaml").write_text("kind: shards\nshard_dir: data/tinyshards\n")
+    return project
+
+
+@pytest.mark.parametrize("variant", ["bytes", "shards", "fp16"])
+def test_verify_resume_is_identical(shard_project, variant):
+    extra = {"data": "tinyshards"} if variant == "shards" else {}
+    if variant == "fp16":  # autocast fp16 + GradScaler work on torch's CPU backend
+        extra["runtime"] = {"deterministic": True, "precision": "fp16"}
+    write_run(shard_project, "det", **{**DET, **extra})
+    out = enlace(shard_project, "verify-resume", "det", "--steps", "12", "--json")
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["identical"] and report["losses_identical"], report
+    assert report["tensors"] > 30 and report["losses_compared"] == 6
+
+
+def _run_pair(project, tmp_path, n):
+    """Straight 2n steps in A; n steps in B. Returns the two runs dirs."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    enlace(project, "train", "det", "--runs-dir", str(a), "--until", str(2 * n), "--set", "training.log_every=1")
+    enlace(project, "train", "det", "--runs-dir", str(b), "--until", str(n), "--set", "training.log_every=1")
+    return a, b
+
+
+def _tamper(ckpt, edit):
+    files = load_checkpoint(ckpt)
+    edit(files["trainer.pt"]["ranks"][0])
+    save_checkpoint(ckpt.parent, files["trainer.pt"]["step"], files, keep=5)
+
+
+def _final(runs, n):
+    return load_checkpoint(runs / "det" / "checkpoints" / f"step-{n:06d}")
+
+
+@pytest.mark.parametrize("dropped", ["none", "rng", "data"])
+def test_dropping_state_breaks_exactness(project, tmp_path, dropped):
+    write_run(project, "det", **DET)
+    n = 5
+    a, b = _run_pair(project, tmp_path, n)
+
+    def fresh_rng(rank):
+        determinism.seed_everything(1337)
+        rank["rng"] = determinism.rng_state()
+
+    def fresh_data(rank):
+        rank["data"]["position"] = 0
+
+    if dropped != "none":
+        _tamper(b / "det" / "checkpoints" / f"step-{n:06d}", fresh_rng if dropped == "rng" else fresh_data)
+    enlace(project, "train", "det", "--runs-dir", str(b), "--until", str(2 * n), "--set", "training.log_every=1")
+    report = compare_states(_final(a, 2 * n), _final(b, 2 * n))
+    assert report["identical"] is (dropped == "none"), report
+    if dropped != "none":
+        assert report["first_difference"]["name"].startswith(("model.", "optimizer."))
+
+
+def test_checkpoint_loads_weights_only_and_holds_all_state(project, tmp_path):
+    write_run(project, "det", **DET)
+    enlace(project, "train", "det", "--until", "3")
+    ckpt = project / "runs" / "det" / "checkpoints" / "step-000003"
+    for name in ("model.pt", "optimizer.pt", "trainer.pt"):
+        torch.load(ckpt / name, weights_only=True)  # raises if anything needs pickled code
+    trainer = load_checkpoint(ckpt)["trainer.pt"]
+    assert {"step", "tokens", "scaler", "ranks", "config", "fingerprint", "commit", "torch", "threads"} <= set(trainer)
+    assert set(trainer["ranks"][0]["rng"]) == {"python", "numpy", "torch", "cuda"}
+    assert trainer["threads"] == 1 and trainer["step"] == 3
+
+
+def test_resume_with_a_different_model_is_refused_naming_the_field(project):
+    write_run(project, "det", **DET)
+    enlace(project, "train", "det", "--until", "2")
+    out = enlace(project, "train", "det", "--set", "model.d_model=64", "--set", "model.n_head=2", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "model.d_model=32" in out.stderr and "64" in out.stderr and "--resume none" in out.stderr
+
+
+def test_keep_bounds_checkpoints_and_resume_flag(project):
+    write_run(project, "keep", checkpoint={"every": 1, "keep": 2}, training={"max_steps": 6})
+    out = enlace(project, "train", "keep")
+    ckpts = sorted(p.name for p in (project / "runs" / "keep" / "checkpoints").iterdir())
+    assert ckpts == ["latest", "step-000005", "step-000006"]
+    assert "starting from scratch" in out.stdout
+    out = enlace(project, "train", "keep", "--resume", str(project / "runs" / "keep" / "checkpoints" / "step-000005"))
+    assert "resumed from checkpoints/step-000005 at step 5" in out.stdout
+    bad = enlace(project, "train", "keep", "--resume", str(project / "nowhere"), check=False)
+    assert bad.returncode == 2 and "step-000005, step-000006" in bad.stderr
+
+
+def test_deterministic_with_compile_refused_at_load(project):
+    write_run(project, "dc", runtime={"deterministic": True, "compile": True})
+    out = enlace(project, "train", "dc", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "runtime.compile" in out.stderr
