@@ -167,3 +167,63 @@ def verify_resume_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Pa
         click.echo(f"DIFFERENT: {what}; logged losses identical: {report['losses_identical']}; "
                    f"runs kept in {report['work_dir']}")  # fmt: skip
     sys.exit(0 if report["ok"] else 1)
+
+
+def parse_size(text: str | None) -> int | None:
+    """'2GiB', '512MiB', '1.5G', '1000000' → bytes."""
+    if text is None:
+        return None
+    units = {"": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "t": 2**40,
+             "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9}  # fmt: skip
+    num = text.strip().rstrip("bB") if text.strip().lower().endswith(("kb", "mb", "gb")) else text.strip()
+    i = len(num)
+    while i and not (num[i - 1].isdigit() or num[i - 1] == "."):
+        i -= 1
+    unit = text.strip()[i:].lower()
+    try:
+        value = float(text.strip()[:i])
+    except ValueError:
+        value = -1
+    if unit not in units or value <= 0:
+        raise click.BadParameter(f"{text!r} is not a size; write e.g. 2GiB, 512MiB or a number of bytes")
+    return int(value * units[unit])
+
+
+@main.command("preflight")
+@click.argument("run")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Measured optimizer steps (after 3 warm-up steps).")  # fmt: skip
+@set_option
+@root_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (also written to preflight.json).")
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Treat a peak above SIZE (e.g. 2GiB) as out of memory. On CPU this is how a batch that "
+                   "does not fit is found; default: the machine's memory.")  # fmt: skip
+@click.option("--max-batch", is_flag=True, help="Also find the largest batch_size that fits (doubling, then bisection).")
+@click.option("--probe", is_flag=True, hidden=True, help="Internal: one --max-batch probe; writes nothing.")
+def preflight_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path | None, as_json: bool,
+                  memory_limit: str | None, max_batch: bool, probe: bool) -> None:  # fmt: skip
+    """Answer in a minute: does RUN's batch fit, how long will it take, does fp16 hold?
+
+    Builds the model, optimizer and scaler exactly as `train` does and runs them on synthetic bytes
+    of the configured shape (no corpus needed): 3 warm-up steps, --steps measured steps, one eval
+    pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 3), unstable (exit 4).
+    Writes runs/RUN_NAME/preflight.json."""
+    from enlace.errors import EXIT_OOM, EXIT_UNSTABLE
+    from enlace.preflight import find_max_batch, format_report, preflight
+    from enlace.rundir import atomic_write
+
+    limit = parse_size(memory_limit)
+    cfg = load_config(run, overrides, root)
+    say = (lambda msg: None) if probe else (lambda msg: click.echo(f"  {msg}", err=True))
+    say(f"preflight {cfg.run_name}: building the model as train does, synthetic batches")
+    report = preflight(cfg, steps, limit, say)
+    if max_batch:
+        report["max_batch"] = find_max_batch(run, list(overrides), cfg.root, cfg.training.batch_size, limit, say)
+        if report["verdict"] == "oom" and report["max_batch"]["batch_size"]:
+            report["suggestion"] += f"; the largest that fits is {report['max_batch']['batch_size']}"
+    if not probe:
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")
+    click.echo(json.dumps(report, indent=1) if as_json else format_report(report))
+    sys.exit({"oom": EXIT_OOM, "unstable": EXIT_UNSTABLE}.get(report["verdict"], 0))

@@ -276,9 +276,15 @@ def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError("--set", item, "expected section.key=value", "e.g. --set training.max_steps=10")
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
+            value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
-            out[key.strip()] = raw
+            value = raw
+        if isinstance(value, str):  # YAML 1.1 reads "1e12" as a string; a user means the number
+            try:
+                value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
+            except ValueError:
+                pass
+        out[key.strip()] = value
     return out
 
 

@@ -102,8 +102,16 @@ def build_parts(cfg: Config, dist: Dist | None = None) -> Parts:
     return Parts(cfg, device, dist, raw_model, model, optimizer, scaler, settings)
 
 
-def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch]) -> StepResult:
-    """One optimizer step: grad_accum micro-batches, clip, scaler step. `step` counts from 0."""
+def _no_phase(name: str) -> None:
+    pass
+
+
+def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch], phase: Callable[[str], None] = _no_phase
+               ) -> StepResult:  # fmt: skip
+    """One optimizer step: grad_accum micro-batches, clip, scaler step. `step` counts from 0.
+
+    `phase(name)` is called as each phase starts ("forward", "backward", "optimizer step") and
+    with "done" at the end: preflight uses it to say where memory ran out."""
     cfg, model, opt, scaler = parts.cfg, parts.model, parts.optimizer, parts.scaler
     lr = lr_at(step, cfg.optim, cfg.training.max_steps)
     for group in opt.param_groups:
@@ -116,10 +124,13 @@ def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch]) -> Step
         # DDP: all-reduce gradients only on the last micro-step.
         sync = contextlib.nullcontext() if micro == accum - 1 or parts.dist.world == 1 else model.no_sync()
         with sync:
+            phase("forward")
             with parts.autocast():
                 _, loss = model(x, y)
+            phase("backward")
             scaler.scale(loss / accum).backward()
         total += loss.detach() / accum
+    phase("optimizer step")
     if cfg.optim.grad_clip > 0:
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(parts.raw_model.parameters(), cfg.optim.grad_clip)
@@ -128,6 +139,7 @@ def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch]) -> Step
     scaler.update()
     after = scaler.get_scale()
     opt.zero_grad(set_to_none=True)
+    phase("done")
     return StepResult(total, lr, scaler.is_enabled() and after < before, after)
 
 

@@ -1,0 +1,285 @@
+"""`enlace preflight RUN`: does the batch fit, how long will the run take, does fp16 hold?
+
+Builds model, optimizer, scaler, precision, compile and determinism through engine.build_parts —
+the functions `train` uses — and swaps only the data source for synthetic bytes of the configured
+shape. Phases: warm-up steps (optimizer state is created lazily; compile and cuDNN autotune happen
+early), measured steps, one eval pass at the eval batch size, one checkpoint save into a temp dir.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from enlace import engine
+from enlace.checkpoint import save_checkpoint
+from enlace.config import Config
+from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
+
+WARMUP_STEPS = 3  # also the fp16 calibration window: skips here are the scaler finding its scale
+TIGHT_HEADROOM_PCT = 10.0
+UNSTABLE_SKIP_FRACTION = 0.2  # of measured (post-calibration) steps
+
+
+class OutOfMemory(Exception):
+    def __init__(self, phase: str, detail: str):
+        super().__init__(f"{phase}: {detail}")
+        self.phase, self.detail = phase, detail
+
+
+class SyntheticStream:
+    """Random bytes of the configured shape: no corpus needed."""
+
+    def __init__(self, batch_size: int, seq_len: int, seed: int):
+        self.shape, self.g = (batch_size, seq_len + 1), torch.Generator().manual_seed(seed)
+
+    def next_batch(self):
+        buf = torch.randint(0, 256, self.shape, generator=self.g)
+        return buf[:, :-1], buf[:, 1:]
+
+    def batch_at(self, k: int):
+        return self.next_batch()
+
+    def state_dict(self) -> dict:
+        return {"version": 1, "kind": "synthetic"}
+
+
+class MemoryWatch:
+    """Tracks the current phase; on CPU with a limit, turns a peak RSS above it into an OOM."""
+
+    def __init__(self, device: torch.device, limit: int | None):
+        self.device, self.limit, self.phase = device, limit, "build"
+
+    def __call__(self, phase: str) -> None:
+        if self.limit and self.device.type == "cpu" and peak_rss_bytes() > self.limit:
+            raise OutOfMemory(self.phase, f"peak RSS {mib(peak_rss_bytes())} MiB is above the "
+                                          f"--memory-limit of {mib(self.limit)} MiB")  # fmt: skip
+        self.phase = phase
+
+    def run(self, phase: str, fn: Callable[[], Any]) -> Any:
+        self(phase)
+        try:
+            out = fn()
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(self.phase, str(e).splitlines()[0]) from None
+        except (MemoryError, RuntimeError) as e:
+            if isinstance(e, MemoryError) or "alloc" in str(e).lower():
+                raise OutOfMemory(self.phase, str(e).splitlines()[0][:200]) from None
+            raise
+        self("done")
+        return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
+
+
+def _memory(device: torch.device, limit: int | None) -> dict[str, Any]:
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        reserved = torch.cuda.max_memory_reserved(device)
+        return {"kind": "cuda", "peak_reserved_mib": mib(reserved),
+                "peak_allocated_mib": mib(torch.cuda.max_memory_allocated(device)),
+                "num_alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
+                "total_mib": mib(total), "headroom_pct": round(100.0 * (total - reserved) / total, 1)}  # fmt: skip
+    total = limit or total_memory_bytes()
+    peak = peak_rss_bytes()
+    return {"kind": "cpu", "peak_rss_mib": mib(peak), "total_mib": mib(total), "limit_mib": mib(limit) if limit else None,
+            "num_alloc_retries": 0, "headroom_pct": round(100.0 * (total - peak) / total, 1)}  # fmt: skip
+
+
+def _hours(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    text = f"{minutes // 60}h {minutes % 60:02d}m"
+    return f"{text} ({seconds:.0f} s)" if seconds < 600 else text
+
+
+def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
+              progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:  # fmt: skip
+    """Measure `cfg`; returns the report (see README's preflight section for the fields)."""
+    t = cfg.training
+    report: dict[str, Any] = {"run_name": cfg.run_name, "batch_size": t.batch_size, "grad_accum": t.grad_accum,
+                              "seq_len": cfg.model.seq_len, "warmup_steps": WARMUP_STEPS, "measured_steps": steps}  # fmt: skip
+    reset_peak_rss()
+    parts = engine.build_parts(cfg)
+    dev = parts.device
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    report["environment"] = {
+        "device": str(dev), "device_name": _device_name(dev), "torch": str(torch.__version__),
+        "cuda": torch.version.cuda if dev.type == "cuda" else None, "precision": cfg.runtime.precision,
+        "compile": cfg.runtime.compile, "deterministic": cfg.runtime.deterministic,
+        "threads": torch.get_num_threads(), "params": parts.raw_model.num_params(),
+    }  # fmt: skip
+    watch = MemoryWatch(dev, memory_limit)
+    data = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
+    eval_data = SyntheticStream(t.eval_batch_size or t.batch_size, cfg.model.seq_len, cfg.runtime.seed + 1)
+    step_times, skipped, nonfinite, scale = [], [], 0, None
+    try:
+        for i in range(WARMUP_STEPS + steps):
+            label = "warm-up" if i < WARMUP_STEPS else "measure"
+            t0 = time.perf_counter()
+            result = engine.train_step(parts, i, data.next_batch, phase=watch)
+            loss = watch.run("optimizer step", result.loss.item)
+            _sync(dev)
+            dt = time.perf_counter() - t0
+            if i >= WARMUP_STEPS:
+                step_times.append(dt)
+                skipped.append(result.skipped)
+                nonfinite += not math.isfinite(loss)
+            scale = result.scale
+            progress(f"{label} step {i + 1}/{WARMUP_STEPS + steps}: {dt * 1000:.0f} ms, loss {loss:.3f}")
+        t0 = time.perf_counter()
+        watch.run("eval", lambda: engine.evaluate(parts, eval_data, 1))
+        _sync(dev)
+        eval_batch_s = time.perf_counter() - t0
+        progress(f"eval pass: {eval_batch_s * 1000:.0f} ms per batch")
+        with tempfile.TemporaryDirectory(prefix="enlace-preflight-") as tmp:
+            state = engine.capture_state(parts, [engine.rank_state(data)], {"step": 0, "tokens": 0}, "preflight")
+            t0 = time.perf_counter()
+            watch.run("save", lambda: save_checkpoint(Path(tmp), 0, state, keep=1))
+            save_s = time.perf_counter() - t0
+        watch("done")
+        progress(f"checkpoint save: {save_s:.2f} s")
+    except OutOfMemory as e:
+        report.update(verdict="oom", oom_phase=e.phase, oom_detail=e.detail, memory=_memory(dev, memory_limit))
+        report["suggestion"] = (f"out of memory in {e.phase} at batch_size {t.batch_size}: lower training.batch_size "
+                                f"(e.g. {max(1, t.batch_size // 2)} with grad_accum {t.grad_accum * 2} keeps the "
+                                "tokens per step), or run `enlace preflight RUN --max-batch` to find the largest that fits")  # fmt: skip
+        return report
+
+    median, p90 = statistics.median(step_times), sorted(step_times)[max(0, math.ceil(0.9 * len(step_times)) - 1)]
+    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len
+    n_evals = (t.max_steps // t.eval_every if t.eval_every else 0) + 1
+    n_saves = (t.max_steps // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
+    total_s = t.max_steps * median + n_evals * t.eval_batches * eval_batch_s + n_saves * save_s
+    report["throughput"] = {
+        "median_step_s": round(median, 4), "p90_step_s": round(p90, 4), "tokens_per_step": tokens_per_step,
+        "tokens_per_s": round(tokens_per_step / median, 1), "eval_batch_s": round(eval_batch_s, 4),
+        "checkpoint_save_s": round(save_s, 3), "max_steps": t.max_steps, "projected_s": round(total_s, 1),
+        "projected": _hours(total_s),
+    }  # fmt: skip
+    report["memory"] = _memory(dev, memory_limit)
+    fp16 = cfg.runtime.precision == "fp16"
+    skip_frac = sum(skipped) / len(skipped) if skipped else 0.0
+    report["fp16"] = {
+        "skip_rate": round(skip_frac, 3) if fp16 else "n/a",
+        "skips_after_calibration": sum(skipped) if fp16 else "n/a",
+        "final_scale": scale if fp16 else "n/a",
+        "nonfinite_losses": nonfinite if fp16 else "n/a",
+    }
+    mem = report["memory"]
+    if fp16 and (skip_frac > UNSTABLE_SKIP_FRACTION or nonfinite > len(step_times) // 2):
+        report["verdict"] = "unstable"
+        report["suggestion"] = (f"fp16 skipped {sum(skipped)} of {len(skipped)} steps after calibration (scale now "
+                                f"{scale:g}): lower runtime.fp16_init_scale or optim.learning_rate, or use bf16 on a "
+                                "GPU that has it")  # fmt: skip
+    elif mem["headroom_pct"] < TIGHT_HEADROOM_PCT or mem["num_alloc_retries"] > 0:
+        report["verdict"] = "tight"
+        report["suggestion"] = (f"only {mem['headroom_pct']}% memory headroom ({mem['num_alloc_retries']} allocator "
+                                "retries): a longer sequence or eval spike may not fit — lower training.batch_size")  # fmt: skip
+    else:
+        report["verdict"] = "ok"
+        report["suggestion"] = ""
+    return report
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """A short aligned table for people; the JSON holds the same fields."""
+    rows = [("run", f"{r['run_name']}  (batch {r['batch_size']} x {r['seq_len']}, grad_accum {r['grad_accum']})")]
+    env = r.get("environment", {})
+    if env:
+        rows.append(("device", f"{env['device_name']} ({env['device']}), torch {env['torch']}"
+                               + (f", CUDA {env['cuda']}" if env.get("cuda") else "")))  # fmt: skip
+        rows.append(("settings", f"{env['precision']}, compile {env['compile']}, deterministic {env['deterministic']}, "
+                                 f"{env['threads']} threads, {env['params'] / 1e6:.2f}M params"))  # fmt: skip
+    m = r.get("memory", {})
+    if m.get("kind") == "cuda":
+        rows.append(("memory", f"peak reserved {m['peak_reserved_mib']} MiB (allocated {m['peak_allocated_mib']}) of "
+                               f"{m['total_mib']} MiB, headroom {m['headroom_pct']}%, retries {m['num_alloc_retries']}"))  # fmt: skip
+    elif m:
+        rows.append(("memory", f"peak RSS {m['peak_rss_mib']} MiB of {m['total_mib']} MiB"
+                               f"{' (limit)' if m.get('limit_mib') else ''}, headroom {m['headroom_pct']}%"))  # fmt: skip
+    tp = r.get("throughput")
+    if tp:
+        rows.append(("step time", f"median {tp['median_step_s'] * 1000:.0f} ms, p90 {tp['p90_step_s'] * 1000:.0f} ms"))
+        rows.append(("throughput", f"{tp['tokens_per_s']:.0f} tokens/s"))
+        rows.append(("projected", f"{tp['projected']} for {tp['max_steps']} steps (incl. eval and checkpoints; "
+                                  f"save {tp['checkpoint_save_s']} s)"))  # fmt: skip
+    f = r.get("fp16")
+    if f:
+        rows.append(("fp16", "n/a (not fp16)" if f["skip_rate"] == "n/a" else
+                     f"skip rate {f['skip_rate']:.0%} after calibration, final scale {f['final_scale']:g}, "
+                     f"non-finite losses {f['nonfinite_losses']}"))  # fmt: skip
+    if r.get("oom_phase"):
+        rows.append(("out of memory", f"in {r['oom_phase']}: {r['oom_detail']}"))
+    if r.get("max_batch"):
+        mb = r["max_batch"]
+        rows.append(("max batch", f"{mb['batch_size']} fits ({mb['tokens_per_s']:.0f} tokens/s); "
+                                  f"{mb['first_failing']} does not" if mb["first_failing"] else f"{mb['batch_size']} (search cap)"))  # fmt: skip
+    rows.append(("verdict", r["verdict"].upper() + (f" — {r['suggestion']}" if r.get("suggestion") else "")))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memory_limit: int | None,
+                   progress: Callable[[str], None], cap: int = 4096) -> dict[str, Any]:  # fmt: skip
+    """Largest batch_size that fits: doubling from `start`, then bisection. Each probe is a fresh
+    `enlace preflight --probe` process, so one probe's allocator state never skews the next."""
+    import json
+    import subprocess
+    import sys
+
+    def probe(b: int) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "enlace", "preflight", run, "--root", str(root), "--json", "--probe",
+               "--steps", "2", *[a for o in [*overrides, f"training.batch_size={b}"] for a in ("--set", o)]]  # fmt: skip
+        if memory_limit:
+            cmd += ["--memory-limit", str(memory_limit)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            rep = json.loads(out.stdout)
+        except json.JSONDecodeError:
+            rep = {"verdict": "oom", "oom_phase": "startup", "oom_detail": out.stderr.strip()[-200:]}
+        fits = rep["verdict"] != "oom"
+        progress(f"max-batch probe: batch_size {b} {'fits' if fits else 'does not fit'}")
+        return rep if fits else {}
+
+    good, good_rep, bad = 0, {}, None
+    b = max(1, start)
+    while b <= cap:  # doubling
+        rep = probe(b)
+        if not rep:
+            bad = b
+            break
+        good, good_rep, b = b, rep, b * 2
+    if good == 0 and bad is not None:  # even the start does not fit: bisect below it
+        lo, hi = 0, bad
+    else:
+        lo, hi = good, bad
+    while hi is not None and hi - lo > 1:  # bisection between the last fit and the first failure
+        mid = (lo + hi) // 2
+        rep = probe(mid)
+        if rep:
+            lo, good_rep = mid, rep
+        else:
+            hi = mid
+    tps = good_rep.get("throughput", {}).get("tokens_per_s", 0.0) if good_rep else 0.0
+    return {"batch_size": lo, "first_failing": hi, "tokens_per_s": tps}

@@ -1,0 +1,68 @@
+"""Preflight on CPU: every figure present, OOM under a memory cap, fp16 instability, max batch."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import write_run
+from helpers import enlace
+
+
+def _preflight(project, run, *args, check=False):
+    steps = () if "--steps" in args else ("--steps", "3")
+    out = enlace(project, "preflight", run, "--json", *steps, *args, check=check)
+    return out, json.loads(out.stdout)
+
+
+def test_report_has_every_figure_and_needs_no_corpus(project):
+    (project / "configs" / "data" / "absent.yaml").write_text("kind: bytes\npaths: ['data/not-here/*.txt']\n")
+    write_run(project, "pf", data="absent")
+    out, rep = _preflight(project, "pf")
+    assert out.returncode == 0, out.stderr
+    assert rep["verdict"] in ("ok", "tight")
+    tp, mem, fp16, env = rep["throughput"], rep["memory"], rep["fp16"], rep["environment"]
+    assert 0 < tp["median_step_s"] <= tp["p90_step_s"] and tp["tokens_per_s"] > 0
+    assert tp["projected_s"] > 0 and "h" in tp["projected"] and tp["checkpoint_save_s"] > 0
+    assert mem["kind"] == "cpu" and mem["peak_rss_mib"] > 100 and 0 < mem["headroom_pct"] < 100
+    assert fp16 == {"skip_rate": "n/a", "skips_after_calibration": "n/a", "final_scale": "n/a",
+                    "nonfinite_losses": "n/a"}  # fmt: skip
+    assert env["precision"] == "fp32" and env["torch"].startswith("2.") and env["params"] > 0
+    saved = json.loads((project / "runs" / "pf" / "preflight.json").read_text())
+    assert saved == rep
+    human = enlace(project, "preflight", "pf", "--steps", "2").stdout
+    for label in ("memory", "step time", "throughput", "projected", "fp16", "verdict"):
+        assert label in human
+
+
+def test_batch_that_does_not_fit_is_oom_exit_3_with_phase(project):
+    write_run(project, "big", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 64})
+    out, rep = _preflight(project, "big", "--memory-limit", "600MiB")
+    assert out.returncode == 3 and "Traceback" not in out.stderr
+    assert rep["verdict"] == "oom" and rep["oom_phase"] in ("forward", "backward", "optimizer step", "eval", "save")
+    assert "batch_size" in rep["suggestion"]
+
+
+def test_fp16_with_absurd_scale_is_unstable_exit_4(project):
+    # torch's CPU backend supports fp16 autocast + GradScaler (torch 2.13): no skip needed.
+    write_run(project, "fp16", runtime={"precision": "fp16", "fp16_init_scale": 2.0**40})
+    out, rep = _preflight(project, "fp16")
+    assert out.returncode == 4, out.stderr
+    assert rep["verdict"] == "unstable" and rep["fp16"]["skip_rate"] > 0.5
+    assert rep["fp16"]["final_scale"] < 2.0**40  # the scaler halved on every skipped step
+
+
+def test_fp16_with_sane_scale_is_not_unstable(project):
+    write_run(project, "fp16ok", runtime={"precision": "fp16"})
+    out, rep = _preflight(project, "fp16ok")
+    assert out.returncode == 0 and rep["fp16"]["skip_rate"] == 0.0
+
+
+def test_max_batch_finds_the_boundary(project):
+    write_run(project, "mb", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 4})
+    out, rep = _preflight(project, "mb", "--memory-limit", "700MiB", "--max-batch")
+    mb = rep["max_batch"]
+    assert mb["batch_size"] >= 4 and mb["first_failing"] == mb["batch_size"] + 1, mb
+    assert mb["tokens_per_s"] > 0
+    limit = ("--memory-limit", "700MiB", "--steps", "2")  # the probes' own settings
+    _, above = _preflight(project, "mb", *limit, "--set", f"training.batch_size={2 * mb['batch_size']}")
+    assert above["verdict"] == "oom"
