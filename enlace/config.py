@@ -11,6 +11,7 @@ Unknown keys are refused with the closest valid key; wrong types and bad combina
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -280,10 +281,8 @@ def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             value = raw
         if isinstance(value, str):  # YAML 1.1 reads "1e12" as a string; a user means the number
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
-            except ValueError:
-                pass
         out[key.strip()] = value
     return out
 
