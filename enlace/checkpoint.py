@@ -21,8 +21,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from enlace.errors import CheckpointError
 
 MANIFEST = "MANIFEST"
@@ -94,6 +92,8 @@ def remove_stale_temps(ckpt_root: Path) -> None:
 
 def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int) -> Path:
     """Write `files` (name → object for torch.save) as checkpoint `step`; returns its directory."""
+    import torch  # here, not at the top: the server's status/fetch verbs must not pay for torch
+
     final = ckpt_root / step_dir_name(step)
     tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -140,8 +140,10 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(ckpt: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(ckpt: Path, map_location: Any = "cpu") -> dict[str, Any]:
     """name → object for every file of a verified checkpoint, loaded with weights_only=True."""
+    import torch
+
     manifest = verify_checkpoint(ckpt)
     if manifest.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{ckpt}: checkpoint format v{manifest.get('version')}, this enlace reads "

@@ -1,0 +1,135 @@
+"""Hosts: where runs go. `--host NAME` / ENLACE_REMOTE_HOST, default `local`.
+
+Settings come from two YAML files, the per-user one winning key by key:
+
+    configs/hosts.yaml                    repo defaults (shipped)
+    ~/.config/enlace/hosts.yaml           per user (ENLACE_HOSTS_FILE overrides the path)
+
+    defaults: {remote_dir: ~/enlace, python: python3, connect_timeout: 10}
+    hosts:
+      gpu1: {ssh: alice@gpu1.example.org:2222, remote_dir: /scratch/enlace, default_run: smoke-2060}
+      box:  {}              # an ~/.ssh/config alias: HostName/User/Port/IdentityFile come from there
+
+A NAME not in the files is itself the SSH target: an ~/.ssh/config alias or user@host[:port].
+The host `local` runs the same pipeline on this machine without SSH, in .enlace/local/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import UsageError
+
+TARGET_RE = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?")
+HOST_KEYS = {"ssh", "remote_dir", "python", "default_run", "identity_file", "known_hosts", "connect_timeout", "user",
+             "port"}  # fmt: skip
+
+
+@dataclass
+class Host:
+    name: str
+    local: bool
+    remote_dir: str
+    python: str
+    hostname: str = ""
+    user: str | None = None
+    port: int = 22
+    identity_files: list[str] = field(default_factory=list)
+    known_hosts: str = str(Path("~/.ssh/known_hosts").expanduser())
+    connect_timeout: float = 10.0
+    default_run: str | None = None
+
+    @property
+    def known_hosts_key(self) -> str:
+        """How known_hosts names this host: `host` on port 22, `[host]:port` otherwise."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+    def describe(self) -> str:
+        if self.local:
+            return f"local (this machine, {self.remote_dir})"
+        return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port} ({self.remote_dir})"
+
+
+def user_hosts_file() -> Path:
+    return Path(os.environ.get("ENLACE_HOSTS_FILE") or "~/.config/enlace/hosts.yaml").expanduser()
+
+
+def ssh_config_file() -> Path:
+    return Path(os.environ.get("ENLACE_SSH_CONFIG") or "~/.ssh/config").expanduser()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: not valid YAML ({e.__class__.__name__}) — fix the syntax") from None
+    for key in data:
+        if key not in ("defaults", "hosts"):
+            raise UsageError(f"{path}: unknown key {key!r} — the file has `defaults:` and `hosts:`")
+    for name, entry in {"defaults": data.get("defaults") or {}, **(data.get("hosts") or {})}.items():
+        for key in entry or {}:
+            if key not in HOST_KEYS:
+                raise UsageError(f"{path}: {name}.{key}: unknown key — valid: {', '.join(sorted(HOST_KEYS))}")
+    return data
+
+
+def load_host_table(repo: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(defaults, hosts) merged from the repo's configs/hosts.yaml and the user's file."""
+    defaults: dict[str, Any] = {}
+    hosts: dict[str, dict[str, Any]] = {}
+    for path in (repo / "configs" / "hosts.yaml", user_hosts_file()):
+        data = _load(path)
+        defaults.update(data.get("defaults") or {})
+        for name, entry in (data.get("hosts") or {}).items():
+            hosts.setdefault(name, {}).update(entry or {})
+    return defaults, hosts
+
+
+def resolve_host(name: str, repo: Path) -> Host:
+    defaults, table = load_host_table(repo)
+    entry = {**defaults, **table.get(name, {})}
+    if name == "local":
+        remote_dir = table.get("local", {}).get("remote_dir") or str(repo / ".enlace" / "local")
+        python = table.get("local", {}).get("python") or sys.executable
+        return Host("local", True, str(Path(remote_dir).expanduser()), python, default_run=entry.get("default_run"))
+    target = entry.get("ssh") or name
+    m = TARGET_RE.fullmatch(target)
+    if not m:
+        raise UsageError(f"host {name!r}: {target!r} is neither an ~/.ssh/config alias nor user@host[:port]")
+    alias = m.group("host")
+    cfg = _ssh_config_lookup(alias)
+    port = int(m.group("port") or entry.get("port") or cfg.get("port") or 22)
+    identity = entry.get("identity_file")
+    identities = [identity] if identity else cfg.get("identityfile", [])
+    known = entry.get("known_hosts") or (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
+    return Host(
+        name=name, local=False, remote_dir=entry.get("remote_dir", "~/enlace"), python=entry.get("python", "python3"),
+        hostname=cfg.get("hostname", alias).strip("[]"), user=m.group("user") or entry.get("user") or cfg.get("user"),
+        port=port, identity_files=[str(Path(p).expanduser()) for p in identities],
+        known_hosts=str(Path(known).expanduser()), connect_timeout=float(entry.get("connect_timeout", 10)),
+        default_run=entry.get("default_run"),
+    )  # fmt: skip
+
+
+def _ssh_config_lookup(alias: str) -> dict[str, Any]:
+    path = ssh_config_file()
+    if not path.is_file():
+        return {}
+    import paramiko  # imported here: `enlace-remote --help` must start fast
+
+    return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
+
+
+def list_hosts(repo: Path) -> list[Host]:
+    _, table = load_host_table(repo)
+    names = ["local", *sorted(n for n in table if n != "local")]
+    return [resolve_host(n, repo) for n in names]

@@ -1,0 +1,63 @@
+"""Server-side arrival checklist for one commit's tree (stdlib only: it must run even when the
+tree is broken). Run by `remote.sh verify` from inside trees/<sha>/:
+
+    python scripts/verify_tree.py SHA RUN [--for-launch]
+
+Prints one JSON object: {"ok": bool, "checks": [{"name", "ok", "detail"}...], "run_name": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+NEEDED = ["enlace/__init__.py", "enlace/data/__init__.py", "enlace/data/bytestream.py", "enlace/data/shards.py",
+          "configs/data", "configs/profiles", "configs/runs"]  # fmt: skip
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def main() -> int:
+    sha, run_ref = sys.argv[1], sys.argv[2]
+    for_launch = "--for-launch" in sys.argv[3:]
+    checks: list[dict] = []
+    add = lambda name, ok, detail="": checks.append({"name": name, "ok": bool(ok), "detail": detail})  # noqa: E731
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    add("HEAD is the pushed commit", head == sha, f"HEAD {head[:12]}, pushed {sha[:12]}")
+    missing = [p for p in NEEDED if not Path(p).exists()]
+    add("package and config dirs present", not missing, "missing: " + ", ".join(missing) if missing else "")
+    run_file = Path("configs/runs") / f"{run_ref}.yaml"
+    add(f"configs/runs/{run_ref}.yaml present", run_file.is_file(), "" if run_file.is_file() else f"missing: {run_file}")
+    imp = run("-c", "import enlace.data")
+    add("import enlace.data", imp.returncode == 0, (imp.stderr.strip().splitlines() or [""])[-1])
+    cc = run("-m", "enlace", "check-config", run_ref, "--json")
+    try:
+        cfg = json.loads(cc.stdout)
+    except json.JSONDecodeError:
+        cfg = {"ok": False, "error": (cc.stderr.strip().splitlines() or ["no output"])[-1]}
+    add(f"enlace check-config {run_ref}", cfg.get("ok"), cfg.get("error", ""))
+    if cfg.get("ok"):
+        absent = [f for f in cfg["files"].values() if not Path(f).is_file()]
+        add("referenced configs present", not absent, "missing: " + ", ".join(absent) if absent else
+            ", ".join(cfg["files"].values()))  # fmt: skip
+    if for_launch and cfg.get("ok"):
+        df = run("-m", "enlace", "data-files", run_ref, "--json")
+        try:
+            data = json.loads(df.stdout)
+        except json.JSONDecodeError:
+            data = {"ok": False, "error": (df.stderr.strip().splitlines() or ["no output"])[-1], "files": []}
+        add("data the run reads exists", data.get("ok"), data.get("error") or f"{len(data['files'])} files")
+    ok = all(c["ok"] for c in checks)
+    print(json.dumps({"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha}))
+    return 0 if ok else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
