@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -158,7 +159,12 @@ def validate_run_name(name: str, source: str = "run_name") -> str:
 
 
 def find_root(start: Path | None = None) -> Path:
-    """The nearest directory at or above `start` that holds configs/runs/ (else `start`)."""
+    """The nearest directory at or above `start` that holds configs/runs/ (else `start`).
+
+    Without `start`, ENLACE_ROOT (set by scripts/remote.sh to the checked-out tree) wins: a tree
+    on the server must never borrow configs from a directory above it."""
+    if start is None and os.environ.get("ENLACE_ROOT"):
+        return Path(os.environ["ENLACE_ROOT"]).resolve()
     start = (start or Path.cwd()).resolve()
     for d in (start, *start.parents):
         if (d / "configs" / "runs").is_dir():

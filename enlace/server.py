@@ -4,6 +4,7 @@ each answers in tens of milliseconds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,19 +95,15 @@ def stop_run(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
     if not st["alive"]:
         raise NoSuchRun(f"run {run_dir.name} is not running (status {st['status']})")
     pid = st["pid"] if pid_alive(st["pid"]) else _launch_pid(run_dir)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(os.getpgid(pid), signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     deadline = time.time() + grace
     while pid_alive(pid) and time.time() < deadline:
         time.sleep(0.1)
     killed = False
     if pid_alive(pid) and kill:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         killed = True
         while pid_alive(pid):
             time.sleep(0.05)

@@ -135,7 +135,7 @@ class SSHTransport(Transport):
                     f"it with: ssh-keyscan -p {h.port} {h.hostname} >> {shlex.quote(h.known_hosts)}  "
                     f"(or rerun with --accept-new-host-key)") from None
             raise UnreachableError(f"{where}: SSH failed: {e}") from None
-        except (OSError, socket.timeout) as e:
+        except (TimeoutError, OSError) as e:
             reason = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else (e.strerror or str(e))
             raise UnreachableError(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
         transport = conn.client.get_transport()
@@ -163,7 +163,7 @@ class SSHTransport(Transport):
             while True:
                 try:
                     chunk = chan.recv(1 << 16)
-                except (TimeoutError, socket.timeout):
+                except TimeoutError:
                     raise ConnectionError(f"no data for {stall_timeout}s") from None
                 if not chunk:
                     break

@@ -9,7 +9,7 @@
 #   remote.sh REMOTE_DIR env SHA PYTHON           the python to use: PYTHON itself, or `venv`
 #                                                 (built once per pyproject+constraints hash) (JSON)
 #   remote.sh REMOTE_DIR verify SHA PYTHON RUN [--for-launch]     the arrival checklist (JSON)
-#   remote.sh REMOTE_DIR enlace SHA PYTHON ARGS...                exec python -m enlace ARGS
+#   remote.sh REMOTE_DIR enlace SHA|latest PYTHON ARGS...         exec python -m enlace ARGS
 #   remote.sh REMOTE_DIR launch SHA PYTHON RUN_NAME RUN [ARGS...] start training detached (JSON)
 #
 # Every argument arrives shlex-quoted from the driver, which validated SHA and run names first.
@@ -24,6 +24,11 @@ mkdir -p "$RD"
 RD=$(cd "$RD" && pwd)
 
 check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1"; }
+newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer)
+  local t; t=$(ls -1t "$RD"/trees/*/.enlace-ready 2>/dev/null | head -n 1)
+  [ -n "$t" ] || die "nothing has been synced to $RD yet: run enlace-remote sync"
+  basename "$(dirname "$t")"
+}
 check_name() { [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ ]] || die "not a valid run name: $1"; }
 
 resolve_python() {  # SHA PYTHON -> prints the interpreter path
@@ -81,8 +86,8 @@ case $VERB in
     cd "$tree" && exec "$py" scripts/verify_tree.py "$sha" "$@"
     ;;
   enlace)
-    sha=$1; check_sha "$sha"; py=$(resolve_python "$1" "$2"); shift 2
-    cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha PYTHONPATH=$RD/trees/$sha exec "$py" -m enlace "$@"
+    sha=$1; [ "$sha" = latest ] && sha=$(newest_tree); check_sha "$sha"; py=$(resolve_python "$sha" "$2"); shift 2
+    cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD exec "$py" -m enlace "$@"
     ;;
   launch)
     sha=$1; check_sha "$sha"; py=$(resolve_python "$1" "$2"); name=$3; check_name "$name"; shift 3
@@ -97,7 +102,7 @@ case $VERB in
     offset=$(stat -c %s "$run_dir/train.log" 2>/dev/null || echo 0)
     # setsid: its own session and process group (stop signals the group); all three streams
     # redirected, so the trainer survives the SSH session that started it.
-    ENLACE_COMMIT=$sha PYTHONPATH=$RD/trees/$sha PYTHONUNBUFFERED=1 \
+    ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD PYTHONUNBUFFERED=1 \
       setsid nohup "$py" -m enlace "$@" >>"$run_dir/train.log" 2>&1 </dev/null 9>&- &
     pid=$!
     echo "$pid" > "$run_dir/launch.pid"

@@ -19,7 +19,7 @@ NEEDED = ["enlace/__init__.py", "enlace/data/__init__.py", "enlace/data/bytestre
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "ENLACE_ROOT": os.getcwd()}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -27,7 +27,7 @@ def main() -> int:
     sha, run_ref = sys.argv[1], sys.argv[2]
     for_launch = "--for-launch" in sys.argv[3:]
     checks: list[dict] = []
-    add = lambda name, ok, detail="": checks.append({"name": name, "ok": bool(ok), "detail": detail})  # noqa: E731
+    add = lambda name, ok, detail="": checks.append({"name": name, "ok": bool(ok), "detail": detail})
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     add("HEAD is the pushed commit", head == sha, f"HEAD {head[:12]}, pushed {sha[:12]}")
@@ -35,7 +35,11 @@ def main() -> int:
     add("package and config dirs present", not missing, "missing: " + ", ".join(missing) if missing else "")
     run_file = Path("configs/runs") / f"{run_ref}.yaml"
     add(f"configs/runs/{run_ref}.yaml present", run_file.is_file(), "" if run_file.is_file() else f"missing: {run_file}")
-    imp = run("-c", "import enlace.data")
+    # The module must come from this tree: an installed copy elsewhere (e.g. an editable install)
+    # would hide a tree that lacks it.
+    imp = run("-c", "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
+                    "assert f.startswith(os.path.realpath(os.getcwd()) + os.sep), 'imported from ' + f + "
+                    "', not from this tree: the tree lacks enlace/data/'")  # fmt: skip
     add("import enlace.data", imp.returncode == 0, (imp.stderr.strip().splitlines() or [""])[-1])
     cc = run("-m", "enlace", "check-config", run_ref, "--json")
     try:

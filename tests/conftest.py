@@ -52,3 +52,52 @@ def write_run(root: Path, name: str, base: dict | None = None, **sections) -> Pa
     path = root / "configs" / "runs" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+@pytest.fixture
+def sshd(tmp_path: Path):
+    """A real sshd on 127.0.0.1 with a trusted host key; .env points enlace-remote at it."""
+    from sshd import make_server
+
+    srv = make_server(tmp_path)
+    yield srv
+    srv.stop()
+
+
+def _shippable_files() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return [f for f in out.splitlines() if (REPO / f).is_file()]
+
+
+@pytest.fixture(scope="session")
+def repo_template(tmp_path_factory) -> Path:
+    """A git repo holding the current working tree (committed or not), committed once."""
+    import subprocess
+
+    dst = tmp_path_factory.mktemp("template") / "repo"
+    for f in _shippable_files():
+        (dst / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, dst / f)
+    git = ["git", "-C", str(dst), "-c", "user.email=t@enlace.invalid", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(dst)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "template"], check=True)
+    return dst
+
+
+@pytest.fixture
+def user_repo(tmp_path: Path, repo_template: Path) -> Path:
+    """The user's checkout: a clone of the template plus the tiny corpus config, committed."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(repo_template), str(repo)], check=True)
+    (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n")
+    write_run(repo, "tiny", training={"max_steps": 30, "log_every": 1, "eval_every": 10}, run_name="tiny")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@enlace.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "tiny run"], check=True)
+    return repo

@@ -10,16 +10,21 @@ of the stream is the counter k, and any batch can be re-drawn exactly.
 
 from __future__ import annotations
 
+# torch is imported inside the methods that use it: `import enlace.data` (checked on the server
+# by verify) then costs 0.1 s instead of 1.5 s. Annotations are strings (PEP 563).
 import bisect
 import glob
 import hashlib
 import sysconfig
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from enlace.errors import EnlaceError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DataError(EnlaceError):
@@ -94,6 +99,8 @@ class ByteStream:
 
     def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch number k: x, y of shape (batch_size, seq_len), int64."""
+        import torch
+
         g = torch.Generator().manual_seed(mix_seed(self.seed, self.split, self.rank, k))
         starts = torch.randint(self.lo, self.hi - self.seq_len, (self.batch_size,), generator=g)
         rows = np.stack([self.data.read(int(s), self.seq_len + 1) for s in starts])

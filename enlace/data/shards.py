@@ -15,9 +15,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from enlace.data.bytestream import ConcatBytes, DataError, mix_seed
 
@@ -33,6 +33,10 @@ def _read_meta(shard_dir: Path) -> dict:
     if meta.get("version") != 1 or meta.get("dtype") not in DTYPES:
         raise DataError(f"{meta_path}: unsupported shard format {meta.get('version')}/{meta.get('dtype')}")
     return meta
+
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ShardStream:
@@ -65,10 +69,14 @@ class ShardStream:
     def _order_for(self, epoch: int) -> list[int]:
         if self.split == "val":
             return list(range(len(self.shards)))
+        import torch
+
         g = torch.Generator().manual_seed(mix_seed(self.seed, "shards", epoch))
         return torch.randperm(len(self.shards), generator=g).tolist()
 
     def _take(self, shard: np.ndarray, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         buf = torch.from_numpy(shard[start : start + self.chunk + 1].astype(np.int64))
         return buf[:-1].view(self.batch_size, self.seq_len), buf[1:].view(self.batch_size, self.seq_len)
 

@@ -1,0 +1,34 @@
+"""Running the real `enlace-remote` CLI in a subprocess from the user's repo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+
+def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float = 300, host: str = "testhost"):
+    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    full = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full,
+                         stdin=subprocess.DEVNULL)  # fmt: skip
+    if check and out.returncode != 0:
+        raise AssertionError(f"enlace-remote {' '.join(args)} exited {out.returncode}\n{out.stdout[-3000:]}\n"
+                             f"{out.stderr[-3000:]}")  # fmt: skip
+    return out
+
+
+def tiny_corpus(remote_dir: Path) -> None:
+    """Put the tiny corpus into the host's shared data dir (data never travels by git)."""
+    import json
+    import sysconfig
+
+    corpus = remote_dir / "data" / "tiny"
+    corpus.mkdir(parents=True, exist_ok=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for i, src in enumerate(sorted((stdlib / "json").glob("*.py"))):
+        (corpus / f"{i:02d}-{src.stem}.txt").write_bytes(src.read_bytes())
+    (corpus / "zz.txt").write_text(json.__doc__ or "")

@@ -1,0 +1,110 @@
+"""A real OpenSSH server on 127.0.0.1 for the tests (see shared/notes/real-sshd-in-tests.md).
+
+Generated host and client keys, a known_hosts and an ssh_config alias `testhost`, and a hosts.yaml
+that points enlace-remote at them. No mocks: fabric, git and rsync talk to this sshd."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+CONFIG = """\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {dir}/host_key
+AuthorizedKeysFile {dir}/authorized_keys
+PidFile {dir}/sshd.pid
+UsePAM no
+StrictModes no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+SetEnv HOME={dir}/home
+MaxStartups 100:30:200
+MaxSessions 50
+LogLevel VERBOSE
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+@dataclass
+class SSHServer:
+    dir: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> None:
+        if not Path(SSHD).exists():
+            raise RuntimeError(f"{SSHD} not found: install openssh-server (the SSH tests need a real sshd)")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        for _attempt in range(5):  # binding port 0 then releasing it races: retry
+            self.port = _free_port()
+            (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir))
+            log = self.dir / "sshd.log"
+            log.write_text("")
+            self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)])
+            deadline = time.time() + 10
+            while time.time() < deadline and self.proc.poll() is None:
+                if "Server listening on" in log.read_text():
+                    return
+                time.sleep(0.02)
+            self.stop()
+        raise RuntimeError(f"sshd did not start: {(self.dir / 'sshd.log').read_text()[-2000:]}")
+
+    def kill_sessions(self) -> int:
+        """End every live SSH session (the per-connection sshd children), not the listener."""
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.kill_sessions()
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+    def host_public_key(self) -> str:
+        return (self.dir / "host_key.pub").read_text().split()[:2]
+
+
+def make_server(base: Path, name: str = "testhost", trust: bool = True) -> SSHServer:
+    d = base / f"sshd-{name}"
+    (d / "home").mkdir(parents=True)
+    keygen(d / "host_key")
+    keygen(d / "client_key")
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    srv = SSHServer(d)
+    srv.start()
+    kind, key = srv.host_public_key()
+    (d / "known_hosts").write_text(f"[127.0.0.1]:{srv.port} {kind} {key}\n" if trust else "")
+    (d / "ssh_config").write_text(
+        f"Host {name}\n  HostName 127.0.0.1\n  Port {srv.port}\n  User root\n  IdentityFile {d}/client_key\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {d}/known_hosts\n  StrictHostKeyChecking yes\n")  # fmt: skip
+    (d / "hosts.yaml").write_text(
+        f"hosts:\n  {name}:\n    remote_dir: {base}/remote-{name}\n    python: {sys.executable}\n"
+        f"    connect_timeout: 5\n    default_run: tiny\n"
+        f"  local:\n    remote_dir: {base}/remote-local\n    python: {sys.executable}\n    default_run: tiny\n")  # fmt: skip
+    srv.env = {"ENLACE_SSH_CONFIG": str(d / "ssh_config"), "ENLACE_HOSTS_FILE": str(d / "hosts.yaml")}
+    return srv
