@@ -124,7 +124,6 @@ def verify(ctx: Context, run: str, for_launch: bool) -> None:
 
     check_run_name(run)
     sha = local_checks(ctx.repo, allow_dirty=True, check_ignored=False).commit
-    ctx.session.setup(sha)
     do_verify(ctx.session, sha, run, for_launch)
 
 

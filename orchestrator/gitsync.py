@@ -90,10 +90,8 @@ def sync(session: Session, repo: Path, allow_dirty: bool = False, check_ignored:
     if not state["have_tree"]:
         push(session, repo, report.commit)
         report.pushed = True
-        report.tree = session.call_json("checkout", report.commit)["tree"]
-    else:
-        report.tree = f"{session.remote_dir}/trees/{report.commit}"
-    report.python = session.call_json("env", report.commit, session.host.python)["python"]
+    done = session.call_json("checkout", report.commit, session.host.python)  # idempotent
+    report.tree, report.python = done["tree"], done["python"]
     report.seconds = time.perf_counter() - t0
     return report
 

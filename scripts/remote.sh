@@ -4,7 +4,7 @@
 # that it runs the copy inside the checked-out tree of the commit it is working with.
 #
 #   remote.sh REMOTE_DIR setup [SHA]              create repo.git, data/, runs/, trees/   (JSON)
-#   remote.sh REMOTE_DIR checkout SHA             trees/SHA: a checkout of SHA with data/ and
+#   remote.sh REMOTE_DIR checkout SHA [PYTHON]    trees/SHA: a checkout of SHA with data/ and
 #                                                 runs/ linked to the shared dirs; idempotent (JSON)
 #   remote.sh REMOTE_DIR env SHA PYTHON           the python to use: PYTHON itself, or `venv`
 #                                                 (built once per pyproject+constraints hash) (JSON)
@@ -59,7 +59,7 @@ case $VERB in
     printf '{"ok": true, "remote_dir": "%s", "have_tree": %s, "rsync": %s}\n' "$RD" "$have" \
       "$(command -v rsync >/dev/null && echo true || echo false)"
     ;;
-  checkout)
+  checkout)  # SHA [PYTHON]: also resolves the python (saves the driver a round trip)
     sha=$1; check_sha "$sha"
     tree=$RD/trees/$sha
     if [ ! -f "$tree/.enlace-ready" ]; then
@@ -72,7 +72,8 @@ case $VERB in
       touch "$tmp/.enlace-ready"
       if ! mv -T "$tmp" "$tree" 2>/dev/null; then rm -rf "$tmp"; fi  # a concurrent checkout won
     fi
-    printf '{"ok": true, "tree": "%s", "head": "%s"}\n' "$tree" "$(git -C "$tree" rev-parse HEAD)"
+    py=""; [ $# -ge 2 ] && py=$(resolve_python "$sha" "$2")
+    printf '{"ok": true, "tree": "%s", "head": "%s", "python": "%s"}\n' "$tree" "$(git -C "$tree" rev-parse HEAD)" "$py"
     ;;
   env)
     check_sha "$1"

@@ -18,9 +18,18 @@ NEEDED = ["enlace/__init__.py", "enlace/data/__init__.py", "enlace/data/bytestre
           "configs/data", "configs/profiles", "configs/runs"]  # fmt: skip
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
+def start(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "ENLACE_ROOT": os.getcwd()}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(p: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = p.communicate(timeout=120)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return finish(start(*args))
 
 
 def main() -> int:
@@ -37,11 +46,12 @@ def main() -> int:
     add(f"configs/runs/{run_ref}.yaml present", run_file.is_file(), "" if run_file.is_file() else f"missing: {run_file}")
     # The module must come from this tree: an installed copy elsewhere (e.g. an editable install)
     # would hide a tree that lacks it.
-    imp = run("-c", "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
+    imp_p = start("-c", "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
                     "assert f.startswith(os.path.realpath(os.getcwd()) + os.sep), 'imported from ' + f + "
                     "', not from this tree: the tree lacks enlace/data/'")  # fmt: skip
+    cc_p = start("-m", "enlace", "check-config", run_ref, "--json")  # both checks run side by side
+    imp, cc = finish(imp_p), finish(cc_p)
     add("import enlace.data", imp.returncode == 0, (imp.stderr.strip().splitlines() or [""])[-1])
-    cc = run("-m", "enlace", "check-config", run_ref, "--json")
     try:
         cfg = json.loads(cc.stdout)
     except json.JSONDecodeError:
