@@ -210,7 +210,8 @@ def preflight_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path |
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 3), unstable (exit 4).
     Writes runs/RUN_NAME/preflight.json."""
     from enlace.errors import EXIT_OOM, EXIT_UNSTABLE
-    from enlace.preflight import find_max_batch, format_report, preflight
+    from enlace.preflight import find_max_batch, preflight
+    from enlace.report import format_report
     from enlace.rundir import atomic_write
 
     limit = parse_size(memory_limit)

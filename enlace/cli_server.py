@@ -55,11 +55,16 @@ def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json
 @root_option
 @click.option("--offset", type=click.IntRange(min=0), default=0, help="Start at this byte of train.log.")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until the run ends; exit with its code.")
-def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool) -> None:
+@click.option("--tail-offset", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Only print (as JSON) the byte offset where the last N lines start.")
+def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool, tail_offset: int | None) -> None:
     """Print RUN_NAME's train.log from a byte offset (raw bytes)."""
     from enlace import server
 
     run_dir = server.run_dir_of(_runs_root(root), run_name)
+    if tail_offset is not None:
+        click.echo(json.dumps({"offset": server.tail_offset(run_dir, tail_offset)}))
+        return
     server.stream_log(run_dir, offset, follow)
     if follow:
         st = server.run_status(run_dir)

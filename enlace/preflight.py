@@ -203,44 +203,6 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
     return report
 
 
-def format_report(r: dict[str, Any]) -> str:
-    """A short aligned table for people; the JSON holds the same fields."""
-    rows = [("run", f"{r['run_name']}  (batch {r['batch_size']} x {r['seq_len']}, grad_accum {r['grad_accum']})")]
-    env = r.get("environment", {})
-    if env:
-        rows.append(("device", f"{env['device_name']} ({env['device']}), torch {env['torch']}"
-                               + (f", CUDA {env['cuda']}" if env.get("cuda") else "")))  # fmt: skip
-        rows.append(("settings", f"{env['precision']}, compile {env['compile']}, deterministic {env['deterministic']}, "
-                                 f"{env['threads']} threads, {env['params'] / 1e6:.2f}M params"))  # fmt: skip
-    m = r.get("memory", {})
-    if m.get("kind") == "cuda":
-        rows.append(("memory", f"peak reserved {m['peak_reserved_mib']} MiB (allocated {m['peak_allocated_mib']}) of "
-                               f"{m['total_mib']} MiB, headroom {m['headroom_pct']}%, retries {m['num_alloc_retries']}"))  # fmt: skip
-    elif m:
-        rows.append(("memory", f"peak RSS {m['peak_rss_mib']} MiB of {m['total_mib']} MiB"
-                               f"{' (limit)' if m.get('limit_mib') else ''}, headroom {m['headroom_pct']}%"))  # fmt: skip
-    tp = r.get("throughput")
-    if tp:
-        rows.append(("step time", f"median {tp['median_step_s'] * 1000:.0f} ms, p90 {tp['p90_step_s'] * 1000:.0f} ms"))
-        rows.append(("throughput", f"{tp['tokens_per_s']:.0f} tokens/s"))
-        rows.append(("projected", f"{tp['projected']} for {tp['max_steps']} steps (incl. eval and checkpoints; "
-                                  f"save {tp['checkpoint_save_s']} s)"))  # fmt: skip
-    f = r.get("fp16")
-    if f:
-        rows.append(("fp16", "n/a (not fp16)" if f["skip_rate"] == "n/a" else
-                     f"skip rate {f['skip_rate']:.0%} after calibration, final scale {f['final_scale']:g}, "
-                     f"non-finite losses {f['nonfinite_losses']}"))  # fmt: skip
-    if r.get("oom_phase"):
-        rows.append(("out of memory", f"in {r['oom_phase']}: {r['oom_detail']}"))
-    if r.get("max_batch"):
-        mb = r["max_batch"]
-        rows.append(("max batch", f"{mb['batch_size']} fits ({mb['tokens_per_s']:.0f} tokens/s); "
-                                  f"{mb['first_failing']} does not" if mb["first_failing"] else f"{mb['batch_size']} (search cap)"))  # fmt: skip
-    rows.append(("verdict", r["verdict"].upper() + (f" — {r['suggestion']}" if r.get("suggestion") else "")))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
 def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memory_limit: int | None,
                    progress: Callable[[str], None], cap: int = 4096) -> dict[str, Any]:  # fmt: skip
     """Largest batch_size that fits: doubling from `start`, then bisection. Each probe is a fresh

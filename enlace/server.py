@@ -122,7 +122,23 @@ def manifest(run_dir: Path) -> dict[str, Any]:
                           "manifest_bytes": (ckpt / MANIFEST).stat().st_size})  # fmt: skip
     files = {n: (run_dir / n).stat().st_size for n in RUN_FILES if (run_dir / n).is_file()}
     latest = latest_checkpoint(run_dir / "checkpoints")
-    return {"run_name": run_dir.name, "checkpoints": ckpts, "files": files, "latest": latest.name if latest else None}
+    return {"run_name": run_dir.name, "run_dir": str(run_dir.resolve()), "checkpoints": ckpts, "files": files,
+            "latest": latest.name if latest else None}  # fmt: skip
+
+
+def tail_offset(run_dir: Path, lines: int) -> int:
+    """The byte offset in train.log where its last `lines` lines start."""
+    path = run_dir / "train.log"
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    pos = end
+    for _ in range(lines):
+        pos = data.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return 0
+    return pos + 1
 
 
 def stream_log(run_dir: Path, offset: int, follow: bool, poll: float = 0.05) -> int:

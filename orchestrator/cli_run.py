@@ -1,3 +1,149 @@
 """enlace-remote's run commands: preflight, launch, status, stop, logs, fetch."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from orchestrator.cli import Context, _print_sync, main, with_context
+from orchestrator.errors import EXIT_OOM, EXIT_UNSTABLE
+
+VERDICT_EXIT = {"oom": EXIT_OOM, "unstable": EXIT_UNSTABLE}
+
+
+def _prepare(ctx: Context, run: str, allow_dirty: bool, for_launch: bool) -> tuple[str, str]:
+    """sync + verify; returns (commit, run_name)."""
+    from orchestrator import ops
+    from orchestrator.gitsync import sync
+
+    rep = sync(ctx.session, ctx.repo, allow_dirty)
+    _print_sync(rep)
+    ops.verify(ctx.session, rep.commit, run, for_launch)
+    return rep.commit, ops.run_name_of(ctx.session, rep.commit, run)
+
+
+allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")
+
+
+@main.command()
+@click.argument("run")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Measured steps.")
+@click.option("--max-batch", is_flag=True, help="Also find the largest batch_size that fits.")
+@allow_dirty_option
+@with_context
+def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: bool) -> None:
+    """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
+
+    Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable."""
+    from orchestrator import ops
+
+    ops.check_run_name(run)
+    sha, run_name = _prepare(ctx, run, allow_dirty, for_launch=False)
+    extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else [])
+    report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, extra)
+    sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--force", is_flag=True, help="Launch even if preflight says oom or unstable.")
+@click.option("--no-preflight", is_flag=True, help="Skip preflight.")
+@click.option("--follow", "-f", is_flag=True, help="Continue into `logs -f`.")
+@click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP", help="Passed to enlace train.")
+@allow_dirty_option
+@with_context
+def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
+           allow_dirty: bool) -> None:  # fmt: skip
+    """Sync, verify --for-launch, preflight, then train RUN detached on the host.
+
+    Without RUN: the host's default_run, else the last run launched there from this repo. The
+    trainer survives the SSH session; a stopped or finished run resumes from its latest checkpoint."""
+    from orchestrator import ops
+    from orchestrator.logs import follow_log
+
+    run = ops.choose_run(ctx.repo, ctx.host, run)
+    sha, run_name = _prepare(ctx, run, allow_dirty, for_launch=True)
+    if not no_preflight:
+        report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, ["--steps", "5"])
+        if report["verdict"] in VERDICT_EXIT and not force:
+            click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
+            sys.exit(VERDICT_EXIT[report["verdict"]])
+    ops.remember_run(ctx.repo, ctx.host.name, run)
+    started = ops.launch(ctx.session, sha, run, run_name, ["--until", str(until)] if until else [])
+    if follow:
+        sys.exit(follow_log(ctx.session, run_name, started["log_offset"], follow=True))
+
+
+@main.command()
+@click.argument("run_name", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@with_context
+def status(ctx: Context, run_name: str | None, as_json: bool) -> None:
+    """The host's runs: status, step, loss, tokens/s, elapsed, ETA, commit (`crashed` if the
+    process vanished without a final status)."""
+    from orchestrator import ops
+
+    args = ["runs", *([ops.check_run_name(run_name)] if run_name else []), "--json"]
+    rows = ctx.session.enlace_json("latest", *args)
+    click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows) if rows else "no runs on this host")
+
+
+@main.command()
+@click.argument("run_name")
+@click.option("--grace", type=float, default=120.0, show_default=True,
+              help="Seconds to wait for the trainer's checkpoint (longer than a save).")
+@click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
+@with_context
+def stop(ctx: Context, run_name: str, grace: float, kill: bool) -> None:
+    """SIGTERM the run: it finishes its step, saves a checkpoint and exits; report the checkpoint."""
+    from orchestrator import ops
+
+    args = ["stop", ops.check_run_name(run_name), "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
+    rep = ctx.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
+    click.echo(f"{run_name}: {rep['status']} at step {rep['step']}"
+               + (" (killed)" if rep["killed"] else "") + f"; latest checkpoint {rep['latest_checkpoint']}")  # fmt: skip
+    if not rep["stopped"]:
+        click.echo(f"still running after {grace:g}s — rerun with --kill to force it", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("run_name")
+@click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its exit status.")
+@click.option("--tail", "tail_lines", type=click.IntRange(min=0), default=None, metavar="N", help="Start N lines from the end.")
+@click.option("--read-timeout", type=float, default=60.0, show_default=True,
+              help="Reconnect (from the same byte) when no data arrives for this long.")
+@with_context
+def logs(ctx: Context, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:
+    """Print RUN_NAME's train.log; -f follows it across dropped connections (no line lost or repeated)."""
+    from orchestrator import ops
+    from orchestrator.logs import follow_log, tail_start
+
+    ctx.session.enlace_json("latest", "runs", ops.check_run_name(run_name), "--json")  # a clear error if absent
+    offset = tail_start(ctx.session, run_name, tail_lines) if tail_lines is not None else 0
+    sys.exit(follow_log(ctx.session, run_name, offset, follow, read_timeout))
+
+
+@main.command()
+@click.argument("run_name", required=False)
+@click.option("--latest", "which", flag_value="latest", default=True, help="Only the newest checkpoint (default).")
+@click.option("--all", "which", flag_value="all", help="Every complete checkpoint.")
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Local run directory (default: runs/RUN_NAME in this repo).")
+@with_context
+def fetch(ctx: Context, run_name: str | None, which: str, dest: Path | None) -> None:
+    """Pull complete checkpoints (verified against MANIFEST) and run.json, config.yaml,
+    metrics.jsonl, train.log. Incremental and resumable; rsync when both ends have it, else SFTP."""
+    from orchestrator import ops
+    from orchestrator.fetch import fetch as do_fetch
+
+    run_name = ops.choose_run(ctx.repo, ctx.host, run_name)
+    rep = do_fetch(ctx.session, run_name, dest or ctx.repo / "runs" / run_name, which == "all")
+    mib = rep["bytes"] / 2**20
+    rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
+    click.echo(f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
+               f"{len(rep['skipped'])} already here; {mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
+               f"{rep['method']}) → {rep['dest']}")  # fmt: skip

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from pathlib import Path
+
 import click
 
-from orchestrator.errors import VerifyError
-from orchestrator.session import Session
+from orchestrator.errors import CommandFailed, RemoteError, UsageError, VerifyError
+from orchestrator.session import Session, check_run_name
 
 
 def verify(session: Session, sha: str, run: str, for_launch: bool = False) -> dict:
@@ -22,3 +27,132 @@ def verify(session: Session, sha: str, run: str, for_launch: bool = False) -> di
         raise VerifyError(f"verify {run} on {session.host.name} failed: {failed}")
     click.echo(f"verify: {run} ready on {session.host.name} at {sha[:12]}", err=True)
     return doc
+
+
+# -- which run ---------------------------------------------------------------------------------
+
+
+def _last_runs_file(repo: Path) -> Path:
+    return repo / ".enlace" / "last-runs.json"
+
+
+def remember_run(repo: Path, host: str, run: str) -> None:
+    path = _last_runs_file(repo)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table[host] = run
+    path.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def choose_run(repo: Path, host, run: str | None) -> str:
+    """RUN as given; else the host's default_run; else the last run launched there from this repo."""
+    if run:
+        return check_run_name(run)
+    if host.default_run:
+        click.echo(f"run: {host.default_run} (default_run of host {host.name})", err=True)
+        return check_run_name(host.default_run)
+    path = _last_runs_file(repo)
+    last = json.loads(path.read_text()).get(host.name) if path.exists() else None
+    if last:
+        click.echo(f"run: {last} (the last run launched on {host.name} from this repo)", err=True)
+        return check_run_name(last)
+    raise UsageError(f"no RUN given, host {host.name} has no default_run and nothing was launched there from "
+                     "this repo yet — name the run, e.g. `enlace-remote launch smoke-cpu`")  # fmt: skip
+
+
+def run_name_of(session: Session, sha: str, run: str) -> str:
+    """The run_name RUN's config resolves to, asked of the server (its loader is the only schema)."""
+    doc = session.enlace_json(sha, "check-config", run, "--json")
+    return check_run_name(doc["run_name"], "run_name")
+
+
+# -- preflight ----------------------------------------------------------------------------------
+
+
+def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name: str, extra: list[str]) -> dict:
+    """Run `enlace preflight RUN --json` on the server, streaming its progress lines; save the
+    report under the local runs/<run_name>/ and print the table."""
+    from enlace.report import format_report
+
+    argv = session.argv("enlace", sha, session.host.python, "preflight", run, "--json", *extra)
+    buf = bytearray()
+    printed = 0
+
+    def on_data(chunk: bytes) -> None:
+        nonlocal printed
+        buf.extend(chunk)
+        text = buf.decode(errors="replace")
+        start = text.find("\n{")
+        upto = start if start >= 0 else text.rfind("\n")
+        if upto > printed:
+            sys.stderr.write(text[printed:upto + 1] if start < 0 else text[printed:upto] + "\n")
+            sys.stderr.flush()
+            printed = upto + 1 if start < 0 else upto
+
+    code = session.transport.stream(argv, on_data, stall_timeout=900, combine_stderr=True)
+    text = buf.decode(errors="replace")
+    start = text.find("{") if text.startswith("{") else text.find("\n{") + 1
+    try:
+        report = json.loads(text[start:]) if start >= 0 else None
+    except json.JSONDecodeError:
+        report = None
+    if report is None:
+        raise CommandFailed(session.host.name, f"enlace preflight {run}", code, text)
+    local = repo / "runs" / run_name
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
+    click.echo(format_report(report))
+    return report
+
+
+# -- launch / status / stop --------------------------------------------------------------------
+
+
+def launch(session: Session, sha: str, run: str, run_name: str, train_args: list[str], wait_s: float = 600) -> dict:
+    """Start `enlace train RUN` detached; wait for its first logged step (or its failure)."""
+    doc = session.call_json("launch", sha, session.host.python, run_name, "train", run, *train_args, ok_codes=(0, 3, 5))
+    if doc.get("already_running"):
+        st = session.enlace_json("latest", "runs", run_name, "--json")[0]
+        raise RemoteError(f"{run_name} is already running on {session.host.name} (pid {st['pid']}, step "
+                          f"{st['step']}/{st['max_steps']}, status {st['status']}) — `enlace-remote stop {run_name}` "
+                          "first, or follow it with `enlace-remote logs " + run_name + " -f`")  # fmt: skip
+    if not doc.get("ok"):
+        raise RemoteError(f"launch on {session.host.name}: {doc.get('error')}")
+    pid, offset = doc["pid"], doc["log_offset"]
+    click.echo(f"launched {run_name} on {session.host.name}: pid {pid}, commit {sha[:12]}; waiting for the first step",
+               err=True)  # fmt: skip
+    deadline = time.time() + wait_s
+    while True:
+        st = session.enlace_json("latest", "runs", run_name, "--json")[0]
+        mine = st["pid"] == pid
+        if mine and (st["status"] in ("finished", "stopped") or (st["status"] == "running" and st["step"] > 0)):
+            break
+        if not st["alive"]:
+            tail = session.enlace("latest", "logs", run_name, "--offset", str(offset), check=False).stdout
+            raise RemoteError(f"{run_name} failed to start on {session.host.name} (status {st['status']}):\n"
+                              + "\n".join(tail.strip().splitlines()[-20:]))  # fmt: skip
+        if time.time() > deadline:
+            raise RemoteError(f"{run_name}: no step logged within {wait_s:.0f}s; it is still running (pid {pid})")
+        time.sleep(0.3)
+    log = session.enlace("latest", "logs", run_name, "--offset", str(offset), check=False).stdout
+    resumed = [line for line in log.splitlines() if "resumed from" in line]
+    click.echo(f"{run_name}: " + (resumed[0].split(" ", 2)[-1] if resumed else "started from scratch")
+               + f"; step {st['step']}/{st['max_steps']}, status {st['status']}", err=True)  # fmt: skip
+    return {"pid": pid, "log_offset": offset, "status": st}
+
+
+def _fmt_s(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def format_status(rows: list[dict]) -> str:
+    head = ("RUN", "STATUS", "STEP", "LOSS", "TOK/S", "ELAPSED", "ETA", "COMMIT")
+    table = [head] + [(r["run_name"], r["status"], f"{r['step']}/{r['max_steps']}",
+                       f"{r['loss']:.4f}" if r["loss"] is not None else "-",
+                       f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-", _fmt_s(r["elapsed_s"]),
+                       _fmt_s(r["eta_s"]), (r["commit"] or "-")[:12]) for r in rows]  # fmt: skip
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)

@@ -35,9 +35,11 @@ class Session:
         self.script = (repo / "scripts" / "remote.sh").read_text()
         self.remote_dir: str | None = None  # absolute, once `setup` has answered
 
+    def argv(self, verb: str, *args: str) -> list[str]:
+        return ["bash", "-c", self.script, "remote.sh", self.remote_dir or self.host.remote_dir, verb, *args]
+
     def call(self, verb: str, *args: str, timeout: float = 300, check: bool = True) -> Result:
-        argv = ["bash", "-c", self.script, "remote.sh", self.remote_dir or self.host.remote_dir, verb, *args]
-        return self.transport.run(argv, timeout=timeout, check=check)
+        return self.transport.run(self.argv(verb, *args), timeout=timeout, check=check)
 
     def call_json(self, verb: str, *args: str, timeout: float = 300, ok_codes: tuple[int, ...] = (0,)) -> dict[str, Any]:
         r = self.call(verb, *args, timeout=timeout, check=False)

@@ -34,9 +34,10 @@ class Transport:
     def run(self, argv: list[str], timeout: float = 120, check: bool = True) -> Result:
         raise NotImplementedError
 
-    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float) -> int:
-        """Run argv, passing stdout bytes to on_data as they arrive; returns the exit code.
-        Raises ConnectionError when the connection drops or stalls past stall_timeout."""
+    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float,
+               combine_stderr: bool = False) -> int:  # fmt: skip
+        """Run argv, passing stdout (and stderr if combined) bytes to on_data as they arrive;
+        returns the exit code. Raises ConnectionError when the connection drops or stalls."""
         raise NotImplementedError
 
     def ssh_argv(self) -> list[str]:
@@ -73,8 +74,10 @@ class LocalTransport(Transport):
             raise CommandFailed("local", _short(argv), -1, f"timed out after {timeout}s\n{e.stdout or ''}") from None
         return self._check(argv, Result(p.stdout, p.stderr, p.returncode), check)
 
-    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float) -> int:
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL) as p:
+    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float,
+               combine_stderr: bool = False) -> int:  # fmt: skip
+        err = subprocess.STDOUT if combine_stderr else None
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL) as p:
             while chunk := p.stdout.read1(1 << 16):
                 on_data(chunk)
             return p.wait()
@@ -155,9 +158,15 @@ class SSHTransport(Transport):
             raise CommandFailed(self.host.name, _short(argv), -1, f"timed out after {timeout}s") from None
         return self._check(argv, Result(r.stdout, r.stderr, r.exited), check)
 
-    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float) -> int:
-        chan = self._connection().client.get_transport().open_session()
+    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float,
+               combine_stderr: bool = False) -> int:  # fmt: skip
         try:
+            chan = self._connection().client.get_transport().open_session()
+        except (EOFError, OSError) as e:  # the transport died under us (e.g. the session was killed)
+            self._conn = None
+            raise ConnectionError(str(e) or type(e).__name__) from None
+        try:
+            chan.set_combine_stderr(combine_stderr)
             chan.settimeout(stall_timeout)
             chan.exec_command(shlex.join(argv))
             while True:
