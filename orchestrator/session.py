@@ -79,7 +79,11 @@ class Session:
 
 
 def _last_json(text: str) -> Any:
-    """The last line of `text` that parses as JSON (the verbs print one JSON line last)."""
+    """`text` as JSON, or its last line that parses as JSON (after progress lines)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
         if line.startswith(("{", "[")):
