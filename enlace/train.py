@@ -113,7 +113,8 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
             f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
             f"{s['threads']} | world {dist.world} | {tokens_per_step} tokens/step")  # fmt: skip
     if ckpt is not None:
-        run.log(f"resumed from {ckpt.relative_to(cfg.run_dir)} at step {progress['step']} "
+        shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
+        run.log(f"resumed from {shown} at step {progress['step']} "
                 f"({progress['tokens']} tokens seen)")  # fmt: skip
     else:
         run.log(f"starting from scratch (resume={resume})")

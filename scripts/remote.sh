@@ -31,6 +31,13 @@ newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, 
 }
 check_name() { [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ ]] || die "not a valid run name: $1"; }
 
+alive() {  # PID: a live (not zombie) enlace/torchrun process — a reused pid does not count
+  local pid=$1 state
+  [ -r "/proc/$pid/stat" ] || return 1
+  state=$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1)
+  [ "$state" != Z ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE 'enlace|torchrun'
+}
+
 resolve_python() {  # SHA PYTHON -> prints the interpreter path
   local tree=$RD/trees/$1 py=$2
   if [ "$py" != venv ]; then
@@ -96,7 +103,7 @@ case $VERB in
     mkdir -p "$run_dir"
     exec 9>"$RD/runs/.$name.lock"
     flock -n 9 || die "another launch of $name is in progress"
-    if [ -f "$run_dir/launch.pid" ] && kill -0 "$(cat "$run_dir/launch.pid")" 2>/dev/null; then
+    if [ -f "$run_dir/launch.pid" ] && alive "$(cat "$run_dir/launch.pid")"; then
       printf '{"ok": false, "already_running": true, "pid": %s}\n' "$(cat "$run_dir/launch.pid")"; exit 5
     fi
     cd "$RD/trees/$sha"

@@ -62,6 +62,20 @@ def sshd(tmp_path: Path):
     srv = make_server(tmp_path)
     yield srv
     srv.stop()
+    kill_processes_under(tmp_path)
+
+
+def kill_processes_under(path: Path) -> None:
+    """Detached trainers a failed test left behind (their cwd is a tree under `path`)."""
+    import os
+    import signal
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(path)) and int(pid) != os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _shippable_files() -> list[str]:
@@ -97,6 +111,8 @@ def user_repo(tmp_path: Path, repo_template: Path) -> Path:
     subprocess.run(["git", "clone", "-q", str(repo_template), str(repo)], check=True)
     (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n")
     write_run(repo, "tiny", training={"max_steps": 30, "log_every": 1, "eval_every": 10}, run_name="tiny")
+    write_run(repo, "long", training={"max_steps": 1_000_000, "log_every": 1, "eval_every": 0}, run_name="long",
+              checkpoint={"every": 50, "keep": 2})  # fmt: skip
     git = ["git", "-C", str(repo), "-c", "user.email=t@enlace.invalid", "-c", "user.name=t"]
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "tiny run"], check=True)

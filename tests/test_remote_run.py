@@ -1,0 +1,166 @@
+"""enlace-remote part 2, end to end over a real sshd (and the `local` host): preflight, launch,
+logs -f, fetch, status, stop; faults: killed clients, killed SSH sessions, corrupt files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from remote_helpers import remote, tiny_corpus
+
+from conftest import REPO
+from helpers import enlace
+
+
+def _rd(sshd, host):
+    return sshd.dir.parent / f"remote-{host}"
+
+
+def _status(user_repo, sshd, host, run):
+    return json.loads(remote(user_repo, sshd.env, "status", run, "--json", host=host).stdout)[0]
+
+
+def _wait(cond, timeout=60, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _popen_remote(user_repo, sshd, *args, host="testhost"):
+    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    return subprocess.Popen(cmd, cwd=user_repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env})  # fmt: skip
+
+
+@pytest.mark.parametrize("host", ["testhost", "local"])
+def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_path, host):
+    tiny_corpus(_rd(sshd, host))
+    out = remote(user_repo, sshd.env, "preflight", "tiny", "--steps", "2", host=host)
+    assert "verdict" in out.stdout and "OK" in out.stdout
+    assert json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["verdict"] == "ok"
+    out = remote(user_repo, sshd.env, "launch", "--no-preflight", host=host)  # RUN from the host's default_run
+    assert "run: tiny (default_run" in out.stderr and "started from scratch" in out.stderr
+    logs = remote(user_repo, sshd.env, "logs", "tiny", "-f", host=host)
+    server_run = _rd(sshd, host) / "runs" / "tiny"
+    assert logs.stdout.encode() == (server_run / "train.log").read_bytes()
+    assert "step     30/30" in logs.stdout and _status(user_repo, sshd, host, "tiny")["status"] == "finished"
+
+    out = remote(user_repo, sshd.env, "fetch", host=host)
+    assert "1 checkpoint(s) fetched (step-000030)" in out.stdout
+    local = user_repo / "runs" / "tiny"
+    for name in ("model.pt", "optimizer.pt", "trainer.pt", "MANIFEST"):
+        assert (local / "checkpoints" / "step-000030" / name).read_bytes() == \
+            (server_run / "checkpoints" / "step-000030" / name).read_bytes()  # fmt: skip
+    for name in ("run.json", "config.yaml", "metrics.jsonl", "train.log"):
+        assert (local / name).read_bytes() == (server_run / name).read_bytes()
+    assert "already here" in remote(user_repo, sshd.env, "fetch", "tiny", host=host).stdout
+    assert "0 checkpoint(s) fetched" in remote(user_repo, sshd.env, "fetch", "tiny", host=host).stdout
+
+    # The fetched checkpoint loads with weights_only=True and a local `enlace train` resumes from it.
+    tiny_corpus(user_repo)
+    ckpt = local / "checkpoints" / "step-000030"
+    res = enlace(user_repo, "train", "tiny", "--runs-dir", str(tmp_path / "local-runs"), "--resume", str(ckpt),
+                 "--set", "training.max_steps=30")  # fmt: skip
+    assert "resumed from" in res.stdout and "step-000030" in res.stdout
+
+
+def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    client = _popen_remote(user_repo, sshd, "launch", "long", "--no-preflight", "--follow")
+    _wait((_rd(sshd, "testhost") / "runs" / "long" / "launch.pid").exists, what="launch")
+    client.kill()  # mid-launch: the trainer was started detached
+    client.wait()
+    _wait(lambda: _status(user_repo, sshd, "testhost", "long")["step"] >= 3, what="steps after the client died")
+    follower = _popen_remote(user_repo, sshd, "logs", "long", "-f")
+    time.sleep(1.5)
+    follower.kill()  # mid-logs -f
+    follower.wait()
+    step = _status(user_repo, sshd, "testhost", "long")["step"]
+    _wait(lambda: _status(user_repo, sshd, "testhost", "long")["step"] > step + 3, what="training to go on")
+    out = remote(user_repo, sshd.env, "stop", "long")
+    assert "stopped" in out.stdout and "latest checkpoint step-" in out.stdout
+    st = _status(user_repo, sshd, "testhost", "long")
+    assert st["status"] == "stopped" and st["latest_checkpoint"] == f"step-{st['step']:06d}"
+
+
+def test_logs_follow_survives_killed_ssh_sessions_exactly(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight")
+    follower = _popen_remote(user_repo, sshd, "logs", "long", "-f", "--read-timeout", "5")
+    kills = 0
+    for _ in range(4):
+        time.sleep(1.0)
+        kills += sshd.kill_sessions() > 0
+    remote(user_repo, sshd.env, "stop", "long")
+    out, err = follower.communicate(timeout=120)
+    assert kills >= 3 and err.decode().count("connection lost") >= 3, err.decode()
+    assert out == (_rd(sshd, "testhost") / "runs" / "long" / "train.log").read_bytes()
+    assert follower.returncode == 0  # the run's own exit status: stopped cleanly
+
+
+def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "sync")
+    clients = [_popen_remote(user_repo, sshd, "launch", "long", "--no-preflight") for _ in range(2)]
+    codes = sorted(c.wait(timeout=120) for c in clients)
+    assert codes[0] == 0 and codes[1] != 0, codes
+    again = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", check=False)
+    assert again.returncode == 1 and "already running" in again.stderr and "step" in again.stderr
+    pids = subprocess.run(["pgrep", "-f", "enlace train long"], capture_output=True, text=True).stdout.split()
+    assert len(pids) == 1, pids
+    remote(user_repo, sshd.env, "stop", "long")
+    out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight")  # a stopped run resumes
+    assert "resumed from checkpoints/step-" in out.stderr
+    # SIGKILL the trainer behind enlace's back: status must say crashed.
+    pid = _status(user_repo, sshd, "testhost", "long")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: _status(user_repo, sshd, "testhost", "long")["status"] == "crashed", what="crashed")
+    assert "crashed" in remote(user_repo, sshd.env, "status").stdout
+
+
+def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "tiny", "-f")
+    server_ckpt = _rd(sshd, "testhost") / "runs" / "tiny" / "checkpoints" / "step-000030"
+    # The state an interrupted fetch leaves: a partial dir with one short file.
+    partial = user_repo / "runs" / "tiny" / "checkpoints" / ".partial-step-000030"
+    partial.mkdir(parents=True)
+    data = (server_ckpt / "optimizer.pt").read_bytes()
+    (partial / "optimizer.pt").write_bytes(data[: len(data) // 3])
+    assert not (user_repo / "runs" / "tiny" / "checkpoints" / "step-000030").exists()
+    remote(user_repo, sshd.env, "fetch", "tiny")
+    assert (user_repo / "runs" / "tiny" / "checkpoints" / "step-000030" / "optimizer.pt").read_bytes() == data
+    assert not partial.exists()
+    # A corrupted file on the server is detected and not installed.
+    dest = user_repo / "elsewhere"
+    model = bytearray((server_ckpt / "model.pt").read_bytes())
+    model[len(model) // 2] ^= 0xFF
+    (server_ckpt / "model.pt").write_bytes(bytes(model))
+    out = remote(user_repo, sshd.env, "fetch", "tiny", "--dest", str(dest), check=False)
+    assert out.returncode == 1 and "model.pt" in out.stderr and "not installed" in out.stderr
+    assert not (dest / "checkpoints" / "step-000030").exists()
+
+
+def test_bad_run_names_and_missing_checkpoints_are_clear(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2")
+    remote(user_repo, sshd.env, "logs", "tiny", "-f")
+    for args in (["logs", "nope"], ["stop", "nope"], ["fetch", "nope"]):
+        out = remote(user_repo, sshd.env, *args, check=False)
+        assert out.returncode == 2 and "no run named 'nope'" in out.stderr and "tiny" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    ckpts = _rd(sshd, "testhost") / "runs" / "tiny" / "checkpoints"
+    for p in ckpts.iterdir():
+        if p.name.startswith("step-"):
+            (p / "MANIFEST").unlink()  # no complete checkpoint left
+    out = remote(user_repo, sshd.env, "fetch", "tiny", check=False)
+    assert out.returncode == 2 and "no complete checkpoint" in out.stderr
