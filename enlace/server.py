@@ -90,13 +90,17 @@ def all_status(runs_root: Path) -> list[dict[str, Any]]:
 
 
 def stop_run(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
-    """SIGTERM the run's process group, wait up to `grace` s for its checkpoint; --kill escalates."""
+    """SIGTERM the launched process, wait up to `grace` s for its checkpoint; --kill SIGKILLs its group."""
     st = run_status(run_dir)
     if not st["alive"]:
         raise NoSuchRun(f"run {run_dir.name} is not running (status {st['status']})")
-    pid = st["pid"] if pid_alive(st["pid"]) else _launch_pid(run_dir)
+    # The process enlace-remote launched (torchrun, or the trainer itself) gets one SIGTERM: torchrun
+    # forwards it once to every rank. Signalling the whole group would give each rank two signals,
+    # and a second signal means "exit now, without a checkpoint".
+    launched = _launch_pid(run_dir)
+    pid = launched if pid_alive(launched) else st["pid"]
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(os.getpgid(pid), signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
     deadline = time.time() + grace
     while pid_alive(pid) and time.time() < deadline:
         time.sleep(0.1)

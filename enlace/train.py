@@ -66,6 +66,20 @@ def _gather_rank_states(stream, dist: engine.Dist) -> list[dict[str, Any]]:
     return everyone
 
 
+def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]:
+    """Rank 0 finds and loads the checkpoint; under DDP it is broadcast to the other ranks (which,
+    on other hosts, have no checkpoints of their own: rank 0 alone writes them)."""
+    ckpt = files = None
+    if dist.is_main:
+        ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
+        files = load_checkpoint(ckpt, "cpu") if ckpt is not None else None
+    if dist.world > 1:
+        box = [ckpt, files]
+        torch_dist.broadcast_object_list(box, src=0)
+        ckpt, files = box
+    return ckpt, files  # on the CPU: load_state_dict moves weights and optimizer state to the device
+
+
 def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict[str, Any]:
     """Train `cfg` (resuming by default); returns the final run.json fields."""
     dist = engine.Dist.from_env()
@@ -86,6 +100,8 @@ def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict
     finally:
         stop.restore()
         run.close()
+        if dist.world > 1 and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
 
 
 def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None):
@@ -101,9 +117,9 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)
     val_stream = build_stream(cfg, "val", t.eval_batch_size or t.batch_size)
     progress = {"step": 0, "tokens": 0}
-    ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
+    ckpt, files = _load_resume(cfg, resume, dist)
     if ckpt is not None:
-        trainer = engine.restore_state(parts, load_checkpoint(ckpt, parts.device), train_stream, str(ckpt))
+        trainer = engine.restore_state(parts, files, train_stream, str(ckpt))
         progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
 
     target = min(until or t.max_steps, t.max_steps)

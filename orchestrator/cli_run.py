@@ -53,10 +53,12 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
 @click.option("--no-preflight", is_flag=True, help="Skip preflight.")
 @click.option("--follow", "-f", is_flag=True, help="Continue into `logs -f`.")
 @click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP", help="Passed to enlace train.")
+@click.option("--gpus", default=None, metavar="N|all",
+              help="Run under `torchrun --standalone --nproc-per-node N` (all: every visible GPU).")
 @allow_dirty_option
 @with_context
 def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
-           allow_dirty: bool) -> None:  # fmt: skip
+           gpus: str | None, allow_dirty: bool) -> None:  # fmt: skip
     """Sync, verify --for-launch, preflight, then train RUN detached on the host.
 
     Without RUN: the host's default_run, else the last run launched there from this repo. The
@@ -65,6 +67,8 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
     from orchestrator.logs import follow_log
 
     run = ops.choose_run(ctx.repo, ctx.host, run)
+    if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
+        raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
     sha, run_name = _prepare(ctx, run, allow_dirty, for_launch=True)
     if not no_preflight:
         report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, ["--steps", "5"])
@@ -72,7 +76,8 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
     ops.remember_run(ctx.repo, ctx.host.name, run)
-    started = ops.launch(ctx.session, sha, run, run_name, ["--until", str(until)] if until else [])
+    pyargs = ops.train_command(run, ["--until", str(until)] if until else [], gpus)
+    started = ops.launch(ctx.session, sha, run_name, pyargs)
     if follow:
         sys.exit(follow_log(ctx.session, run_name, started["log_offset"], follow=True))
 

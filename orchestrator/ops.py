@@ -108,9 +108,22 @@ def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name:
 # -- launch / status / stop --------------------------------------------------------------------
 
 
-def launch(session: Session, sha: str, run: str, run_name: str, train_args: list[str], wait_s: float = 600) -> dict:
-    """Start `enlace train RUN` detached; wait for its first logged step (or its failure)."""
-    doc = session.call_json("launch", sha, session.host.python, run_name, "train", run, *train_args, ok_codes=(0, 3, 5))
+def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous: dict | None = None) -> list[str]:
+    """The python arguments that start training: `-m enlace train RUN`, under torchrun for --gpus."""
+    train = ["-m", "enlace", "train", run, *train_args]
+    if not gpus:
+        return train
+    nproc = "gpu" if gpus == "all" else gpus  # torchrun's "gpu": every visible GPU
+    if rendezvous is None:
+        return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *train]
+    return ["-m", "torch.distributed.run", f"--nnodes={rendezvous['nnodes']}", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous['endpoint']}", f"--rdzv-id={rendezvous['id']}",
+            *train]  # fmt: skip
+
+
+def launch(session: Session, sha: str, run_name: str, pyargs: list[str], wait_s: float = 600) -> dict:
+    """Start `python PYARGS` (the trainer) detached; wait for its first logged step (or its failure)."""
+    doc = session.call_json("launch", sha, session.host.python, run_name, *pyargs, ok_codes=(0, 3, 5))
     if doc.get("already_running"):
         st = session.enlace_json("latest", "runs", run_name, "--json")[0]
         raise RemoteError(f"{run_name} is already running on {session.host.name} (pid {st['pid']}, step "

@@ -10,7 +10,8 @@
 #                                                 (built once per pyproject+constraints hash) (JSON)
 #   remote.sh REMOTE_DIR verify SHA PYTHON RUN [--for-launch]     the arrival checklist (JSON)
 #   remote.sh REMOTE_DIR enlace SHA|latest PYTHON ARGS...         exec python -m enlace ARGS
-#   remote.sh REMOTE_DIR launch SHA PYTHON RUN_NAME RUN [ARGS...] start training detached (JSON)
+#   remote.sh REMOTE_DIR launch SHA PYTHON RUN_NAME PYARGS...     start `python PYARGS` detached (JSON);
+#                                                 PYARGS: -m enlace train RUN ... or -m torch.distributed.run ...
 #
 # Every argument arrives shlex-quoted from the driver, which validated SHA and run names first.
 set -euo pipefail
@@ -111,7 +112,7 @@ case $VERB in
     # setsid: its own session and process group (stop signals the group); all three streams
     # redirected, so the trainer survives the SSH session that started it.
     ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD PYTHONUNBUFFERED=1 \
-      setsid nohup "$py" -m enlace "$@" >>"$run_dir/train.log" 2>&1 </dev/null 9>&- &
+      setsid nohup "$py" "$@" >>"$run_dir/train.log" 2>&1 </dev/null 9>&- &
     pid=$!
     echo "$pid" > "$run_dir/launch.pid"
     printf '{"ok": true, "pid": %s, "log_offset": %s, "commit": "%s"}\n' "$pid" "$offset" "$sha"

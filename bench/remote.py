@@ -1,0 +1,143 @@
+"""enlace-remote on loopback SSH (its own sshd, like the tests):
+
+1. launch overhead: `launch --no-preflight` of an already-synced commit until the trainer is
+   detached (sync check + verify + start), and separately the wait until its first logged step;
+2. log latency: a line appended to the server's train.log → printed by `logs -f` here
+   (median and p95 over N lines);
+3. fetch throughput of a ~200 MB checkpoint vs plain `rsync` and `scp` of the same files (ratio).
+
+    python bench/remote.py [--lines 40] [--mib 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from remote_helpers import tiny_corpus  # noqa: E402
+from sshd import make_server  # noqa: E402
+
+CLI = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost"]
+
+
+def make_repo(base: Path) -> Path:
+    repo = base / "repo"
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                           text=True, check=True).stdout.split()  # fmt: skip
+    for f in files:
+        if (REPO / f).is_file():
+            (repo / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, repo / f)
+    (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\n")
+    (repo / "configs" / "runs" / "long.yaml").write_text(
+        "data: tiny\nprofile: cpu\nmodel: {seq_len: 32, n_layer: 2, n_head: 2, d_model: 32}\n"
+        "training: {batch_size: 4, max_steps: 1000000, log_every: 50, eval_every: 0}\ncheckpoint: {every: 0}\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=b@x.invalid", "-c", "user.name=b"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "bench"], check=True)
+    return repo
+
+
+def timed_lines(cmd, env, cwd):
+    """Run cmd; return [(seconds since start, stderr line)]."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    out = [(time.perf_counter() - t0, line) for line in p.stderr]
+    assert p.wait() == 0, out
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=40)
+    ap.add_argument("--mib", type=int, default=200)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="enlace-bench-remote-"))
+    srv = make_server(base)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
+    rd = base / "remote-testhost"
+    try:
+        repo = make_repo(base)
+        tiny_corpus(rd)
+        subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
+        lines = timed_lines([*CLI, "launch", "long", "--no-preflight"], env, repo)
+        detached = next(t for t, line in lines if line.startswith("launched"))
+        print(f"launch (synced commit, --no-preflight): detached after {detached:.2f} s "
+              f"(goal < 2 s); first step logged after {lines[-1][0]:.2f} s incl. trainer start-up")
+
+        follower = subprocess.Popen([*CLI, "logs", "long", "-f"], env=env, cwd=repo, stdout=subprocess.PIPE)
+        sent: dict[str, float] = {}
+        got: dict[str, float] = {}
+
+        def reader():
+            for raw in follower.stdout:
+                if raw.startswith(b"MARK "):
+                    got[raw.split()[1].decode()] = time.perf_counter()
+
+        th = threading.Thread(target=reader, daemon=True)
+        th.start()
+        time.sleep(2)
+        with open(rd / "runs" / "long" / "train.log", "a") as log:
+            for i in range(args.lines):
+                key = f"m{i}"
+                sent[key] = time.perf_counter()
+                log.write(f"MARK {key}\n")
+                log.flush()
+                time.sleep(0.1)
+        time.sleep(2)
+        subprocess.run([*CLI, "stop", "long"], env=env, cwd=repo, check=True, capture_output=True)
+        follower.wait(timeout=60)
+        lat = sorted(got[k] - sent[k] for k in sent if k in got)
+        p95 = lat[int(0.95 * (len(lat) - 1))]
+        print(f"log latency over {len(lat)}/{len(sent)} lines: median {statistics.median(lat) * 1000:.0f} ms, "
+              f"p95 {p95 * 1000:.0f} ms (goal p95 < 500 ms)")
+
+        big = rd / "runs" / "long" / "checkpoints" / "step-999999"
+        import torch
+
+        from enlace.checkpoint import save_checkpoint
+
+        n = args.mib * 2**20 // 4 // 4
+        save_checkpoint(big.parent, 999999, {f"part{i}.pt": torch.rand(n) for i in range(4)}, keep=5)
+        size = sum(f.stat().st_size for f in big.iterdir()) / 2**20
+        fetch_t, rsync_t, scp_t = [], [], []
+        ssh = ["ssh", "-F", str(srv.dir / "ssh_config"), "-o", "BatchMode=yes"]
+        for rep in range(3):
+            dest = base / f"fetch-{rep}"
+            t0 = time.perf_counter()
+            subprocess.run([*CLI, "fetch", "long", "--dest", str(dest)], env=env, cwd=repo, check=True,
+                           capture_output=True)  # fmt: skip
+            fetch_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            subprocess.run(["rsync", "-a", "-e", " ".join(ssh), f"testhost:{big}/", str(base / f"rsync-{rep}") + "/"],
+                           check=True)  # fmt: skip
+            rsync_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            subprocess.run(["scp", "-q", "-F", str(srv.dir / "ssh_config"), "-r", f"testhost:{big}",
+                            str(base / f"scp-{rep}")], check=True)  # fmt: skip
+            scp_t.append(time.perf_counter() - t0)
+        f, r, s = (statistics.median(x) for x in (fetch_t, rsync_t, scp_t))
+        print(f"fetch of a {size:.0f} MiB checkpoint, median of 3:")
+        print(f"  enlace-remote fetch : {f:5.2f} s  {size / f:6.0f} MiB/s  (incl. sha256 verify, CLI start)")
+        print(f"  plain rsync         : {r:5.2f} s  {size / r:6.0f} MiB/s   ratio fetch/rsync = {r / f:.2f}x (goal >= 0.9)")
+        print(f"  plain scp           : {s:5.2f} s  {size / s:6.0f} MiB/s   ratio fetch/scp   = {s / f:.2f}x")
+    finally:
+        srv.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
