@@ -6,6 +6,7 @@ Thin click commands over the operations in train.py, preflight.py, verify_resume
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -216,13 +217,16 @@ def preflight_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path |
 
     limit = parse_size(memory_limit)
     cfg = load_config(run, overrides, root)
-    say = (lambda msg: None) if probe else (lambda msg: click.echo(f"  {msg}", err=True))
+    quiet = probe or os.environ.get("RANK", "0") != "0"
+    say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"  {msg}", err=True))
     say(f"preflight {cfg.run_name}: building the model as train does, synthetic batches")
     report = preflight(cfg, steps, limit, say)
     if max_batch:
         report["max_batch"] = find_max_batch(run, list(overrides), cfg.root, cfg.training.batch_size, limit, say)
         if report["verdict"] == "oom" and report["max_batch"]["batch_size"]:
             report["suggestion"] += f"; the largest that fits is {report['max_batch']['batch_size']}"
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone reports
+        return
     if not probe:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")

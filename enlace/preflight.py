@@ -119,7 +119,11 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
     report: dict[str, Any] = {"run_name": cfg.run_name, "batch_size": t.batch_size, "grad_accum": t.grad_accum,
                               "seq_len": cfg.model.seq_len, "warmup_steps": WARMUP_STEPS, "measured_steps": steps}  # fmt: skip
     reset_peak_rss()
-    parts = engine.build_parts(cfg)
+    dist = engine.Dist.from_env()
+    if dist.world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if cfg.runtime.device != "cpu" and torch.cuda.is_available()
+                                             else "gloo")  # fmt: skip
+    parts = engine.build_parts(cfg, dist)
     dev = parts.device
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -167,8 +171,19 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
                                 "tokens per step), or run `enlace preflight RUN --max-batch` to find the largest that fits")  # fmt: skip
         return report
 
+    memory = _memory(dev, memory_limit)
+    if dist.world > 1:  # the slowest rank sets the pace, the fullest rank the memory verdict
+        everyone: list[Any] = [None] * dist.world
+        torch.distributed.all_gather_object(everyone, {"memory": memory, "step_times": step_times})
+        key = "peak_reserved_mib" if memory["kind"] == "cuda" else "peak_rss_mib"
+        memory = max((e["memory"] for e in everyone), key=lambda m: m[key])
+        step_times = [max(ts) for ts in zip(*(e["step_times"] for e in everyone))]
+        report["per_rank"] = [{"rank": r, key: e["memory"][key],
+                               "median_step_s": round(statistics.median(e["step_times"]), 4)}
+                              for r, e in enumerate(everyone)]  # fmt: skip
+    report["world"] = dist.world
     median, p90 = statistics.median(step_times), sorted(step_times)[max(0, math.ceil(0.9 * len(step_times)) - 1)]
-    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len
+    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world  # global
     n_evals = (t.max_steps // t.eval_every if t.eval_every else 0) + 1
     n_saves = (t.max_steps // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
     total_s = t.max_steps * median + n_evals * t.eval_batches * eval_batch_s + n_saves * save_s
@@ -178,7 +193,7 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
         "checkpoint_save_s": round(save_s, 3), "max_steps": t.max_steps, "projected_s": round(total_s, 1),
         "projected": _hours(total_s),
     }  # fmt: skip
-    report["memory"] = _memory(dev, memory_limit)
+    report["memory"] = memory
     fp16 = cfg.runtime.precision == "fp16"
     skip_frac = sum(skipped) / len(skipped) if skipped else 0.0
     report["fp16"] = {

@@ -14,7 +14,8 @@ def format_report(r: dict[str, Any]) -> str:
         rows.append(("device", f"{env['device_name']} ({env['device']}), torch {env['torch']}"
                                + (f", CUDA {env['cuda']}" if env.get("cuda") else "")))  # fmt: skip
         rows.append(("settings", f"{env['precision']}, compile {env['compile']}, deterministic {env['deterministic']}, "
-                                 f"{env['threads']} threads, {env['params'] / 1e6:.2f}M params"))  # fmt: skip
+                                 f"{env['threads']} threads, {env['params'] / 1e6:.2f}M params"
+                                 + (f", {r['world']} processes (worst rank shown)" if r.get("world", 1) > 1 else "")))  # fmt: skip
     m = r.get("memory", {})
     if m.get("kind") == "cuda":
         rows.append(("memory", f"peak reserved {m['peak_reserved_mib']} MiB (allocated {m['peak_allocated_mib']}) of "

@@ -79,7 +79,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
             "max_steps": max_steps, "loss": st.get("loss"), "val_bpb": st.get("val_bpb"),
             "tokens_per_s": st.get("tokens_per_s"), "elapsed_s": (end - started) if started else None,
             "eta_s": eta, "commit": st.get("commit"), "exit_code": st.get("exit_code"),
-            "error": st.get("error"), "latest_checkpoint": latest.name if latest else None}  # fmt: skip
+            "error": st.get("error"), "latest_checkpoint": latest.name if latest else None,
+            "launch_id": st.get("launch_id")}  # fmt: skip
 
 
 def all_status(runs_root: Path) -> list[dict[str, Any]]:

@@ -111,7 +111,8 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
     run.update_status(run_name=cfg.run_name, status="starting", pid=os.getpid(), commit=commit, host=hostname(),
-                      torch=str(torch.__version__), max_steps=t.max_steps, exit_code=None, error=None)  # fmt: skip
+                      torch=str(torch.__version__), max_steps=t.max_steps, exit_code=None, error=None,
+                      launch_id=os.environ.get("ENLACE_LAUNCH_ID"))  # fmt: skip
 
     parts = engine.build_parts(cfg, dist)
     train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)

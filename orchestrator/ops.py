@@ -137,7 +137,7 @@ def launch(session: Session, sha: str, run_name: str, pyargs: list[str], wait_s:
     deadline = time.time() + wait_s
     while True:
         st = session.enlace_json("latest", "runs", run_name, "--json")[0]
-        mine = st["pid"] == pid
+        mine = st["launch_id"] == doc["launch_id"]  # run.json was written by the trainer we started
         if mine and (st["status"] in ("finished", "stopped") or (st["status"] == "running" and st["step"] > 0)):
             break
         if not st["alive"]:

@@ -109,13 +109,14 @@ case $VERB in
     fi
     cd "$RD/trees/$sha"
     offset=$(stat -c %s "$run_dir/train.log" 2>/dev/null || echo 0)
+    launch_id=$(date +%s%N)-$$  # the trainer records it in run.json: the driver knows its own launch
     # setsid: its own session and process group (stop signals the group); all three streams
     # redirected, so the trainer survives the SSH session that started it.
-    ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD PYTHONUNBUFFERED=1 \
+    ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD ENLACE_LAUNCH_ID=$launch_id PYTHONPATH=$PWD PYTHONUNBUFFERED=1 \
       setsid nohup "$py" "$@" >>"$run_dir/train.log" 2>&1 </dev/null 9>&- &
     pid=$!
     echo "$pid" > "$run_dir/launch.pid"
-    printf '{"ok": true, "pid": %s, "log_offset": %s, "commit": "%s"}\n' "$pid" "$offset" "$sha"
+    printf '{"ok": true, "pid": %s, "log_offset": %s, "commit": "%s", "launch_id": "%s"}\n' "$pid" "$offset" "$sha" "$launch_id"
     ;;
   *)
     echo "remote.sh: unknown verb '$VERB'" >&2; exit 2 ;;

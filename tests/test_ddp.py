@@ -3,6 +3,7 @@ every rank's data and RNG state is in the checkpoint, resume is exact, SIGTERM s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,3 +73,15 @@ def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(project):
     assert len(load_checkpoint(ckpt)["trainer.pt"]["ranks"]) == 2
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")] == [ckpt.name]
     assert subprocess.run(["pgrep", "-f", "enlace train ddpstop"], capture_output=True).returncode == 1  # all gone
+
+
+def test_preflight_under_torchrun_reports_worst_rank_and_global_throughput(project):
+    write_run(project, "ddppf")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "enlace",
+           "preflight", "ddppf", "--root", str(project), "--steps", "3", "--json"]  # fmt: skip
+    out = subprocess.run(cmd, cwd=project, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = json.loads(out.stdout)  # one report: rank 0's
+    assert rep["world"] == 2 and [r["rank"] for r in rep["per_rank"]] == [0, 1]
+    assert rep["memory"]["peak_rss_mib"] == max(r["peak_rss_mib"] for r in rep["per_rank"])
+    assert rep["throughput"]["tokens_per_step"] == 2 * 4 * 32

@@ -1,0 +1,31 @@
+"""enlace-remote launch --gpus N over a real sshd: torchrun on the server (gloo on CPU stands in
+for GPUs, which this machine does not have); status, stop, logs and fetch work unchanged."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from remote_helpers import remote, tiny_corpus
+
+from enlace.checkpoint import load_checkpoint
+
+
+def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
+    rd = sshd.dir.parent / "remote-testhost"
+    tiny_corpus(rd)
+    out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--gpus", "2")
+    assert "started from scratch" in out.stderr
+    time.sleep(2)
+    st = json.loads(remote(user_repo, sshd.env, "status", "long", "--json").stdout)[0]
+    assert st["status"] == "running" and st["alive"]
+    out = remote(user_repo, sshd.env, "stop", "long")
+    assert "stopped" in out.stdout
+    log = remote(user_repo, sshd.env, "logs", "long").stdout
+    assert "world 2" in log and "SIGTERM received" in log
+    remote(user_repo, sshd.env, "fetch", "long")
+    latest = (user_repo / "runs" / "long" / "checkpoints" / "latest").read_text().strip()
+    files = load_checkpoint(user_repo / "runs" / "long" / "checkpoints" / latest)
+    assert len(files["trainer.pt"]["ranks"]) == 2
+    bad = remote(user_repo, sshd.env, "launch", "long", "--gpus", "zero", check=False)
+    assert bad.returncode == 2 and "--gpus" in bad.stderr
