@@ -26,20 +26,24 @@ class Context:
         self.repo = repo_root(Path.cwd())
         self.host = resolve_host(host_name, self.repo)
         self.accept_new = accept_new_host_key
-        self._session = None
+        self._sessions: dict = {}
 
     @property
     def session(self):
-        if self._session is None:
+        return self.session_for(self.host)
+
+    def session_for(self, host):
+        """One session (one connection) per host for this invocation."""
+        if host.name not in self._sessions:
             from orchestrator.session import Session
             from orchestrator.transport import connect
 
-            self._session = Session(connect(self.host, self.accept_new), self.repo)
-        return self._session
+            self._sessions[host.name] = Session(connect(host, self.accept_new), self.repo)
+        return self._sessions[host.name]
 
     def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
+        for session in self._sessions.values():
+            session.close()
 
 
 def with_context(fn):

@@ -54,32 +54,63 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
 @click.option("--follow", "-f", is_flag=True, help="Continue into `logs -f`.")
 @click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP", help="Passed to enlace train.")
 @click.option("--gpus", default=None, metavar="N|all",
-              help="Run under `torchrun --standalone --nproc-per-node N` (all: every visible GPU).")
+              help="Run under torchrun with N processes per host (all: every visible GPU).")
+@click.option("--hosts", default=None, metavar="H1,H2,...",
+              help="One run across several hosts (one torchrun each, rendezvous at H1, which holds rank 0's "
+                   "log and checkpoints). Needs --gpus.")  # fmt: skip
+@click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True,
+              help="With --hosts: the rendezvous port on the first host.")
+@click.option("--slurm", is_flag=True, help="Print an sbatch script that starts RUN with srun + torchrun, and exit.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="With --slurm: nodes.")
 @allow_dirty_option
 @with_context
 def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
-           gpus: str | None, allow_dirty: bool) -> None:  # fmt: skip
+           gpus: str | None, hosts: str | None, master_port: int, slurm: bool, nodes: int,
+           allow_dirty: bool) -> None:  # fmt: skip
     """Sync, verify --for-launch, preflight, then train RUN detached on the host.
 
     Without RUN: the host's default_run, else the last run launched there from this repo. The
-    trainer survives the SSH session; a stopped or finished run resumes from its latest checkpoint."""
+    trainer survives the SSH session; a stopped or finished run resumes from its latest checkpoint.
+    --gpus N runs `torchrun --standalone --nproc-per-node N`; --hosts a,b runs one torchrun per host."""
     from orchestrator import ops
+    from orchestrator.hosts import resolve_host
     from orchestrator.logs import follow_log
 
     run = ops.choose_run(ctx.repo, ctx.host, run)
     if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
         raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
-    sha, run_name = _prepare(ctx, run, allow_dirty, for_launch=True)
+    if slurm:
+        click.echo(ops.slurm_script(run, nodes, gpus or "1", ["--until", str(until)] if until else []))
+        return
+    targets = [resolve_host(h.strip(), ctx.repo) for h in hosts.split(",")] if hosts else [ctx.host]
+    if hosts and (len(targets) < 2 or not gpus):
+        raise click.UsageError("--hosts needs at least two hosts and --gpus N")
+    commits, run_name = set(), None
+    for host in targets:  # the same commit, verified, on every host before anything starts
+        click.echo(f"== {host.name}", err=True) if hosts else None
+        ctx.host = host
+        sha, run_name = _prepare(ctx, run, allow_dirty, for_launch=True)
+        commits.add(sha)
+    if len(commits) != 1:
+        raise click.ClickException(f"hosts ended up on different commits ({', '.join(sorted(commits))}): refusing")
+    sha = commits.pop()
+    ctx.host = targets[0]
     if not no_preflight:
         report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, ["--steps", "5"])
         if report["verdict"] in VERDICT_EXIT and not force:
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
-    ops.remember_run(ctx.repo, ctx.host.name, run)
-    pyargs = ops.train_command(run, ["--until", str(until)] if until else [], gpus)
-    started = ops.launch(ctx.session, sha, run_name, pyargs)
+    train_args = ["--until", str(until)] if until else []
+    started = None
+    for rank, host in enumerate(targets):
+        rdzv = {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1",
+                "port": master_port} if hosts else None  # fmt: skip
+        doc = ops.start_detached(ctx.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv))
+        started = started or doc
+        ops.remember_run(ctx.repo, host.name, run)
+    ops.wait_first_step(ctx.session_for(targets[0]), run_name, started)
     if follow:
-        sys.exit(follow_log(ctx.session, run_name, started["log_offset"], follow=True))
+        sys.exit(follow_log(ctx.session_for(targets[0]), run_name, started["log_offset"], follow=True))
 
 
 @main.command()

@@ -116,13 +116,40 @@ def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous:
     nproc = "gpu" if gpus == "all" else gpus  # torchrun's "gpu": every visible GPU
     if rendezvous is None:
         return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *train]
-    return ["-m", "torch.distributed.run", f"--nnodes={rendezvous['nnodes']}", f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous['endpoint']}", f"--rdzv-id={rendezvous['id']}",
-            *train]  # fmt: skip
+    # Several hosts: a fixed node rank per host (node 0 = the first host, which holds rank 0, its
+    # log and its checkpoints), rendezvous at the first host.
+    return ["-m", "torch.distributed.run", f"--nnodes={rendezvous['nnodes']}", f"--node-rank={rendezvous['node_rank']}",
+            f"--master-addr={rendezvous['addr']}", f"--master-port={rendezvous['port']}",
+            f"--nproc-per-node={nproc}", *train]  # fmt: skip
 
 
-def launch(session: Session, sha: str, run_name: str, pyargs: list[str], wait_s: float = 600) -> dict:
-    """Start `python PYARGS` (the trainer) detached; wait for its first logged step (or its failure)."""
+def slurm_script(run: str, nodes: int, gpus: str, train_args: list[str]) -> str:
+    """An sbatch script that starts RUN under Slurm: srun runs one torchrun per node, c10d
+    rendezvous at the first node of the allocation. enlace does not schedule; Slurm does."""
+    import shlex
+
+    nproc = "gpu" if gpus == "all" else gpus
+    train = shlex.join(["-m", "enlace", "train", run, *train_args])
+    return f"""#!/bin/bash
+# sbatch this from the repository root on the cluster (a shared filesystem holds runs/ and data/).
+#SBATCH --job-name={run}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={gpus if gpus.isdigit() else 1}
+#SBATCH --output=runs/{run}-slurm-%j.log
+# SIGTERM 2 minutes before the time limit: the trainer finishes its step, checkpoints and exits;
+# resubmitting the script resumes from checkpoints/latest.
+#SBATCH --signal=TERM@120
+set -euo pipefail
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export ENLACE_COMMIT=$(git rev-parse HEAD)
+srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={nproc} --rdzv-backend=c10d \\
+  --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" {train}
+"""
+
+
+def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str]) -> dict:
+    """Start `python PYARGS` (the trainer, or torchrun) detached on the host; returns remote.sh's answer."""
     doc = session.call_json("launch", sha, session.host.python, run_name, *pyargs, ok_codes=(0, 3, 5))
     if doc.get("already_running"):
         st = session.enlace_json("latest", "runs", run_name, "--json")[0]
@@ -131,13 +158,18 @@ def launch(session: Session, sha: str, run_name: str, pyargs: list[str], wait_s:
                           "first, or follow it with `enlace-remote logs " + run_name + " -f`")  # fmt: skip
     if not doc.get("ok"):
         raise RemoteError(f"launch on {session.host.name}: {doc.get('error')}")
-    pid, offset = doc["pid"], doc["log_offset"]
-    click.echo(f"launched {run_name} on {session.host.name}: pid {pid}, commit {sha[:12]}; waiting for the first step",
-               err=True)  # fmt: skip
+    click.echo(f"launched {run_name} on {session.host.name}: pid {doc['pid']}, commit {sha[:12]}", err=True)
+    return doc
+
+
+def wait_first_step(session: Session, run_name: str, started: dict, wait_s: float = 600) -> dict:
+    """Wait until the trainer we started (its launch id is in run.json) logged a step, or died:
+    then show its log tail and fail."""
+    offset = started["log_offset"]
     deadline = time.time() + wait_s
     while True:
         st = session.enlace_json("latest", "runs", run_name, "--json")[0]
-        mine = st["launch_id"] == doc["launch_id"]  # run.json was written by the trainer we started
+        mine = st["launch_id"] == started["launch_id"]
         if mine and (st["status"] in ("finished", "stopped") or (st["status"] == "running" and st["step"] > 0)):
             break
         if not st["alive"]:
@@ -145,13 +177,14 @@ def launch(session: Session, sha: str, run_name: str, pyargs: list[str], wait_s:
             raise RemoteError(f"{run_name} failed to start on {session.host.name} (status {st['status']}):\n"
                               + "\n".join(tail.strip().splitlines()[-20:]))  # fmt: skip
         if time.time() > deadline:
-            raise RemoteError(f"{run_name}: no step logged within {wait_s:.0f}s; it is still running (pid {pid})")
+            raise RemoteError(f"{run_name}: no step logged within {wait_s:.0f}s; it is still running "
+                              f"(pid {started['pid']})")  # fmt: skip
         time.sleep(0.3)
     log = session.enlace("latest", "logs", run_name, "--offset", str(offset), check=False).stdout
     resumed = [line for line in log.splitlines() if "resumed from" in line]
     click.echo(f"{run_name}: " + (resumed[0].split(" ", 2)[-1] if resumed else "started from scratch")
                + f"; step {st['step']}/{st['max_steps']}, status {st['status']}", err=True)  # fmt: skip
-    return {"pid": pid, "log_offset": offset, "status": st}
+    return st
 
 
 def _fmt_s(seconds) -> str:

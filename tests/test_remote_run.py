@@ -34,6 +34,21 @@ def _wait(cond, timeout=60, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _trainers_under(path, run):
+    """Live trainer processes of `run` whose working directory is under `path` (this test's host)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            if (f"enlace train {run}".encode() in cmd and state != "Z"
+                    and os.readlink(f"/proc/{pid}/cwd").startswith(str(path))):  # fmt: skip
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def _popen_remote(user_repo, sshd, *args, host="testhost"):
     cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
     return subprocess.Popen(cmd, cwd=user_repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
