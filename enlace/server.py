@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -128,7 +129,7 @@ def manifest(run_dir: Path) -> dict[str, Any]:
     files = {n: (run_dir / n).stat().st_size for n in RUN_FILES if (run_dir / n).is_file()}
     latest = latest_checkpoint(run_dir / "checkpoints")
     return {"run_name": run_dir.name, "run_dir": str(run_dir.resolve()), "checkpoints": ckpts, "files": files,
-            "latest": latest.name if latest else None}  # fmt: skip
+            "latest": latest.name if latest else None, "rsync": shutil.which("rsync") is not None}  # fmt: skip
 
 
 def tail_offset(run_dir: Path, lines: int) -> int:

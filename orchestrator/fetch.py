@@ -1,11 +1,12 @@
 """`fetch [RUN]`: pull complete checkpoints back, verified, incrementally, resumably.
 
-    local runs/<run>/checkpoints/.partial-step-000200/   kept across interruptions (rsync --partial,
-                                                          or SFTP appending to a short file)
-    local runs/<run>/checkpoints/step-000200/            appears only once every file matched the
-                                                          sha256 in the server's MANIFEST
+    local runs/<run>/.partial-fetch/       one transfer's staging area, kept across interruptions
+                                           (rsync --partial, or SFTP appending to a short file)
+    local runs/<run>/checkpoints/step-N/   appears only once every file matched the sha256 in the
+                                           server's MANIFEST (then renamed in from staging)
 Only checkpoints with a MANIFEST are listed by the server. Every remote name is checked before it
-becomes a local path: nothing can land outside the destination.
+becomes a local path: nothing can land outside the destination. One rsync (one SSH connection)
+carries the checkpoints and the run files together.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
@@ -27,6 +29,7 @@ from orchestrator.session import Session
 
 CKPT_NAME = re.compile(r"step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+STAGING = ".partial-fetch"
 
 
 class CorruptCheckpoint(RemoteError):
@@ -47,105 +50,111 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _already_here(final: Path, files: dict) -> bool:
+    """Fetched and verified before: the local MANIFEST lists exactly the server's files."""
+    try:
+        return json.loads((final / "MANIFEST").read_text())["files"] == files
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return False
+
+
 def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict:
     m = session.enlace_json("latest", "manifest", run_name)
-    ckpts = m["checkpoints"]
-    if not ckpts:
+    if not m["checkpoints"]:
         raise UsageError(f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
                          "— wait for the first checkpoint.every steps, or stop the run to make it save")  # fmt: skip
-    wanted = ckpts if all_checkpoints else [c for c in ckpts if c["name"] == m["latest"]] or ckpts[-1:]
+    wanted = m["checkpoints"] if all_checkpoints else [c for c in m["checkpoints"] if c["name"] == m["latest"]]
     root = dest.resolve()
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-    use_rsync = bool(shutil.which("rsync")) and session.setup().get("rsync", False)
-    report = {"run_name": run_name, "dest": str(root), "fetched": [], "skipped": [], "bytes": 0,
-              "method": "rsync" if use_rsync else ("copy" if session.host.local else "sftp")}  # fmt: skip
-    t0 = time.perf_counter()
-    for ck in wanted:
+    staging = root / STAGING
+    todo, sizes = [], {}
+    report = {"run_name": run_name, "dest": str(root), "fetched": [], "skipped": [], "bytes": 0}
+    for ck in wanted or m["checkpoints"][-1:]:
         name = _safe(ck["name"], CKPT_NAME, "checkpoint")
-        for fname in ck["files"]:
-            _safe(fname, FILE_NAME, "file")
-        final = root / "checkpoints" / name
-        manifest_text = json.dumps(ck["files"], sort_keys=True)
-        if (final / "MANIFEST").is_file() and json.dumps(json.loads((final / "MANIFEST").read_text())["files"],
-                                                         sort_keys=True) == manifest_text:  # fmt: skip
+        if _already_here(root / "checkpoints" / name, ck["files"]):
             report["skipped"].append(name)
             continue
-        partial = root / "checkpoints" / f".partial-{name}"
-        partial.mkdir(exist_ok=True)
-        remote_dir = f"{m['run_dir']}/checkpoints/{name}"
-        files = {**{f: e["bytes"] for f, e in ck["files"].items()}, "MANIFEST": ck["manifest_bytes"]}
-        _transfer(session, remote_dir, list(files), partial, sum(files.values()), use_rsync)
-        _verify(partial, ck["files"], name)
+        todo.append(ck)
+        for fname, entry in {**ck["files"], "MANIFEST": {"bytes": ck["manifest_bytes"]}}.items():
+            sizes[f"checkpoints/{name}/{_safe(fname, FILE_NAME, 'file')}"] = entry["bytes"]
+    for fname, size in m["files"].items():
+        sizes[_safe(fname, FILE_NAME, "file")] = size
+    # rsync when both ends have it; ENLACE_FETCH_NO_RSYNC=1 forces the SFTP fallback (tests, odd hosts)
+    use_rsync = bool(shutil.which("rsync")) and m.get("rsync", False) and not os.environ.get("ENLACE_FETCH_NO_RSYNC")
+    report["method"] = "rsync" if use_rsync else ("copy" if session.host.local else "sftp")
+    t0 = time.perf_counter()
+    _transfer(session, m["run_dir"], sizes, staging, use_rsync)
+    for ck in todo:
+        partial = staging / "checkpoints" / ck["name"]
+        _verify(partial, ck["files"], ck["name"])
+        final = root / "checkpoints" / ck["name"]
         if final.exists():
             shutil.rmtree(final)
         os.rename(partial, final)
-        report["fetched"].append(name)
-        report["bytes"] += sum(files.values())
-    latest = m["latest"] or wanted[-1]["name"]
-    if (root / "checkpoints" / latest).is_dir():
+        report["fetched"].append(ck["name"])
+        report["bytes"] += sum(e["bytes"] for e in ck["files"].values())
+    latest = m["latest"] if (root / "checkpoints" / str(m["latest"])).is_dir() else None
+    if latest:
         tmp = root / "checkpoints" / ".latest.tmp"
         tmp.write_text(latest + "\n")
         os.replace(tmp, root / "checkpoints" / "latest")
-    run_files = [_safe(f, FILE_NAME, "file") for f in m["files"]]
-    staging = root / ".partial-run-files"
-    staging.mkdir(exist_ok=True)
-    _transfer(session, m["run_dir"], run_files, staging, sum(m["files"].values()), use_rsync, quiet=True)
-    for f in run_files:
-        os.replace(staging / f, root / f)
+    for fname in m["files"]:
+        os.replace(staging / fname, root / fname)
     shutil.rmtree(staging, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
     return report
 
 
 def _verify(partial: Path, files: dict, name: str) -> None:
-    for fname, entry in files.items():
-        path = partial / fname
-        if not path.is_file() or _sha256(path) != entry["sha256"]:
-            path.unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
+    """sha256 of every file against MANIFEST (in threads: hashlib releases the GIL)."""
+    names = list(files)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(lambda f: _sha256(partial / f) if (partial / f).is_file() else None, names))
+    for fname, digest in zip(names, got):
+        if digest != files[fname]["sha256"]:
+            (partial / fname).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
             raise CorruptCheckpoint(f"{name}/{fname}: sha256 does not match the server's MANIFEST — not installed. "
                                     "If this repeats, the file is corrupt on the server; fetch an older checkpoint "
                                     "with --all")  # fmt: skip
 
 
-def _transfer(session: Session, remote_dir: str, names: list[str], into: Path, total: int, use_rsync: bool,
-              quiet: bool = False) -> None:  # fmt: skip
+def _transfer(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, use_rsync: bool) -> None:
+    """Copy run_dir-relative paths `sizes` into `into`, keeping partial files for a rerun."""
+    into.mkdir(parents=True, exist_ok=True)
     if use_rsync:
-        _rsync(session, remote_dir, names, into, quiet)
-    elif session.host.local:
-        for n in names:
-            shutil.copyfile(Path(remote_dir) / n, into / n)
-    else:
-        _sftp(session, remote_dir, names, into, total, quiet)
+        return _rsync(session, remote_dir, list(sizes), into)
+    for rel in sizes:
+        (into / rel).parent.mkdir(parents=True, exist_ok=True)
+    if session.host.local:
+        for rel in sizes:
+            shutil.copyfile(Path(remote_dir) / rel, into / rel)
+        return None
+    return _sftp(session, remote_dir, sizes, into)
 
 
-def _rsync(session: Session, remote_dir: str, names: list[str], into: Path, quiet: bool) -> None:
+def _rsync(session: Session, remote_dir: str, paths: list[str], into: Path) -> None:
     t = session.transport
-    src = t.remote_path(remote_dir.rstrip("/") + "/")
-    argv = ["rsync", "-t", "--partial", "--inplace", "--files-from=-", "--no-relative"]
+    argv = ["rsync", "-t", "--relative", "--partial", "--inplace", "--files-from=-", "--info=progress2"]
     if t.ssh_argv():
         argv += ["-e", shlex.join(t.ssh_argv())]
-    if not quiet:
-        argv.append("--info=progress2")
-    argv += [src, str(into) + "/"]
-    p = subprocess.run(argv, input="\n".join(names) + "\n", text=True, stdout=None if not quiet else subprocess.PIPE,
-                       stderr=subprocess.PIPE)  # fmt: skip
+    argv += [t.remote_path(remote_dir.rstrip("/") + "/"), str(into) + "/"]
+    p = subprocess.run(argv, input="\n".join(paths) + "\n", text=True, stderr=subprocess.PIPE)
     if p.returncode != 0:
         raise RemoteError(f"rsync from {session.host.name} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
 
 
-def _sftp(session: Session, remote_dir: str, names: list[str], into: Path, total: int, quiet: bool) -> None:
-    """SFTP fallback: resumes a short local file by appending from its current size."""
-    sftp = session.transport._connection().sftp()
-    done = 0
-    with click.progressbar(length=total, label="fetch", show_eta=True, file=None if not quiet else open(os.devnull, "w"),
-                           item_show_func=lambda _: f"{done / 2**20:.1f} MiB") as bar:  # fmt: skip
-        for n in names:
-            local = into / n
+def _sftp(session: Session, remote_dir: str, sizes: dict[str, int], into: Path) -> None:
+    """SFTP fallback with a progress bar; resumes a short local file by appending from its size."""
+    sftp = session.transport.sftp()
+    with click.progressbar(length=sum(sizes.values()), label="fetch (sftp)", show_eta=True, show_percent=True,
+                           file=click.get_text_stream("stderr")) as bar:  # fmt: skip
+        for rel in sizes:
+            local = into / rel
             have = local.stat().st_size if local.exists() else 0
-            with sftp.open(f"{remote_dir}/{n}", "rb") as rf, open(local, "ab") as lf:
+            bar.update(have)
+            with sftp.open(f"{remote_dir}/{rel}", "rb") as rf, open(local, "ab") as lf:
                 rf.seek(have)
-                bar.update(have)
+                rf.prefetch()
                 while chunk := rf.read(1 << 20):
                     lf.write(chunk)
-                    done += len(chunk)
                     bar.update(len(chunk))

@@ -209,6 +209,9 @@ class SSHTransport(Transport):
         user = f"{self.host.user}@" if self.host.user else ""
         return f"ssh://{user}{self.host.hostname}:{self.host.port}{path}"
 
+    def sftp(self):
+        return self._connection().sftp()
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

@@ -141,18 +141,21 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     assert "crashed" in remote(user_repo, sshd.env, "status").stdout
 
 
-def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_repo):
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_repo, method):
+    env = {**sshd.env, **({"ENLACE_FETCH_NO_RSYNC": "1"} if method == "sftp" else {})}
     tiny_corpus(_rd(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "tiny", "-f")
     server_ckpt = _rd(sshd, "testhost") / "runs" / "tiny" / "checkpoints" / "step-000030"
     # The state an interrupted fetch leaves: a partial dir with one short file.
-    partial = user_repo / "runs" / "tiny" / "checkpoints" / ".partial-step-000030"
+    partial = user_repo / "runs" / "tiny" / ".partial-fetch" / "checkpoints" / "step-000030"
     partial.mkdir(parents=True)
     data = (server_ckpt / "optimizer.pt").read_bytes()
     (partial / "optimizer.pt").write_bytes(data[: len(data) // 3])
     assert not (user_repo / "runs" / "tiny" / "checkpoints" / "step-000030").exists()
-    remote(user_repo, sshd.env, "fetch", "tiny")
+    out = remote(user_repo, env, "fetch", "tiny")
+    assert f"{method})" in out.stdout
     assert (user_repo / "runs" / "tiny" / "checkpoints" / "step-000030" / "optimizer.pt").read_bytes() == data
     assert not partial.exists()
     # A corrupted file on the server is detected and not installed.
@@ -160,7 +163,7 @@ def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_r
     model = bytearray((server_ckpt / "model.pt").read_bytes())
     model[len(model) // 2] ^= 0xFF
     (server_ckpt / "model.pt").write_bytes(bytes(model))
-    out = remote(user_repo, sshd.env, "fetch", "tiny", "--dest", str(dest), check=False)
+    out = remote(user_repo, env, "fetch", "tiny", "--dest", str(dest), check=False)
     assert out.returncode == 1 and "model.pt" in out.stderr and "not installed" in out.stderr
     assert not (dest / "checkpoints" / "step-000030").exists()
 
