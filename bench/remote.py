@@ -27,27 +27,19 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from remote_helpers import tiny_corpus  # noqa: E402
+from repocopy import commit_all, copy_worktree_repo  # noqa: E402
 from sshd import make_server  # noqa: E402
 
 CLI = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost"]
 
 
 def make_repo(base: Path) -> Path:
-    repo = base / "repo"
-    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True,
-                           text=True, check=True).stdout.split()  # fmt: skip
-    for f in files:
-        if (REPO / f).is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, repo / f)
+    repo = copy_worktree_repo(base / "repo", "bench")
     (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\n")
     (repo / "configs" / "runs" / "long.yaml").write_text(
         "data: tiny\nprofile: cpu\nmodel: {seq_len: 32, n_layer: 2, n_head: 2, d_model: 32}\n"
         "training: {batch_size: 4, max_steps: 1000000, log_every: 50, eval_every: 0}\ncheckpoint: {every: 0}\n")
-    git = ["git", "-C", str(repo), "-c", "user.email=b@x.invalid", "-c", "user.name=b"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "bench"], check=True)
+    commit_all(repo, "bench runs")
     return repo
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from repocopy import copy_worktree_repo  # noqa: E402
 from sshd import make_server  # noqa: E402
 
 
@@ -34,16 +35,8 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="enlace-bench-sync-"))
     srv = make_server(base)
     try:
-        repo = base / "repo"
-        files = sh("git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard").stdout.split()
-        for f in files:
-            if (REPO / f).is_file():
-                (repo / f).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO / f, repo / f)
+        repo = copy_worktree_repo(base / "repo", "base")
         git = ["git", "-C", str(repo), "-c", "user.email=b@x.invalid", "-c", "user.name=b"]
-        sh("git", "init", "-q", str(repo))
-        sh(*git, "add", "-A")
-        sh(*git, "commit", "-qm", "base")
         env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
         cli = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost"]
         sh(*cli, "sync", env=env, cwd=repo)  # first sync: pushes the whole history

@@ -231,6 +231,15 @@ def _check_top(layer: dict[str, Any], allowed: typing.Sequence[str], source: str
             raise ConfigError(source, str(k), "unknown key", _closest(str(k), allowed))
 
 
+# type → (accepted Python types, how an error names it); bools are never accepted as numbers
+SCALARS: dict[type, tuple[tuple[type, ...], str]] = {
+    bool: ((bool,), "true or false"),
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+}
+
+
 def _coerce(value: Any, hint: Any, source: str, key: str) -> Any:
     """Check `value` against a dataclass field's type; ints are accepted for floats."""
     origin = typing.get_origin(hint)
@@ -245,22 +254,11 @@ def _coerce(value: Any, hint: Any, source: str, key: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(source, key, f"expected a list of strings, got {value!r}")
         return list(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(source, key, f"expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(source, key, f"expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(source, key, f"expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(source, key, f"expected a string, got {value!r}")
-        return value
+    if hint in SCALARS:
+        accepted, words = SCALARS[hint]
+        if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
+            raise ConfigError(source, key, f"expected {words}, got {value!r}")
+        return float(value) if hint is float else value
     raise TypeError(f"unsupported config type {hint!r}")  # a bug in this file, not user input
 
 
@@ -342,56 +340,10 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
         files={"run": run_src, "profile": rel(profile_path), "data": rel(data_path)},
         **{s: _build_section(s, flat, origin) for s in SECTIONS},
     )
-    _check_combinations(cfg, origin)
+    from enlace.config_rules import check_combinations  # the rules need Config: imported here
+
+    check_combinations(cfg, origin)
     return cfg
-
-
-def _check_combinations(cfg: Config, origin: dict[str, str]) -> None:
-    src = lambda key, default="defaults": origin.get(key, default)
-    rt, m, t, o, d = cfg.runtime, cfg.model, cfg.training, cfg.optim, cfg.data
-    if rt.deterministic and rt.compile:
-        raise ConfigError(
-            src("runtime.compile", src("runtime.deterministic")),
-            "runtime.compile",
-            "deterministic: true cannot be combined with compile: true",
-            "torch.compile's autotuning picks different kernels between runs, which brings back the "
-            "variance deterministic mode removes; set compile: false (or deterministic: false)",
-        )
-    positive = [
-        ("model.seq_len", m.seq_len), ("model.n_layer", m.n_layer), ("model.n_head", m.n_head),
-        ("model.d_model", m.d_model), ("model.vocab_size", m.vocab_size),
-        ("training.batch_size", t.batch_size), ("training.grad_accum", t.grad_accum),
-        ("training.max_steps", t.max_steps), ("training.log_every", t.log_every),
-        ("training.eval_batches", t.eval_batches), ("checkpoint.keep", cfg.checkpoint.keep),
-    ]  # fmt: skip
-    for key, value in positive:
-        if value < 1:
-            raise ConfigError(src(key), key, f"must be at least 1, got {value}")
-    for key, value in [("training.eval_every", t.eval_every), ("checkpoint.every", cfg.checkpoint.every),
-                       ("training.eval_batch_size", t.eval_batch_size), ("runtime.threads", rt.threads),
-                       ("optim.warmup_steps", o.warmup_steps), ("optim.grad_clip", o.grad_clip)]:  # fmt: skip
-        if value < 0:
-            raise ConfigError(src(key), key, f"must not be negative, got {value}")
-    if m.d_model % m.n_head:
-        raise ConfigError(src("model.n_head"), "model.n_head", f"d_model {m.d_model} is not divisible by "
-                          f"n_head {m.n_head}", "pick n_head that divides d_model")  # fmt: skip
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError(src("model.dropout"), "model.dropout", f"must be in [0, 1), got {m.dropout}")
-    if o.min_lr > o.learning_rate:
-        raise ConfigError(src("optim.min_lr"), "optim.min_lr", "is above learning_rate",
-                          "min_lr is the floor of the cosine decay")  # fmt: skip
-    if o.warmup_steps > t.max_steps:
-        raise ConfigError(src("optim.warmup_steps"), "optim.warmup_steps",
-                          f"{o.warmup_steps} is more than max_steps {t.max_steps}", "shorten the warmup")  # fmt: skip
-    if d.kind == "bytes" and not d.paths:
-        raise ConfigError(src("data.kind"), "data.paths", "kind: bytes needs paths", "list files or globs")
-    if d.kind == "bytes" and not 0.0 < d.val_fraction < 1.0:
-        raise ConfigError(src("data.val_fraction"), "data.val_fraction", "must be between 0 and 1")
-    if d.kind == "shards" and not d.shard_dir:
-        raise ConfigError(src("data.kind"), "data.shard_dir", "kind: shards needs shard_dir",
-                          "point it at a directory written by `enlace prepare`")  # fmt: skip
-    if rt.precision == "fp16" and rt.fp16_init_scale <= 0:
-        raise ConfigError(src("runtime.fp16_init_scale"), "runtime.fp16_init_scale", "must be positive")
 
 
 def load_data_config(ref: str, root: Path | None = None) -> DataConfig:

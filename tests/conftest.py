@@ -78,28 +78,12 @@ def kill_processes_under(path: Path) -> None:
             pass
 
 
-def _shippable_files() -> list[str]:
-    import subprocess
-
-    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
-    return [f for f in out.splitlines() if (REPO / f).is_file()]
-
-
 @pytest.fixture(scope="session")
 def repo_template(tmp_path_factory) -> Path:
     """A git repo holding the current working tree (committed or not), committed once."""
-    import subprocess
+    from repocopy import copy_worktree_repo
 
-    dst = tmp_path_factory.mktemp("template") / "repo"
-    for f in _shippable_files():
-        (dst / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / f, dst / f)
-    git = ["git", "-C", str(dst), "-c", "user.email=t@enlace.invalid", "-c", "user.name=t"]
-    subprocess.run(["git", "init", "-q", str(dst)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "template"], check=True)
-    return dst
+    return copy_worktree_repo(tmp_path_factory.mktemp("template") / "repo", "template")
 
 
 @pytest.fixture
@@ -113,7 +97,7 @@ def user_repo(tmp_path: Path, repo_template: Path) -> Path:
     write_run(repo, "tiny", training={"max_steps": 30, "log_every": 1, "eval_every": 10}, run_name="tiny")
     write_run(repo, "long", training={"max_steps": 1_000_000, "log_every": 1, "eval_every": 0}, run_name="long",
               checkpoint={"every": 50, "keep": 2})  # fmt: skip
-    git = ["git", "-C", str(repo), "-c", "user.email=t@enlace.invalid", "-c", "user.name=t"]
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "tiny run"], check=True)
+    from repocopy import commit_all
+
+    commit_all(repo, "tiny and long runs")
     return repo

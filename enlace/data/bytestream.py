@@ -53,6 +53,15 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
     return files
 
 
+def check_state(state: dict, kind: str, version: int, seed: int) -> None:
+    """Refuse a data state from another kind of stream, format version or seed."""
+    if state.get("kind") != kind or state.get("version") != version:
+        raise DataError(f"data state is {state.get('kind')} v{state.get('version')}, this stream is {kind} "
+                        f"v{version}: the checkpoint is from another data config")  # fmt: skip
+    if state["seed"] != seed:
+        raise DataError(f"data state was drawn with seed {state['seed']}, this run uses {seed}")
+
+
 class ConcatBytes:
     """Several files read as one byte array, via memory maps."""
 
@@ -117,9 +126,5 @@ class ByteStream:
                 "rank": self.rank}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("kind") != "bytes" or state.get("version") != self.VERSION:
-            raise DataError(f"data state is {state.get('kind')} v{state.get('version')}, "
-                            f"this stream is bytes v{self.VERSION}: the checkpoint is from another data config")  # fmt: skip
-        if state["seed"] != self.seed:
-            raise DataError(f"data state was drawn with seed {state['seed']}, this run uses {self.seed}")
+        check_state(state, "bytes", self.VERSION, self.seed)
         self.position = int(state["position"])

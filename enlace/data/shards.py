@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enlace.data.bytestream import ConcatBytes, DataError, mix_seed
+from enlace.data.bytestream import ConcatBytes, DataError, check_state, mix_seed
 
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
 
@@ -109,11 +109,7 @@ class ShardStream:
                 "offset": self.offset, "seed": self.seed, "rank": self.rank}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("kind") != "shards" or state.get("version") != self.VERSION:
-            raise DataError(f"data state is {state.get('kind')} v{state.get('version')}, "
-                            f"this stream is shards v{self.VERSION}: the checkpoint is from another data config")  # fmt: skip
-        if state["seed"] != self.seed:
-            raise DataError(f"data state was drawn with seed {state['seed']}, this run uses {self.seed}")
+        check_state(state, "shards", self.VERSION, self.seed)
         self.epoch, self.index, self.offset = int(state["epoch"]), int(state["index"]), int(state["offset"])
         self._order = self._order_for(self.epoch)
 
