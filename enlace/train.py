@@ -88,7 +88,12 @@ def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict
     run = RunDir(cfg.run_dir, enabled=dist.is_main)
     stop = StopSignal(on_second=lambda name: run.update_status(status="stopped", exit_code=128, signal=name))
     try:
-        return _train(cfg, run, dist, stop, resume, until)
+        summary = _train(cfg, run, dist, stop, resume, until)
+        if dist.world > 1:
+            # Every rank waits here until rank 0 has written its last checkpoint: a rank that
+            # tore gloo down while its peer was still busy died with SIGABRT (seen under load).
+            torch_dist.barrier()
+        return summary
     except EnlaceError as e:
         run.log(f"error: {e.message}")
         run.update_status(status="failed", exit_code=e.exit_code, error=e.message)
