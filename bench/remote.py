@@ -105,7 +105,7 @@ def main() -> None:
         n = args.mib * 2**20 // 4 // 4
         save_checkpoint(big.parent, 999999, {f"part{i}.pt": torch.rand(n) for i in range(4)}, keep=5)
         size = sum(f.stat().st_size for f in big.iterdir()) / 2**20
-        fetch_t, rsync_t, scp_t = [], [], []
+        fetch_t, sftp_t, rsync_t, scp_t = [], [], [], []
         ssh = ["ssh", "-F", str(srv.dir / "ssh_config"), "-o", "BatchMode=yes"]
         for rep in range(3):
             dest = base / f"fetch-{rep}"
@@ -114,6 +114,10 @@ def main() -> None:
                            capture_output=True)  # fmt: skip
             fetch_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
+            subprocess.run([*CLI, "fetch", "long", "--dest", str(base / f"sftp-fetch-{rep}")], cwd=repo, check=True,
+                           env={**env, "ENLACE_FETCH_NO_RSYNC": "1"}, capture_output=True)  # fmt: skip
+            sftp_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
             subprocess.run(["rsync", "-a", "-e", " ".join(ssh), f"testhost:{big}/", str(base / f"rsync-{rep}") + "/"],
                            check=True)  # fmt: skip
             rsync_t.append(time.perf_counter() - t0)
@@ -121,9 +125,10 @@ def main() -> None:
             subprocess.run(["scp", "-q", "-F", str(srv.dir / "ssh_config"), "-r", f"testhost:{big}",
                             str(base / f"scp-{rep}")], check=True)  # fmt: skip
             scp_t.append(time.perf_counter() - t0)
-        f, r, s = (statistics.median(x) for x in (fetch_t, rsync_t, scp_t))
+        f, f2, r, s = (statistics.median(x) for x in (fetch_t, sftp_t, rsync_t, scp_t))
         print(f"fetch of a {size:.0f} MiB checkpoint, median of 3:")
         print(f"  enlace-remote fetch : {f:5.2f} s  {size / f:6.0f} MiB/s  (incl. sha256 verify, CLI start)")
+        print(f"  fetch, SFTP fallback: {f2:5.2f} s  {size / f2:6.0f} MiB/s   ratio vs rsync = {r / f2:.2f}x")
         print(f"  plain rsync         : {r:5.2f} s  {size / r:6.0f} MiB/s   ratio fetch/rsync = {r / f:.2f}x (goal >= 0.9)")
         print(f"  plain scp           : {s:5.2f} s  {size / s:6.0f} MiB/s   ratio fetch/scp   = {s / f:.2f}x")
     finally:

@@ -154,7 +154,7 @@ def _sftp(session: Session, remote_dir: str, sizes: dict[str, int], into: Path) 
             bar.update(have)
             with sftp.open(f"{remote_dir}/{rel}", "rb") as rf, open(local, "ab") as lf:
                 rf.seek(have)
-                rf.prefetch()
-                while chunk := rf.read(1 << 20):
+                rf.prefetch(sizes[rel])  # pipelined requests from the current offset
+                while chunk := rf.read(32768):  # paramiko's own chunk size: larger reads are slower
                     lf.write(chunk)
                     bar.update(len(chunk))
