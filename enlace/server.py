@@ -5,7 +5,6 @@ each answers in tens of milliseconds."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -164,7 +163,3 @@ def stream_log(run_dir: Path, offset: int, follow: bool, poll: float = 0.05) -> 
         if not follow or ended:
             return int(read_run_json(run_dir).get("exit_code") or 0) if follow else 0
         time.sleep(poll)
-
-
-def print_json(obj: Any) -> None:
-    print(json.dumps(obj))

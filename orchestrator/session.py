@@ -71,9 +71,6 @@ class Session:
                 raise CommandFailed(self.host.name, f"enlace {' '.join(args)}", r.exited, r.stdout + r.stderr)
         return doc
 
-    def runs_dir(self) -> str:
-        return f"{self.remote_dir}/runs"
-
     def close(self) -> None:
         self.transport.close()
 
