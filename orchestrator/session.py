@@ -46,10 +46,16 @@ class Session:
         doc = _last_json(r.stdout)
         if r.exited not in ok_codes and doc is None:
             raise CommandFailed(self.host.name, f"remote.sh {verb} {' '.join(args)}", r.exited, r.stdout + r.stderr)
+        self._raise_refusal(doc, r.exited, ok_codes)
         if doc is None:
             raise RemoteError(f"on {self.host.name}: remote.sh {verb} gave no JSON:\n{(r.stdout + r.stderr)[-1500:]}")
         doc["_exit"] = r.exited
         return doc
+
+    def _raise_refusal(self, doc: Any, exited: int, ok_codes: tuple[int, ...]) -> None:
+        """remote.sh's own refusals are JSON {"ok": false, "error": ...}: show that one line."""
+        if exited not in ok_codes and isinstance(doc, dict) and doc.get("ok") is False and doc.get("error"):
+            raise RemoteError(f"on {self.host.name}: {doc['error']}")
 
     def setup(self, sha: str | None = None) -> dict[str, Any]:
         doc = self.call_json("setup", *([sha] if sha else []))
@@ -63,6 +69,7 @@ class Session:
     def enlace_json(self, sha: str, *args: str, timeout: float = 600, ok_codes=(0,)) -> Any:
         r = self.enlace(sha, *args, timeout=timeout, check=False)
         doc = _last_json(r.stdout)
+        self._raise_refusal(doc, r.exited, ok_codes)
         if doc is None or r.exited not in ok_codes:
             err = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
             if doc is None and r.exited == 2:  # a user error on the server: show its one line

@@ -24,10 +24,11 @@ case $RD in "~") RD=$HOME ;; "~/"*) RD="$HOME/${RD#\~/}" ;; esac
 mkdir -p "$RD"
 RD=$(cd "$RD" && pwd)
 
+NO_PYTHON="no usable python on the server: set python: in hosts.yaml to one with torch, or venv"
 check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1"; }
 newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer)
   local t; t=$(ls -1t "$RD"/trees/*/.enlace-ready 2>/dev/null | head -n 1)
-  [ -n "$t" ] || die "nothing has been synced to $RD yet: run enlace-remote sync"
+  [ -n "$t" ] || return 1
   basename "$(dirname "$t")"
 }
 check_name() { [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ ]] || die "not a valid run name: $1"; }
@@ -39,10 +40,10 @@ alive() {  # PID: a live (not zombie) enlace/torchrun process — a reused pid d
   [ "$state" != Z ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE 'enlace|torchrun'
 }
 
-resolve_python() {  # SHA PYTHON -> prints the interpreter path
+resolve_python() {  # SHA PYTHON -> prints the interpreter path (status 1 if there is none)
   local tree=$RD/trees/$1 py=$2
   if [ "$py" != venv ]; then
-    command -v "$py" >/dev/null 2>&1 || die "python '$py' not found on the server (set python: in hosts.yaml)"
+    command -v "$py" >/dev/null 2>&1 || return 1
     command -v "$py"; return
   fi
   local key; key=$(cat "$tree/pyproject.toml" "$tree/constraints.txt" 2>/dev/null | sha256sum | cut -c1-16)
@@ -52,7 +53,7 @@ resolve_python() {  # SHA PYTHON -> prints the interpreter path
     mkdir -p "$RD/venvs"; rm -rf "$tmp"
     python3 -m venv "$tmp" >&2
     "$tmp/bin/python" -m pip install -q -c "$tree/constraints.txt" torch numpy pyyaml click >&2 \
-      || { rm -rf "$tmp"; die "pip install into a new venv failed"; }
+      || { rm -rf "$tmp"; return 1; }
     mv "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another sync may have won the race
   fi
   echo "$venv/bin/python"
@@ -80,26 +81,31 @@ case $VERB in
       touch "$tmp/.enlace-ready"
       if ! mv -T "$tmp" "$tree" 2>/dev/null; then rm -rf "$tmp"; fi  # a concurrent checkout won
     fi
-    py=""; [ $# -ge 2 ] && py=$(resolve_python "$sha" "$2")
+    py=""
+    if [ $# -ge 2 ]; then py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; fi
     printf '{"ok": true, "tree": "%s", "head": "%s", "python": "%s"}\n' "$tree" "$(git -C "$tree" rev-parse HEAD)" "$py"
     ;;
   env)
     check_sha "$1"
-    py=$(resolve_python "$1" "$2")
+    py=$(resolve_python "$1" "$2") || die "$NO_PYTHON"
     printf '{"ok": true, "python": "%s"}\n' "$py"
     ;;
   verify)
-    sha=$1; py=$(resolve_python "$1" "$2"); shift 2
+    sha=$1; py=$(resolve_python "$1" "$2") || die "$NO_PYTHON"; shift 2
     tree=$RD/trees/$sha
     [ -d "$tree" ] || die "commit $sha is not checked out on the server: run enlace-remote sync"
     cd "$tree" && exec "$py" scripts/verify_tree.py "$sha" "$@"
     ;;
   enlace)
-    sha=$1; [ "$sha" = latest ] && sha=$(newest_tree); check_sha "$sha"; py=$(resolve_python "$sha" "$2"); shift 2
+    sha=$1
+    if [ "$sha" = latest ]; then
+      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first"
+    fi
+    check_sha "$sha"; py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
     cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD exec "$py" -m enlace "$@"
     ;;
   launch)
-    sha=$1; check_sha "$sha"; py=$(resolve_python "$1" "$2"); name=$3; check_name "$name"; shift 3
+    sha=$1; check_sha "$sha"; py=$(resolve_python "$1" "$2") || die "$NO_PYTHON"; name=$3; check_name "$name"; shift 3
     run_dir=$RD/runs/$name
     mkdir -p "$run_dir"
     exec 9>"$RD/runs/.$name.lock"

@@ -139,3 +139,13 @@ def test_help_is_fast_and_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"torch": False, "paramiko": False}
+
+
+def test_server_side_refusals_are_one_clear_line(sshd, user_repo, tmp_path):
+    hosts = tmp_path / "odd-hosts.yaml"
+    hosts.write_text(f"hosts:\n  local: {{remote_dir: {tmp_path}/fresh, python: /nonexistent/python}}\n")
+    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
+    out = remote(user_repo, env, "status", host="local", check=False)
+    assert out.returncode == 1 and "nothing has been synced" in out.stderr and "Traceback" not in out.stderr
+    out = remote(user_repo, env, "sync", host="local", check=False)
+    assert out.returncode == 1 and "no usable python on the server" in out.stderr and "Traceback" not in out.stderr
