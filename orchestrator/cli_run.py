@@ -14,15 +14,15 @@ from orchestrator.errors import EXIT_OOM, EXIT_UNSTABLE
 VERDICT_EXIT = {"oom": EXIT_OOM, "unstable": EXIT_UNSTABLE}
 
 
-def _prepare(ctx: Context, run: str, allow_dirty: bool, for_launch: bool) -> tuple[str, str]:
-    """sync + verify; returns (commit, run_name)."""
+def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool) -> tuple[str, str]:
+    """sync + verify on one host; returns (commit, run_name). Raises if anything is missing there."""
     from orchestrator import ops
     from orchestrator.gitsync import sync
 
-    rep = sync(ctx.session, ctx.repo, allow_dirty)
+    rep = sync(session, repo, allow_dirty)
     _print_sync(rep)
-    ops.verify(ctx.session, rep.commit, run, for_launch)
-    return rep.commit, ops.run_name_of(ctx.session, rep.commit, run)
+    ops.verify(session, rep.commit, run, for_launch)
+    return rep.commit, ops.run_name_of(session, rep.commit, run)
 
 
 allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")
@@ -41,7 +41,7 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
     from orchestrator import ops
 
     ops.check_run_name(run)
-    sha, run_name = _prepare(ctx, run, allow_dirty, for_launch=False)
+    sha, run_name = _prepare(ctx.session, ctx.repo, run, allow_dirty, for_launch=False)
     extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else [])
     report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, extra)
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
@@ -85,18 +85,13 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
     targets = [resolve_host(h.strip(), ctx.repo) for h in hosts.split(",")] if hosts else [ctx.host]
     if hosts and (len(targets) < 2 or not gpus):
         raise click.UsageError("--hosts needs at least two hosts and --gpus N")
-    commits, run_name = set(), None
-    for host in targets:  # the same commit, verified, on every host before anything starts
-        click.echo(f"== {host.name}", err=True) if hosts else None
-        ctx.host = host
-        sha, run_name = _prepare(ctx, run, allow_dirty, for_launch=True)
-        commits.add(sha)
-    if len(commits) != 1:
-        raise click.ClickException(f"hosts ended up on different commits ({', '.join(sorted(commits))}): refusing")
-    sha = commits.pop()
-    ctx.host = targets[0]
+    for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
+        if hosts:
+            click.echo(f"== {host.name}", err=True)
+        sha, run_name = _prepare(ctx.session_for(host), ctx.repo, run, allow_dirty, for_launch=True)
+    first = ctx.session_for(targets[0])
     if not no_preflight:
-        report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, ["--steps", "5"])
+        report = ops.remote_preflight(first, sha, run, ctx.repo, run_name, ["--steps", "5"])
         if report["verdict"] in VERDICT_EXIT and not force:
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
@@ -108,9 +103,9 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
         doc = ops.start_detached(ctx.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv))
         started = started or doc
         ops.remember_run(ctx.repo, host.name, run)
-    ops.wait_first_step(ctx.session_for(targets[0]), run_name, started)
+    ops.wait_first_step(first, run_name, started)
     if follow:
-        sys.exit(follow_log(ctx.session_for(targets[0]), run_name, started["log_offset"], follow=True))
+        sys.exit(follow_log(first, run_name, started["log_offset"], follow=True))
 
 
 @main.command()

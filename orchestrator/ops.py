@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -75,29 +74,29 @@ def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name:
     from enlace.report import format_report
 
     argv = session.argv("enlace", sha, session.host.python, "preflight", run, "--json", *extra)
-    buf = bytearray()
-    printed = 0
+    pending, report_lines, other = b"", [], []
 
     def on_data(chunk: bytes) -> None:
-        nonlocal printed
-        buf.extend(chunk)
-        text = buf.decode(errors="replace")
-        start = text.find("\n{")
-        upto = start if start >= 0 else text.rfind("\n")
-        if upto > printed:
-            sys.stderr.write(text[printed:upto + 1] if start < 0 else text[printed:upto] + "\n")
-            sys.stderr.flush()
-            printed = upto + 1 if start < 0 else upto
+        # stderr (progress, "  ..." lines) and stdout (the JSON report, from a line "{") arrive
+        # combined: echo progress as it comes, collect the report.
+        nonlocal pending
+        *lines, pending = (pending + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if report_lines or line == "{":
+                report_lines.append(line)
+            else:
+                other.append(line)
+                click.echo(line, err=True)
 
     code = session.transport.stream(argv, on_data, stall_timeout=900, combine_stderr=True)
-    text = buf.decode(errors="replace")
-    start = text.find("{") if text.startswith("{") else text.find("\n{") + 1
     try:
-        report = json.loads(text[start:]) if start >= 0 else None
+        report = json.loads("\n".join(report_lines) + pending.decode(errors="replace"))
     except json.JSONDecodeError:
-        report = None
-    if report is None:
-        raise CommandFailed(session.host.name, f"enlace preflight {run}", code, text)
+        last = next((line for line in reversed(other) if line.strip()), "no output")
+        if code == 2:  # a config error on the server: its one line says what and where
+            raise UsageError(f"on {session.host.name}: {last.removeprefix('Error: ')}") from None
+        raise CommandFailed(session.host.name, f"enlace preflight {run}", code, "\n".join(other)) from None
     local = repo / "runs" / run_name
     local.mkdir(parents=True, exist_ok=True)
     (local / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
