@@ -20,7 +20,7 @@ import torch
 from enlace import determinism
 from enlace.checkpoint import first_difference
 from enlace.config import Config
-from enlace.errors import CheckpointError, EnlaceError
+from enlace.errors import CheckpointError, ConfigError
 from enlace.model import ByteGPT
 from enlace.optim import build_optimizer, lr_at
 
@@ -74,8 +74,8 @@ class StepResult:
 def resolve_device(cfg: Config, dist: Dist) -> torch.device:
     want = cfg.runtime.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise EnlaceError(f"{cfg.files.get('profile', 'runtime')}: runtime.device is cuda but no CUDA device is "
-                          "visible here — run it on the GPU server, or --set runtime.device=cpu")  # fmt: skip
+        raise ConfigError(cfg.files.get("profile", "runtime"), "runtime.device", "is cuda but no CUDA device is "
+                          "visible here", "run it on the GPU server, or --set runtime.device=cpu")  # fmt: skip
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     return torch.device("cuda", dist.local_rank)

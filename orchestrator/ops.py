@@ -87,15 +87,17 @@ def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name:
                 report_lines.append(line)
             else:
                 other.append(line)
-                click.echo(line, err=True)
+                if not line.startswith("Error: "):  # an error is raised below, once
+                    click.echo(line, err=True)
 
     code = session.transport.stream(argv, on_data, stall_timeout=900, combine_stderr=True)
     try:
         report = json.loads("\n".join(report_lines) + pending.decode(errors="replace"))
     except json.JSONDecodeError:
-        last = next((line for line in reversed(other) if line.strip()), "no output")
-        if code == 2:  # a config error on the server: its one line says what and where
-            raise UsageError(f"on {session.host.name}: {last.removeprefix('Error: ')}") from None
+        errors = [line.removeprefix("Error: ") for line in other if line.startswith("Error: ")]
+        if errors:  # the trainer's own one-line message (config, device, data)
+            error = UsageError if code == 2 else RemoteError
+            raise error(f"on {session.host.name}: preflight {run}: {errors[-1]}") from None
         raise CommandFailed(session.host.name, f"enlace preflight {run}", code, "\n".join(other)) from None
     local = repo / "runs" / run_name
     local.mkdir(parents=True, exist_ok=True)
