@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -176,16 +177,10 @@ def parse_size(text: str | None) -> int | None:
         return None
     units = {"": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "t": 2**40,
              "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9}  # fmt: skip
-    num = text.strip().rstrip("bB") if text.strip().lower().endswith(("kb", "mb", "gb")) else text.strip()
-    i = len(num)
-    while i and not (num[i - 1].isdigit() or num[i - 1] == "."):
-        i -= 1
-    unit = text.strip()[i:].lower()
-    try:
-        value = float(text.strip()[:i])
-    except ValueError:
-        value = -1
-    if unit not in units or value <= 0:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    value = float(m.group(1)) if m else 0.0
+    if not m or unit not in units or value <= 0:
         raise click.BadParameter(f"{text!r} is not a size; write e.g. 2GiB, 512MiB or a number of bytes")
     return int(value * units[unit])
 

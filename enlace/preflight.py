@@ -8,9 +8,12 @@ early), measured steps, one eval pass at the eval batch size, one checkpoint sav
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ import torch
 from enlace import engine
 from enlace.checkpoint import save_checkpoint
 from enlace.config import Config
+from enlace.errors import EnlaceError
 from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
 
 WARMUP_STEPS = 3  # also the fp16 calibration window: skips here are the scaler finding its scale
@@ -222,9 +226,6 @@ def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memor
                    progress: Callable[[str], None], cap: int = 4096) -> dict[str, Any]:  # fmt: skip
     """Largest batch_size that fits: doubling from `start`, then bisection. Each probe is a fresh
     `enlace preflight --probe` process, so one probe's allocator state never skews the next."""
-    import json
-    import subprocess
-    import sys
 
     def probe(b: int) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "enlace", "preflight", run, "--root", str(root), "--json", "--probe",
@@ -235,7 +236,10 @@ def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memor
         try:
             rep = json.loads(out.stdout)
         except json.JSONDecodeError:
-            rep = {"verdict": "oom", "oom_phase": "startup", "oom_detail": out.stderr.strip()[-200:]}
+            if out.returncode >= 0:  # not an OOM but a failure (config, import): say so, do not guess
+                raise EnlaceError(f"--max-batch probe at batch_size {b} failed: "
+                                  f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}") from None  # fmt: skip
+            rep = {"verdict": "oom"}  # killed by a signal: the kernel's OOM killer
         fits = rep["verdict"] != "oom"
         progress(f"max-batch probe: batch_size {b} {'fits' if fits else 'does not fit'}")
         return rep if fits else {}
@@ -248,10 +252,7 @@ def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memor
             bad = b
             break
         good, good_rep, b = b, rep, b * 2
-    if good == 0 and bad is not None:  # even the start does not fit: bisect below it
-        lo, hi = 0, bad
-    else:
-        lo, hi = good, bad
+    lo, hi = good, bad  # if even `start` failed, good is 0: bisect below it
     while hi is not None and hi - lo > 1:  # bisection between the last fit and the first failure
         mid = (lo + hi) // 2
         rep = probe(mid)

@@ -56,11 +56,17 @@ def run_dir_of(runs_root: Path, name: str) -> Path:
     return d
 
 
+def run_alive(run_dir: Path, st: dict[str, Any] | None = None) -> bool:
+    """Is the trainer (run.json's pid) or what enlace-remote launched (launch.pid) still running?"""
+    st = read_run_json(run_dir) if st is None else st
+    return pid_alive(st.get("pid")) or pid_alive(_launch_pid(run_dir))
+
+
 def run_status(run_dir: Path) -> dict[str, Any]:
     """One row of `status`: run.json plus liveness (a vanished process shows `crashed`)."""
     st = read_run_json(run_dir)
     pid = st.get("pid") or _launch_pid(run_dir)
-    alive = pid_alive(pid) or pid_alive(_launch_pid(run_dir))
+    alive = run_alive(run_dir, st)
     status = st.get("status", "launched" if alive else "unknown")
     if status in ACTIVE and not alive:
         status = "crashed"
@@ -152,7 +158,7 @@ def stream_log(run_dir: Path, offset: int, follow: bool, poll: float = 0.05) -> 
     out = sys.stdout.buffer
     path = run_dir / "train.log"
     while True:
-        ended = not run_status(run_dir)["alive"]  # read before draining: no tail lost at the end
+        ended = not run_alive(run_dir)  # read before draining: no tail lost at the end
         if path.exists():
             with open(path, "rb") as fh:
                 fh.seek(offset)

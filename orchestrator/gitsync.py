@@ -41,7 +41,7 @@ def ignored_shipped_files(repo: Path) -> list[tuple[str, str]]:
     """(path, 'source:line:pattern') for every file under the shipped dirs that git ignores."""
     untracked = git(repo, "ls-files", "--others", "--ignored", "--exclude-standard", "--", *SHIPPED_DIRS).split("\n")
     tracked = git(repo, "ls-files", "--cached", "--ignored", "--exclude-standard", "--", *SHIPPED_DIRS).split("\n")
-    paths = [p for p in untracked + tracked if p and not any(x in p or p.endswith(x) for x in BUILD_LITTER)]
+    paths = [p for p in untracked + tracked if p and not any(x in p for x in BUILD_LITTER)]
     if not paths:
         return []
     p = subprocess.run(["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--stdin"],

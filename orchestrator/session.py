@@ -70,13 +70,12 @@ class Session:
         r = self.enlace(sha, *args, timeout=timeout, check=False)
         doc = _last_json(r.stdout)
         self._raise_refusal(doc, r.exited, ok_codes)
-        if doc is None or r.exited not in ok_codes:
+        if doc is not None and r.exited in ok_codes:
+            return doc
+        if r.exited == 2:  # a user error on the server (e.g. no such run): show its one line
             err = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
-            if doc is None and r.exited == 2:  # a user error on the server: show its one line
-                raise UsageError(f"on {self.host.name}: {err.removeprefix('Error: ')}")
-            if doc is None:
-                raise CommandFailed(self.host.name, f"enlace {' '.join(args)}", r.exited, r.stdout + r.stderr)
-        return doc
+            raise UsageError(f"on {self.host.name}: {err.removeprefix('Error: ')}")
+        raise CommandFailed(self.host.name, f"enlace {' '.join(args)}", r.exited, r.stdout + r.stderr)
 
     def close(self) -> None:
         self.transport.close()

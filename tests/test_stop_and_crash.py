@@ -102,6 +102,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_broken_latest(project):
         latest = latest_checkpoint(ckpts)
         files = load_checkpoint(latest)  # verified against MANIFEST, weights_only
         assert files["trainer.pt"]["step"] == int(latest.name[5:])
-        assert latest.name == (ckpts / "latest").read_text().strip() or not (ckpts / "latest").exists()
+        if (ckpts / "latest").exists():  # absent only if killed before the very first `latest` write
+            load_checkpoint(ckpts / (ckpts / "latest").read_text().strip())  # what it names is complete
         last_step = files["trainer.pt"]["step"]
     assert mid_write >= 3, f"only {mid_write} of 20 kills landed during a checkpoint write"
