@@ -1,11 +1,28 @@
 """`python -m enlace` and the `enlace` console script."""
 
+import json
+import sys
+
+import click
+
 from enlace import cli_server  # noqa: F401  (registers the driver's server-side verbs)
 from enlace.cli import main
 
 
 def run() -> None:
-    main()
+    """User errors print one line (no traceback) and exit with their code; with --json the same error is
+    also the one JSON document on stdout, so the driver never has to parse stderr."""
+    try:
+        code = main(standalone_mode=False)
+    except click.ClickException as e:
+        if "--json" in sys.argv[1:]:
+            print(json.dumps({"ok": False, "error": e.format_message(), "exit_code": e.exit_code}), flush=True)
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

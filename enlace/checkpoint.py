@@ -12,6 +12,7 @@ a fetched file never runs code.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from enlace.errors import CheckpointError
+from enlace.errors import CheckpointError, NoSpaceError
 
 MANIFEST = "MANIFEST"
 STEP_RE = re.compile(r"step-(\d{6,})")
@@ -55,28 +56,71 @@ def _write_file(path: Path, write) -> None:
         os.fsync(fh.fileno())
 
 
-def read_manifest(ckpt: Path) -> dict[str, Any] | None:
+def _schema_problem(m: Any) -> str | None:
+    """What is wrong with a parsed MANIFEST, or None. The one definition of its schema."""
+    if not isinstance(m, dict):
+        return "is not a JSON object"
+    if m.get("version") != FORMAT_VERSION:
+        return f"has format version {m.get('version')!r}; this enlace reads v{FORMAT_VERSION}"
+    if not isinstance(m.get("step"), int) or isinstance(m.get("step"), bool) or m["step"] < 0:
+        return "has no valid `step`"
+    files = m.get("files")
+    if not isinstance(files, dict) or not files:
+        return "lists no files"
+    for name, e in files.items():
+        ok = isinstance(e, dict) and isinstance(e.get("sha256"), str) and len(e["sha256"]) == 64 \
+            and isinstance(e.get("bytes"), int) and not str(name).startswith((".", "/")) and "/" not in str(name)  # fmt: skip
+        if not ok:
+            return f"has a malformed entry for {name!r}"
+    return None
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    """`ckpt`'s MANIFEST, schema-checked; raises CheckpointError saying exactly what is wrong."""
     try:
-        return json.loads((ckpt / MANIFEST).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+        m = json.loads((ckpt / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(f"{ckpt}: no MANIFEST — an incomplete checkpoint is never loaded") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{ckpt}: MANIFEST is not valid JSON (a corrupt copy?) — it is never loaded") from None
+    problem = _schema_problem(m)
+    if problem:
+        raise CheckpointError(f"{ckpt}: MANIFEST {problem} — it is never loaded")
+    return m
+
+
+def manifest_problem(ckpt: Path) -> str | None:
+    """None for a complete checkpoint, else why it is not one."""
+    try:
+        read_manifest(ckpt)
+    except CheckpointError as e:
+        return e.message
+    return None
 
 
 def complete_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Complete checkpoint dirs (MANIFEST present), oldest first."""
+    """Complete checkpoint dirs (a valid MANIFEST), oldest first."""
     if not ckpt_root.is_dir():
         return []
-    found = [p for p in ckpt_root.iterdir() if STEP_RE.fullmatch(p.name) and (p / MANIFEST).is_file()]
+    found = [p for p in ckpt_root.iterdir() if STEP_RE.fullmatch(p.name) and manifest_problem(p) is None]
     return sorted(found, key=lambda p: int(STEP_RE.fullmatch(p.name).group(1)))
+
+
+def incomplete_checkpoints(ckpt_root: Path) -> list[str]:
+    """Why each step-* dir that is not a complete checkpoint is not one (for the log)."""
+    if not ckpt_root.is_dir():
+        return []
+    named = sorted(p for p in ckpt_root.iterdir() if STEP_RE.fullmatch(p.name))
+    return [problem for p in named if (problem := manifest_problem(p))]
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """The checkpoint `latest` names if complete, else the newest complete one, else None."""
     try:
         named = ckpt_root / (ckpt_root / "latest").read_text().strip()
-        if STEP_RE.fullmatch(named.name) and (named / MANIFEST).is_file():
+        if STEP_RE.fullmatch(named.name) and manifest_problem(named) is None:
             return named
-    except FileNotFoundError:
+    except (FileNotFoundError, UnicodeDecodeError):
         pass
     done = complete_checkpoints(ckpt_root)
     return done[-1] if done else None
@@ -90,12 +134,47 @@ def remove_stale_temps(ckpt_root: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int) -> Path:
-    """Write `files` (name → object for torch.save) as checkpoint `step`; returns its directory."""
-    import torch  # here, not at the top: the server's status/fetch verbs must not pay for torch
+def checkpoint_bytes(ckpt_root: Path, n_params: int) -> int:
+    """The size of one checkpoint: the newest complete one's, else fp32 weights + two AdamW moments."""
+    done = complete_checkpoints(ckpt_root)
+    if done:
+        return sum(e["bytes"] for e in read_manifest(done[-1])["files"].values())
+    return n_params * 4 * 3 + (1 << 16)
 
+
+def check_free_space(ckpt_root: Path, need_each: int, count: int = 2) -> None:
+    """Refuse to start when the disk cannot hold `count` more checkpoints (a save needs a temp copy)."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(ckpt_root).free
+    if free < need_each * count:
+        raise NoSpaceError(f"{ckpt_root}: {free / 2**20:.1f} MiB free, but {count} checkpoints need "
+                           f"≈{need_each * count / 2**20:.1f} MiB (≈{need_each / 2**20:.1f} MiB each) — free disk "
+                           "space on the server (old runs, trees, venvs) or lower checkpoint.keep")  # fmt: skip
+
+
+def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int) -> Path:
+    """Write `files` (name → object for torch.save) as checkpoint `step`; returns its directory.
+    A full disk removes the partial copy and raises NoSpaceError naming the step and the sizes."""
     final = ckpt_root / step_dir_name(step)
     tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
+    try:
+        return _save(ckpt_root, step, final, tmp, files, keep)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        written = sum(f.stat().st_size for f in tmp.glob("*")) if tmp.is_dir() else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        done = complete_checkpoints(ckpt_root)
+        need = sum(x["bytes"] for x in read_manifest(done[-1])["files"].values()) if done else written
+        free = shutil.disk_usage(ckpt_root).free
+        raise NoSpaceError(f"No space left on device while saving {final.name} (needs ≈{need / 2**20:.1f} MiB, "
+                           f"{free / 2**20:.1f} MiB free on {ckpt_root}) — free disk space, then relaunch: the run "
+                           "resumes from its last complete checkpoint") from None  # fmt: skip
+
+
+def _save(ckpt_root: Path, step: int, final: Path, tmp: Path, files: dict[str, Any], keep: int) -> Path:
+    import torch  # here, not at the top: the server's status/fetch verbs must not pay for torch
+
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     entries = {}
@@ -129,8 +208,6 @@ def _prune(ckpt_root: Path, keep: int, newest: Path) -> None:
 def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     """Check every file against MANIFEST; returns the manifest or raises CheckpointError."""
     manifest = read_manifest(ckpt)
-    if manifest is None:
-        raise CheckpointError(f"{ckpt}: no MANIFEST — an incomplete checkpoint is never loaded")
     for name, entry in manifest["files"].items():
         path = ckpt / name
         if not path.is_file():
@@ -145,9 +222,6 @@ def load_checkpoint(ckpt: Path, map_location: Any = "cpu") -> dict[str, Any]:
     import torch
 
     manifest = verify_checkpoint(ckpt)
-    if manifest.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{ckpt}: checkpoint format v{manifest.get('version')}, this enlace reads "
-                              f"v{FORMAT_VERSION}")  # fmt: skip
     files = {}
     for name in manifest["files"]:
         try:
@@ -159,17 +233,27 @@ def load_checkpoint(ckpt: Path, map_location: Any = "cpu") -> dict[str, Any]:
 
 
 def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
-    """--resume latest|none|PATH → the checkpoint dir to load (or None for a fresh start)."""
+    """--resume latest|none|PATH → the checkpoint dir to load (or None for a fresh start). A relative
+    PATH is looked up in the run directory first (checkpoints/step-000040), then the current one."""
     if resume == "none":
         return None
     if resume == "latest":
         return latest_checkpoint(ckpt_root)
     path = Path(resume)
-    if not (path / MANIFEST).is_file():
+    if not path.is_absolute() and (ckpt_root.parent / path).is_dir():
+        path = ckpt_root.parent / path
+    problem = manifest_problem(path)
+    if problem:
         have = ", ".join(p.name for p in complete_checkpoints(ckpt_root)) or "none"
-        raise CheckpointError(f"--resume {resume}: not a complete checkpoint (no MANIFEST) — "
+        raise CheckpointError(f"--resume {resume}: not a complete checkpoint ({problem.split(': ', 1)[-1]}) — "
                               f"complete checkpoints of this run: {have}")  # fmt: skip
     return path
+
+
+def previous_complete(ckpt_root: Path, ckpt: Path) -> Path | None:
+    """The newest complete checkpoint older than `ckpt` (the way forward when `ckpt` is corrupt)."""
+    older = [p for p in complete_checkpoints(ckpt_root) if p.name < ckpt.name]
+    return older[-1] if older else None
 
 
 def first_difference(saved: dict[str, Any], current: dict[str, Any]) -> tuple[str, Any, Any] | None:

@@ -14,17 +14,10 @@ from pathlib import Path
 import click
 import yaml
 
+from enlace import exitcodes
 from enlace.config import load_config
 
 RUN_HELP = "RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."
-EXIT_CODES = """\b
-Exit codes:
-  0  ok (preflight: ok or tight)
-  1  the run failed (verify-resume: states differ)
-  2  bad usage, config or checkpoint (one line says what, where and the fix)
-  3  preflight: out of memory
-  4  preflight: fp16 unstable"""
-
 set_option = click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
     help="Override one config value (highest precedence), e.g. --set training.max_steps=50. Repeatable.",
@@ -36,9 +29,11 @@ root_option = click.option(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-             epilog=EXIT_CODES)  # fmt: skip
+             epilog=exitcodes.help_text())  # fmt: skip
 @click.version_option(package_name="enlace")
-def main() -> None:
+@click.option("--exit-with-client", is_flag=True, hidden=True,
+              help="Driver use: end this command and all it started when stdin closes (the client is gone).")
+def main(exit_with_client: bool) -> None:
     """Train small byte-level language models, resumably and (optionally) bit-exactly.
 
     \b
@@ -52,6 +47,22 @@ def main() -> None:
       enlace preflight smoke-cpu        # does it fit, how long will it take
       enlace train smoke-cpu            # train (resumes from the latest checkpoint)
     """
+    if exit_with_client:
+        _exit_when_stdin_closes()
+
+
+def _exit_when_stdin_closes() -> None:
+    """The driver keeps our stdin open while it lives; EOF means it died (or was killed): end this process
+    group, so no preflight (or its --max-batch probes) goes on competing with the next one for the GPU."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        while os.read(0, 1 << 12):
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-client").start()
 
 
 @main.command("check-config")
@@ -203,9 +214,8 @@ def preflight_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path |
 
     Builds the model, optimizer and scaler exactly as `train` does and runs them on synthetic bytes
     of the configured shape (no corpus needed): 3 warm-up steps, --steps measured steps, one eval
-    pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 3), unstable (exit 4).
+    pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6).
     Writes runs/RUN_NAME/preflight.json."""
-    from enlace.errors import EXIT_OOM, EXIT_UNSTABLE
     from enlace.preflight import find_max_batch, preflight
     from enlace.report import format_report
     from enlace.rundir import atomic_write
@@ -226,4 +236,4 @@ def preflight_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path |
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")
     click.echo(json.dumps(report, indent=1) if as_json else format_report(report))
-    sys.exit({"oom": EXIT_OOM, "unstable": EXIT_UNSTABLE}.get(report["verdict"], 0))
+    sys.exit(exitcodes.VERDICT.get(report["verdict"], exitcodes.OK))

@@ -1,15 +1,19 @@
-"""`enlace` verbs for the driver (enlace-remote) on the server: runs, stop, logs, manifest,
-data-files. Each prints JSON with --json (logs prints the raw log bytes)."""
+"""`enlace` verbs for the driver (enlace-remote) on the server: runs, start, wait, stop, logs,
+manifest, data-files. With --json each answers exactly one JSON document on stdout — errors too,
+as {"ok": false, "error", "exit_code"} — and progress on stderr; `logs` streams the raw log bytes."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
+from enlace import exitcodes
 from enlace.cli import main, root_option, set_option
+from enlace.clitypes import Seconds
 from enlace.config import find_root, load_config
 
 
@@ -23,28 +27,62 @@ def _runs_root(root: Path | None) -> Path:
 @click.option("--json", "as_json", is_flag=True)
 def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
     """Status of the runs in runs/ (or one RUN_NAME); a run whose process vanished shows crashed."""
-    from enlace import server
+    from enlace import runs, server
 
-    rows = ([server.run_status(server.run_dir_of(_runs_root(root), run_name))] if run_name
+    rows = ([runs.observe(server.run_dir_of(_runs_root(root), run_name))] if run_name
             else server.all_status(_runs_root(root)))  # fmt: skip
     if as_json:
         click.echo(json.dumps(rows))
         return
     for r in rows:
-        click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}/{r['max_steps']} loss {r['loss']}")
+        loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
+        click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}/{r['max_steps']} loss {loss}")
+
+
+@main.command("start", hidden=True)
+@click.argument("run_name")
+@click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def start_cmd(run_name: str, pyargs: tuple[str, ...], root: Path | None, as_json: bool) -> None:
+    """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME, unless it is running (exit 7)."""
+    from enlace import runs
+    from enlace.config import validate_run_name
+
+    validate_run_name(run_name, "RUN_NAME")
+    project = find_root(root)
+    doc = runs.start(_runs_root(root) / run_name, [sys.executable, *pyargs], project, dict(os.environ))
+    click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
+
+
+@main.command("wait", hidden=True)
+@click.argument("run_name")
+@click.option("--launch-id", required=True, help="The launch to wait for (from `start`).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True)
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, as_json: bool) -> None:
+    """Wait here, on the server, until that launch has logged its first step or ended; print its status
+    row. Phases (building the model, resuming, ...) go to stderr as they change."""
+    from enlace import runs, server
+
+    run_dir = server.run_dir_of(_runs_root(root), run_name)
+    row = runs.wait_started(run_dir, launch_id, timeout, on_phase=lambda p: click.echo(f"  {p} ...", err=True))
+    click.echo(json.dumps(row) if as_json else f"{run_name}: {row['status']} at step {row['step']}")
 
 
 @main.command("stop")
 @click.argument("run_name")
 @root_option
-@click.option("--grace", type=float, default=120.0, show_default=True, help="Seconds to wait for the checkpoint.")
+@click.option("--grace", type=Seconds(), default=120.0, show_default=True, help="Seconds to wait for the checkpoint.")
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
 @click.option("--json", "as_json", is_flag=True)
 def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json: bool) -> None:
-    """SIGTERM a detached run (it checkpoints and exits), wait up to --grace seconds."""
-    from enlace import server
+    """SIGTERM a detached run (it checkpoints and exits), wait up to --grace seconds. A run that is not
+    running is left as it is (exit 0, says so)."""
+    from enlace import runs, server
 
-    report = server.stop_run(server.run_dir_of(_runs_root(root), run_name), grace, kill)
+    report = runs.stop(server.run_dir_of(_runs_root(root), run_name), grace, kill)
     click.echo(json.dumps(report) if as_json else f"{run_name}: {report['status']} at step {report['step']}, "
                f"latest checkpoint {report['latest_checkpoint']}")  # fmt: skip
     sys.exit(0 if report["stopped"] else 1)
@@ -57,24 +95,25 @@ def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until the run ends; exit with its code.")
 @click.option("--tail-offset", type=click.IntRange(min=0), default=None, metavar="N",
               help="Only print (as JSON) the byte offset where the last N lines start.")
-def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool, tail_offset: int | None) -> None:
-    """Print RUN_NAME's train.log from a byte offset (raw bytes)."""
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="With --tail-offset: accepted (always JSON).")
+def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool, tail_offset: int | None,
+             as_json: bool) -> None:  # fmt: skip
+    """Print RUN_NAME's train.log from a byte offset (raw bytes: the one verb whose stdout is not JSON).
+    With -f, exit with the run's exit code once it has ended (0 finished/stopped, 8 crashed)."""
     from enlace import server
 
     run_dir = server.run_dir_of(_runs_root(root), run_name)
     if tail_offset is not None:
         click.echo(json.dumps({"offset": server.tail_offset(run_dir, tail_offset)}))
         return
-    server.stream_log(run_dir, offset, follow)
-    if follow:
-        st = server.run_status(run_dir)
-        sys.exit(0 if st["status"] in ("finished", "stopped") else int(st["exit_code"] or 1))
+    sys.exit(server.stream_log(run_dir, offset, follow))
 
 
 @main.command("manifest")
 @click.argument("run_name")
 @root_option
-def manifest_cmd(run_name: str, root: Path | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the answer is always JSON.")
+def manifest_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
     """JSON: RUN_NAME's complete checkpoints (with MANIFEST sha256s) and run files, for fetch."""
     from enlace import server
 
@@ -96,5 +135,5 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_j
         files = data_files(cfg)
     except EnlaceError as e:
         click.echo(json.dumps({"ok": False, "error": e.message, "files": []}) if as_json else e.message)
-        sys.exit(3)
+        sys.exit(exitcodes.VERIFY)
     click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))

@@ -1,7 +1,7 @@
 """The run directory: config.yaml, run.json, train.log, metrics.jsonl, checkpoints/.
 
 Everything is written incrementally and flushed, so `tail -f` (and `enlace-remote logs`) sees it.
-run.json is replaced atomically (temp file + rename), so a reader never sees half of it.
+run.json belongs to enlace/runs.py (this class only forwards to it).
 """
 
 from __future__ import annotations
@@ -15,21 +15,8 @@ from typing import Any
 
 import yaml
 
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def read_run_json(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / "run.json").read_text())
-    except FileNotFoundError:
-        return {}
+from enlace import runs
+from enlace.runs import atomic_write
 
 
 class RunDir:
@@ -57,17 +44,23 @@ class RunDir:
             atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def update_status(self, **fields: Any) -> None:
-        if not self.enabled:
-            return
-        state = read_run_json(self.path)
-        state.update(fields, updated_at=time.time())
-        atomic_write(self.path / "run.json", json.dumps(state, indent=1) + "\n")
+        if self.enabled:
+            runs.update(self.path, **fields)
+
+    def phase(self, text: str) -> None:
+        """What the trainer is doing before its first step (shown by `enlace-remote launch`)."""
+        if self.enabled:
+            runs.update(self.path, phase=text)
 
     def log(self, line: str) -> None:
         if not self.enabled:
             return
         stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}"
-        self._log.write(stamped + "\n")
+        try:
+            self._log.write(stamped + "\n")
+        except OSError as e:  # e.g. the disk is full: the line still reaches stderr
+            print(f"(train.log not writable: {e.strerror}) {stamped}", file=sys.stderr, flush=True)
+            return
         if self._echo:
             print(stamped, flush=True)
 

@@ -18,12 +18,22 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from enlace import engine
-from enlace.checkpoint import load_checkpoint, remove_stale_temps, resolve_resume, save_checkpoint
+from enlace import engine, runs
+from enlace.checkpoint import (
+    check_free_space,
+    checkpoint_bytes,
+    incomplete_checkpoints,
+    load_checkpoint,
+    previous_complete,
+    remove_stale_temps,
+    resolve_resume,
+    save_checkpoint,
+)
 from enlace.config import Config
 from enlace.data import build_stream
-from enlace.errors import EnlaceError
+from enlace.errors import CheckpointError, EnlaceError
 from enlace.rundir import RunDir
+from enlace.runs import Status
 from enlace.sysinfo import git_commit, hostname, mib, peak_rss_bytes
 
 
@@ -72,7 +82,15 @@ def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]
     ckpt = files = None
     if dist.is_main:
         ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
-        files = load_checkpoint(ckpt, "cpu") if ckpt is not None else None
+        try:
+            files = load_checkpoint(ckpt, "cpu") if ckpt is not None else None
+        except CheckpointError as e:
+            if resume != "latest":
+                raise
+            prev = previous_complete(cfg.run_dir / "checkpoints", ckpt)
+            way = (f"resume from the previous complete checkpoint with --resume checkpoints/{prev.name}, or start "
+                   "afresh with --resume none") if prev else "no older complete checkpoint: --resume none starts afresh"
+            raise CheckpointError(f"the newest checkpoint is unusable: {e.message} — {way}") from None
     if dist.world > 1:
         box = [ckpt, files]
         torch_dist.broadcast_object_list(box, src=0)
@@ -86,7 +104,7 @@ def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict
     if dist.world > 1 and not torch_dist.is_initialized():
         torch_dist.init_process_group("nccl" if torch.cuda.is_available() and cfg.runtime.device != "cpu" else "gloo")
     run = RunDir(cfg.run_dir, enabled=dist.is_main)
-    stop = StopSignal(on_second=lambda name: run.update_status(status="stopped", exit_code=128, signal=name))
+    stop = StopSignal(on_second=lambda name: run.update_status(status=Status.STOPPED, exit_code=128, signal=name))
     try:
         summary = _train(cfg, run, dist, stop, resume, until)
         if dist.world > 1:
@@ -96,11 +114,11 @@ def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict
         return summary
     except EnlaceError as e:
         run.log(f"error: {e.message}")
-        run.update_status(status="failed", exit_code=e.exit_code, error=e.message)
+        run.update_status(status=Status.FAILED, exit_code=e.exit_code, error=e.message)
         raise
     except BaseException as e:
         run.log("crashed:\n" + traceback.format_exc())
-        run.update_status(status="failed", exit_code=1, error=f"{type(e).__name__}: {e}")
+        run.update_status(status=Status.FAILED, exit_code=1, error=f"{type(e).__name__}: {e}")
         raise
     finally:
         stop.restore()
@@ -115,14 +133,19 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     run.freeze_config(cfg.to_dict())
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
-    run.update_status(run_name=cfg.run_name, status="starting", pid=os.getpid(), commit=commit, host=hostname(),
-                      torch=str(torch.__version__), max_steps=t.max_steps, exit_code=None, error=None,
-                      launch_id=os.environ.get("ENLACE_LAUNCH_ID"))  # fmt: skip
+    if dist.is_main:
+        runs.record_self(run.path, run_name=cfg.run_name, status=Status.STARTING, phase="building the model",
+                         commit=commit, host=hostname(), torch=str(torch.__version__), max_steps=t.max_steps,
+                         exit_code=None, error=None, launch_id=os.environ.get("ENLACE_LAUNCH_ID"))  # fmt: skip
 
     parts = engine.build_parts(cfg, dist)
+    if dist.is_main:  # two more checkpoints must fit: one being written beside the newest
+        check_free_space(run.checkpoints, checkpoint_bytes(run.checkpoints, parts.settings["params"]))
+    run.phase("opening the data")
     train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)
     val_stream = build_stream(cfg, "val", t.eval_batch_size or t.batch_size)
     progress = {"step": 0, "tokens": 0}
+    run.phase("loading the checkpoint")
     ckpt, files = _load_resume(cfg, resume, dist)
     if ckpt is not None:
         trainer = engine.restore_state(parts, files, train_stream, str(ckpt))
@@ -139,10 +162,17 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
         run.log(f"resumed from {shown} at step {progress['step']} "
                 f"({progress['tokens']} tokens seen)")  # fmt: skip
     else:
-        run.log(f"starting from scratch (resume={resume})")
+        for problem in incomplete_checkpoints(run.checkpoints) if resume == "latest" else ():
+            run.log(f"ignored (not a complete checkpoint): {problem}")
+        run.log("no complete checkpoint: starting from step 0" if resume == "latest"
+                else f"starting from step 0 (--resume {resume})")  # fmt: skip
+        run.phase("evaluating the untrained model")
         _eval(run, parts, val_stream, 0)  # the baseline the final eval is compared with
-    run.update_status(status="running", step=progress["step"], resumed_from=ckpt.name if ckpt else None,
-                      started_at=time.time())  # fmt: skip
+    if progress["step"] >= target:
+        run.log(f"nothing to train: at step {progress['step']} of {t.max_steps}"
+                + (f" (--until {until})" if until else "") + " — raise training.max_steps to train further")  # fmt: skip
+    run.update_status(status=Status.RUNNING, phase="training", step=progress["step"],
+                      resumed_from=ckpt.name if ckpt else None, started_at=time.time())  # fmt: skip
 
     def checkpoint() -> str:
         states = _gather_rank_states(train_stream, dist)
@@ -185,8 +215,8 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
         if _all_ranks_agree(stop.signame is not None, dist):
             run.log(f"{stop.signame or 'stop'} received: finishing at step {step}")
             checkpoint()
-            run.update_status(status="stopped", exit_code=0, step=step)
-            return _summary(run, step_times, tokens_per_step, "stopped")
+            run.update_status(status=Status.STOPPED, exit_code=0, step=step)
+            return _summary(run, step_times, tokens_per_step, Status.STOPPED)
         if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
             last_saved = step
             checkpoint()
@@ -196,7 +226,7 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
         _eval(run, parts, val_stream, step)
     if last_saved != step:
         checkpoint()
-    status = "finished" if step >= t.max_steps else "stopped"
+    status = Status.FINISHED if step >= t.max_steps else Status.STOPPED
     if until is not None and step < t.max_steps:
         run.log(f"--until {until}: stopping at step {step} of {t.max_steps}")
     run.update_status(status=status, exit_code=0, step=step)
@@ -210,11 +240,11 @@ def _eval(run: RunDir, parts: engine.Parts, val_stream, step: int) -> None:
     run.update_status(val_loss=ev["val_loss"], val_bpb=ev["val_bpb"])
 
 
-def _summary(run: RunDir, step_times: list[float], tokens_per_step: int, status: str) -> dict[str, Any]:
+def _summary(run: RunDir, step_times: list[float], tokens_per_step: int, status: Status) -> dict[str, Any]:
     """Peak memory and steady-state throughput (median step time, first 3 steps excluded)."""
     steady = step_times[3:] or step_times
     median = statistics.median(steady) if steady else 0.0
-    record = {"kind": "summary", "status": status, "steps": len(step_times),
+    record = {"kind": "summary", "status": str(status), "steps": len(step_times),
               "median_step_s": median, "tokens_per_s": tokens_per_step / median if median else 0.0,
               "peak_rss_mib": mib(peak_rss_bytes())}  # fmt: skip
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import click
 
+from enlace.clitypes import Seconds
+from enlace.exitcodes import VERDICT as VERDICT_EXIT
 from orchestrator.cli import Context, _print_sync, main, with_context
-from orchestrator.errors import EXIT_OOM, EXIT_UNSTABLE
-
-VERDICT_EXIT = {"oom": EXIT_OOM, "unstable": EXIT_UNSTABLE}
 
 
 def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool) -> tuple[str, str]:
@@ -62,10 +61,13 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
               help="With --hosts: the rendezvous port on the first host.")
 @click.option("--slurm", is_flag=True, help="Print an sbatch script that starts RUN with srun + torchrun, and exit.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="With --slurm: nodes.")
+@click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH",
+              help="Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
+                   "dir such as checkpoints/step-000040 (when the newest one is corrupt).")  # fmt: skip
 @allow_dirty_option
 @with_context
 def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
-           gpus: str | None, hosts: str | None, master_port: int, slurm: bool, nodes: int,
+           gpus: str | None, hosts: str | None, master_port: int, slurm: bool, nodes: int, resume: str,
            allow_dirty: bool) -> None:  # fmt: skip
     """Sync, verify --for-launch, preflight, then train RUN detached on the host.
 
@@ -90,12 +92,13 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
             click.echo(f"== {host.name}", err=True)
         sha, run_name = _prepare(ctx.session_for(host), ctx.repo, run, allow_dirty, for_launch=True)
     first = ctx.session_for(targets[0])
+    ops.refuse_if_running(first, run_name)
     if not no_preflight:
         report = ops.remote_preflight(first, sha, run, ctx.repo, run_name, ["--steps", "5"])
         if report["verdict"] in VERDICT_EXIT and not force:
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
-    train_args = ["--until", str(until)] if until else []
+    train_args = (["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
     started = None
     for rank, host in enumerate(targets):
         rdzv = {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1",
@@ -124,8 +127,8 @@ def status(ctx: Context, run_name: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.argument("run_name")
-@click.option("--grace", type=float, default=120.0, show_default=True,
-              help="Seconds to wait for the trainer's checkpoint (longer than a save).")
+@click.option("--grace", type=Seconds(), default=120.0, show_default=True,
+              help="Seconds to wait for the trainer's checkpoint (longer than a save; at most a day).")
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
 @with_context
 def stop(ctx: Context, run_name: str, grace: float, kill: bool) -> None:
@@ -134,6 +137,10 @@ def stop(ctx: Context, run_name: str, grace: float, kill: bool) -> None:
 
     args = ["stop", ops.check_run_name(run_name), "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
     rep = ctx.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
+    if not rep["was_running"]:
+        click.echo(f"{run_name} is not running ({rep['status']} at step {rep['step']}); nothing to stop. Latest "
+                   f"checkpoint {rep['latest_checkpoint']}")  # fmt: skip
+        return
     click.echo(f"{run_name}: {rep['status']} at step {rep['step']}"
                + (" (killed)" if rep["killed"] else "") + f"; latest checkpoint {rep['latest_checkpoint']}")  # fmt: skip
     if not rep["stopped"]:
@@ -145,7 +152,7 @@ def stop(ctx: Context, run_name: str, grace: float, kill: bool) -> None:
 @click.argument("run_name")
 @click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its exit status.")
 @click.option("--tail", "tail_lines", type=click.IntRange(min=0), default=None, metavar="N", help="Start N lines from the end.")
-@click.option("--read-timeout", type=float, default=60.0, show_default=True,
+@click.option("--read-timeout", type=Seconds(), default=60.0, show_default=True,
               help="Reconnect (from the same byte) when no data arrives for this long.")
 @with_context
 def logs(ctx: Context, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:

@@ -1,44 +1,57 @@
-"""enlace-remote's user-facing errors and exit codes (listed in `enlace-remote --help`)."""
+"""enlace-remote's user-facing errors. Their exit codes come from the one table, enlace/exitcodes.py."""
 
 from __future__ import annotations
 
 import click
 
-EXIT_FAILED = 1  # a remote command or the run failed
-EXIT_USAGE = 2  # bad usage, host or config
-EXIT_VERIFY = 3  # verification failed (dirty tree, ignored files, missing paths on the server)
-EXIT_UNREACHABLE = 4  # host unreachable, authentication failed, unknown or changed host key
-EXIT_OOM = 5  # preflight verdict: out of memory
-EXIT_UNSTABLE = 6  # preflight verdict: fp16 unstable
+from enlace import exitcodes
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0  ok
-  1  a remote command or the run failed (logs -f: the run's own exit code)
-  2  bad usage, host or run config
-  3  verification failed: dirty tree, git-ignored files, something missing on the server
-  4  host unreachable, authentication failed, unknown or changed host key
-  5  preflight: the batch does not fit (oom)
-  6  preflight: fp16 unstable"""
+EXIT_CODES_HELP = exitcodes.help_text()
 
 
 class RemoteError(click.ClickException):
-    exit_code = EXIT_FAILED
+    exit_code = exitcodes.FAILED
 
     def format_message(self) -> str:
         return self.message
 
 
 class UsageError(RemoteError):
-    exit_code = EXIT_USAGE
+    exit_code = exitcodes.USAGE
 
 
 class VerifyError(RemoteError):
-    exit_code = EXIT_VERIFY
+    exit_code = exitcodes.VERIFY
 
 
 class UnreachableError(RemoteError):
-    exit_code = EXIT_UNREACHABLE
+    exit_code = exitcodes.UNREACHABLE
+
+
+class Transient(UnreachableError):
+    """A fault worth retrying: a refused or timed-out connect, a handshake or auth timeout, a killed session.
+    `started`: the command may have begun on the server (then only idempotent commands are retried)."""
+
+    def __init__(self, message: str, started: bool = False):
+        super().__init__(message)
+        self.started = started
+
+
+class AlreadyRunning(RemoteError):
+    exit_code = exitcodes.ALREADY_RUNNING
+
+
+class NoSpace(RemoteError):
+    exit_code = exitcodes.NO_SPACE
+
+
+def for_exit_code(code: int, message: str) -> RemoteError:
+    """The error for a server answer {"ok": false, "error": message, "exit_code": code}: same code here."""
+    by_code = {c.exit_code: c for c in (UsageError, VerifyError, AlreadyRunning, NoSpace)}
+    err = by_code.get(code, RemoteError)(message)
+    if err.__class__ is RemoteError and code in exitcodes.TABLE and code != exitcodes.OK:
+        err.exit_code = code
+    return err
 
 
 class CommandFailed(RemoteError):

@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,7 @@ import click
 
 from orchestrator.errors import RemoteError, UsageError
 from orchestrator.session import Session
+from orchestrator.transport import die_with_us
 
 CKPT_NAME = re.compile(r"step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -34,6 +36,10 @@ STAGING = ".partial-fetch"
 
 class CorruptCheckpoint(RemoteError):
     pass
+
+
+class Vanished(RemoteError):
+    """rsync exit 24: some files vanished on the server while it copied them."""
 
 
 def _safe(name: str, pattern: re.Pattern, what: str) -> str:
@@ -58,7 +64,21 @@ def _already_here(final: Path, files: dict) -> bool:
         return False
 
 
-def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict:
+def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool, attempts: int = 3) -> dict:
+    """Fetch; when a checkpoint vanished on the server mid-transfer (pruned by a live run: rsync exit
+    24), ask for the manifest again and fetch the new set."""
+    for attempt in range(attempts):
+        try:
+            return _fetch_once(session, run_name, dest, all_checkpoints)
+        except Vanished as e:
+            if attempt == attempts - 1:
+                raise RemoteError(f"fetch {run_name}: files kept vanishing on the server during the transfer "
+                                  f"(a live run pruning checkpoints): {e.message}") from None  # fmt: skip
+            click.echo(f"fetch: {e.message}; asking the server for its checkpoints again", err=True)
+    raise AssertionError("unreachable")
+
+
+def _fetch_once(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict:
     m = session.enlace_json("latest", "manifest", run_name)
     if not m["checkpoints"]:
         raise UsageError(f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
@@ -83,7 +103,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
     use_rsync = bool(shutil.which("rsync")) and m.get("rsync", False) and not os.environ.get("ENLACE_FETCH_NO_RSYNC")
     report["method"] = "rsync" if use_rsync else ("copy" if session.host.local else "sftp")
     t0 = time.perf_counter()
-    _transfer(session, m["run_dir"], sizes, staging, use_rsync)
+    _transfer(session, m["run_dir"], sizes, staging, use_rsync, whole=set(m["files"]))
     for ck in todo:
         partial = staging / "checkpoints" / ck["name"]
         _verify(partial, ck["files"], ck["name"])
@@ -118,8 +138,10 @@ def _verify(partial: Path, files: dict, name: str) -> None:
                                     "with --all")  # fmt: skip
 
 
-def _transfer(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, use_rsync: bool) -> None:
-    """Copy run_dir-relative paths `sizes` into `into`, keeping partial files for a rerun."""
+def _transfer(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, use_rsync: bool,
+              whole: set[str]) -> None:  # fmt: skip
+    """Copy run_dir-relative paths `sizes` into `into`, keeping partial checkpoint files for a rerun;
+    the run files in `whole` (the server rewrites them) are never resumed by appending."""
     into.mkdir(parents=True, exist_ok=True)
     if use_rsync:
         return _rsync(session, remote_dir, list(sizes), into)
@@ -129,7 +151,7 @@ def _transfer(session: Session, remote_dir: str, sizes: dict[str, int], into: Pa
         for rel in sizes:
             shutil.copyfile(Path(remote_dir) / rel, into / rel)
         return None
-    return _sftp(session, remote_dir, sizes, into)
+    return _sftp(session, remote_dir, sizes, into, whole)
 
 
 def _rsync(session: Session, remote_dir: str, paths: list[str], into: Path) -> None:
@@ -138,18 +160,25 @@ def _rsync(session: Session, remote_dir: str, paths: list[str], into: Path) -> N
     if t.ssh_argv():
         argv += ["-e", shlex.join(t.ssh_argv())]
     argv += [t.remote_path(remote_dir.rstrip("/") + "/"), str(into) + "/"]
-    p = subprocess.run(argv, input="\n".join(paths) + "\n", text=True, stderr=subprocess.PIPE)
+    # progress (carriage returns) to stderr: stdout stays clean when piped; rsync dies with us
+    p = subprocess.run(argv, input="\n".join(paths) + "\n", text=True, stdout=sys.stderr, stderr=subprocess.PIPE,
+                       preexec_fn=die_with_us)  # fmt: skip
+    if p.returncode == 24:
+        raise Vanished(f"rsync: {p.stderr.strip()[-300:]}")
     if p.returncode != 0:
         raise RemoteError(f"rsync from {session.host.name} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
 
 
-def _sftp(session: Session, remote_dir: str, sizes: dict[str, int], into: Path) -> None:
-    """SFTP fallback with a progress bar; resumes a short local file by appending from its size."""
+def _sftp(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str]) -> None:
+    """SFTP fallback with a progress bar; resumes a short checkpoint file (immutable on the server, and
+    verified against MANIFEST afterwards) by appending from its size; run files are fetched whole."""
     sftp = session.transport.sftp()
     with click.progressbar(length=sum(sizes.values()), label="fetch (sftp)", show_eta=True, show_percent=True,
                            file=click.get_text_stream("stderr")) as bar:  # fmt: skip
         for rel in sizes:
             local = into / rel
+            if rel in whole:
+                local.unlink(missing_ok=True)
             have = local.stat().st_size if local.exists() else 0
             bar.update(have)
             with sftp.open(f"{remote_dir}/{rel}", "rb") as rf, open(local, "ab") as lf:

@@ -34,7 +34,11 @@ def repo_root(start: Path) -> Path:
     if p.returncode != 0:
         raise UsageError(f"{start} is not inside a git repository — enlace-remote ships code with git; run it "
                          "from your enlace checkout")  # fmt: skip
-    return Path(p.stdout.strip())
+    root = Path(p.stdout.strip())
+    if not (root / "scripts" / "remote.sh").is_file() or not (root / "enlace").is_dir():
+        raise UsageError(f"{root} is a git repository but not an enlace checkout (no scripts/remote.sh or enlace/) "
+                         "— run enlace-remote from your enlace checkout")  # fmt: skip
+    return root
 
 
 def ignored_shipped_files(repo: Path) -> list[tuple[str, str]]:

@@ -107,7 +107,7 @@ def resolve_host(name: str, repo: Path) -> Host:
         raise UsageError(f"host {name!r}: {target!r} is neither an ~/.ssh/config alias nor user@host[:port]")
     alias = m.group("host")
     cfg = _ssh_config_lookup(alias)
-    port = int(m.group("port") or entry.get("port") or cfg.get("port") or 22)
+    port = _port(m.group("port") or entry.get("port") or cfg.get("port") or 22, name)
     identity = entry.get("identity_file")
     identities = [identity] if identity else cfg.get("identityfile", [])
     known = entry.get("known_hosts") or (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
@@ -118,6 +118,17 @@ def resolve_host(name: str, repo: Path) -> Host:
         known_hosts=str(Path(known).expanduser()), connect_timeout=float(entry.get("connect_timeout", 10)),
         default_run=entry.get("default_run"),
     )  # fmt: skip
+
+
+def _port(value: Any, name: str) -> int:
+    """A TCP port, 1-65535: anything else is refused before it reaches a socket (which would wrap it)."""
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = -1
+    if isinstance(value, bool) or not 1 <= port <= 65535:
+        raise UsageError(f"host {name}: port {value!r} is not a TCP port — use a number from 1 to 65535")
+    return port
 
 
 def _ssh_config_lookup(alias: str) -> dict[str, Any]:

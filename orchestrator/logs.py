@@ -1,8 +1,10 @@
 """`logs RUN [-f]`: stream train.log from a byte offset; survive dropped connections.
 
-The driver counts the bytes it has written out; after a drop (or a stall past the read
-timeout) it reconnects with backoff and asks the server for the log from exactly that offset —
-no line lost, none repeated.
+The driver counts the bytes it has written out; after a drop, a stall past the read timeout, or a
+failed reconnect (sshd restarting, a lossy network), it reconnects with backoff and asks the server
+for the log from exactly that offset — no line lost, none repeated. It gives up only after
+`give_up_s` seconds without a single successful reconnect. The server sends a newline on stderr
+when the log is quiet, so a long eval is not mistaken for a dead connection.
 """
 
 from __future__ import annotations
@@ -12,20 +14,21 @@ import time
 
 import click
 
-from orchestrator.errors import RemoteError
+from enlace import exitcodes
+from enlace.runs import ended_message
+from orchestrator.errors import RemoteError, Transient
 from orchestrator.session import Session
-
-BACKOFF_S = (0.2, 0.5, 1, 2, 5, 10)
+from orchestrator.transport import backoff
 
 
 def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall_timeout: float = 60,
-               max_failures: int = 20, out=None) -> int:  # fmt: skip
+               give_up_s: float = 600, out=None) -> int:  # fmt: skip
     """Print the log from `offset`; returns the run's exit code with `follow`, else 0."""
     out = out or sys.stdout.buffer
-    failures = 0
+    failures, last_ok = 0, time.monotonic()
     while True:
-        argv = session.argv("enlace", "latest", session.host.python, "logs", run_name, "--offset", str(offset),
-                            *(["--follow"] if follow else []))  # fmt: skip
+        argv = session.enlace_argv("latest", "logs", run_name, "--offset", str(offset),
+                                   *(["--follow"] if follow else []), tied=True)  # fmt: skip
         written = 0
 
         def on_data(chunk: bytes) -> None:
@@ -35,17 +38,23 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
             written += len(chunk)
 
         try:
-            code = session.transport.stream(argv, on_data, stall_timeout)
-        except ConnectionError as e:
+            code = session.transport.stream(argv, on_data, lambda _heartbeat: None, stall_timeout)
+        except Transient as e:
             offset += written
-            failures = 0 if written else failures + 1
-            if failures >= max_failures:
-                raise RemoteError(f"logs {run_name}: gave up after {failures} failed reconnects ({e})") from None
-            delay = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
-            click.echo(f"\n[enlace-remote: connection lost ({e}); reconnecting in {delay}s from byte {offset}]",
-                       err=True)  # fmt: skip
+            if written:
+                failures, last_ok = 0, time.monotonic()
+            if time.monotonic() - last_ok > give_up_s:
+                raise RemoteError(f"logs {run_name}: gave up after {give_up_s:g}s without a working connection "
+                                  f"({e.message}); the run itself is unaffected — rerun `enlace-remote logs "
+                                  f"{run_name} -f`") from None  # fmt: skip
+            delay = backoff(failures)
+            failures += 1
+            click.echo(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]", err=True)
             time.sleep(delay)
             continue
+        if follow and code not in (exitcodes.OK, exitcodes.USAGE):
+            row = session.enlace_json("latest", "runs", run_name)[0]
+            click.echo(f"enlace-remote: {ended_message(row)}", err=True)
         return code
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import click
 
-from orchestrator.errors import CommandFailed, RemoteError, UsageError, VerifyError
+from enlace.exitcodes import VERDICT
+from enlace.runs import ended_message, exit_code_of
+from orchestrator.errors import AlreadyRunning, RemoteError, UsageError, VerifyError, for_exit_code
 from orchestrator.session import Session, check_run_name
 
 
@@ -61,7 +62,7 @@ def choose_run(repo: Path, host, run: str | None) -> str:
 
 def run_name_of(session: Session, sha: str, run: str) -> str:
     """The run_name RUN's config resolves to, asked of the server (its loader is the only schema)."""
-    doc = session.enlace_json(sha, "check-config", run, "--json")
+    doc = session.enlace_json(sha, "check-config", run)
     return check_run_name(doc["run_name"], "run_name")
 
 
@@ -70,35 +71,12 @@ def run_name_of(session: Session, sha: str, run: str) -> str:
 
 def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name: str, extra: list[str]) -> dict:
     """Run `enlace preflight RUN --json` on the server, streaming its progress lines; save the
-    report under the local runs/<run_name>/ and print the table."""
+    report under the local runs/<run_name>/ and print the table. If this client dies, so does the
+    server's preflight (it must not overlap the next one on the GPU)."""
     from enlace.report import format_report
 
-    argv = session.argv("enlace", sha, session.host.python, "preflight", run, "--json", *extra)
-    pending, report_lines, other = b"", [], []
-
-    def on_data(chunk: bytes) -> None:
-        # stderr (progress, "  ..." lines) and stdout (the JSON report, from a line "{") arrive
-        # combined: echo progress as it comes, collect the report.
-        nonlocal pending
-        *lines, pending = (pending + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.decode(errors="replace")
-            if report_lines or line == "{":
-                report_lines.append(line)
-            else:
-                other.append(line)
-                if not line.startswith("Error: "):  # an error is raised below, once
-                    click.echo(line, err=True)
-
-    code = session.transport.stream(argv, on_data, stall_timeout=900, combine_stderr=True)
-    try:
-        report = json.loads("\n".join(report_lines) + pending.decode(errors="replace"))
-    except json.JSONDecodeError:
-        errors = [line.removeprefix("Error: ") for line in other if line.startswith("Error: ")]
-        if errors:  # the trainer's own one-line message (config, device, data)
-            error = UsageError if code == 2 else RemoteError
-            raise error(f"on {session.host.name}: preflight {run}: {errors[-1]}") from None
-        raise CommandFailed(session.host.name, f"enlace preflight {run}", code, "\n".join(other)) from None
+    report = session.stream_json(sha, "preflight", run, *extra, on_progress=lambda line: click.echo(line, err=True),
+                                 stall_timeout=900, ok_codes=(0, *VERDICT.values()))  # fmt: skip
     local = repo / "runs" / run_name
     local.mkdir(parents=True, exist_ok=True)
     (local / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -107,6 +85,20 @@ def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name:
 
 
 # -- launch / status / stop --------------------------------------------------------------------
+
+
+def refuse_if_running(session: Session, run_name: str) -> None:
+    """Before any preflight: a live run is refused at once (its preflight would compete with it)."""
+    rows = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name]
+    if rows and rows[0]["alive"]:
+        raise AlreadyRunning(_running_message(session, rows[0]))
+
+
+def _running_message(session: Session, row: dict) -> str:
+    name = row["run_name"]
+    return (f"{name} is already running on {session.host.name} (pid {row['pid']}, step {row['step']}/"
+            f"{row['max_steps']}, status {row['status']}) — `enlace-remote stop {name}` first, or follow it with "
+            f"`enlace-remote logs {name} -f`")  # fmt: skip
 
 
 def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous: dict | None = None) -> list[str]:
@@ -150,42 +142,38 @@ srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={nproc} --rdzv-backend=c
 
 
 def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str]) -> dict:
-    """Start `python PYARGS` (the trainer, or torchrun) detached on the host; returns remote.sh's answer."""
-    doc = session.call_json("launch", sha, session.host.python, run_name, *pyargs, ok_codes=(0, 3, 5))
-    if doc.get("already_running"):
-        st = session.enlace_json("latest", "runs", run_name, "--json")[0]
-        raise RemoteError(f"{run_name} is already running on {session.host.name} (pid {st['pid']}, step "
-                          f"{st['step']}/{st['max_steps']}, status {st['status']}) — `enlace-remote stop {run_name}` "
-                          "first, or follow it with `enlace-remote logs " + run_name + " -f`")  # fmt: skip
-    if not doc.get("ok"):
-        raise RemoteError(f"launch on {session.host.name}: {doc.get('error')}")
+    """Start `python PYARGS` (the trainer, or torchrun) detached on the host: `enlace start`, which
+    refuses a live run. Not retried after a dropped session (it may have started): a rerun says so."""
+    try:
+        doc = session.enlace_json(sha, "start", run_name, "--", *pyargs, idempotent=False)
+    except AlreadyRunning:
+        row = session.enlace_json("latest", "runs", run_name)[0]
+        raise AlreadyRunning(_running_message(session, row)) from None
     click.echo(f"launched {run_name} on {session.host.name}: pid {doc['pid']}, commit {sha[:12]}", err=True)
     return doc
 
 
+def log_since(session: Session, run_name: str, offset: int) -> str:
+    return session.transport.run(session.enlace_argv("latest", "logs", run_name, "--offset", str(offset)),
+                                 check=False).stdout  # fmt: skip
+
+
 def wait_first_step(session: Session, run_name: str, started: dict, wait_s: float = 600) -> dict:
-    """Wait until the trainer we started (its launch id is in run.json) logged a step, or died:
-    then show its log tail and fail."""
-    offset = started["log_offset"]
-    deadline = time.time() + wait_s
-    while True:
-        st = session.enlace_json("latest", "runs", run_name, "--json")[0]
-        mine = st["launch_id"] == started["launch_id"]
-        if mine and (st["status"] in ("finished", "stopped") or (st["status"] == "running" and st["step"] > 0)):
-            break
-        if not st["alive"]:
-            tail = session.enlace("latest", "logs", run_name, "--offset", str(offset), check=False).stdout
-            raise RemoteError(f"{run_name} failed to start on {session.host.name} (status {st['status']}):\n"
-                              + "\n".join(tail.strip().splitlines()[-20:]))  # fmt: skip
-        if time.time() > deadline:
-            raise RemoteError(f"{run_name}: no step logged within {wait_s:.0f}s; it is still running "
-                              f"(pid {started['pid']})")  # fmt: skip
-        time.sleep(0.3)
-    log = session.enlace("latest", "logs", run_name, "--offset", str(offset), check=False).stdout
-    resumed = [line for line in log.splitlines() if "resumed from" in line]
-    click.echo(f"{run_name}: " + (resumed[0].split(" ", 2)[-1] if resumed else "started from scratch")
-               + f"; step {st['step']}/{st['max_steps']}, status {st['status']}", err=True)  # fmt: skip
-    return st
+    """Wait (on the server, one call) until the trainer we started logged a step or ended; show its
+    phases meanwhile. A run that ended badly fails here with its error and log tail."""
+    row = session.stream_json("latest", "wait", run_name, "--launch-id", started["launch_id"], "--timeout",
+                              str(wait_s), on_progress=lambda line: click.echo(line, err=True),
+                              stall_timeout=wait_s + 60)  # fmt: skip
+    if row["waited"] == "timeout":
+        raise RemoteError(f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
+                          f"running (pid {started['pid']}) — follow it with `enlace-remote logs {run_name} -f`")  # fmt: skip
+    if row["status"] not in ("running", "finished", "stopped"):
+        tail = "\n".join(log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:])
+        raise for_exit_code(exit_code_of(row), f"{ended_message(row)}\n{tail}")
+    how = (f"resumed from checkpoints/{row['resumed_from']}" if row["resumed_from"]
+           else "no complete checkpoint: starting from step 0")  # fmt: skip
+    click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
+    return row
 
 
 def _fmt_s(seconds) -> str:

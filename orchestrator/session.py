@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import CommandFailed, RemoteError, UsageError
+from orchestrator.errors import CommandFailed, UsageError, for_exit_code
 from orchestrator.hosts import Host
-from orchestrator.transport import Result, Transport
+from orchestrator.transport import Transport
 
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SHA_RE = re.compile(r"[0-9a-f]{40}")
@@ -38,60 +39,71 @@ class Session:
     def argv(self, verb: str, *args: str) -> list[str]:
         return ["bash", "-c", self.script, "remote.sh", self.remote_dir or self.host.remote_dir, verb, *args]
 
-    def call(self, verb: str, *args: str, timeout: float = 300, check: bool = True) -> Result:
-        return self.transport.run(self.argv(verb, *args), timeout=timeout, check=check)
+    def enlace_argv(self, sha: str, *args: str, tied: bool = False) -> list[str]:
+        """`python -m enlace ARGS` in trees/SHA ("latest": the newest tree); `tied`: the server side ends
+        (with everything it started) when this client goes away."""
+        return self.argv("enlace", sha, self.host.python, *(["--exit-with-client"] if tied else []), *args)
 
-    def call_json(self, verb: str, *args: str, timeout: float = 300, ok_codes: tuple[int, ...] = (0,)) -> dict[str, Any]:
-        r = self.call(verb, *args, timeout=timeout, check=False)
-        doc = _last_json(r.stdout)
-        if r.exited not in ok_codes and doc is None:
-            raise CommandFailed(self.host.name, f"remote.sh {verb} {' '.join(args)}", r.exited, r.stdout + r.stderr)
-        self._raise_refusal(doc, r.exited, ok_codes)
-        if doc is None:
-            raise RemoteError(f"on {self.host.name}: remote.sh {verb} gave no JSON:\n{(r.stdout + r.stderr)[-1500:]}")
-        doc["_exit"] = r.exited
+    def call_json(self, verb: str, *args: str, timeout: float = 300, ok_codes: tuple[int, ...] = (0,)) -> Any:
+        """A remote.sh verb's one JSON answer."""
+        r = self.transport.run(self.argv(verb, *args), timeout=timeout, check=False)
+        return self._answer(f"remote.sh {verb}", r.stdout, r.stderr, r.exited, ok_codes)
+
+    def enlace_json(self, sha: str, *args: str, timeout: float = 600, ok_codes: tuple[int, ...] = (0,),
+                    idempotent: bool = True) -> Any:  # fmt: skip
+        """`enlace ARGS --json` on the server: its one JSON answer (an error answer raises, with its exit code)."""
+        r = self.transport.run(self.enlace_argv(sha, *_with_json(args)), timeout=timeout, check=False,
+                               idempotent=idempotent)  # fmt: skip
+        return self._answer(f"enlace {args[0]}", r.stdout, r.stderr, r.exited, ok_codes)
+
+    def stream_json(self, sha: str, *args: str, on_progress: Callable[[str], None], stall_timeout: float,
+                    ok_codes: tuple[int, ...] = (0,)) -> Any:  # fmt: skip
+        """Like enlace_json for long verbs (preflight, wait): stderr lines go to on_progress as they come;
+        the server side ends if this client dies."""
+        out, err = bytearray(), bytearray()
+        pending = b""
+
+        def on_stderr(chunk: bytes) -> None:
+            nonlocal pending
+            err.extend(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                if text.strip() and not text.startswith(("Error: ", "Usage: ", "Try ")):  # an error is raised once
+                    on_progress(text)
+
+        code = self.transport.stream(self.enlace_argv(sha, *_with_json(args), tied=True), out.extend, on_stderr,
+                                     stall_timeout)  # fmt: skip
+        return self._answer(f"enlace {args[0]}", out.decode(errors="replace"), err.decode(errors="replace"), code,
+                            ok_codes)  # fmt: skip
+
+    def _answer(self, what: str, stdout: str, stderr: str, exited: int, ok_codes: tuple[int, ...]) -> Any:
+        """The protocol: stdout is exactly one JSON document. {"ok": false, "error": ...} is a refusal,
+        raised with the server's exit code; anything else on stdout is a failure shown with its output."""
+        try:
+            doc = json.loads(stdout)
+        except json.JSONDecodeError:
+            raise CommandFailed(self.host.name, what, exited, stdout + stderr) from None
+        if isinstance(doc, dict) and doc.get("ok") is False and doc.get("error"):
+            raise for_exit_code(doc.get("exit_code", exited), f"on {self.host.name}: {doc['error']}")
+        if exited not in ok_codes:
+            raise CommandFailed(self.host.name, what, exited, stdout + stderr)
         return doc
-
-    def _raise_refusal(self, doc: Any, exited: int, ok_codes: tuple[int, ...]) -> None:
-        """remote.sh's own refusals are JSON {"ok": false, "error": ...}: show that one line."""
-        if exited not in ok_codes and isinstance(doc, dict) and doc.get("ok") is False and doc.get("error"):
-            raise RemoteError(f"on {self.host.name}: {doc['error']}")
 
     def setup(self, sha: str | None = None) -> dict[str, Any]:
         doc = self.call_json("setup", *([sha] if sha else []))
         self.remote_dir = doc["remote_dir"]
         return doc
 
-    def enlace(self, sha: str, *args: str, timeout: float = 600, check: bool = True) -> Result:
-        """`python -m enlace ARGS` in trees/SHA on the server ("latest": the newest tree)."""
-        return self.call("enlace", sha, self.host.python, *args, timeout=timeout, check=check)
-
-    def enlace_json(self, sha: str, *args: str, timeout: float = 600, ok_codes=(0,)) -> Any:
-        r = self.enlace(sha, *args, timeout=timeout, check=False)
-        doc = _last_json(r.stdout)
-        self._raise_refusal(doc, r.exited, ok_codes)
-        if doc is not None and r.exited in ok_codes:
-            return doc
-        if r.exited == 2:  # a user error on the server (e.g. no such run): show its one line
-            err = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
-            raise UsageError(f"on {self.host.name}: {err.removeprefix('Error: ')}")
-        raise CommandFailed(self.host.name, f"enlace {' '.join(args)}", r.exited, r.stdout + r.stderr)
-
     def close(self) -> None:
         self.transport.close()
 
 
-def _last_json(text: str) -> Any:
-    """`text` as JSON, or its last line that parses as JSON (after progress lines)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith(("{", "[")):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    return None
+def _with_json(args: tuple[str, ...]) -> tuple[str, ...]:
+    """ARGS with --json, before a `--` (after it, arguments belong to the command being started)."""
+    if "--json" in args:
+        return args
+    if "--" in args:
+        i = args.index("--")
+        return (*args[:i], "--json", *args[i:])
+    return (*args, "--json")

@@ -1,24 +1,41 @@
 """The only module that talks SSH. One connection per enlace-remote invocation, reused.
 
-`Transport.run(argv)` runs a command on the host: argv is shlex-joined into one command string
-(every element quoted; callers validate names first). `SSHTransport` uses fabric/paramiko with
-host keys checked against known_hosts (RejectPolicy: fabric's default AutoAddPolicy would accept
-unknown and changed keys silently), TCP_NODELAY and keepalive on, a timeout on every call.
-`LocalTransport` runs the same argv on this machine (the `local` host).
-git and rsync use the system `ssh` with the same host, port, identity and strict checking.
+`Transport.run(argv)` runs a command on the host and returns its stdout, stderr and exit code;
+`Transport.stream(argv, ...)` passes stdout and stderr bytes to two callbacks as they arrive. argv is
+shlex-joined into one command string (every element quoted; callers validate names first).
+`SSHTransport` uses fabric/paramiko with host keys checked against known_hosts (RejectPolicy:
+fabric's default AutoAddPolicy would accept unknown and changed keys silently), TCP_NODELAY and
+keepalive on, a timeout on every call. `LocalTransport` runs the same argv on this machine.
+
+Transient faults — a refused or timed-out connect, a handshake or auth *timeout* on a lossy network,
+a killed session — raise `Transient`; `run` retries them with bounded backoff (saying so on stderr),
+a rejected key or password never. git and rsync use the system `ssh` with the same host, port,
+identity and strict checking.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import logging
+import os
+import select
+import selectors
 import shlex
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import CommandFailed, UnreachableError
+import click
+
+from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError
 from orchestrator.hosts import Host, ssh_config_file
+
+BACKOFF_S = (0.5, 1, 2, 4, 8, 10)
+OnData = Callable[[bytes], None]
 
 
 @dataclass
@@ -28,16 +45,41 @@ class Result:
     exited: int
 
 
+def backoff(attempt: int) -> float:
+    return BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+
+
 class Transport:
     host: Host
+    retry_s: float = 90.0  # how long `run` keeps retrying transient faults once the host has answered
+    first_attempts: int = 3  # a host that never answered in this invocation: likely down or misnamed
+    answered: bool = False
 
-    def run(self, argv: list[str], timeout: float = 120, check: bool = True) -> Result:
+    def run(self, argv: list[str], timeout: float = 120, check: bool = True, idempotent: bool = True) -> Result:
+        """Run argv; transient faults are retried for up to retry_s (first_attempts tries while the host has
+        not answered yet). A command that is not idempotent is retried only when it provably never started."""
+        attempt, deadline = 0, time.monotonic() + self.retry_s
+        while True:
+            try:
+                result = self._check(argv, self._run_once(argv, timeout, idempotent), check)
+                self.answered = True
+                return result
+            except Transient as e:
+                out_of_tries = attempt + 1 >= self.first_attempts if not self.answered else time.monotonic() > deadline
+                if out_of_tries or (e.started and not idempotent):
+                    raise
+                delay = backoff(attempt)
+                attempt += 1
+                click.echo(f"enlace-remote: {self.host.name}: {e.message}; retrying in {delay:g}s", err=True)
+                time.sleep(delay)
+
+    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
         raise NotImplementedError
 
-    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float,
-               combine_stderr: bool = False) -> int:  # fmt: skip
-        """Run argv, passing stdout (and stderr if combined) bytes to on_data as they arrive;
-        returns the exit code. Raises ConnectionError when the connection drops or stalls."""
+    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        """Run argv, passing stdout and stderr bytes to the callbacks as they arrive; returns the exit
+        code. The command's stdin stays open while we live (`enlace --exit-with-client` ends the server
+        side when it closes). Raises Transient when the connection drops or stalls."""
         raise NotImplementedError
 
     def ssh_argv(self) -> list[str]:
@@ -53,34 +95,54 @@ class Transport:
 
     def _check(self, argv: list[str], result: Result, check: bool) -> Result:
         if check and result.exited != 0:
-            raise CommandFailed(self.host.name, _short(argv), result.exited, result.stdout + result.stderr)
+            raise CommandFailed(self.host.name, short(argv), result.exited, result.stdout + result.stderr)
         return result
 
 
-def _short(argv: list[str]) -> str:
+def die_with_us() -> None:
+    """preexec_fn for local helpers (rsync, git): the kernel SIGTERMs them when enlace-remote dies,
+    even by SIGKILL, so none goes on writing into a staging dir nobody will read."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def short(argv: list[str]) -> str:
     """The command for error messages, without the inlined remote.sh text."""
-    shown = ["<remote.sh>" if len(a) > 200 else a for a in argv]
-    return shlex.join(shown)
+    return shlex.join(["<remote.sh>" if len(a) > 200 else a for a in argv])
 
 
 class LocalTransport(Transport):
     def __init__(self, host: Host):
         self.host = host
 
-    def run(self, argv: list[str], timeout: float = 120, check: bool = True) -> Result:
+    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
-            raise CommandFailed("local", _short(argv), -1, f"timed out after {timeout}s\n{e.stdout or ''}") from None
-        return self._check(argv, Result(p.stdout, p.stderr, p.returncode), check)
+            raise CommandFailed("local", short(argv), -1, f"timed out after {timeout}s\n{e.stdout or ''}") from None
+        return Result(p.stdout, p.stderr, p.returncode)
 
-    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float,
-               combine_stderr: bool = False) -> int:  # fmt: skip
-        err = subprocess.STDOUT if combine_stderr else None
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL) as p:
-            while chunk := p.stdout.read1(1 << 16):
-                on_data(chunk)
-            return p.wait()
+    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        # Its own session (a server-side `killpg` never reaches us); stdin a pipe we never write, which
+        # closes when this process dies, however it dies.
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True) as p, selectors.DefaultSelector() as sel:  # fmt: skip
+            sel.register(p.stdout, selectors.EVENT_READ, on_stdout)
+            sel.register(p.stderr, selectors.EVENT_READ, on_stderr)
+            try:
+                while sel.get_map():
+                    for key, _ in sel.select():
+                        chunk = os.read(key.fd, 1 << 16)
+                        if chunk:
+                            key.data(chunk)
+                        else:
+                            sel.unregister(key.fileobj)
+                return p.wait()
+            finally:
+                if p.poll() is None:
+                    p.kill()
 
 
 class AcceptNewHostKey:
@@ -98,10 +160,16 @@ class AcceptNewHostKey:
             fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+def fingerprint(key) -> str:
+    """`SHA256:...` as `ssh-keygen -l` prints it."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
 class SSHTransport(Transport):
     def __init__(self, host: Host, accept_new_host_key: bool = False):
         self.host, self.accept_new = host, accept_new_host_key
         self._conn = None
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks precede our own clean error
 
     # -- connection -------------------------------------------------------------------------
     def _connection(self):
@@ -125,67 +193,101 @@ class SSHTransport(Transport):
             conn.open()
         except paramiko.BadHostKeyException as e:
             raise UnreachableError(
-                f"{where}: the host key has CHANGED (now {e.key.get_name()} {e.key.get_fingerprint().hex()}) — "
-                f"refusing to connect: this may be an attack. If the server was really reinstalled, remove the old "
-                f"key with: ssh-keygen -R {shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}") from None
+                f"{where}: the host key has CHANGED (the server now offers {e.key.get_name()} {fingerprint(e.key)}, "
+                f"known_hosts has {fingerprint(e.expected_key)}) — refusing to connect: this may be an attack. If the "
+                f"server was really reinstalled, remove the old key with: ssh-keygen -R "
+                f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}") from None
         except paramiko.AuthenticationException as e:
-            raise UnreachableError(f"{where}: authentication failed ({e}); keys tried: "
+            if "timeout" in str(e).lower() or "EOF" in str(e):  # the network, not the credentials
+                raise Transient(f"{where}: the SSH handshake did not complete ({e})") from None
+            raise UnreachableError(f"{where}: authentication rejected ({e}); keys tried: "
                                    f"{', '.join(h.identity_files) or 'ssh-agent / ~/.ssh/id_*'}") from None  # fmt: skip
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
-                raise UnreachableError(
-                    f"{where}: unknown host key (not in {h.known_hosts}) — check the server's fingerprint, then trust "
-                    f"it with: ssh-keyscan -p {h.port} {h.hostname} >> {shlex.quote(h.known_hosts)}  "
-                    f"(or rerun with --accept-new-host-key)") from None
-            raise UnreachableError(f"{where}: SSH failed: {e}") from None
-        except (TimeoutError, OSError) as e:
+                raise UnreachableError(self._unknown_key_message(where)) from None
+            raise Transient(f"{where}: SSH handshake failed ({e})") from None
+        except socket.gaierror as e:
+            raise UsageError(f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}) — it is in no "
+                             "hosts.yaml nor ssh config; `enlace-remote hosts` lists the known hosts") from None  # fmt: skip
+        except (TimeoutError, OSError, EOFError) as e:
             reason = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else (e.strerror or str(e))
-            raise UnreachableError(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
+            raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
         transport = conn.client.get_transport()
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # ≈45 → 13 ms per command
         transport.set_keepalive(15)
         self._conn = conn
         return conn
 
+    def _unknown_key_message(self, where: str) -> str:
+        h = self.host
+        offered = ""
+        try:  # what the server offers, so the user can compare it with the fingerprint they were given
+            import paramiko
+
+            with socket.create_connection((h.hostname, h.port), timeout=h.connect_timeout) as sock:
+                t = paramiko.Transport(sock)
+                t.start_client(timeout=h.connect_timeout)
+                key = t.get_remote_server_key()
+                offered = f" The server offers {key.get_name()} {fingerprint(key)}."
+                t.close()
+        except Exception:  # the fingerprint is a courtesy: the refusal stands without it
+            pass
+        return (f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
+                f"fingerprint, then trust it with: ssh-keyscan -p {h.port} {h.hostname} >> "
+                f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)")  # fmt: skip
+
+    def _dropped(self, e: BaseException, started: bool) -> Transient:
+        self._conn = None
+        return Transient(f"{self.host.name}: connection lost ({str(e) or type(e).__name__})", started=started)
+
     # -- commands ---------------------------------------------------------------------------
-    def run(self, argv: list[str], timeout: float = 120, check: bool = True) -> Result:
+    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
+        import paramiko
         from invoke.exceptions import CommandTimedOut
 
         conn = self._connection()
         try:
             r = conn.run(shlex.join(argv), hide=True, warn=True, timeout=timeout, in_stream=False)
         except CommandTimedOut:
-            raise CommandFailed(self.host.name, _short(argv), -1, f"timed out after {timeout}s") from None
-        return self._check(argv, Result(r.stdout, r.stderr, r.exited), check)
+            raise CommandFailed(self.host.name, short(argv), -1, f"timed out after {timeout}s") from None
+        except (EOFError, OSError, paramiko.SSHException) as e:
+            raise self._dropped(e, started=True) from None
+        if r.exited == -1:  # the session ended without an exit status: killed under us
+            raise self._dropped(ConnectionError("the session ended without an exit status"), started=True)
+        return Result(r.stdout, r.stderr, r.exited)
 
-    def stream(self, argv: list[str], on_data: Callable[[bytes], None], stall_timeout: float,
-               combine_stderr: bool = False) -> int:  # fmt: skip
+    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        import paramiko
+
         try:
             chan = self._connection().client.get_transport().open_session()
-        except (EOFError, OSError) as e:  # the transport died under us (e.g. the session was killed)
-            self._conn = None
-            raise ConnectionError(str(e) or type(e).__name__) from None
+        except (EOFError, OSError, paramiko.SSHException) as e:  # the transport died under us
+            raise self._dropped(e, started=False) from None
         try:
-            chan.set_combine_stderr(combine_stderr)
-            chan.settimeout(stall_timeout)
             chan.exec_command(shlex.join(argv))
-            while True:
-                try:
-                    chunk = chan.recv(1 << 16)
-                except TimeoutError:
-                    raise ConnectionError(f"no data for {stall_timeout}s") from None
-                if not chunk:
-                    break
-                on_data(chunk)
-            if not chan.exit_status_ready() and chan.closed:
-                raise ConnectionError("connection closed before the command ended")
+            quiet_since = time.monotonic()
+            while not (chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready()):
+                got = False
+                if chan.recv_ready():
+                    on_stdout(chan.recv(1 << 16))
+                    got = True
+                if chan.recv_stderr_ready():
+                    on_stderr(chan.recv_stderr(1 << 16))
+                    got = True
+                if got:
+                    quiet_since = time.monotonic()
+                    continue
+                if chan.closed or not chan.get_transport().is_active():
+                    raise ConnectionError("connection closed before the command ended")
+                if time.monotonic() - quiet_since > stall_timeout:
+                    raise ConnectionError(f"no data for {stall_timeout:g}s")
+                select.select([chan], [], [], 0.2)  # the channel's fileno wakes us on stdout/stderr data or EOF
             status = chan.recv_exit_status()
             if status == -1:
                 raise ConnectionError("the session ended without an exit status")
             return status
-        except (EOFError, OSError) as e:
-            self._conn = None
-            raise ConnectionError(str(e) or type(e).__name__) from None
+        except (EOFError, OSError, paramiko.SSHException) as e:
+            raise self._dropped(e, started=True) from None
         finally:
             chan.close()
 
@@ -210,7 +312,14 @@ class SSHTransport(Transport):
         return f"ssh://{user}{self.host.hostname}:{self.host.port}{path}"
 
     def sftp(self):
-        return self._connection().sftp()
+        import paramiko
+
+        try:
+            return self._connection().sftp()
+        except paramiko.SSHException as e:
+            raise UnreachableError(
+                f"{self.host.name}: the server offers no SFTP ({e}) and fetch needs rsync or SFTP — install rsync "
+                "on the server, or enable `Subsystem sftp internal-sftp` in its sshd_config") from None  # fmt: skip
 
     def close(self) -> None:
         if self._conn is not None:

@@ -1,43 +1,45 @@
 #!/usr/bin/env bash
-# enlace server-side entry point. The driver (enlace-remote) runs it over SSH; it needs only
-# bash, git and python. Before the first sync the driver pipes this file to `bash -s`; after
-# that it runs the copy inside the checked-out tree of the commit it is working with.
+# enlace server-side entry point. The driver (enlace-remote) runs this very file, inlined as
+# `bash -c <this text> remote.sh REMOTE_DIR VERB ARGS...`, so the server needs nothing but bash, git
+# and python before the first sync, and driver and script never disagree. It does only what must
+# happen before the tree's Python exists, then hands over to `python -m enlace`:
 #
-#   remote.sh REMOTE_DIR setup [SHA]              create repo.git, data/, runs/, trees/   (JSON)
-#   remote.sh REMOTE_DIR checkout SHA [PYTHON]    trees/SHA: a checkout of SHA with data/ and
-#                                                 runs/ linked to the shared dirs; idempotent (JSON)
-#   remote.sh REMOTE_DIR env SHA PYTHON           the python to use: PYTHON itself, or `venv`
-#                                                 (built once per pyproject+constraints hash) (JSON)
-#   remote.sh REMOTE_DIR verify SHA PYTHON RUN [--for-launch]     the arrival checklist (JSON)
-#   remote.sh REMOTE_DIR enlace SHA|latest PYTHON ARGS...         exec python -m enlace ARGS
-#   remote.sh REMOTE_DIR launch SHA PYTHON RUN_NAME PYARGS...     start `python PYARGS` detached (JSON);
-#                                                 PYARGS: -m enlace train RUN ... or -m torch.distributed.run ...
+#   remote.sh REMOTE_DIR setup [SHA]               create repo.git, data/, runs/, trees/
+#   remote.sh REMOTE_DIR checkout SHA [PYTHON]     trees/SHA: a checkout of SHA with data/ and runs/
+#                                                  linked to the shared dirs; idempotent; resolves PYTHON
+#   remote.sh REMOTE_DIR verify SHA PYTHON RUN [--for-launch]   the arrival checklist
+#   remote.sh REMOTE_DIR enlace SHA|latest PYTHON ARGS...       exec python -m enlace ARGS in trees/SHA
 #
-# Every argument arrives shlex-quoted from the driver, which validated SHA and run names first.
+# Every verb answers with exactly one JSON document on stdout (progress goes to stderr); JSON is
+# written by python's json module, never by printf. Run state (already running, crashed, ...) is
+# decided in enlace/runs.py, not here. Every argument arrives shlex-quoted from the driver, which
+# validated SHA and run names first; this script checks them again.
 set -euo pipefail
 
-die() { printf '{"ok": false, "error": "%s"}\n' "$*"; exit 3; }
+# Exit codes: the values of enlace/exitcodes.py (a test checks that they match).
+EXIT_USAGE=2
+EXIT_VERIFY=3
 
-[ $# -ge 2 ] || { echo "usage: remote.sh REMOTE_DIR VERB [ARGS...]" >&2; exit 2; }
+sys_python() { command -v python3 || command -v python; }
+json_out() {  # KEY VALUE ...: one JSON object; a KEY ending in :json takes VALUE as a JSON literal
+  local py; py=$(sys_python) || { echo '{"ok": false, "error": "no python3 on the server: install python3"}'; return; }
+  "$py" -c 'import json, sys
+a = sys.argv[1:]
+print(json.dumps({k.removesuffix(":json"): json.loads(v) if k.endswith(":json") else v for k, v in zip(a[::2], a[1::2])}))' "$@"
+}
+die() { json_out ok:json false error "$1"; exit "${2:-$EXIT_VERIFY}"; }
+
+[ $# -ge 2 ] || { echo "usage: remote.sh REMOTE_DIR VERB [ARGS...]" >&2; exit $EXIT_USAGE; }
 RD=$1; VERB=$2; shift 2
 case $RD in "~") RD=$HOME ;; "~/"*) RD="$HOME/${RD#\~/}" ;; esac
-mkdir -p "$RD"
+mkdir -p "$RD" 2>/dev/null || die "cannot create remote_dir $RD on the server (permission denied?) — set remote_dir: in hosts.yaml to a directory you can write, e.g. ~/enlace" $EXIT_USAGE
 RD=$(cd "$RD" && pwd)
 
-NO_PYTHON="no usable python on the server: set python: in hosts.yaml to one with torch, or venv"
-check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1"; }
+check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1" $EXIT_USAGE; }
 newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer)
   local t; t=$(ls -1t "$RD"/trees/*/.enlace-ready 2>/dev/null | head -n 1)
   [ -n "$t" ] || return 1
   basename "$(dirname "$t")"
-}
-check_name() { [[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ ]] || die "not a valid run name: $1"; }
-
-alive() {  # PID: a live (not zombie) enlace/torchrun process — a reused pid does not count
-  local pid=$1 state
-  [ -r "/proc/$pid/stat" ] || return 1
-  state=$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1)
-  [ "$state" != Z ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE 'enlace|torchrun'
 }
 
 resolve_python() {  # SHA PYTHON -> prints the interpreter path (status 1 if there is none)
@@ -51,13 +53,15 @@ resolve_python() {  # SHA PYTHON -> prints the interpreter path (status 1 if the
   if [ ! -x "$venv/bin/python" ]; then
     local tmp=$RD/venvs/.tmp-$key-$$
     mkdir -p "$RD/venvs"; rm -rf "$tmp"
-    python3 -m venv "$tmp" >&2
+    echo "building the server's venv $venv from constraints.txt (torch is large: minutes)" >&2
+    "$(sys_python)" -m venv "$tmp" >&2
     "$tmp/bin/python" -m pip install -q -c "$tree/constraints.txt" torch numpy pyyaml click >&2 \
       || { rm -rf "$tmp"; return 1; }
     mv "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another sync may have won the race
   fi
   echo "$venv/bin/python"
 }
+NO_PYTHON="no usable python on the server: set python: in hosts.yaml to one with torch, or venv"
 
 case $VERB in
   setup)
@@ -65,10 +69,10 @@ case $VERB in
     [ -d "$RD/repo.git" ] || git init -q --bare "$RD/repo.git"
     have=false
     if [ $# -ge 1 ]; then check_sha "$1"; [ -f "$RD/trees/$1/.enlace-ready" ] && have=true; fi
-    printf '{"ok": true, "remote_dir": "%s", "have_tree": %s, "rsync": %s}\n' "$RD" "$have" \
-      "$(command -v rsync >/dev/null && echo true || echo false)"
+    rsync=false; command -v rsync >/dev/null && rsync=true
+    json_out ok:json true remote_dir "$RD" have_tree:json "$have" rsync:json "$rsync"
     ;;
-  checkout)  # SHA [PYTHON]: also resolves the python (saves the driver a round trip)
+  checkout)
     sha=$1; check_sha "$sha"
     tree=$RD/trees/$sha
     if [ ! -f "$tree/.enlace-ready" ]; then
@@ -83,47 +87,23 @@ case $VERB in
     fi
     py=""
     if [ $# -ge 2 ]; then py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; fi
-    printf '{"ok": true, "tree": "%s", "head": "%s", "python": "%s"}\n' "$tree" "$(git -C "$tree" rev-parse HEAD)" "$py"
-    ;;
-  env)
-    check_sha "$1"
-    py=$(resolve_python "$1" "$2") || die "$NO_PYTHON"
-    printf '{"ok": true, "python": "%s"}\n' "$py"
+    json_out ok:json true tree "$tree" head "$(git -C "$tree" rev-parse HEAD)" python "$py"
     ;;
   verify)
-    sha=$1; py=$(resolve_python "$1" "$2") || die "$NO_PYTHON"; shift 2
+    sha=$1; check_sha "$sha"
     tree=$RD/trees/$sha
     [ -d "$tree" ] || die "commit $sha is not checked out on the server: run enlace-remote sync"
+    py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
     cd "$tree" && exec "$py" scripts/verify_tree.py "$sha" "$@"
     ;;
   enlace)
     sha=$1
     if [ "$sha" = latest ]; then
-      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first"
+      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first" $EXIT_USAGE
     fi
     check_sha "$sha"; py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
     cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD exec "$py" -m enlace "$@"
     ;;
-  launch)
-    sha=$1; check_sha "$sha"; py=$(resolve_python "$1" "$2") || die "$NO_PYTHON"; name=$3; check_name "$name"; shift 3
-    run_dir=$RD/runs/$name
-    mkdir -p "$run_dir"
-    exec 9>"$RD/runs/.$name.lock"
-    flock -n 9 || die "another launch of $name is in progress"
-    if [ -f "$run_dir/launch.pid" ] && alive "$(cat "$run_dir/launch.pid")"; then
-      printf '{"ok": false, "already_running": true, "pid": %s}\n' "$(cat "$run_dir/launch.pid")"; exit 5
-    fi
-    cd "$RD/trees/$sha"
-    offset=$(stat -c %s "$run_dir/train.log" 2>/dev/null || echo 0)
-    launch_id=$(date +%s%N)-$$  # the trainer records it in run.json: the driver knows its own launch
-    # setsid: its own session and process group (stop signals the group); all three streams
-    # redirected, so the trainer survives the SSH session that started it.
-    ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD ENLACE_LAUNCH_ID=$launch_id PYTHONPATH=$PWD PYTHONUNBUFFERED=1 \
-      setsid nohup "$py" "$@" >>"$run_dir/train.log" 2>&1 </dev/null 9>&- &
-    pid=$!
-    echo "$pid" > "$run_dir/launch.pid"
-    printf '{"ok": true, "pid": %s, "log_offset": %s, "commit": "%s", "launch_id": "%s"}\n' "$pid" "$offset" "$sha" "$launch_id"
-    ;;
   *)
-    echo "remote.sh: unknown verb '$VERB'" >&2; exit 2 ;;
+    echo "remote.sh: unknown verb '$VERB'" >&2; exit $EXIT_USAGE ;;
 esac

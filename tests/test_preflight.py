@@ -37,7 +37,7 @@ def test_report_has_every_figure_and_needs_no_corpus(project):
 def test_batch_that_does_not_fit_is_oom_exit_3_with_phase(project):
     write_run(project, "big", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 64})
     out, rep = _preflight(project, "big", "--memory-limit", "600MiB")
-    assert out.returncode == 3 and "Traceback" not in out.stderr
+    assert out.returncode == 5 and "Traceback" not in out.stderr
     assert rep["verdict"] == "oom" and rep["oom_phase"] in ("forward", "backward", "optimizer step", "eval", "save")
     assert "batch_size" in rep["suggestion"]
 
@@ -46,7 +46,7 @@ def test_fp16_with_absurd_scale_is_unstable_exit_4(project):
     # torch's CPU backend supports fp16 autocast + GradScaler (torch 2.13): no skip needed.
     write_run(project, "fp16", runtime={"precision": "fp16", "fp16_init_scale": 2.0**40})
     out, rep = _preflight(project, "fp16")
-    assert out.returncode == 4, out.stderr
+    assert out.returncode == 6, out.stderr
     assert rep["verdict"] == "unstable" and rep["fp16"]["skip_rate"] > 0.5
     assert rep["fp16"]["final_scale"] < 2.0**40  # the scaler halved on every skipped step
 

@@ -15,7 +15,7 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     rd = sshd.dir.parent / "remote-testhost"
     tiny_corpus(rd)
     out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--gpus", "2")
-    assert "started from scratch" in out.stderr
+    assert "no complete checkpoint: starting from step 0" in out.stderr
     time.sleep(2)
     st = json.loads(remote(user_repo, sshd.env, "status", "long", "--json").stdout)[0]
     assert st["status"] == "running" and st["alive"]

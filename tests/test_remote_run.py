@@ -62,7 +62,7 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
     assert "verdict" in out.stdout and "OK" in out.stdout
     assert json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["verdict"] == "ok"
     out = remote(user_repo, sshd.env, "launch", "--no-preflight", host=host)  # RUN from the host's default_run
-    assert "run: tiny (default_run" in out.stderr and "started from scratch" in out.stderr
+    assert "run: tiny (default_run" in out.stderr and "no complete checkpoint: starting from step 0" in out.stderr
     logs = remote(user_repo, sshd.env, "logs", "tiny", "-f", host=host)
     server_run = _rd(sshd, host) / "runs" / "tiny"
     assert logs.stdout.encode() == (server_run / "train.log").read_bytes()
@@ -90,7 +90,8 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
 def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo):
     tiny_corpus(_rd(sshd, "testhost"))
     client = _popen_remote(user_repo, sshd, "launch", "long", "--no-preflight", "--follow")
-    _wait((_rd(sshd, "testhost") / "runs" / "long" / "launch.pid").exists, what="launch")
+    run_json = _rd(sshd, "testhost") / "runs" / "long" / "run.json"
+    _wait(lambda: run_json.exists() and json.loads(run_json.read_text()).get("launcher_pid"), what="launch")
     client.kill()  # mid-launch: the trainer was started detached
     client.wait()
     _wait(lambda: _status(user_repo, sshd, "testhost", "long")["step"] >= 3, what="steps after the client died")
@@ -128,7 +129,7 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     codes = sorted(c.wait(timeout=120) for c in clients)
     assert codes[0] == 0 and codes[1] != 0, codes
     again = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", check=False)
-    assert again.returncode == 1 and "already running" in again.stderr and "step" in again.stderr
+    assert again.returncode == 7 and "already running" in again.stderr and "step" in again.stderr
     pids = subprocess.run(["pgrep", "-f", "enlace train long"], capture_output=True, text=True).stdout.split()
     assert len(pids) == 1, pids
     remote(user_repo, sshd.env, "stop", "long")

@@ -146,6 +146,6 @@ def test_server_side_refusals_are_one_clear_line(sshd, user_repo, tmp_path):
     hosts.write_text(f"hosts:\n  local: {{remote_dir: {tmp_path}/fresh, python: /nonexistent/python}}\n")
     env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
     out = remote(user_repo, env, "status", host="local", check=False)
-    assert out.returncode == 1 and "nothing has been synced" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "nothing has been synced" in out.stderr and "Traceback" not in out.stderr
     out = remote(user_repo, env, "sync", host="local", check=False)
-    assert out.returncode == 1 and "no usable python on the server" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 3 and "no usable python on the server" in out.stderr and "Traceback" not in out.stderr

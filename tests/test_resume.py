@@ -104,7 +104,7 @@ def test_keep_bounds_checkpoints_and_resume_flag(project):
     out = enlace(project, "train", "keep")
     ckpts = sorted(p.name for p in (project / "runs" / "keep" / "checkpoints").iterdir())
     assert ckpts == ["latest", "step-000005", "step-000006"]
-    assert "starting from scratch" in out.stdout
+    assert "no complete checkpoint: starting from step 0" in out.stdout
     out = enlace(project, "train", "keep", "--resume", str(project / "runs" / "keep" / "checkpoints" / "step-000005"))
     assert "resumed from checkpoints/step-000005 at step 5" in out.stdout
     bad = enlace(project, "train", "keep", "--resume", str(project / "nowhere"), check=False)

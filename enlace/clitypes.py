@@ -1,0 +1,22 @@
+"""click parameter types both command lines use (torch-free: the driver imports them)."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+
+class Seconds(click.ParamType):
+    """A duration in seconds: finite, above 0, at most a day (nan, inf and negatives are refused)."""
+
+    name = "SECONDS"
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or not 0 < seconds <= 86400:
+            self.fail(f"{value!r}: give a number of seconds above 0 and at most 86400 (a day)", param, ctx)
+        return seconds

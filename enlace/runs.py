@@ -1,0 +1,264 @@
+"""A run's state: the one module that writes run.json, owns the status type and decides liveness.
+
+Everything that asks "is this run alive?", "is it already running?", "did it crash?", "has it
+reached its first step?" or "what should `logs -f` exit with?" asks this module, on the server,
+in Python. A process is identified by its pid *and* its start time (/proc/PID/stat field 22,
+recorded when it started), so a reused pid or an unrelated process never counts as the run.
+
+run.json (written only here, under a lock, replaced atomically):
+    status, pid + pid_start (the trainer, rank 0), launcher_pid + launcher_start (what `start`
+    spawned: the trainer or torchrun), launch_id, phase, step, max_steps, loss, val_bpb, tokens,
+    tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from
+Stdlib only: the driver's server verbs answer without importing torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from enlace import exitcodes
+from enlace.errors import EnlaceError
+
+
+class Status(str, enum.Enum):
+    STARTING = "starting"  # launched; the trainer has not logged its first step yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # a stop was requested; the trainer is finishing its step and checkpointing
+    STOPPED = "stopped"  # ended cleanly before max_steps (stop, SIGTERM, --until); resumable
+    FINISHED = "finished"  # reached max_steps
+    FAILED = "failed"  # ended with an error it reported (config, checkpoint, disk full, exception)
+    CRASHED = "crashed"  # the process vanished without writing a final status (SIGKILL, OOM killer)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ACTIVE = frozenset({Status.STARTING, Status.RUNNING, Status.STOPPING})
+ENDED_CLEANLY = frozenset({Status.STOPPED, Status.FINISHED})
+
+
+class AlreadyRunning(EnlaceError):
+    exit_code = exitcodes.ALREADY_RUNNING
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def proc_start(pid: int | None) -> int | None:
+    """The start time of `pid` (clock ticks after boot, /proc/PID/stat field 22), None if gone or a zombie."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])  # fields[0] is field 3 (state)
+
+
+def proc_alive(pid: int | None, start: int | None) -> bool:
+    """True only for the very process that was recorded: same pid, same start time, not a zombie."""
+    return start is not None and proc_start(pid) == start
+
+
+# -- run.json ----------------------------------------------------------------------------------
+
+
+def read(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to a temp file, fsync, rename over `path`; the temp file never outlives a failure."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path, blocking: bool = True, name: str = ".run.json.lock"):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / name, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise AlreadyRunning(f"another launch of {run_dir.name} is in progress") from None
+        yield
+
+
+def update(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Merge `fields` into run.json (read-modify-write under a lock: the trainer and `stop` both write)."""
+    fields = {k: (v.value if isinstance(v, Status) else v) for k, v in fields.items()}
+    with _locked(run_dir):
+        state = read(run_dir)
+        state.update(fields, updated_at=time.time())
+        atomic_write(run_dir / "run.json", json.dumps(state, indent=1) + "\n")
+    return state
+
+
+def record_self(run_dir: Path, **fields: Any) -> None:
+    """The trainer (rank 0) records itself: its pid and start time identify the run from now on."""
+    update(run_dir, pid=os.getpid(), pid_start=proc_start(os.getpid()), **fields)
+
+
+# -- what a run is doing -----------------------------------------------------------------------
+
+
+def alive(state: dict[str, Any]) -> bool:
+    return proc_alive(state.get("pid"), state.get("pid_start")) or \
+        proc_alive(state.get("launcher_pid"), state.get("launcher_start"))  # fmt: skip
+
+
+def status_of(state: dict[str, Any], is_alive: bool) -> Status:
+    """The recorded status, except that an active run whose processes are gone has crashed."""
+    try:
+        recorded = Status(state.get("status", "crashed"))
+    except ValueError:
+        recorded = Status.CRASHED
+    if recorded in ACTIVE and not is_alive:
+        return Status.CRASHED
+    return recorded
+
+
+def observe(run_dir: Path) -> dict[str, Any]:
+    """One row of `status`: run.json with liveness applied and the newest complete checkpoint."""
+    from enlace.checkpoint import latest_checkpoint
+
+    st = read(run_dir)
+    is_alive = alive(st)
+    status = status_of(st, is_alive)
+    now = time.time()
+    started = st.get("started_at")
+    end = now if status in ACTIVE else st.get("updated_at", now)
+    step, max_steps = st.get("step", 0), st.get("max_steps")
+    eta = None
+    if status == Status.RUNNING and st.get("tokens_per_s") and step and max_steps:
+        eta = (max_steps - step) * (st.get("tokens", 0) / step) / st["tokens_per_s"]
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    return {"run_name": run_dir.name, "status": status.value, "alive": is_alive, "pid": st.get("pid"),
+            "phase": st.get("phase"), "step": step, "max_steps": max_steps, "loss": st.get("loss"),
+            "val_bpb": st.get("val_bpb"), "tokens_per_s": st.get("tokens_per_s"),
+            "elapsed_s": (end - started) if started else None, "eta_s": eta, "commit": st.get("commit"),
+            "exit_code": st.get("exit_code"), "error": st.get("error"), "resumed_from": st.get("resumed_from"),
+            "latest_checkpoint": latest.name if latest else None, "launch_id": st.get("launch_id")}  # fmt: skip
+
+
+def exit_code_of(row: dict[str, Any]) -> int:
+    """What `logs -f` (and the driver) exits with once a run has ended."""
+    status = Status(row["status"])
+    if status in ENDED_CLEANLY:
+        return exitcodes.OK
+    if status == Status.CRASHED:
+        return exitcodes.CRASHED
+    code = row.get("exit_code")
+    return code if isinstance(code, int) and code not in (0, exitcodes.CRASHED) else exitcodes.FAILED
+
+
+def ended_message(row: dict[str, Any]) -> str:
+    """One line for a run that has ended badly: what happened, the last step, what is safe."""
+    ckpt = row.get("latest_checkpoint") or "none"
+    if row["status"] == Status.CRASHED:
+        what = "crashed: its process vanished without a final status (killed, OOM killer or reboot)"
+    else:
+        what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
+    return (f"{row['run_name']} {what}; last logged step {row.get('step', 0)}/{row.get('max_steps')}, "
+            f"last complete checkpoint {ckpt} — relaunch to resume from it")  # fmt: skip
+
+
+# -- start, wait, stop -------------------------------------------------------------------------
+
+
+def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Start `argv` (the trainer, or torchrun) detached, unless the run is alive; one launch at a time.
+
+    setsid (its own session and process group), all three streams redirected: it survives the SSH
+    session that started it. Its pid and start time go into run.json before this returns."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(run_dir.parent, blocking=False, name=f".{run_dir.name}.launch-lock"):
+        row = observe(run_dir)
+        if row["alive"]:
+            raise AlreadyRunning(f"{run_dir.name} is already running (pid {row['pid']}, step {row['step']}/"
+                                 f"{row['max_steps']}, status {row['status']})")  # fmt: skip
+        log = run_dir / "train.log"
+        offset = log.stat().st_size if log.exists() else 0
+        launch_id = f"{time.time_ns()}-{os.getpid()}"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env={**env, "ENLACE_LAUNCH_ID": launch_id,
+                                                                 "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        update(run_dir, run_name=run_dir.name, status=Status.STARTING, phase="starting", launch_id=launch_id,
+               launcher_pid=proc.pid, launcher_start=proc_start(proc.pid), pid=None, pid_start=None,
+               exit_code=None, error=None)  # fmt: skip
+    return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}
+
+
+def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, poll: float = 0.1) -> dict[str, Any]:
+    """Wait on the server until the launch `launch_id` has logged a step or ended; the row at that moment.
+
+    on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
+    deadline = time.monotonic() + timeout
+    shown = None
+    while True:
+        row = observe(run_dir)
+        mine = row["launch_id"] == launch_id
+        if mine and row["phase"] != shown and on_phase:
+            shown = row["phase"]
+            on_phase(shown)
+        if mine and (row["status"] not in ACTIVE or (row["status"] == Status.RUNNING and row["step"] > 0)):
+            return row | {"waited": "done"}
+        if not row["alive"]:  # died before it could write anything (e.g. the interpreter failed)
+            return row | {"status": Status.CRASHED.value, "waited": "done"}
+        if time.monotonic() > deadline:
+            return row | {"waited": "timeout"}
+        time.sleep(poll)
+
+
+def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
+    """SIGTERM what was launched (torchrun forwards it once to every rank), wait up to `grace` s for the
+    checkpoint; with `kill`, SIGKILL the process group after that."""
+    st = read(run_dir)
+    row = observe(run_dir)
+    if not row["alive"]:
+        return {"run_name": run_dir.name, "stopped": True, "was_running": False, "killed": False,
+                "status": row["status"], "step": row["step"], "latest_checkpoint": row["latest_checkpoint"]}  # fmt: skip
+    # One SIGTERM to the launched process: signalling the whole group would give each rank two signals,
+    # and a second signal means "exit now, without a checkpoint".
+    if proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
+        pid, start_time = st["launcher_pid"], st["launcher_start"]
+    else:
+        pid, start_time = st["pid"], st["pid_start"]
+    update(run_dir, status=Status.STOPPING)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while proc_alive(pid, start_time) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    killed = False
+    if proc_alive(pid, start_time) and kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        killed = True
+        while proc_alive(pid, start_time):
+            time.sleep(0.05)
+        update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="killed by stop --kill")
+    after = observe(run_dir)
+    return {"run_name": run_dir.name, "stopped": not after["alive"], "was_running": True, "killed": killed,
+            "status": after["status"], "step": after["step"], "latest_checkpoint": after["latest_checkpoint"]}  # fmt: skip
