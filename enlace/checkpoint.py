@@ -159,8 +159,10 @@ def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int
     tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
     try:
         return _save(ckpt_root, step, final, tmp, files, keep)
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a full disk as RuntimeError ("unexpected pos ..."): judge by the free space left
+        full = getattr(e, "errno", None) == errno.ENOSPC or shutil.disk_usage(ckpt_root).free < (1 << 20)
+        if not full:
             raise
         written = sum(f.stat().st_size for f in tmp.glob("*")) if tmp.is_dir() else 0
         shutil.rmtree(tmp, ignore_errors=True)

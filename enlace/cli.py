@@ -80,11 +80,14 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
         cfg = load_config(run, overrides, root)
     except ConfigError as e:
         if as_json:
-            click.echo(json.dumps({"ok": False, "error": e.message, "file": e.source, "key": e.key}))
+            click.echo(json.dumps({"ok": False, "error": e.message, "exit_code": e.exit_code, "file": e.source,
+                                   "key": e.key}))  # fmt: skip
             sys.exit(e.exit_code)
         raise
+    for warning in cfg.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps({"ok": True, "run_name": cfg.run_name, "files": cfg.files,
+        click.echo(json.dumps({"ok": True, "run_name": cfg.run_name, "files": cfg.files, "warnings": cfg.warnings,
                                "fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}, indent=1))  # fmt: skip
     else:
         click.echo(f"# {cfg.files['run']} (profile {cfg.files['profile']}, data {cfg.files['data']})")

@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 import typing
@@ -115,6 +116,11 @@ class Config:
     root: Path = Path(".")  # project root: configs/, data/, runs/ live here
     files: dict[str, str] = field(default_factory=dict)  # run/profile/data → file used
     runs_root: Path | None = None  # where run dirs go (default: <root>/runs)
+    origins: dict[str, str] = field(default_factory=dict)  # "section.key" → the file (or --set) that set it
+    warnings: list[str] = field(default_factory=list)  # valid but probably not meant (train logs them)
+
+    def origin(self, key: str) -> str:
+        return self.origins.get(key, "defaults")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run_name": self.run_name}
@@ -172,13 +178,42 @@ def find_root(start: Path | None = None) -> Path:
     return start
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                continue  # an odd key: the schema check names it later
+            if key in seen:
+                raise ConfigError(str(self.name), str(key), f"given twice (lines {seen[key]} and {line}); YAML would "
+                                  "silently keep only the last", "merge the two entries into one")  # fmt: skip
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(str(path), "", f"{what} file not found", "create it or check the name") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "", f"{what} file is a directory", "name a .yaml file") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), "", f"is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
+                          "save the file as UTF-8") from None  # fmt: skip
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -258,6 +293,8 @@ def _coerce(value: Any, hint: Any, source: str, key: str) -> Any:
         accepted, words = SCALARS[hint]
         if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
             raise ConfigError(source, key, f"expected {words}, got {value!r}")
+        if hint is float and not math.isfinite(value):
+            raise ConfigError(source, key, f"must be a finite number, got {value!r}")
         return float(value) if hint is float else value
     raise TypeError(f"unsupported config type {hint!r}")  # a bug in this file, not user input
 
@@ -338,11 +375,12 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
         run_name=run_name,
         root=root,
         files={"run": run_src, "profile": rel(profile_path), "data": rel(data_path)},
+        origins=origin,
         **{s: _build_section(s, flat, origin) for s in SECTIONS},
     )
     from enlace.config_rules import check_combinations  # the rules need Config: imported here
 
-    check_combinations(cfg, origin)
+    check_combinations(cfg)
     return cfg
 
 

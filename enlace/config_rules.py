@@ -1,55 +1,97 @@
-"""Bad combinations of config values, each refused with the file, the key and the fix."""
+"""Values that are each well-typed but wrong, alone or together: refused at load time (so check-config
+catches what train would hit), each with the file that set the key, the key and the fix."""
 
 from __future__ import annotations
 
 from enlace.config import Config
 from enlace.errors import ConfigError
 
+MAX_TRAIN_BYTES = 2**44  # 16 TiB for weights, gradients, AdamW state and activations: no single device
+SEED_LIMIT = 2**64
 
-def check_combinations(cfg: Config, origin: dict[str, str]) -> None:
-    """Values that are each valid but wrong together; `origin` maps a dotted key to the file that set it."""
-    src = lambda key, default="defaults": origin.get(key, default)
+
+def estimate_train_bytes(cfg: Config) -> tuple[int, int]:
+    """(parameters, bytes) of a training step, roughly: fp32 weights + grads + two AdamW moments (16 B per
+    parameter) and activations (≈ 16 values of d_model per token per layer, plus the attention matrix)."""
+    m, t = cfg.model, cfg.training
+    params = m.vocab_size * m.d_model + m.seq_len * m.d_model + m.n_layer * 12 * m.d_model**2
+    tokens = t.batch_size * m.seq_len
+    activations = 4 * m.n_layer * (16 * tokens * m.d_model + t.batch_size * m.n_head * m.seq_len**2)
+    return params, 16 * params + activations
+
+
+def check_combinations(cfg: Config) -> None:
+    """Raise ConfigError for the first bad value; add warnings for valid but probably unmeant ones."""
+    src = cfg.origin
     rt, m, t, o, d = cfg.runtime, cfg.model, cfg.training, cfg.optim, cfg.data
+
+    def refuse(key: str, problem: str, fix: str = "") -> None:
+        raise ConfigError(src(key), key, problem, fix)
+
     if rt.deterministic and rt.compile:
-        raise ConfigError(
-            src("runtime.compile", src("runtime.deterministic")),
-            "runtime.compile",
-            "deterministic: true cannot be combined with compile: true",
-            "torch.compile's autotuning picks different kernels between runs, which brings back the "
-            "variance deterministic mode removes; set compile: false (or deterministic: false)",
-        )
-    positive = [
-        ("model.seq_len", m.seq_len), ("model.n_layer", m.n_layer), ("model.n_head", m.n_head),
-        ("model.d_model", m.d_model), ("model.vocab_size", m.vocab_size),
-        ("training.batch_size", t.batch_size), ("training.grad_accum", t.grad_accum),
-        ("training.max_steps", t.max_steps), ("training.log_every", t.log_every),
-        ("training.eval_batches", t.eval_batches), ("checkpoint.keep", cfg.checkpoint.keep),
-    ]  # fmt: skip
-    for key, value in positive:
-        if value < 1:
-            raise ConfigError(src(key), key, f"must be at least 1, got {value}")
-    for key, value in [("training.eval_every", t.eval_every), ("checkpoint.every", cfg.checkpoint.every),
-                       ("training.eval_batch_size", t.eval_batch_size), ("runtime.threads", rt.threads),
-                       ("optim.warmup_steps", o.warmup_steps), ("optim.grad_clip", o.grad_clip)]:  # fmt: skip
-        if value < 0:
-            raise ConfigError(src(key), key, f"must not be negative, got {value}")
+        refuse("runtime.compile" if "runtime.compile" in cfg.origins else "runtime.deterministic",
+               "deterministic: true cannot be combined with compile: true",
+               "torch.compile's autotuning picks different kernels between runs, which brings back the variance "
+               "deterministic mode removes; set compile: false (or deterministic: false)")  # fmt: skip
+    at_least_one = ["model.seq_len", "model.n_layer", "model.n_head", "model.d_model", "model.vocab_size",
+                    "training.batch_size", "training.grad_accum", "training.max_steps", "training.log_every",
+                    "training.eval_batches", "checkpoint.keep"]  # fmt: skip
+    not_negative = ["training.eval_every", "checkpoint.every", "training.eval_batch_size", "runtime.threads",
+                    "optim.warmup_steps", "optim.grad_clip", "optim.weight_decay", "optim.min_lr"]  # fmt: skip
+    for key in at_least_one:
+        if _value(cfg, key) < 1:
+            refuse(key, f"must be at least 1, got {_value(cfg, key)}")
+    for key in not_negative:
+        if _value(cfg, key) < 0:
+            refuse(key, f"must not be negative, got {_value(cfg, key)}")
+    if o.learning_rate <= 0:
+        refuse("optim.learning_rate", f"must be above 0, got {o.learning_rate}", "typical: 1e-4 to 3e-3")
+    for key in ("optim.beta1", "optim.beta2"):
+        if not 0.0 <= _value(cfg, key) < 1.0:
+            refuse(key, f"must be in [0, 1), got {_value(cfg, key)}", "AdamW's betas are decay rates; typical 0.9 / 0.95")
+    if o.eps <= 0:
+        refuse("optim.eps", f"must be above 0, got {o.eps}", "typical: 1e-8")
     if m.d_model % m.n_head:
-        raise ConfigError(src("model.n_head"), "model.n_head", f"d_model {m.d_model} is not divisible by "
-                          f"n_head {m.n_head}", "pick n_head that divides d_model")  # fmt: skip
+        refuse("model.n_head", f"d_model {m.d_model} is not divisible by n_head {m.n_head}",
+               "pick n_head that divides d_model")  # fmt: skip
     if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError(src("model.dropout"), "model.dropout", f"must be in [0, 1), got {m.dropout}")
+        refuse("model.dropout", f"must be in [0, 1), got {m.dropout}")
     if o.min_lr > o.learning_rate:
-        raise ConfigError(src("optim.min_lr"), "optim.min_lr", "is above learning_rate",
-                          "min_lr is the floor of the cosine decay")  # fmt: skip
+        refuse("optim.min_lr", f"{o.min_lr} is above learning_rate {o.learning_rate}",
+               "min_lr is the floor of the cosine decay")  # fmt: skip
     if o.warmup_steps > t.max_steps:
-        raise ConfigError(src("optim.warmup_steps"), "optim.warmup_steps",
-                          f"{o.warmup_steps} is more than max_steps {t.max_steps}", "shorten the warmup")  # fmt: skip
-    if d.kind == "bytes" and not d.paths:
-        raise ConfigError(src("data.kind"), "data.paths", "kind: bytes needs paths", "list files or globs")
-    if d.kind == "bytes" and not 0.0 < d.val_fraction < 1.0:
-        raise ConfigError(src("data.val_fraction"), "data.val_fraction", "must be between 0 and 1")
-    if d.kind == "shards" and not d.shard_dir:
-        raise ConfigError(src("data.kind"), "data.shard_dir", "kind: shards needs shard_dir",
-                          "point it at a directory written by `enlace prepare`")  # fmt: skip
+        refuse("optim.warmup_steps", f"{o.warmup_steps} is more than max_steps {t.max_steps}", "shorten the warmup")
+    if not 0 <= rt.seed < SEED_LIMIT:
+        refuse("runtime.seed", f"{rt.seed} is outside 0 … 2**64-1", "use a non-negative 64-bit integer")
     if rt.precision == "fp16" and rt.fp16_init_scale <= 0:
-        raise ConfigError(src("runtime.fp16_init_scale"), "runtime.fp16_init_scale", "must be positive")
+        refuse("runtime.fp16_init_scale", f"must be above 0, got {rt.fp16_init_scale}", "the default is 65536")
+    if d.kind == "bytes" and m.vocab_size < 256:
+        refuse("model.vocab_size", f"{m.vocab_size} is below 256, but kind: bytes data has 256 symbols",
+               "use vocab_size: 256 (byte-level)")  # fmt: skip
+    if d.kind == "bytes" and not d.paths:
+        refuse("data.paths", "kind: bytes needs paths", "list files or globs")
+    if d.kind == "bytes" and not 0.0 < d.val_fraction < 1.0:
+        refuse("data.val_fraction", f"must be between 0 and 1, got {d.val_fraction}")
+    if d.kind == "shards" and not d.shard_dir:
+        refuse("data.shard_dir", "kind: shards needs shard_dir", "point it at a directory written by `enlace prepare`")
+    params, need = estimate_train_bytes(cfg)
+    if need > MAX_TRAIN_BYTES:
+        biggest = max(("model.d_model", "model.n_layer", "model.seq_len", "training.batch_size"),
+                      key=lambda k: _value(cfg, k) / _default(k))  # fmt: skip
+        refuse(biggest, f"≈{params:.3g} parameters and ≈{need / 2**40:.3g} TiB per training step: no device can "
+               "hold that", "shrink the model or the batch; `enlace preflight` tells what fits")  # fmt: skip
+    if rt.precision == "fp16" and rt.device == "cpu":
+        cfg.warnings.append(f"{src('runtime.precision')}: runtime.precision: fp16 on CPU is ≈20x slower than fp32 "
+                            "here (no fp16 kernels); use bf16 or fp32 on CPU")  # fmt: skip
+
+
+def _value(cfg: Config, key: str):
+    section, _, leaf = key.partition(".")
+    return getattr(getattr(cfg, section), leaf)
+
+
+def _default(key: str):
+    from enlace.config import SECTIONS
+
+    section, _, leaf = key.partition(".")
+    return getattr(SECTIONS[section](), leaf)

@@ -74,9 +74,12 @@ class StepResult:
 def resolve_device(cfg: Config, dist: Dist) -> torch.device:
     want = cfg.runtime.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(cfg.files.get("profile", "runtime"), "runtime.device", "is cuda but no CUDA device is "
+        raise ConfigError(cfg.origin("runtime.device"), "runtime.device", "is cuda but no CUDA device is "
                           "visible here", "run it on the GPU server, or --set runtime.device=cpu")  # fmt: skip
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        if cfg.runtime.precision == "fp16" and want == "auto":
+            cfg.warnings.append(f"{cfg.origin('runtime.precision')}: runtime.precision: fp16 on CPU (no GPU here) "
+                                "is ≈20x slower than fp32; use bf16 or fp32 on CPU")  # fmt: skip
         return torch.device("cpu")
     return torch.device("cuda", dist.local_rank)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import sys
 import time
 import traceback
 from typing import Any
@@ -114,17 +115,24 @@ def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict
         return summary
     except EnlaceError as e:
         run.log(f"error: {e.message}")
-        run.update_status(status=Status.FAILED, exit_code=e.exit_code, error=e.message)
+        _record_failure(run, e.exit_code, e.message)
         raise
     except BaseException as e:
         run.log("crashed:\n" + traceback.format_exc())
-        run.update_status(status=Status.FAILED, exit_code=1, error=f"{type(e).__name__}: {e}")
+        _record_failure(run, 1, f"{type(e).__name__}: {e}")
         raise
     finally:
         stop.restore()
         run.close()
         if dist.world > 1 and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+
+
+def _record_failure(run: RunDir, exit_code: int, error: str) -> None:
+    try:
+        run.update_status(status=Status.FAILED, exit_code=exit_code, error=error)
+    except OSError as e:  # e.g. still no space: status then reads `crashed`, and stderr has the error
+        print(f"cannot record the failure in run.json ({e.strerror}): {error}", file=sys.stderr, flush=True)
 
 
 def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None):
@@ -157,6 +165,8 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     run.log(f"run {cfg.run_name} | commit {commit[:12]} | {s['params'] / 1e6:.2f}M params | {s['device']} "
             f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
             f"{s['threads']} | world {dist.world} | {tokens_per_step} tokens/step")  # fmt: skip
+    for warning in cfg.warnings:
+        run.log(f"warning: {warning}")
     if ckpt is not None:
         shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
         run.log(f"resumed from {shown} at step {progress['step']} "

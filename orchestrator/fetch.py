@@ -39,7 +39,7 @@ class CorruptCheckpoint(RemoteError):
 
 
 class Vanished(RemoteError):
-    """rsync exit 24: some files vanished on the server while it copied them."""
+    """rsync exit 24 (files vanished while it copied them) or 23 with only missing files (gone before)."""
 
 
 def _safe(name: str, pattern: re.Pattern, what: str) -> str:
@@ -163,8 +163,10 @@ def _rsync(session: Session, remote_dir: str, paths: list[str], into: Path) -> N
     # progress (carriage returns) to stderr: stdout stays clean when piped; rsync dies with us
     p = subprocess.run(argv, input="\n".join(paths) + "\n", text=True, stdout=sys.stderr, stderr=subprocess.PIPE,
                        preexec_fn=die_with_us)  # fmt: skip
-    if p.returncode == 24:
-        raise Vanished(f"rsync: {p.stderr.strip()[-300:]}")
+    errors = [line for line in p.stderr.splitlines() if line.startswith("rsync: ")]
+    gone = errors and all("No such file or directory" in line for line in errors)
+    if p.returncode == 24 or (p.returncode == 23 and gone):  # vanished during, or before, the transfer
+        raise Vanished(f"{len(errors) or 'some'} file(s) vanished on the server")
     if p.returncode != 0:
         raise RemoteError(f"rsync from {session.host.name} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
 

@@ -27,7 +27,7 @@ PidFile {dir}/sshd.pid
 UsePAM no
 StrictModes no
 PermitRootLogin prohibit-password
-Subsystem sftp internal-sftp
+{sftp}
 SetEnv HOME={dir}/home
 MaxStartups 100:30:200
 MaxSessions 50
@@ -51,23 +51,29 @@ class SSHServer:
     port: int = 0
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
+    sftp: bool = True  # False: no `Subsystem sftp` line (a server that offers no SFTP)
+    prefix: list[str] = field(default_factory=list)  # e.g. ["ip", "netns", "exec", NS]: run sshd there
 
-    def start(self) -> None:
+    def start(self, port: int | None = None) -> None:
+        """Start sshd on `port` (a restart keeps its port), else on a free one."""
         if not Path(SSHD).exists():
             raise RuntimeError(f"{SSHD} not found: install openssh-server (the SSH tests need a real sshd)")
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        for _attempt in range(5):  # binding port 0 then releasing it races: retry
-            self.port = _free_port()
-            (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir))
+        for _attempt in range(5 if port is None else 50):  # binding port 0 then releasing it races: retry
+            self.port = port or _free_port()
+            sftp = "Subsystem sftp internal-sftp" if self.sftp else ""
+            (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir, sftp=sftp))
             log = self.dir / "sshd.log"
             log.write_text("")
-            self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)])
+            self.proc = subprocess.Popen([*self.prefix, SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)])
             deadline = time.time() + 10
             while time.time() < deadline and self.proc.poll() is None:
                 if "Server listening on" in log.read_text():
                     return
                 time.sleep(0.02)
             self.stop()
+            if port is not None:
+                time.sleep(0.1)  # the old listener's socket may linger a moment
         raise RuntimeError(f"sshd did not start: {(self.dir / 'sshd.log').read_text()[-2000:]}")
 
     def kill_sessions(self) -> int:
@@ -85,17 +91,24 @@ class SSHServer:
             self.proc.terminate()
             self.proc.wait(timeout=10)
 
+    def restart(self, down_s: float) -> None:
+        """sshd down for `down_s` seconds (live sessions end), then back on the same port."""
+        self.stop()
+        time.sleep(down_s)  # the outage itself, not a wait for an event
+        self.start(port=self.port)
+
     def host_public_key(self) -> str:
         return (self.dir / "host_key.pub").read_text().split()[:2]
 
 
-def make_server(base: Path, name: str = "testhost", trust: bool = True) -> SSHServer:
+def make_server(base: Path, name: str = "testhost", trust: bool = True, sftp: bool = True,
+                prefix: list[str] | None = None) -> SSHServer:  # fmt: skip
     d = base / f"sshd-{name}"
     (d / "home").mkdir(parents=True)
     keygen(d / "host_key")
     keygen(d / "client_key")
     shutil.copy(d / "client_key.pub", d / "authorized_keys")
-    srv = SSHServer(d)
+    srv = SSHServer(d, sftp=sftp, prefix=prefix or [])
     srv.start()
     kind, key = srv.host_public_key()
     (d / "known_hosts").write_text(f"[127.0.0.1]:{srv.port} {kind} {key}\n" if trust else "")

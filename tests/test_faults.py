@@ -1,0 +1,266 @@
+"""Faults found by breaking enlace on purpose (issue: run state, protocol, faults), each reproduced
+against the real trainer, the real driver, a real sshd, git and rsync."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from remote_helpers import remote, tiny_corpus
+
+from conftest import REPO, write_run
+from helpers import enlace, run_json
+
+
+def _rd(sshd, host):
+    return sshd.dir.parent / f"remote-{host}"
+
+
+def _wait(cond, timeout=120, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _row(user_repo, sshd, host, run):
+    return json.loads(remote(user_repo, sshd.env, "status", run, "--json", host=host).stdout)[0]
+
+
+# -- the trainer ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.2 MiB tmpfs: room for two tiny checkpoints, not three (needs root and mount)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root): the disk-full test needs a real small filesystem")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_during_a_checkpoint_fails_the_run_clearly_and_relaunch_refuses(project, small_disk):
+    write_run(project, "full", checkpoint={"every": 2, "keep": 10}, training={"max_steps": 200, "eval_every": 0})
+    # ≈0.4 MiB a checkpoint: two fit (train checks that before it starts), the third cannot
+    out = enlace(project, "train", "full", "--runs-dir", str(small_disk), check=False)
+    run_dir = small_disk / "full"
+    state = run_json(run_dir)
+    assert out.returncode == 9, out.stdout[-2000:] + out.stderr[-2000:]
+    assert state["status"] == "failed" and state["exit_code"] == 9
+    assert state["error"].startswith("No space left on device while saving step-") and "MiB free" in state["error"]
+    assert "needs ≈" in state["error"] and "Traceback" not in out.stderr
+    assert "error: No space left on device while saving" in (run_dir / "train.log").read_text()
+    assert not [p for p in run_dir.rglob(".*tmp*")], list(run_dir.rglob(".*tmp*"))  # no temp file left behind
+    assert run_json(run_dir)["step"] >= 2  # the earlier checkpoints are intact and complete
+    from enlace.checkpoint import latest_checkpoint, verify_checkpoint
+
+    verify_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
+    again = enlace(project, "train", "full", "--runs-dir", str(small_disk), check=False)
+    assert again.returncode == 9 and "2 checkpoints need" in again.stderr, again.stderr  # refused before training
+    assert run_json(run_dir)["status"] == "failed"
+
+
+def _three_checkpoints(project, name="ck"):
+    write_run(project, name, checkpoint={"every": 2, "keep": 5}, training={"max_steps": 6, "eval_every": 0})
+    enlace(project, "train", name)
+    return project / "runs" / name / "checkpoints"
+
+
+def test_broken_manifests_are_named_and_a_lost_history_is_said(project):
+    ckpts = _three_checkpoints(project)
+    (ckpts / "step-000006" / "MANIFEST").write_text("{}")
+    (ckpts / "step-000004" / "MANIFEST").write_text("{not json")
+    from enlace.checkpoint import latest_checkpoint, read_manifest
+    from enlace.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="MANIFEST has format version None"):
+        read_manifest(ckpts / "step-000006")
+    with pytest.raises(CheckpointError, match="MANIFEST is not valid JSON"):
+        read_manifest(ckpts / "step-000004")
+    assert latest_checkpoint(ckpts).name == "step-000002"
+    (ckpts / "step-000002" / "MANIFEST").unlink()  # every checkpoint is gone now
+    out = enlace(project, "train", "ck", "--set", "training.max_steps=7")
+    assert "ignored (not a complete checkpoint): " in out.stdout and "MANIFEST is not valid JSON" in out.stdout
+    assert "no complete checkpoint: starting from step 0" in out.stdout
+
+
+def test_corrupt_newest_checkpoint_names_the_previous_one_and_resume_path_continues(project):
+    ckpts = _three_checkpoints(project)
+    model = ckpts / "step-000006" / "model.pt"
+    model.write_bytes(model.read_bytes()[:-10] + b"0123456789")
+    out = enlace(project, "train", "ck", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "step-000006" in out.stderr and "--resume checkpoints/step-000004" in out.stderr, out.stderr
+    out = enlace(project, "train", "ck", "--resume", "checkpoints/step-000004")
+    assert "resumed from checkpoints/step-000004 at step 4" in out.stdout
+    assert run_json(project / "runs" / "ck")["status"] == "finished"
+
+
+# -- the driver: input refused before any I/O ----------------------------------------------------
+
+
+@pytest.mark.parametrize("grace", ["nan", "-5", "inf", "0", "86401", "soon"])
+def test_stop_grace_is_validated(sshd, user_repo, grace):
+    out = remote(user_repo, sshd.env, "stop", "tiny", "--grace", grace, check=False)
+    assert out.returncode == 2 and "--grace" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("port", ["99999999", "0", "65536"])
+def test_ports_are_range_checked(sshd, user_repo, port):
+    out = remote(user_repo, sshd.env, "status", host=f"root@127.0.0.1:{port}", check=False)
+    assert out.returncode == 2 and "not a TCP port" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_git_repo_that_is_not_an_enlace_checkout_is_named(sshd, tmp_path):
+    other = tmp_path / "other"
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    out = remote(other, sshd.env, "status", host="local", check=False)
+    assert out.returncode == 2 and "not an enlace checkout" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- the driver against a real sshd ---------------------------------------------------------------
+
+
+def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
+    _wait(lambda: _row(user_repo, sshd, "local", "long")["step"] >= 60, what="a checkpoint")  # every 50 steps
+    os.kill(_row(user_repo, sshd, "local", "long")["pid"], signal.SIGKILL)
+    out = remote(user_repo, sshd.env, "logs", "long", "-f", host="local", check=False)
+    assert out.returncode == 8, (out.returncode, out.stderr)
+    assert "long crashed" in out.stderr and "last logged step" in out.stderr
+    assert "last complete checkpoint step-0000" in out.stderr
+
+
+def test_fetch_without_sftp_is_a_clear_error(tmp_path, user_repo):
+    from sshd import make_server
+
+    srv = make_server(tmp_path, name="nosftp", sftp=False)
+    try:
+        env = {**srv.env, "ENLACE_FETCH_NO_RSYNC": "1"}
+        tiny_corpus(tmp_path / "remote-nosftp")
+        remote(user_repo, env, "launch", "tiny", "--no-preflight", host="nosftp")
+        remote(user_repo, env, "logs", "tiny", "-f", host="nosftp")
+        out = remote(user_repo, env, "fetch", "tiny", host="nosftp", check=False)
+        assert out.returncode == 4 and "offers no SFTP" in out.stderr and "install rsync" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        srv.stop()
+
+
+def test_sftp_fetch_never_appends_to_run_files(sshd, user_repo):
+    """An interrupted fetch left a short run.json and train.log; the server rewrote both since."""
+    env = {**sshd.env, "ENLACE_FETCH_NO_RSYNC": "1"}
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, env, "launch", "tiny", "--no-preflight")
+    remote(user_repo, env, "logs", "tiny", "-f")
+    staging = user_repo / "runs" / "tiny" / ".partial-fetch"
+    staging.mkdir(parents=True)
+    (staging / "run.json").write_text('{\n "status": "running",\n "step": 3\n')  # an older, shorter version
+    (staging / "train.log").write_text("a line the server no longer has\n")
+    remote(user_repo, env, "fetch", "tiny")
+    server = _rd(sshd, "testhost") / "runs" / "tiny"
+    for name in ("run.json", "train.log", "metrics.jsonl"):
+        assert (user_repo / "runs" / "tiny" / name).read_bytes() == (server / name).read_bytes(), name
+    assert json.loads((user_repo / "runs" / "tiny" / "run.json").read_text())["status"] == "finished"
+
+
+def test_fetch_all_retries_when_a_checkpoint_vanishes_mid_transfer(sshd, user_repo, monkeypatch):
+    """A live run prunes a checkpoint between the manifest and the transfer (what `fetch --all`
+    during training hits): the fetch asks again and installs what is there."""
+    from orchestrator import fetch as fetch_mod
+    from orchestrator.hosts import resolve_host
+    from orchestrator.session import Session
+    from orchestrator.transport import connect
+
+    write_run(user_repo, "many", checkpoint={"every": 2, "keep": 5}, training={"max_steps": 6, "eval_every": 0})
+    from repocopy import commit_all
+
+    commit_all(user_repo, "many")
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "many", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "many", "-f")
+    server_ckpts = _rd(sshd, "testhost") / "runs" / "many" / "checkpoints"
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    real, calls = fetch_mod._rsync, []
+
+    def prune_then_rsync(*args):
+        if not calls:
+            shutil.rmtree(server_ckpts / "step-000002")  # pruned by the live run, just now
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(fetch_mod, "_rsync", prune_then_rsync)
+    session = Session(connect(resolve_host("testhost", user_repo)), user_repo)
+    try:
+        rep = fetch_mod.fetch(session, "many", user_repo / "runs" / "many", all_checkpoints=True)
+    finally:
+        session.close()
+    assert len(calls) == 2 and rep["fetched"] == ["step-000004", "step-000006"]
+    assert not (user_repo / "runs" / "many" / "checkpoints" / "step-000002").exists()
+
+
+@pytest.mark.parametrize("host", ["testhost", "local"])
+def test_killing_the_client_during_preflight_ends_the_servers_preflight(sshd, user_repo, host):
+    """A model whose first step takes tens of seconds here: the preflight prints nothing meanwhile (as
+    a GPU preflight compiling or in a long step), so only being tied to its client can end it."""
+    write_run(user_repo, "heavy", model={"d_model": 768, "n_layer": 12, "n_head": 12, "seq_len": 256},
+              training={"batch_size": 16})  # fmt: skip
+    from repocopy import commit_all
+
+    commit_all(user_repo, "heavy")
+    remote(user_repo, sshd.env, "sync", host=host)
+    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, "preflight",
+           "heavy", "--steps", "3"]  # fmt: skip
+    client = subprocess.Popen(cmd, cwd=user_repo, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env})  # fmt: skip
+    where = str(_rd(sshd, host))
+    while b"building the model" not in client.stderr.readline():  # its last line before the long first step
+        assert client.poll() is None, client.stderr.read()
+    assert _preflights_under(where)
+    client.kill()
+    client.wait()
+    _wait(lambda: not _preflights_under(where), timeout=8, what="the server's preflight to end with its client")
+
+
+def _preflights_under(path: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            if b"preflight" in cmd and state != "Z" and os.readlink(f"/proc/{pid}/cwd").startswith(path):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_local_helpers_die_with_the_driver(tmp_path):
+    """rsync and git run with PR_SET_PDEATHSIG: a SIGKILLed enlace-remote leaves none writing on."""
+    pidfile = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import subprocess, time
+from orchestrator.transport import die_with_us
+p = subprocess.Popen(["sleep", "120"], preexec_fn=die_with_us)
+open({str(pidfile)!r}, "w").write(str(p.pid))
+time.sleep(120)
+"""], env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    _wait(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+    child = int(pidfile.read_text())
+    parent.kill()
+    parent.wait()
+    from enlace.runs import proc_start
+
+    _wait(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")

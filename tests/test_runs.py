@@ -1,0 +1,107 @@
+"""Run state (enlace/runs.py), the exit-code table and the wire protocol: fast tests, no sshd."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from enlace import exitcodes, runs
+from enlace.runs import Status
+
+
+def test_exit_codes_are_one_table_used_by_every_part():
+    assert len(set(exitcodes.TABLE)) == len(exitcodes.TABLE) == 10
+    script = (REPO / "scripts" / "remote.sh").read_text()
+    for name, value in re.findall(r"^EXIT_([A-Z_]+)=(\d+)$", script, re.M):
+        assert getattr(exitcodes, name) == int(value), name  # remote.sh spells the same values
+    assert re.findall(r"exit (\d)", script) == []  # no bare numbers: only the named ones
+    readme = (REPO / "README.md").read_text()
+    for code, what in exitcodes.TABLE.items():
+        assert f"| {code} | {what} |" in readme, what
+    from orchestrator.errors import AlreadyRunning, NoSpace, UsageError, VerifyError, for_exit_code
+
+    for cls in (UsageError, VerifyError, AlreadyRunning, NoSpace):
+        assert type(for_exit_code(cls.exit_code, "x")) is cls
+    assert for_exit_code(exitcodes.CRASHED, "x").exit_code == exitcodes.CRASHED
+
+
+def test_liveness_is_pid_and_start_time_never_argv(tmp_path):
+    # A live process whose argv says "enlace train" but that is not the recorded process: not the run.
+    impostor = subprocess.Popen(["bash", "-c", "exec -a 'python -m enlace train x' sleep 60"])
+    try:
+        run_dir = tmp_path / "x"
+        runs.update(run_dir, status=Status.RUNNING, pid=impostor.pid, pid_start=runs.proc_start(impostor.pid) + 1)
+        assert runs.observe(run_dir)["status"] == "crashed" and not runs.observe(run_dir)["alive"]
+        runs.update(run_dir, pid_start=runs.proc_start(impostor.pid))  # the very process: alive
+        assert runs.observe(run_dir)["status"] == "running"
+    finally:
+        impostor.kill()
+        impostor.wait()
+    assert runs.observe(run_dir)["status"] == "crashed"  # gone (or a zombie): crashed, whatever argv said
+    assert runs.proc_start(impostor.pid) is None
+
+
+@pytest.mark.parametrize(("status", "code", "expected"), [
+    ("finished", 0, 0), ("stopped", 0, 0), ("failed", 2, 2), ("failed", 9, 9), ("failed", None, 1),
+    ("crashed", None, exitcodes.CRASHED)])  # fmt: skip
+def test_exit_code_of_each_ended_status(status, code, expected):
+    assert runs.exit_code_of({"status": status, "exit_code": code}) == expected
+
+
+def test_run_json_writes_leave_no_temp_files_even_when_they_fail(tmp_path):
+    run_dir = tmp_path / "r"
+    runs.update(run_dir, step=1)
+    runs.update(run_dir, step=2, note="x")
+    assert runs.read(run_dir)["step"] == 2 and runs.read(run_dir)["note"] == "x"
+    with pytest.raises(TypeError):
+        runs.update(run_dir, bad=object())  # not JSON: the write fails half way
+    assert runs.read(run_dir)["step"] == 2
+    assert sorted(p.name for p in run_dir.iterdir()) == [".run.json.lock", "run.json"]
+
+
+def test_start_refuses_a_live_run_and_wait_sees_its_death(tmp_path):
+    run_dir = tmp_path / "runs" / "w"
+    doc = runs.start(run_dir, [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, {})
+    row = runs.observe(run_dir)
+    assert row["alive"] and row["status"] == "starting" and row["launch_id"] == doc["launch_id"]
+    with pytest.raises(runs.AlreadyRunning, match="already running"):
+        runs.start(run_dir, [sys.executable, "-c", "pass"], tmp_path, {})
+    t0 = time.monotonic()
+    rep = runs.stop(run_dir, grace=10, kill=False)  # no trainer: SIGTERM ends the sleeper without a status
+    assert rep["stopped"] and rep["was_running"] and time.monotonic() - t0 < 10
+    assert runs.observe(run_dir)["status"] == "crashed"
+    again = runs.start(run_dir, [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path, {})
+    row = runs.wait_started(run_dir, again["launch_id"], timeout=30)
+    assert row["status"] == "crashed" and row["waited"] == "done"
+    assert runs.stop(run_dir, grace=1, kill=False)["was_running"] is False
+
+
+def test_server_verbs_answer_one_json_document_even_for_errors(tmp_path):
+    env_root = ["--root", str(tmp_path)]
+    (tmp_path / "configs" / "runs").mkdir(parents=True)
+    for args in (["runs", "--json"], ["runs", "nope", "--json"], ["manifest", "nope", "--json"],
+                 ["stop", "nope", "--grace", "nan", "--json"], ["check-config", "nope", "--json"]):
+        out = subprocess.run([sys.executable, "-m", "enlace", *args, *env_root], capture_output=True, text=True,
+                             cwd=REPO)  # fmt: skip
+        doc = json.loads(out.stdout)  # exactly one document, whatever happened
+        if out.returncode:
+            assert doc["ok"] is False and doc["exit_code"] == out.returncode == 2 and doc["error"]
+            assert "Traceback" not in out.stderr
+
+
+def test_remote_sh_writes_json_with_any_remote_dir(tmp_path):
+    odd = tmp_path / 'we"ird dir\\x'
+    out = subprocess.run(["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "setup"], capture_output=True,
+                         text=True)  # fmt: skip
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["ok"] is True and doc["remote_dir"] == str(odd) and doc["have_tree"] is False
+    out = subprocess.run(["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "enlace", "latest", "python3", "runs"],
+                         capture_output=True, text=True)  # fmt: skip
+    doc = json.loads(out.stdout)
+    assert out.returncode == exitcodes.USAGE and "nothing has been synced" in doc["error"] and '"' in doc["error"]
