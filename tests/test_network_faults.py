@@ -1,0 +1,124 @@
+"""`logs -f` over a network that fails: sshd restarted 10 times (1-3 s down), 10 killed sessions, and
+20 % packet loss (iptables in a network namespace this test creates; the kernel here has no netem).
+What the user reads must equal train.log byte for byte, and the exit code must be the run's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from remote_helpers import remote, tiny_corpus
+
+from conftest import REPO, write_run
+from enlace import runs
+
+
+def _client(user_repo, env, host, *args, prefix=()):
+    cmd = [*prefix, sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    return subprocess.Popen(cmd, cwd=user_repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), **env})  # fmt: skip
+
+
+class Reader:
+    """Collects a pipe's bytes in a thread, so the test can see progress without consuming it."""
+
+    def __init__(self, pipe):
+        self.data = bytearray()
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe):
+        while chunk := pipe.read1(1 << 16):
+            self.data.extend(chunk)
+
+    def grows(self, timeout=60) -> None:
+        start, deadline = len(self.data), time.time() + timeout
+        while len(self.data) == start:
+            assert time.time() < deadline, "no new log bytes arrived"
+            time.sleep(0.05)
+
+    def join(self):
+        self._thread.join(timeout=60)
+        return bytes(self.data)
+
+
+def _steady_run(user_repo, name):
+    write_run(user_repo, name, training={"max_steps": 1_000_000, "log_every": 10, "eval_every": 0},
+              checkpoint={"every": 500, "keep": 2}, run_name=name)  # fmt: skip
+    from repocopy import commit_all
+
+    commit_all(user_repo, name)
+
+
+def test_logs_follow_over_10_sshd_restarts_and_10_killed_sessions_is_exact(sshd, user_repo):
+    rd = sshd.dir.parent / "remote-testhost"
+    tiny_corpus(rd)
+    _steady_run(user_repo, "steady")
+    remote(user_repo, sshd.env, "launch", "steady", "--no-preflight")
+    follower = _client(user_repo, sshd.env, "testhost", "logs", "steady", "-f", "--read-timeout", "5")
+    out, err = Reader(follower.stdout), Reader(follower.stderr)
+    out.grows()
+    for i in range(10):
+        sshd.restart(down_s=1 + i % 3)  # 1, 2, 3 s down
+        out.grows()  # reconnected and streaming again before the next fault
+    kills = 0
+    for _ in range(10):
+        kills += sshd.kill_sessions() > 0
+        out.grows()
+    rep = runs.stop(rd / "runs" / "steady", grace=60, kill=False)  # on the server, beside the driver
+    assert rep["status"] == "stopped"
+    assert follower.wait(timeout=300) == 0, err.join().decode()[-3000:]
+    assert kills >= 8 and err.join().decode().count("reconnecting") >= 15
+    assert out.join() == (rd / "runs" / "steady" / "train.log").read_bytes()
+
+
+@pytest.fixture
+def lossy_netns():
+    """A network namespace whose loopback drops 20 % of TCP packets (iptables statistic)."""
+    if not (shutil.which("ip") and shutil.which("iptables")):
+        pytest.skip("ip and iptables are needed for the packet-loss test (Debian: iproute2 iptables)")
+    ns = f"enl-{uuid.uuid4().hex[:8]}"
+    if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode:
+        pytest.skip("cannot create a network namespace here (needs root / CAP_SYS_ADMIN)")
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, lossy_netns):
+    from sshd import make_server
+
+    prefix = ["ip", "netns", "exec", lossy_netns]
+    srv = make_server(tmp_path, name="lossy", prefix=prefix)
+    try:
+        rd = tmp_path / "remote-lossy"
+        tiny_corpus(rd)
+        _steady_run(user_repo, "steady")
+        launch = _client(user_repo, srv.env, "lossy", "launch", "steady", "--no-preflight", prefix=prefix)
+        assert launch.wait(timeout=300) == 0, launch.stderr.read().decode()
+        drop = ["iptables", "-A", "INPUT", "-p", "tcp", "-m", "statistic", "--mode", "random", "--probability", "0.2",
+                "-j", "DROP"]  # fmt: skip
+        subprocess.run([*prefix, *drop], check=True)
+        follower = _client(user_repo, srv.env, "lossy", "logs", "steady", "-f", "--read-timeout", "5", prefix=prefix)
+        out, err = Reader(follower.stdout), Reader(follower.stderr)
+        for _ in range(20):  # about 20 stretches of streaming through the lossy link
+            out.grows(timeout=120)
+            time.sleep(0.5)
+        rep = runs.stop(rd / "runs" / "steady", grace=60, kill=False)
+        assert rep["status"] == "stopped"
+        assert follower.wait(timeout=600) == 0, err.join().decode()[-3000:]
+        counters = subprocess.run([*prefix, "iptables", "-L", "INPUT", "-v", "-n", "-x"], capture_output=True,
+                                  text=True).stdout.splitlines()  # fmt: skip
+        dropped = int(counters[2].split()[0])
+        assert dropped > 20, counters  # the link really lost packets
+        assert out.join() == (rd / "runs" / "steady" / "train.log").read_bytes()
+    finally:
+        srv.stop()
