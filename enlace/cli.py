@@ -105,8 +105,10 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
                    "training.max_steps, so --until 10 then --until 20 equals one --until 20.")  # fmt: skip
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Put the run directory under this dir instead of <root>/runs.")
+@click.option("--allow-data-change", is_flag=True,
+              help="Resume even though the data differs (by content) from the checkpoint's: not exact.")
 def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, until: int | None,
-          runs_dir: Path | None) -> None:  # fmt: skip
+          runs_dir: Path | None, allow_data_change: bool) -> None:  # fmt: skip
     """Train RUN; resume from its latest complete checkpoint if there is one.
 
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second one exits
@@ -115,7 +117,7 @@ def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, 
 
     cfg = load_config(run, overrides, root)
     cfg.runs_root = runs_dir
-    run_training(cfg, resume=resume, until=until)
+    run_training(cfg, resume=resume, until=until, allow_data_change=allow_data_change)
 
 
 @main.command()

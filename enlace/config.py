@@ -118,6 +118,7 @@ class Config:
     runs_root: Path | None = None  # where run dirs go (default: <root>/runs)
     origins: dict[str, str] = field(default_factory=dict)  # "section.key" → the file (or --set) that set it
     warnings: list[str] = field(default_factory=list)  # valid but probably not meant (train logs them)
+    overrides: list[str] = field(default_factory=list)  # the --set items it was loaded with (run.json records them)
 
     def origin(self, key: str) -> str:
         return self.origins.get(key, "defaults")
@@ -178,6 +179,12 @@ def find_root(start: Path | None = None) -> Path:
     return start
 
 
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, first: int, again: int):
+        super().__init__(f"{key!r} given twice")
+        self.key, self.first, self.again = key, first, again
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (plain YAML silently keeps the last)."""
 
@@ -189,10 +196,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 continue  # an odd key: the schema check names it later
             if key in seen:
-                raise ConfigError(str(self.name), str(key), f"given twice (lines {seen[key]} and {line}); YAML would "
-                                  "silently keep only the last", "merge the two entries into one")  # fmt: skip
+                raise DuplicateKey(str(key), seen[key], line)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_unique(text: str) -> Any:
+    """yaml.safe_load, but a key given twice in one mapping raises DuplicateKey (with both lines).
+    Config files and hosts files are read with it."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -208,12 +224,10 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
         raise ConfigError(str(path), "", f"is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
                           "save the file as UTF-8") from None  # fmt: skip
     try:
-        loader = _UniqueKeyLoader(text)
-        loader.name = str(path)
-        try:
-            data = loader.get_single_data()
-        finally:
-            loader.dispose()
+        data = load_yaml_unique(text)
+    except DuplicateKey as e:
+        raise ConfigError(str(path), e.key, f"given twice (lines {e.first} and {e.again}); YAML would silently keep "
+                          "only the last", "merge the two entries into one") from None  # fmt: skip
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -376,6 +390,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
         root=root,
         files={"run": run_src, "profile": rel(profile_path), "data": rel(data_path)},
         origins=origin,
+        overrides=list(overrides),
         **{s: _build_section(s, flat, origin) for s in SECTIONS},
     )
     from enlace.config_rules import check_combinations  # the rules need Config: imported here

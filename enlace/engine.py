@@ -166,7 +166,8 @@ def rank_state(data_stream) -> dict[str, Any]:
     return {"data": data_stream.state_dict(), "rng": determinism.rng_state()}
 
 
-def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str, int], commit: str) -> dict[str, Any]:
+def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str, int], commit: str,
+                  data_id: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """The checkpoint's files: name → object for torch.save (all weights_only-loadable).
 
     `ranks` holds rank_state() of every rank, gathered on rank 0 (one entry without DDP)."""
@@ -181,20 +182,33 @@ def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str,
         "commit": commit,
         "torch": str(torch.__version__),
         "threads": torch.get_num_threads(),
+        "data": data_id,
     }
     return {"model.pt": parts.raw_model.state_dict(), "optimizer.pt": parts.optimizer.state_dict(),
             "trainer.pt": trainer}  # fmt: skip
 
 
-def check_compatible(parts: Parts, trainer: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint from another config, world size or (deterministic) thread count."""
+def check_compatible(parts: Parts, trainer: dict[str, Any], where: str, data_id: dict[str, Any] | None = None,
+                     allow_data_change: bool = False) -> None:  # fmt: skip
+    """Refuse a checkpoint from another config, data, world size or (deterministic) thread count. A larger
+    (or smaller) training.max_steps is allowed while the run has not reached it: that extends the run,
+    and the cosine schedule spans the new max_steps from here on."""
     if trainer.get("version") != STATE_VERSION:
         raise CheckpointError(f"{where}: trainer state v{trainer.get('version')}, expected v{STATE_VERSION}")
-    diff = first_difference(trainer["fingerprint"], parts.cfg.fingerprint_fields())
+    saved, current = dict(trainer["fingerprint"]), parts.cfg.fingerprint_fields()
+    if current["training.max_steps"] > trainer["step"]:
+        saved["training.max_steps"] = current["training.max_steps"]
+    diff = first_difference(saved, current)
     if diff:
         key, old, new = diff
         raise CheckpointError(f"{where}: the checkpoint was made with {key}={old!r}, this run has {new!r} — "
                               f"resume with the same {key}, or start afresh with --resume none")  # fmt: skip
+    old = trainer.get("data")
+    if old and data_id and (old["sha256"], old["bytes"]) != (data_id["sha256"], data_id["bytes"]) and not allow_data_change:
+        raise CheckpointError(f"{where}: the data differs from the checkpoint's ({old['files']} files, {old['bytes']} bytes, "
+                              f"sha256 {old['sha256'][:12]} then; {data_id['files']} files, {data_id['bytes']} bytes, "
+                              f"sha256 {data_id['sha256'][:12]} now): resuming would not reproduce the run — put the "
+                              "same data back, or resume on this data anyway with --allow-data-change")  # fmt: skip
     if len(trainer["ranks"]) != parts.dist.world:
         raise CheckpointError(f"{where}: saved by {len(trainer['ranks'])} processes, resuming with "
                               f"{parts.dist.world} — resume with the same number of GPUs/processes")  # fmt: skip
@@ -204,10 +218,11 @@ def check_compatible(parts: Parts, trainer: dict[str, Any], where: str) -> None:
                               "deterministic resume needs the same — set runtime.threads accordingly")  # fmt: skip
 
 
-def restore_state(parts: Parts, files: dict[str, Any], data_stream, where: str) -> dict[str, Any]:
+def restore_state(parts: Parts, files: dict[str, Any], data_stream, where: str, data_id: dict[str, Any] | None = None,
+                  allow_data_change: bool = False) -> dict[str, Any]:  # fmt: skip
     """Load model, optimizer, scaler, this rank's RNG and data position; returns the trainer record."""
     trainer = files["trainer.pt"]
-    check_compatible(parts, trainer, where)
+    check_compatible(parts, trainer, where, data_id, allow_data_change)
     try:
         parts.raw_model.load_state_dict(files["model.pt"])
     except RuntimeError as e:

@@ -30,7 +30,7 @@ TABLE = {
     NO_SPACE: "not enough free disk space for the run's checkpoints",
 }
 
-VERDICT = {"oom": OOM, "unstable": UNSTABLE}  # preflight verdict → exit code (ok and tight: 0)
+VERDICT = {"oom": OOM, "unstable": UNSTABLE, "no_space": NO_SPACE}  # preflight verdict → exit code (ok, tight: 0)
 
 
 def help_text() -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -166,6 +167,7 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
             t0 = time.perf_counter()
             watch.run("save", lambda: save_checkpoint(Path(tmp), 0, state, keep=1))
             save_s = time.perf_counter() - t0
+            ckpt_bytes = sum(f.stat().st_size for f in Path(tmp).glob("step-*/*"))
         watch("done")
         progress(f"checkpoint save: {save_s:.2f} s")
     except OutOfMemory as e:
@@ -188,16 +190,20 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
     report["world"] = dist.world
     median, p90 = statistics.median(step_times), sorted(step_times)[max(0, math.ceil(0.9 * len(step_times)) - 1)]
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world  # global
-    n_evals = (t.max_steps // t.eval_every if t.eval_every else 0) + 1
-    n_saves = (t.max_steps // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
-    total_s = t.max_steps * median + n_evals * t.eval_batches * eval_batch_s + n_saves * save_s
+    done = _resumes_at(cfg)  # a resumed run only has the rest to go
+    todo = max(0, t.max_steps - done)
+    n_evals = (todo // t.eval_every if t.eval_every else 0) + 1
+    n_saves = (todo // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
+    total_s = todo * median + n_evals * t.eval_batches * eval_batch_s + n_saves * save_s
     report["throughput"] = {
         "median_step_s": round(median, 4), "p90_step_s": round(p90, 4), "tokens_per_step": tokens_per_step,
         "tokens_per_s": round(tokens_per_step / median, 1), "eval_batch_s": round(eval_batch_s, 4),
-        "checkpoint_save_s": round(save_s, 3), "max_steps": t.max_steps, "projected_s": round(total_s, 1),
-        "projected": _hours(total_s),
+        "checkpoint_save_s": round(save_s, 3), "max_steps": t.max_steps, "resumes_at": done, "remaining_steps": todo,
+        "projected_s": round(total_s, 1), "projected": _hours(total_s),
     }  # fmt: skip
     report["memory"] = memory
+    free = shutil.disk_usage(_existing(cfg.run_dir)).free
+    report["disk"] = {"checkpoint_mib": mib(ckpt_bytes), "free_mib": mib(free), "ok": free >= 2 * ckpt_bytes}
     fp16 = cfg.runtime.precision == "fp16"
     skip_frac = sum(skipped) / len(skipped) if skipped else 0.0
     report["fp16"] = {
@@ -207,7 +213,11 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
         "nonfinite_losses": nonfinite if fp16 else "n/a",
     }
     mem = report["memory"]
-    if fp16 and (skip_frac > UNSTABLE_SKIP_FRACTION or nonfinite > len(step_times) // 2):
+    if not report["disk"]["ok"]:
+        report["verdict"] = "no_space"
+        report["suggestion"] = (f"a checkpoint takes {mib(ckpt_bytes)} MiB and the run needs room for two; "
+                                f"{mib(free)} MiB are free where runs/ lives — free disk space first")  # fmt: skip
+    elif fp16 and (skip_frac > UNSTABLE_SKIP_FRACTION or nonfinite > len(step_times) // 2):
         report["verdict"] = "unstable"
         report["suggestion"] = (f"fp16 skipped {sum(skipped)} of {len(skipped)} steps after calibration (scale now "
                                 f"{scale:g}): lower runtime.fp16_init_scale or optim.learning_rate, or use bf16 on a "
@@ -220,6 +230,20 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
         report["verdict"] = "ok"
         report["suggestion"] = ""
     return report
+
+
+def _resumes_at(cfg: Config) -> int:
+    """The step `train` would resume from (its newest complete checkpoint), 0 for a fresh run."""
+    from enlace.checkpoint import latest_checkpoint, read_manifest
+
+    ckpt = latest_checkpoint(cfg.run_dir / "checkpoints")
+    return read_manifest(ckpt)["step"] if ckpt else 0
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memory_limit: int | None,

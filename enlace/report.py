@@ -27,8 +27,13 @@ def format_report(r: dict[str, Any]) -> str:
     if tp:
         rows.append(("step time", f"median {tp['median_step_s'] * 1000:.0f} ms, p90 {tp['p90_step_s'] * 1000:.0f} ms"))
         rows.append(("throughput", f"{tp['tokens_per_s']:.0f} tokens/s"))
-        rows.append(("projected", f"{tp['projected']} for {tp['max_steps']} steps (incl. eval and checkpoints; "
+        span = (f"the {tp['remaining_steps']} steps left (resumes at {tp['resumes_at']} of {tp['max_steps']})"
+                if tp.get("resumes_at") else f"{tp['max_steps']} steps")  # fmt: skip
+        rows.append(("projected", f"{tp['projected']} for {span} (incl. eval and checkpoints; "
                                   f"save {tp['checkpoint_save_s']} s)"))  # fmt: skip
+    disk = r.get("disk")
+    if disk:
+        rows.append(("disk", f"{disk['checkpoint_mib']} MiB per checkpoint, {disk['free_mib']} MiB free"))
     f = r.get("fp16")
     if f:
         rows.append(("fp16", "n/a (not fp16)" if f["skip_rate"] == "n/a" else

@@ -31,7 +31,7 @@ from enlace.checkpoint import (
     save_checkpoint,
 )
 from enlace.config import Config
-from enlace.data import build_stream
+from enlace.data import build_stream, data_identity
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.rundir import RunDir
 from enlace.runs import Status
@@ -99,7 +99,8 @@ def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]
     return ckpt, files  # on the CPU: load_state_dict moves weights and optimizer state to the device
 
 
-def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict[str, Any]:
+def train(cfg: Config, resume: str = "latest", until: int | None = None, allow_data_change: bool = False
+          ) -> dict[str, Any]:  # fmt: skip
     """Train `cfg` (resuming by default); returns the final run.json fields."""
     dist = engine.Dist.from_env()
     if dist.world > 1 and not torch_dist.is_initialized():
@@ -107,7 +108,7 @@ def train(cfg: Config, resume: str = "latest", until: int | None = None) -> dict
     run = RunDir(cfg.run_dir, enabled=dist.is_main)
     stop = StopSignal(on_second=lambda name: run.update_status(status=Status.STOPPED, exit_code=128, signal=name))
     try:
-        summary = _train(cfg, run, dist, stop, resume, until)
+        summary = _train(cfg, run, dist, stop, resume, until, allow_data_change)
         if dist.world > 1:
             # Every rank waits here until rank 0 has written its last checkpoint: a rank that
             # tore gloo down while its peer was still busy died with SIGABRT (seen under load).
@@ -135,7 +136,8 @@ def _record_failure(run: RunDir, exit_code: int, error: str) -> None:
         print(f"cannot record the failure in run.json ({e.strerror}): {error}", file=sys.stderr, flush=True)
 
 
-def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None):
+def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None,
+           allow_data_change: bool):  # fmt: skip
     t = cfg.training
     commit = git_commit(cfg.root)
     run.freeze_config(cfg.to_dict())
@@ -144,19 +146,22 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     if dist.is_main:
         runs.record_self(run.path, run_name=cfg.run_name, status=Status.STARTING, phase="building the model",
                          commit=commit, host=hostname(), torch=str(torch.__version__), max_steps=t.max_steps,
-                         exit_code=None, error=None, launch_id=os.environ.get("ENLACE_LAUNCH_ID"))  # fmt: skip
+                         exit_code=None, error=None, launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
+                         overrides=list(cfg.overrides), data=None)  # fmt: skip
 
     parts = engine.build_parts(cfg, dist)
     if dist.is_main:  # two more checkpoints must fit: one being written beside the newest
         check_free_space(run.checkpoints, checkpoint_bytes(run.checkpoints, parts.settings["params"]))
     run.phase("opening the data")
+    data_id = data_identity(cfg)
+    run.update_status(data=data_id)
     train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)
     val_stream = build_stream(cfg, "val", t.eval_batch_size or t.batch_size)
     progress = {"step": 0, "tokens": 0}
     run.phase("loading the checkpoint")
     ckpt, files = _load_resume(cfg, resume, dist)
     if ckpt is not None:
-        trainer = engine.restore_state(parts, files, train_stream, str(ckpt))
+        trainer = engine.restore_state(parts, files, train_stream, str(ckpt), data_id, allow_data_change)
         progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
 
     target = min(until or t.max_steps, t.max_steps)
@@ -189,7 +194,7 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
         if not dist.is_main:
             return ""
         path = save_checkpoint(run.checkpoints, progress["step"], engine.capture_state(
-            parts, states, progress, commit), cfg.checkpoint.keep)  # fmt: skip
+            parts, states, progress, commit, data_id), cfg.checkpoint.keep)  # fmt: skip
         run.log(f"checkpoint {path.name} saved")
         return path.name
 

@@ -10,18 +10,18 @@ import click
 
 from enlace.clitypes import Seconds
 from enlace.exitcodes import VERDICT as VERDICT_EXIT
-from orchestrator.cli import Context, _print_sync, main, with_context
+from orchestrator.cli import Context, _print_sync, main, set_option, with_context
 
 
-def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool) -> tuple[str, str]:
+def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool, overrides=()) -> tuple[str, str]:
     """sync + verify on one host; returns (commit, run_name). Raises if anything is missing there."""
     from orchestrator import ops
     from orchestrator.gitsync import sync
 
     rep = sync(session, repo, allow_dirty)
     _print_sync(rep)
-    ops.verify(session, rep.commit, run, for_launch)
-    return rep.commit, ops.run_name_of(session, rep.commit, run)
+    doc = ops.verify(session, rep.commit, run, for_launch, overrides)
+    return rep.commit, ops.check_run_name(doc["run_name"], "run_name")
 
 
 allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")
@@ -32,16 +32,17 @@ allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Measured steps.")
 @click.option("--max-batch", is_flag=True, help="Also find the largest batch_size that fits.")
 @allow_dirty_option
+@set_option
 @with_context
-def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: bool) -> None:
+def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: bool, overrides: tuple[str, ...]) -> None:
     """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
 
     Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable."""
     from orchestrator import ops
 
-    ops.check_run_name(run)
-    sha, run_name = _prepare(ctx.session, ctx.repo, run, allow_dirty, for_launch=False)
-    extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else [])
+    ops.check_run_config(ctx.repo, run)
+    sha, run_name = _prepare(ctx.session, ctx.repo, run, allow_dirty, False, overrides)
+    extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else []) + ops.set_args(overrides)
     report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, extra)
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
 
@@ -64,11 +65,14 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
 @click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH",
               help="Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
                    "dir such as checkpoints/step-000040 (when the newest one is corrupt).")  # fmt: skip
+@click.option("--allow-data-change", is_flag=True,
+              help="Passed to enlace train: resume although the server's data differs from the checkpoint's.")
 @allow_dirty_option
+@set_option
 @with_context
 def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
            gpus: str | None, hosts: str | None, master_port: int, slurm: bool, nodes: int, resume: str,
-           allow_dirty: bool) -> None:  # fmt: skip
+           allow_data_change: bool, allow_dirty: bool, overrides: tuple[str, ...]) -> None:  # fmt: skip
     """Sync, verify --for-launch, preflight, then train RUN detached on the host.
 
     Without RUN: the host's default_run, else the last run launched there from this repo. The
@@ -78,7 +82,7 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
     from orchestrator.hosts import resolve_host
     from orchestrator.logs import follow_log
 
-    run = ops.choose_run(ctx.repo, ctx.host, run)
+    run = ops.check_run_config(ctx.repo, ops.choose_run(ctx.repo, ctx.host, run))
     if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
         raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
     if slurm:
@@ -90,15 +94,17 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
     for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
         if hosts:
             click.echo(f"== {host.name}", err=True)
-        sha, run_name = _prepare(ctx.session_for(host), ctx.repo, run, allow_dirty, for_launch=True)
+        sha, run_name = _prepare(ctx.session_for(host), ctx.repo, run, allow_dirty, True, overrides)
     first = ctx.session_for(targets[0])
-    ops.refuse_if_running(first, run_name)
+    if not ops.worth_launching(first, run_name, overrides):
+        return
     if not no_preflight:
-        report = ops.remote_preflight(first, sha, run, ctx.repo, run_name, ["--steps", "5"])
+        report = ops.remote_preflight(first, sha, run, ctx.repo, run_name, ["--steps", "5", *ops.set_args(overrides)])
         if report["verdict"] in VERDICT_EXIT and not force:
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
-    train_args = (["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
+    train_args = ((["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
+                  + (["--allow-data-change"] if allow_data_change else []) + ops.set_args(overrides))  # fmt: skip
     started = None
     for rank, host in enumerate(targets):
         rdzv = {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1",
@@ -149,18 +155,20 @@ def stop(ctx: Context, run_name: str, grace: float, kill: bool) -> None:
 
 
 @main.command()
-@click.argument("run_name")
+@click.argument("run_name", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its exit status.")
 @click.option("--tail", "tail_lines", type=click.IntRange(min=0), default=None, metavar="N", help="Start N lines from the end.")
 @click.option("--read-timeout", type=Seconds(), default=60.0, show_default=True,
               help="Reconnect (from the same byte) when no data arrives for this long.")
 @with_context
 def logs(ctx: Context, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:
-    """Print RUN_NAME's train.log; -f follows it across dropped connections (no line lost or repeated)."""
+    """Print RUN_NAME's train.log (default: the run last launched on the host); -f follows it across
+    dropped connections (no line lost or repeated) and exits with the run's exit code."""
     from orchestrator import ops
     from orchestrator.logs import follow_log, tail_start
 
-    ctx.session.enlace_json("latest", "runs", ops.check_run_name(run_name), "--json")  # a clear error if absent
+    run_name = ops.choose_run(ctx.repo, ctx.host, run_name, last_first=True)
+    ctx.session.enlace_json("latest", "runs", run_name)  # a clear error if absent
     offset = tail_start(ctx.session, run_name, tail_lines) if tail_lines is not None else 0
     sys.exit(follow_log(ctx.session, run_name, offset, follow, read_timeout))
 
@@ -178,7 +186,7 @@ def fetch(ctx: Context, run_name: str | None, which: str, dest: Path | None) -> 
     from orchestrator import ops
     from orchestrator.fetch import fetch as do_fetch
 
-    run_name = ops.choose_run(ctx.repo, ctx.host, run_name)
+    run_name = ops.choose_run(ctx.repo, ctx.host, run_name, last_first=True)
     rep = do_fetch(ctx.session, run_name, dest or ctx.repo / "runs" / run_name, which == "all")
     mib = rep["bytes"] / 2**20
     rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0

@@ -85,6 +85,7 @@ def _fetch_once(session: Session, run_name: str, dest: Path, all_checkpoints: bo
                          "— wait for the first checkpoint.every steps, or stop the run to make it save")  # fmt: skip
     wanted = m["checkpoints"] if all_checkpoints else [c for c in m["checkpoints"] if c["name"] == m["latest"]]
     root = dest.resolve()
+    _claim(root, session.host.name, m["run_dir"], run_name)
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
     staging = root / STAGING
     todo, sizes = [], {}
@@ -123,6 +124,28 @@ def _fetch_once(session: Session, run_name: str, dest: Path, all_checkpoints: bo
     shutil.rmtree(staging, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+ORIGIN = ".enlace-origin.json"
+
+
+def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
+    """A fetched run remembers where it came from; the same name from another host or directory is
+    refused (mixing two runs' checkpoints, logs and `latest` in one directory loses both)."""
+    origin = {"host": host, "run_dir": run_dir}
+    path = root / ORIGIN
+    if path.is_file():
+        have = json.loads(path.read_text())
+        if have != origin:
+            raise UsageError(f"{root} holds {run_name} fetched from {have['host']} ({have['run_dir']}); fetching "
+                             f"{run_name} from {host} ({run_dir}) would mix two runs — fetch it elsewhere: "
+                             f"--dest {root.parent / (run_name + '@' + host)}")  # fmt: skip
+        return
+    if (root / "checkpoints").is_dir() and any((root / "checkpoints").iterdir()):
+        raise UsageError(f"{root} already holds checkpoints of unknown origin (a local run?); fetching {run_name} from "
+                         f"{host} would mix them — fetch it elsewhere: --dest {root.parent / (run_name + '@' + host)}")
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(origin) + "\n")
 
 
 def _verify(partial: Path, files: dict, name: str) -> None:

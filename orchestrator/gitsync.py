@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.session import SHA_RE, Session
 
@@ -64,7 +66,6 @@ class SyncReport:
     pushed: bool = False
     seconds: float = 0.0
     tree: str = ""
-    python: str = ""
 
 
 def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> SyncReport:
@@ -94,8 +95,11 @@ def sync(session: Session, repo: Path, allow_dirty: bool = False, check_ignored:
     if not state["have_tree"]:
         push(session, repo, report.commit)
         report.pushed = True
-    done = session.call_json("checkout", report.commit, session.host.python)  # idempotent
-    report.tree, report.python = done["tree"], done["python"]
+    # idempotent; with `python: venv` the first checkout builds the venv: pip's progress is shown as it comes
+    argv = session.argv("checkout", report.commit, session.host.python, *session.host.pip_args)
+    done = session.stream_call(argv, "remote.sh checkout", lambda line: click.echo(f"  server: {line}", err=True),
+                               stall_timeout=1800)  # fmt: skip
+    report.tree = done["tree"]
     report.seconds = time.perf_counter() - t0
     return report
 

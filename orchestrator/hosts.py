@@ -29,7 +29,8 @@ from orchestrator.errors import UsageError
 
 TARGET_RE = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?")
 HOST_KEYS = {"ssh", "remote_dir", "python", "default_run", "identity_file", "known_hosts", "connect_timeout", "user",
-             "port"}  # fmt: skip
+             "port", "pip_args"}  # fmt: skip
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass
@@ -45,6 +46,9 @@ class Host:
     known_hosts: str = str(Path("~/.ssh/known_hosts").expanduser())
     connect_timeout: float = 10.0
     default_run: str | None = None
+    pip_args: list[str] = field(default_factory=list)  # for `python: venv`: e.g. --index-url URL, --find-links DIR
+    configured: bool = True  # False: NAME was in no hosts file (taken as an ssh alias or user@host)
+    known: tuple[str, ...] = ()  # the host names the files define (for messages)
 
     @property
     def known_hosts_key(self) -> str:
@@ -66,12 +70,19 @@ def ssh_config_file() -> Path:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    from enlace.config import DuplicateKey, load_yaml_unique
+
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml_unique(path.read_text()) or {}
+    except DuplicateKey as e:
+        raise UsageError(f"{path}: line {e.again}: {e.key!r} is given twice (first at line {e.first}); YAML would keep "
+                         f"only the last and silently drop the first — merge them into one `{e.key}:` entry") from None
     except yaml.YAMLError as e:
         raise UsageError(f"{path}: not valid YAML ({e.__class__.__name__}) — fix the syntax") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected `defaults:` and `hosts:` mappings at the top level")
     for key in data:
         if key not in ("defaults", "hosts"):
             raise UsageError(f"{path}: unknown key {key!r} — the file has `defaults:` and `hosts:`")
@@ -112,12 +123,46 @@ def resolve_host(name: str, repo: Path) -> Host:
     identities = [identity] if identity else cfg.get("identityfile", [])
     known = entry.get("known_hosts") or (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
     return Host(
-        name=name, local=False, remote_dir=entry.get("remote_dir", "~/enlace"), python=entry.get("python", "python3"),
+        name=name, local=False, remote_dir=entry.get("remote_dir", "~/enlace"), python=entry.get("python", "venv"),
         hostname=cfg.get("hostname", alias).strip("[]"), user=m.group("user") or entry.get("user") or cfg.get("user"),
         port=port, identity_files=[str(Path(p).expanduser()) for p in identities],
         known_hosts=str(Path(known).expanduser()), connect_timeout=float(entry.get("connect_timeout", 10)),
-        default_run=entry.get("default_run"),
+        default_run=entry.get("default_run"), pip_args=_pip_args(entry.get("pip_args"), name),
+        configured=name in table or bool(cfg), known=("local", *sorted(n for n in table if n != "local")),
     )  # fmt: skip
+
+
+def _pip_args(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return value.split()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UsageError(f"host {name}: pip_args must be a list of strings, e.g. [--index-url, https://...]")
+    return value
+
+
+def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Write (or merge into) the user's hosts file: hosts.NAME gets `entry`'s keys. Returns the file and
+    the host's resulting entry."""
+    if not NAME_RE.fullmatch(name) or name == "local":
+        raise UsageError(f"host name {name!r}: use 1-64 characters of [A-Za-z0-9._-] (and not `local`)")
+    m = TARGET_RE.fullmatch(entry.get("ssh") or "")
+    if not m:
+        raise UsageError(f"--ssh {entry.get('ssh')!r}: expected USER@HOST[:PORT] or an ~/.ssh/config alias")
+    if m.group("port"):
+        _port(m.group("port"), name)
+    path = user_hosts_file()
+    data = _load(path)  # refuses a broken or duplicated file instead of appending to it
+    hosts = data.get("hosts") or {}
+    hosts[name] = {**(hosts.get(name) or {}), **{k: v for k, v in entry.items() if v not in (None, [])}}
+    data["hosts"] = hosts
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
+                   + yaml.safe_dump(data, sort_keys=False))  # fmt: skip
+    os.replace(tmp, path)
+    return path, hosts[name]
 
 
 def _port(value: Any, name: str) -> int:
@@ -144,3 +189,9 @@ def list_hosts(repo: Path) -> list[Host]:
     _, table = load_host_table(repo)
     names = ["local", *sorted(n for n in table if n != "local")]
     return [resolve_host(n, repo) for n in names]
+
+
+def known_names(repo: Path) -> list[str]:
+    """Host names from the hosts files (for messages about an unknown host)."""
+    _, table = load_host_table(repo)
+    return ["local", *sorted(n for n in table if n != "local")]

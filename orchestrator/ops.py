@@ -13,14 +13,36 @@ from orchestrator.errors import AlreadyRunning, RemoteError, UsageError, VerifyE
 from orchestrator.session import Session, check_run_name
 
 
-def verify(session: Session, sha: str, run: str, for_launch: bool = False) -> dict:
+def check_run_config(repo: Path, run: str) -> str:
+    """RUN names configs/runs/RUN.yaml in this checkout (what sync ships): a typo is caught here, before any
+    connection, with the closest names."""
+    import difflib
+
+    if run.endswith((".yaml", ".yml")) or "/" in run:
+        if not (repo / run).is_file():
+            raise UsageError(f"run config {run} not found in {repo}")
+        return run
+    check_run_name(run)
+    have = sorted(p.stem for p in (repo / "configs" / "runs").glob("*.yaml"))
+    if run not in have:
+        close = difflib.get_close_matches(run, have, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UsageError(f"no run config {run!r} in configs/runs/ — {hint}runs: {', '.join(have) or 'none'}")
+    return run
+
+
+def set_args(overrides: tuple[str, ...] | list[str]) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def verify(session: Session, sha: str, run: str, for_launch: bool = False, overrides=()) -> dict:
     """The server-side checklist for RUN in trees/SHA; prints it, raises VerifyError naming what is missing."""
-    args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else [])
+    args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + set_args(overrides)
     doc = session.call_json("verify", *args, ok_codes=(0, 3))
     if "checks" not in doc:
         raise VerifyError(f"verify on {session.host.name}: {doc.get('error', 'failed')}")
     for c in doc["checks"]:
-        mark = "ok " if c["ok"] else "FAIL"
+        mark = " ok " if c["ok"] else "FAIL"
         click.echo(f"  [{mark}] {c['name']}" + (f" — {c['detail']}" if c["detail"] else ""), err=True)
     if not doc["ok"]:
         failed = "; ".join(f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["ok"])
@@ -44,26 +66,21 @@ def remember_run(repo: Path, host: str, run: str) -> None:
     path.write_text(json.dumps(table, indent=1) + "\n")
 
 
-def choose_run(repo: Path, host, run: str | None) -> str:
-    """RUN as given; else the host's default_run; else the last run launched there from this repo."""
+def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> str:
+    """RUN as given; else the host's default_run, then the last run launched there from this repo (for
+    launch); with `last_first` (logs, fetch: what you just launched) the other way round."""
     if run:
         return check_run_name(run)
-    if host.default_run:
-        click.echo(f"run: {host.default_run} (default_run of host {host.name})", err=True)
-        return check_run_name(host.default_run)
     path = _last_runs_file(repo)
     last = json.loads(path.read_text()).get(host.name) if path.exists() else None
-    if last:
-        click.echo(f"run: {last} (the last run launched on {host.name} from this repo)", err=True)
-        return check_run_name(last)
+    choices = [(host.default_run, f"default_run of host {host.name}"),
+               (last, f"the last run launched on {host.name} from this repo")]  # fmt: skip
+    for name, why in reversed(choices) if last_first else choices:
+        if name:
+            click.echo(f"run: {name} ({why})", err=True)
+            return check_run_name(name)
     raise UsageError(f"no RUN given, host {host.name} has no default_run and nothing was launched there from "
                      "this repo yet — name the run, e.g. `enlace-remote launch smoke-cpu`")  # fmt: skip
-
-
-def run_name_of(session: Session, sha: str, run: str) -> str:
-    """The run_name RUN's config resolves to, asked of the server (its loader is the only schema)."""
-    doc = session.enlace_json(sha, "check-config", run)
-    return check_run_name(doc["run_name"], "run_name")
 
 
 # -- preflight ----------------------------------------------------------------------------------
@@ -87,11 +104,23 @@ def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name:
 # -- launch / status / stop --------------------------------------------------------------------
 
 
-def refuse_if_running(session: Session, run_name: str) -> None:
-    """Before any preflight: a live run is refused at once (its preflight would compete with it)."""
+def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
+    """Before any preflight: a live run is refused at once (its preflight would compete with it); a
+    finished run is said to be finished, with how to extend it (False: nothing to launch)."""
     rows = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name]
-    if rows and rows[0]["alive"]:
-        raise AlreadyRunning(_running_message(session, rows[0]))
+    if not rows:
+        return True
+    row = rows[0]
+    if row["alive"]:
+        raise AlreadyRunning(_running_message(session, row))
+    extends = any(o.startswith("training.max_steps=") for o in overrides)
+    if row["status"] == "finished" and not extends:
+        click.echo(f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "
+                   f"{row['latest_checkpoint']}); nothing to train. To train further, raise max_steps: "
+                   f"`enlace-remote launch {run_name} --set training.max_steps={2 * (row['max_steps'] or 1)}` "
+                   "resumes from that checkpoint", err=True)  # fmt: skip
+        return False
+    return True
 
 
 def _running_message(session: Session, row: dict) -> str:

@@ -60,6 +60,12 @@ class Session:
                     ok_codes: tuple[int, ...] = (0,)) -> Any:  # fmt: skip
         """Like enlace_json for long verbs (preflight, wait): stderr lines go to on_progress as they come;
         the server side ends if this client dies."""
+        argv = self.enlace_argv(sha, *_with_json(args), tied=True)
+        return self.stream_call(argv, f"enlace {args[0]}", on_progress, stall_timeout, ok_codes)
+
+    def stream_call(self, argv: list[str], what: str, on_progress: Callable[[str], None], stall_timeout: float,
+                    ok_codes: tuple[int, ...] = (0,)) -> Any:  # fmt: skip
+        """Run argv; its stderr lines go to on_progress as they arrive; its stdout is the one JSON answer."""
         out, err = bytearray(), bytearray()
         pending = b""
 
@@ -72,10 +78,8 @@ class Session:
                 if text.strip() and not text.startswith(("Error: ", "Usage: ", "Try ")):  # an error is raised once
                     on_progress(text)
 
-        code = self.transport.stream(self.enlace_argv(sha, *_with_json(args), tied=True), out.extend, on_stderr,
-                                     stall_timeout)  # fmt: skip
-        return self._answer(f"enlace {args[0]}", out.decode(errors="replace"), err.decode(errors="replace"), code,
-                            ok_codes)  # fmt: skip
+        code = self.transport.stream(argv, out.extend, on_stderr, stall_timeout)
+        return self._answer(what, out.decode(errors="replace"), err.decode(errors="replace"), code, ok_codes)
 
     def _answer(self, what: str, stdout: str, stderr: str, exited: int, ok_codes: tuple[int, ...]) -> Any:
         """The protocol: stdout is exactly one JSON document. {"ok": false, "error": ...} is a refusal,

@@ -35,6 +35,7 @@ from orchestrator.errors import CommandFailed, Transient, UnreachableError, Usag
 from orchestrator.hosts import Host, ssh_config_file
 
 BACKOFF_S = (0.5, 1, 2, 4, 8, 10)
+DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 OnData = Callable[[bytes], None]
 
 
@@ -207,8 +208,11 @@ class SSHTransport(Transport):
                 raise UnreachableError(self._unknown_key_message(where)) from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
-            raise UsageError(f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}) — it is in no "
-                             "hosts.yaml nor ssh config; `enlace-remote hosts` lists the known hosts") from None  # fmt: skip
+            where_from = ("it is in no hosts file (configs/hosts.yaml, ~/.config/enlace/hosts.yaml) nor ~/.ssh/config"
+                          if not h.configured else "check its ssh: / HostName")  # fmt: skip
+            raise UsageError(f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}); {where_from}. "
+                             f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} "
+                             "--ssh USER@HOST") from None  # fmt: skip
         except (TimeoutError, OSError, EOFError) as e:
             reason = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else (e.strerror or str(e))
             raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
@@ -299,7 +303,9 @@ class SSHTransport(Transport):
                 "-p", str(h.port)]  # fmt: skip
         cfg = ssh_config_file()
         argv += ["-F", str(cfg) if cfg.is_file() else "/dev/null"]
-        for key in h.identity_files:
+        # The keys paramiko tries (~ is $HOME), also for ssh, which would look in the passwd entry's home
+        keys = h.identity_files or [str(k) for k in (Path.home() / ".ssh" / n for n in DEFAULT_KEYS) if k.is_file()]
+        for key in keys:
             argv += ["-i", key]
         return argv
 

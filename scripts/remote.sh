@@ -5,8 +5,9 @@
 # happen before the tree's Python exists, then hands over to `python -m enlace`:
 #
 #   remote.sh REMOTE_DIR setup [SHA]               create repo.git, data/, runs/, trees/
-#   remote.sh REMOTE_DIR checkout SHA [PYTHON]     trees/SHA: a checkout of SHA with data/ and runs/
-#                                                  linked to the shared dirs; idempotent; resolves PYTHON
+#   remote.sh REMOTE_DIR checkout SHA [PYTHON [PIP_ARG...]]   trees/SHA: a checkout of SHA with data/ and
+#                                                  runs/ linked to the shared dirs; idempotent; resolves PYTHON
+#                                                  (`venv`: builds one, pip's progress on stderr)
 #   remote.sh REMOTE_DIR verify SHA PYTHON RUN [--for-launch]   the arrival checklist
 #   remote.sh REMOTE_DIR enlace SHA|latest PYTHON ARGS...       exec python -m enlace ARGS in trees/SHA
 #
@@ -42,26 +43,30 @@ newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, 
   basename "$(dirname "$t")"
 }
 
-resolve_python() {  # SHA PYTHON -> prints the interpreter path (status 1 if there is none)
-  local tree=$RD/trees/$1 py=$2
+resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (status 1 if there is none)
+  local tree=$RD/trees/$1 py=$2; shift 2
   if [ "$py" != venv ]; then
     command -v "$py" >/dev/null 2>&1 || return 1
     command -v "$py"; return
   fi
+  # One venv per pyproject+constraints (pip args say where wheels come from, not what is installed)
   local key; key=$(cat "$tree/pyproject.toml" "$tree/constraints.txt" 2>/dev/null | sha256sum | cut -c1-16)
   local venv=$RD/venvs/$key
   if [ ! -x "$venv/bin/python" ]; then
-    local tmp=$RD/venvs/.tmp-$key-$$
+    local tmp=$RD/venvs/.tmp-$key-$$ torch_pin
+    torch_pin=$(grep -E '^torch==' "$tree/constraints.txt" || echo torch)
     mkdir -p "$RD/venvs"; rm -rf "$tmp"
-    echo "building the server's venv $venv from constraints.txt (torch is large: minutes)" >&2
-    "$(sys_python)" -m venv "$tmp" >&2
-    "$tmp/bin/python" -m pip install -q -c "$tree/constraints.txt" torch numpy pyyaml click >&2 \
-      || { rm -rf "$tmp"; return 1; }
-    mv "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another sync may have won the race
+    echo "building the server's python: a venv in $venv with $torch_pin, numpy, pyyaml, click from" \
+         "constraints.txt${*:+ (pip $*)} — on a GPU server pip fetches a CUDA wheel of torch (≈2.5 GB): minutes" >&2
+    "$(sys_python)" -m venv "$tmp" >&2 || { rm -rf "$tmp"; return 1; }
+    "$tmp/bin/python" -m pip install --progress-bar off --disable-pip-version-check -c "$tree/constraints.txt" \
+      "$@" torch numpy pyyaml click >&2 || { rm -rf "$tmp"; return 1; }
+    mv -T "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another sync may have won the race
+    echo "built $venv" >&2
   fi
   echo "$venv/bin/python"
 }
-NO_PYTHON="no usable python on the server: set python: in hosts.yaml to one with torch, or venv"
+NO_PYTHON="no usable python on the server (the venv build failed, or python: names none): see the messages above; set python: in hosts.yaml to venv (pip_args: for another wheel index) or to a python with torch"
 
 case $VERB in
   setup)
@@ -86,7 +91,7 @@ case $VERB in
       if ! mv -T "$tmp" "$tree" 2>/dev/null; then rm -rf "$tmp"; fi  # a concurrent checkout won
     fi
     py=""
-    if [ $# -ge 2 ]; then py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; fi
+    if [ $# -ge 2 ]; then shift; py=$(resolve_python "$sha" "$@") || die "$NO_PYTHON"; fi
     json_out ok:json true tree "$tree" head "$(git -C "$tree" rev-parse HEAD)" python "$py"
     ;;
   verify)

@@ -1,7 +1,7 @@
 """Server-side arrival checklist for one commit's tree (stdlib only: it must run even when the
 tree is broken). Run by `remote.sh verify` from inside trees/<sha>/:
 
-    python scripts/verify_tree.py SHA RUN [--for-launch]
+    python scripts/verify_tree.py SHA RUN [--for-launch] [--set SECTION.KEY=VALUE ...]
 
 Prints one JSON object: {"ok": bool, "checks": [{"name", "ok", "detail"}...], "run_name": ...}.
 """
@@ -32,9 +32,24 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return finish(start(*args))
 
 
+DEPENDENCIES = ("torch", "numpy", "yaml", "click")
+
+
+def import_detail(stderr: str) -> str:
+    """The failed import's last line; for a missing dependency, what the user should do."""
+    last = (stderr.strip().splitlines() or [""])[-1]
+    for dep in DEPENDENCIES:
+        if f"No module named '{dep}'" in last:
+            return (f"{last} — the server's python ({sys.executable}) lacks enlace's dependencies; set `python: venv` "
+                    "for this host in hosts.yaml (enlace builds a venv from constraints.txt), or install them")
+    return last
+
+
 def main() -> int:
-    sha, run_ref = sys.argv[1], sys.argv[2]
-    for_launch = "--for-launch" in sys.argv[3:]
+    sha, run_ref, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+    for_launch = "--for-launch" in rest
+    sets = [a for i, a in enumerate(rest) if i > 0 and rest[i - 1] == "--set"]
+    set_args = [a for s in sets for a in ("--set", s)]
     checks: list[dict] = []
     add = lambda name, ok, detail="": checks.append({"name": name, "ok": bool(ok), "detail": detail})
 
@@ -49,20 +64,20 @@ def main() -> int:
     imp_p = start("-c", "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
                     "assert f.startswith(os.path.realpath(os.getcwd()) + os.sep), 'imported from ' + f + "
                     "', not from this tree: the tree lacks enlace/data/'")  # fmt: skip
-    cc_p = start("-m", "enlace", "check-config", run_ref, "--json")  # both checks run side by side
+    cc_p = start("-m", "enlace", "check-config", run_ref, "--json", *set_args)  # both checks run side by side
     imp, cc = finish(imp_p), finish(cc_p)
-    add("import enlace.data", imp.returncode == 0, (imp.stderr.strip().splitlines() or [""])[-1])
+    add("import enlace.data", imp.returncode == 0, import_detail(imp.stderr) if imp.returncode else "")
     try:
         cfg = json.loads(cc.stdout)
     except json.JSONDecodeError:
-        cfg = {"ok": False, "error": (cc.stderr.strip().splitlines() or ["no output"])[-1]}
+        cfg = {"ok": False, "error": import_detail(cc.stderr) or "no output"}
     add(f"enlace check-config {run_ref}", cfg.get("ok"), cfg.get("error", ""))
     if cfg.get("ok"):
         absent = [f for f in cfg["files"].values() if not Path(f).is_file()]
         add("referenced configs present", not absent, "missing: " + ", ".join(absent) if absent else
             ", ".join(cfg["files"].values()))  # fmt: skip
     if for_launch and cfg.get("ok"):
-        df = run("-m", "enlace", "data-files", run_ref, "--json")
+        df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args)
         try:
             data = json.loads(df.stdout)
         except json.JSONDecodeError:

@@ -22,13 +22,13 @@ CONFIG = """\
 Port {port}
 ListenAddress 127.0.0.1
 HostKey {dir}/host_key
-AuthorizedKeysFile {dir}/authorized_keys
+AuthorizedKeysFile {keys}
 PidFile {dir}/sshd.pid
 UsePAM no
 StrictModes no
 PermitRootLogin prohibit-password
 {sftp}
-SetEnv HOME={dir}/home
+{setenv}
 MaxStartups 100:30:200
 MaxSessions 50
 LogLevel VERBOSE
@@ -52,6 +52,7 @@ class SSHServer:
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
     sftp: bool = True  # False: no `Subsystem sftp` line (a server that offers no SFTP)
+    own_homes: bool = False  # True: users keep their own HOME and ~/.ssh/authorized_keys (a real fresh account)
     prefix: list[str] = field(default_factory=list)  # e.g. ["ip", "netns", "exec", NS]: run sshd there
 
     def start(self, port: int | None = None) -> None:
@@ -62,7 +63,10 @@ class SSHServer:
         for _attempt in range(5 if port is None else 50):  # binding port 0 then releasing it races: retry
             self.port = port or _free_port()
             sftp = "Subsystem sftp internal-sftp" if self.sftp else ""
-            (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir, sftp=sftp))
+            setenv = "" if self.own_homes else f"SetEnv HOME={self.dir}/home"
+            keys = ".ssh/authorized_keys" if self.own_homes else f"{self.dir}/authorized_keys"
+            (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir, sftp=sftp, setenv=setenv,
+                                                                keys=keys))  # fmt: skip
             log = self.dir / "sshd.log"
             log.write_text("")
             self.proc = subprocess.Popen([*self.prefix, SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)])
@@ -102,13 +106,13 @@ class SSHServer:
 
 
 def make_server(base: Path, name: str = "testhost", trust: bool = True, sftp: bool = True,
-                prefix: list[str] | None = None) -> SSHServer:  # fmt: skip
+                prefix: list[str] | None = None, own_homes: bool = False) -> SSHServer:  # fmt: skip
     d = base / f"sshd-{name}"
     (d / "home").mkdir(parents=True)
     keygen(d / "host_key")
     keygen(d / "client_key")
     shutil.copy(d / "client_key.pub", d / "authorized_keys")
-    srv = SSHServer(d, sftp=sftp, prefix=prefix or [])
+    srv = SSHServer(d, sftp=sftp, prefix=prefix or [], own_homes=own_homes)
     srv.start()
     kind, key = srv.host_public_key()
     (d / "known_hosts").write_text(f"[127.0.0.1]:{srv.port} {kind} {key}\n" if trust else "")

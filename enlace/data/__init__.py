@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from enlace.config import Config
 from enlace.data.bytestream import ByteStream, resolve_paths
 from enlace.data.shards import ShardStream, prepare_shards
 
-__all__ = ["ByteStream", "ShardStream", "build_stream", "data_files", "prepare_shards", "resolve_paths"]
+__all__ = ["ByteStream", "ShardStream", "build_stream", "data_files", "data_identity", "prepare_shards", "resolve_paths"]
+
+FULL_HASH_LIMIT = 1 << 30  # corpora up to 1 GiB are hashed whole; larger ones by size + head/tail samples
+SAMPLE = 1 << 20
 
 
 def build_stream(cfg: Config, split: str, batch_size: int, rank: int = 0, world: int = 1):
@@ -25,3 +30,26 @@ def data_files(cfg: Config) -> list[str]:
     if d.kind == "bytes":
         return [str(p) for p in resolve_paths(d.paths, cfg.root)]
     return [str(p) for p in ShardStream.files(cfg.root / d.shard_dir)]
+
+
+def data_identity(cfg: Config) -> dict:
+    """What the run reads, by content: file count, total bytes and one sha256 over every file's name,
+    size and bytes (corpora over 1 GiB: each file's first and last MiB). Stored in every checkpoint; a
+    resume on other data (e.g. another machine's stdlib) is refused instead of silently not exact."""
+    import hashlib
+
+    files = [Path(f) for f in data_files(cfg)]
+    sizes = [f.stat().st_size for f in files]
+    whole = sum(sizes) <= FULL_HASH_LIMIT
+    h = hashlib.sha256()
+    for f, size in zip(files, sizes):
+        h.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            if whole or size <= 2 * SAMPLE:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+            else:
+                h.update(fh.read(SAMPLE))
+                fh.seek(size - SAMPLE)
+                h.update(fh.read(SAMPLE))
+    return {"files": len(files), "bytes": sum(sizes), "sha256": h.hexdigest(), "sampled": not whole}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import glob
 import hashlib
+import os
 import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,8 +48,9 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
             expanded = str(root / expanded)
         matches = sorted(Path(m) for m in glob.glob(expanded, recursive=True) if Path(m).is_file())
         if not matches:
-            raise DataError(f"data.paths: {pattern!r} matches no file (looked for {expanded}) — "
-                            "put the corpus there, or fix the pattern in the data config")
+            # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
+            raise DataError(f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
+                            "put the corpus there, or fix the pattern in the data config")  # fmt: skip
         files.extend(m for m in matches if m not in files)
     return files
 

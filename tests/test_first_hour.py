@@ -1,0 +1,91 @@
+"""README's "On a GPU server" section, played literally by a new user: a fresh unix account on a real
+sshd with its own HOME and nothing of enlace, the host added with the documented command, `python`
+left at its default (a venv built on the server); setup, preflight, launch, logs -f, fetch succeed.
+The test user's pip gets the machine's local wheels through --pip-arg, as a user points pip at their index."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from remote_helpers import tiny_corpus
+
+from conftest import REPO
+
+WHEELS = Path("/opt/wheels")
+
+
+def readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## On a GPU server", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def fresh_user():
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("creating a fresh unix account needs root and useradd")
+    name = f"enl{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-p", "*", name], check=True)  # "*": no password, not locked
+    try:
+        yield name
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        subprocess.run(["userdel", "-r", "-f", name], capture_output=True, check=False)
+
+
+@pytest.mark.slow
+def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fresh_user):
+    from sshd import make_server
+
+    srv = make_server(tmp_path, name="fresh", own_homes=True)
+    home = tmp_path / "laptop-home"  # the new user's own machine: a key and known_hosts, no enlace config
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(srv.dir / "client_key", home / ".ssh" / "id_ed25519")
+    shutil.copy(srv.dir / "known_hosts", home / ".ssh" / "known_hosts")
+    server_home = Path(f"/home/{fresh_user}")
+    (server_home / ".ssh").mkdir(mode=0o700)
+    shutil.copy(srv.dir / "client_key.pub", server_home / ".ssh" / "authorized_keys")
+    subprocess.run(["chown", "-R", f"{fresh_user}:", str(server_home / ".ssh")], check=True)
+    env = {**os.environ, "HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    for key in ("ENLACE_HOSTS_FILE", "ENLACE_SSH_CONFIG", "ENLACE_REMOTE_HOST"):
+        env.pop(key, None)
+    pip = [f"--pip-arg={a}" for a in ("--find-links", str(WHEELS))] if WHEELS.is_dir() else []
+    try:
+        for line in readme_commands():
+            line = line.replace("alice@gpu1.example.org", f"{fresh_user}@127.0.0.1:{srv.port}")
+            line = line.replace("smoke-2060", "tiny")  # a CPU-sized run: this machine has no GPU
+            if line.startswith("export "):
+                key, _, value = line.removeprefix("export ").partition("=")
+                env[key] = value
+                continue
+            argv = shlex.split(line) + (pip if " hosts add " in f" {line} " else [])
+            if argv[1] == "preflight":  # the data goes to <remote_dir>/data by hand, before the run reads it
+                tiny_corpus(server_home / "enlace")
+                subprocess.run(["chown", "-R", f"{fresh_user}:", str(server_home / "enlace" / "data")], check=True)
+            out = subprocess.run(argv, cwd=user_repo, env=env, capture_output=True, text=True, timeout=1200,
+                                 stdin=subprocess.DEVNULL)  # fmt: skip
+            assert out.returncode == 0, f"{line}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+            assert "Traceback" not in out.stderr, out.stderr
+            if argv[1] == "setup":
+                assert "building the server's python" in out.stderr and "built " in out.stderr
+        venvs = list((server_home / "enlace" / "venvs").iterdir())
+        assert len(venvs) == 1 and (venvs[0] / "bin" / "python").exists()  # python: venv, the default
+        hosts_file = home / ".config" / "enlace" / "hosts.yaml"
+        assert f"{fresh_user}@127.0.0.1:{srv.port}" in hosts_file.read_text()
+        server_run = server_home / "enlace" / "runs" / "tiny"
+        fetched = user_repo / "runs" / "tiny"
+        assert (fetched / "checkpoints" / "step-000030" / "model.pt").read_bytes() == \
+            (server_run / "checkpoints" / "step-000030" / "model.pt").read_bytes()  # fmt: skip
+        assert (server_run / "train.log").stat().st_uid == int(subprocess.check_output(["id", "-u", fresh_user]))
+    finally:
+        srv.stop()

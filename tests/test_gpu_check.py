@@ -1,0 +1,29 @@
+"""bench/gpu_check.py on the CPU, end to end on a tiny model: the script a lent GPU runs must not rot.
+(On CPU the figures mean little; the test checks that every section ran and reported.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_every_section_on_cpu(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--small", "--steps",
+                        "6", "--budget-s", "600", "--out", str(out)], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert set(r) >= {"environment", "drift", "resume", "preflight", "costs", "seconds"}
+    for section in ("drift", "resume", "preflight", "costs"):
+        assert "error" not in r[section] and "skipped" not in r[section], (section, r[section])
+    assert r["resume"]["identical"] is True and r["resume"]["tensors"] > 50  # deterministic resume on CPU
+    assert r["drift"]["max_abs_diff"] == 0.0  # one process, one thread count: CPU does not drift
+    assert r["preflight"]["memory_ratio"] > 0 and r["preflight"]["throughput_ratio"] > 0
+    assert {"deterministic", "compile", "bf16"} <= set(r["costs"])
+    assert r["environment"]["torch"].startswith("2.") and "resume" in p.stdout and "drift" in p.stdout
