@@ -209,7 +209,8 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
         progress["step"] += 1
         progress["tokens"] += tokens_per_step
         step = progress["step"]
-        logging = step % t.log_every == 0 or step == target
+        # the first step of every start is logged too: launch waits for it (also with a large log_every)
+        logging = step % t.log_every == 0 or step == target or len(step_times) == 0
         loss = result.loss.item() if logging else 0.0  # .item() syncs the device: step times are real
         step_times.append(time.perf_counter() - t0)
         interval_s += step_times[-1]

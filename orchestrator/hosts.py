@@ -128,7 +128,7 @@ def resolve_host(name: str, repo: Path) -> Host:
         port=port, identity_files=[str(Path(p).expanduser()) for p in identities],
         known_hosts=str(Path(known).expanduser()), connect_timeout=float(entry.get("connect_timeout", 10)),
         default_run=entry.get("default_run"), pip_args=_pip_args(entry.get("pip_args"), name),
-        configured=name in table or bool(cfg), known=("local", *sorted(n for n in table if n != "local")),
+        configured=name in table or bool(set(cfg) - {"hostname"}), known=("local", *sorted(n for n in table if n != "local")),
     )  # fmt: skip
 
 

@@ -281,6 +281,8 @@ class SSHTransport(Transport):
                 if got:
                     quiet_since = time.monotonic()
                     continue
+                if chan.exit_status_ready():
+                    continue  # ended: the loop's condition stops once the buffers are drained
                 if chan.closed or not chan.get_transport().is_active():
                     raise ConnectionError("connection closed before the command ended")
                 if time.monotonic() - quiet_since > stall_timeout:

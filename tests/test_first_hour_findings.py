@@ -1,0 +1,211 @@
+"""One test per finding of the first-hour report (a new user on a real server), each against the real
+driver, trainer and sshd. The README walk-through itself is tests/test_first_hour.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+
+from remote_helpers import remote, tiny_corpus
+from repocopy import commit_all
+
+from conftest import write_run
+from helpers import enlace, run_json
+
+
+def _rd(sshd, host):
+    return sshd.dir.parent / f"remote-{host}"
+
+
+def _connections(sshd) -> int:
+    return (sshd.dir / "sshd.log").read_text().count("Accepted publickey")
+
+
+def test_run_name_typo_is_caught_before_connecting(sshd, user_repo):
+    before = _connections(sshd)
+    for verb in ("preflight", "launch", "verify"):
+        out = remote(user_repo, sshd.env, verb, "tinny", check=False)
+        assert out.returncode == 2 and "did you mean 'tiny'?" in out.stderr, out.stderr
+        assert out.stderr.count("Error:") == 1  # said once
+    assert _connections(sshd) == before  # nothing was synced or asked
+
+
+def test_unknown_host_lists_the_known_ones(sshd, user_repo):
+    out = remote(user_repo, sshd.env, "status", host="gpu-nowhere", check=False)
+    assert out.returncode == 2 and "is in no hosts file" in out.stderr and "testhost" in out.stderr
+    assert "enlace-remote hosts add gpu-nowhere" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_global_options_work_after_the_verb(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "sync")
+    out = remote(user_repo, {**sshd.env, "ENLACE_REMOTE_HOST": "nowhere"}, "status", "--host", "testhost", host="local")
+    assert out.returncode == 0 and "no runs on this host" in out.stdout
+
+
+def test_hosts_add_merges_and_duplicate_keys_are_refused(sshd, user_repo, tmp_path):
+    path = tmp_path / "fresh" / "enlace" / "hosts.yaml"  # the folder does not exist yet
+    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(path)}
+    remote(user_repo, env, "hosts", "add", "gpu1", "--ssh", "alice@gpu1.example.org:2222")
+    out = remote(user_repo, env, "hosts", "add", "gpu2", "--ssh", "bob@gpu2", "--remote-dir", "/scratch/bob")
+    assert "gpu2:" in out.stdout and "/scratch/bob" in out.stdout
+    listing = remote(user_repo, env, "hosts").stdout
+    assert "alice@gpu1.example.org:2222" in listing and "bob@gpu2:22 (/scratch/bob)" in listing and "python venv" in listing
+    path.write_text(path.read_text() + "hosts:\n  gpu3: {ssh: c@d}\n")  # what `cat >>` did to users
+    out = remote(user_repo, env, "hosts", check=False)
+    assert out.returncode == 2 and "'hosts' is given twice" in out.stderr and "line" in out.stderr
+    out = remote(user_repo, env, "hosts", "add", "bad", "--ssh", "x@y:70000", check=False)
+    assert out.returncode == 2 and "not a TCP port" in out.stderr
+
+
+def test_unwritable_remote_dir_is_explained(sshd, user_repo, tmp_path):
+    hosts = tmp_path / "h.yaml"
+    hosts.write_text("hosts:\n  testhost: {remote_dir: /proc/enlace, connect_timeout: 5}\n")
+    out = remote(user_repo, {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}, "sync", check=False)
+    assert out.returncode == 2 and "cannot create remote_dir /proc/enlace" in out.stderr and "remote_dir:" in out.stderr
+
+
+def test_a_python_without_dependencies_is_named_with_the_venv_fix(sshd, user_repo, tmp_path):
+    bare = tmp_path / "bare-venv"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)  # no torch, no click
+    hosts = tmp_path / "h.yaml"
+    hosts.write_text(f"hosts:\n  local: {{remote_dir: {tmp_path}/srv, python: {bare}/bin/python}}\n")
+    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
+    remote(user_repo, env, "sync", host="local")
+    out = remote(user_repo, env, "verify", "tiny", host="local", check=False)
+    assert out.returncode == 3 and "lacks enlace's dependencies" in out.stderr and "python: venv" in out.stderr
+
+
+def test_set_passes_through_launch_and_is_recorded(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=7", host="local")
+    remote(user_repo, sshd.env, "logs", "-f", host="local")  # no RUN: the run just launched
+    run = _rd(sshd, "local") / "runs" / "tiny"
+    assert run_json(run)["status"] == "finished" and run_json(run)["step"] == 7
+    assert run_json(run)["overrides"] == ["training.max_steps=7"] and "max_steps: 7" in (run / "config.yaml").read_text()
+
+
+def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", host="local")
+    remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
+    out = remote(user_repo, sshd.env, "launch", "tiny", host="local")
+    assert "tiny is finished: step 30 of 30" in out.stderr and "--set training.max_steps=60" in out.stderr
+    assert "preflight" not in out.stdout  # said at once: no preflight, no new process
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=40", host="local")
+    assert "resumed from checkpoints/step-000030" in out.stderr
+    remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
+    assert run_json(_rd(sshd, "local") / "runs" / "tiny")["step"] == 40
+
+
+def test_running_run_is_refused_before_preflight(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
+    t0 = time.time()
+    out = remote(user_repo, sshd.env, "launch", "long", host="local", check=False)
+    assert out.returncode == 7 and "already running" in out.stderr and "warm-up step" not in out.stderr
+    assert time.time() - t0 < 30  # no 44 s preflight first
+    assert remote(user_repo, sshd.env, "stop", "long", host="local").returncode == 0
+    again = remote(user_repo, sshd.env, "stop", "long", host="local")  # stopping a stopped run: said, exit 0
+    assert "is not running (stopped" in again.stdout
+
+
+def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
+    for host in ("testhost", "local"):
+        tiny_corpus(_rd(sshd, host))
+        remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", host=host)
+        remote(user_repo, sshd.env, "logs", "tiny", "-f", host=host)
+    remote(user_repo, sshd.env, "fetch", host="testhost")  # no RUN: the one last launched there
+    out = remote(user_repo, sshd.env, "fetch", "tiny", host="local", check=False)
+    assert out.returncode == 2 and "would mix two runs" in out.stderr and "--dest" in out.stderr
+    other = user_repo / "runs" / "tiny@local"
+    remote(user_repo, sshd.env, "fetch", "tiny", "--dest", str(other), host="local")
+    assert json.loads((other / ".enlace-origin.json").read_text())["host"] == "local"
+
+
+def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", check=False)
+    rd = _rd(sshd, "testhost")
+    assert out.returncode == 3 and f"{rd}/data/tiny/*.txt" in out.stderr and "trees/" not in out.stderr.split("looked for")[-1]
+
+
+def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
+    write_run(user_repo, "quiet", training={"max_steps": 1_000_000, "log_every": 1_000_000, "eval_every": 0},
+              checkpoint={"every": 0}, run_name="quiet")  # fmt: skip
+    commit_all(user_repo, "quiet")
+    tiny_corpus(_rd(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "quiet", "--no-preflight", host="local")
+    env = {**sshd.env, "ENLACE_HEARTBEAT_S": "1"}
+    result = {}
+    follower = threading.Thread(target=lambda: result.update(out=remote(
+        user_repo, env, "logs", "quiet", "-f", "--read-timeout", "3", host="local", check=False)))  # fmt: skip
+    follower.start()
+    time.sleep(8)  # the run is silent all along: longer than the read timeout, twice over
+    remote(user_repo, sshd.env, "stop", "quiet", host="local")
+    follower.join(timeout=120)
+    assert result["out"].returncode == 0 and "connection lost" not in result["out"].stderr, result["out"].stderr
+
+
+def test_host_key_messages_show_sha256_fingerprints(sshd, user_repo):
+    (sshd.dir / "known_hosts").write_text("")
+    out = remote(user_repo, sshd.env, "status", check=False)
+    assert out.returncode == 4 and "The server offers ssh-ed25519 SHA256:" in out.stderr, out.stderr
+    from sshd import keygen
+
+    keygen(sshd.dir / "other_key")
+    kind, key = (sshd.dir / "other_key.pub").read_text().split()[:2]
+    (sshd.dir / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
+    out = remote(user_repo, sshd.env, "status", check=False)
+    assert out.returncode == 4 and "CHANGED" in out.stderr and out.stderr.count("SHA256:") == 2, out.stderr
+    fp = subprocess.run(["ssh-keygen", "-l", "-f", str(sshd.dir / "host_key.pub")], capture_output=True, text=True)
+    assert fp.stdout.split()[1] in out.stderr  # exactly what ssh-keygen -l prints
+
+
+def test_a_server_that_speaks_no_ssh_gives_one_clean_error(sshd, user_repo, tmp_path):
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        threading.Thread(target=lambda: [srv.accept()[0].close() for _ in range(3)], daemon=True).start()
+        out = remote(user_repo, sshd.env, "status", host=f"root@127.0.0.1:{port}", check=False)
+    assert out.returncode == 4 and "Traceback" not in out.stderr and "SSH handshake failed" in out.stderr
+    assert out.stderr.count("Error:") == 1
+
+
+def test_fetch_progress_stays_off_stdout(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "-f")
+    out = remote(user_repo, sshd.env, "fetch")
+    assert "\r" not in out.stdout and out.stdout.count("\n") == 1 and "fetched (step-000030)" in out.stdout
+
+
+def test_resume_on_different_data_is_refused_with_the_override(project):
+    write_run(project, "d", training={"max_steps": 4, "eval_every": 0}, checkpoint={"every": 2})
+    enlace(project, "train", "d", "--until", "2")
+    extra = project / "data" / "tiny" / "zz-extra.txt"
+    extra.write_text("another machine's stdlib has one more file\n")
+    out = enlace(project, "train", "d", check=False)
+    assert out.returncode == 2 and "the data differs from the checkpoint's" in out.stderr
+    assert "--allow-data-change" in out.stderr
+    out = enlace(project, "train", "d", "--allow-data-change")
+    assert run_json(project / "runs" / "d")["status"] == "finished"
+
+
+def test_preflight_of_a_resumed_run_projects_the_remaining_steps(project):
+    write_run(project, "half", training={"max_steps": 40, "eval_every": 0}, checkpoint={"every": 10})
+    enlace(project, "train", "half", "--until", "30")
+    rep = json.loads(enlace(project, "preflight", "half", "--json", "--steps", "2").stdout)
+    assert rep["throughput"]["resumes_at"] == 30 and rep["throughput"]["remaining_steps"] == 10
+    assert rep["disk"]["ok"] and rep["disk"]["checkpoint_mib"] > 0
+
+
+def test_runs_table_rounds_loss(project):
+    write_run(project, "r", training={"max_steps": 2, "eval_every": 0})
+    enlace(project, "train", "r")
+    out = enlace(project, "runs").stdout
+    loss = out.split("loss ")[1].split()[0]
+    assert "finished" in out and len(loss.split(".")[1]) == 4, out
