@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -198,6 +199,16 @@ def _sftp(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, 
     """SFTP fallback with a progress bar; resumes a short checkpoint file (immutable on the server, and
     verified against MANIFEST afterwards) by appending from its size; run files are fetched whole."""
     sftp = session.transport.sftp()
+    try:
+        _sftp_files(sftp, remote_dir, sizes, into, whole)
+    except KeyboardInterrupt:
+        # paramiko's prefetch threads fail as the connection goes: that is not news to the user
+        threading.excepthook = lambda args: None
+        click.echo(f"\nfetch interrupted: what arrived stays in {into}; rerun fetch to resume", err=True)
+        raise
+
+
+def _sftp_files(sftp, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str]) -> None:
     with click.progressbar(length=sum(sizes.values()), label="fetch (sftp)", show_eta=True, show_percent=True,
                            file=click.get_text_stream("stderr")) as bar:  # fmt: skip
         for rel in sizes:

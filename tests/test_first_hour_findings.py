@@ -209,3 +209,30 @@ def test_runs_table_rounds_loss(project):
     out = enlace(project, "runs").stdout
     loss = out.split("loss ")[1].split()[0]
     assert "finished" in out and len(loss.split(".")[1]) == 4, out
+
+
+def test_ctrl_c_during_an_sftp_fetch_is_one_line(sshd, user_repo):
+    tiny_corpus(_rd(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "-f")
+    with open(_rd(sshd, "testhost") / "runs" / "tiny" / "train.log", "ab") as fh:  # a long log: seconds of SFTP
+        fh.truncate(fh.seek(0, 2) + 400 * 2**20)
+    import os
+    import signal
+    import sys
+
+    from conftest import REPO
+
+    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost", "fetch"]
+    client = subprocess.Popen(cmd, cwd=user_repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env, "ENLACE_FETCH_NO_RSYNC": "1"})  # fmt: skip
+    staging = user_repo / "runs" / "tiny" / ".partial-fetch" / "train.log"
+    deadline = time.time() + 120
+    while not (staging.exists() and staging.stat().st_size > 2**20):
+        assert time.time() < deadline and client.poll() is None, client.communicate()
+        time.sleep(0.05)
+    client.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    _, err = client.communicate(timeout=60)
+    assert client.returncode in (1, 130) and "Traceback" not in err, err
+    assert "rerun fetch to resume" in err and len([x for x in err.splitlines() if x.strip()]) <= 4, err
