@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -199,16 +200,37 @@ def _sftp(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, 
     """SFTP fallback with a progress bar; resumes a short checkpoint file (immutable on the server, and
     verified against MANIFEST afterwards) by appending from its size; run files are fetched whole."""
     sftp = session.transport.sftp()
+    threading.excepthook = _quiet_prefetch_threads
+    # Ctrl-C sets a flag that the copy loop checks between chunks: a KeyboardInterrupt raised inside
+    # paramiko's reads leaves its threads and locks half way (a hang, or chained tracebacks).
+    # A second Ctrl-C exits at once.
+    interrupted = threading.Event()
+
+    def on_sigint(signum, frame):
+        if interrupted.is_set():
+            os._exit(130)
+        interrupted.set()
+
+    old = signal.signal(signal.SIGINT, on_sigint)
     try:
-        _sftp_files(sftp, remote_dir, sizes, into, whole)
-    except KeyboardInterrupt:
-        # paramiko's prefetch threads fail as the connection goes: that is not news to the user
-        threading.excepthook = lambda args: None
-        click.echo(f"\nfetch interrupted: what arrived stays in {into}; rerun fetch to resume", err=True)
-        raise
+        _sftp_files(sftp, remote_dir, sizes, into, whole, interrupted)
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
-def _sftp_files(sftp, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str]) -> None:
+class Interrupted(RemoteError):
+    exit_code = 130
+
+
+def _quiet_prefetch_threads(args) -> None:
+    """paramiko's prefetch threads fail when the connection goes (Ctrl-C, a drop); the transfer itself
+    reports that in the main thread, so their tracebacks are noise. Other threads: as usual."""
+    if "prefetch" not in getattr(args.thread, "name", ""):
+        threading.__excepthook__(args)
+
+
+def _sftp_files(sftp, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str],
+                interrupted: threading.Event) -> None:  # fmt: skip
     with click.progressbar(length=sum(sizes.values()), label="fetch (sftp)", show_eta=True, show_percent=True,
                            file=click.get_text_stream("stderr")) as bar:  # fmt: skip
         for rel in sizes:
@@ -223,3 +245,5 @@ def _sftp_files(sftp, remote_dir: str, sizes: dict[str, int], into: Path, whole:
                 while chunk := rf.read(32768):  # paramiko's own chunk size: larger reads are slower
                     lf.write(chunk)
                     bar.update(len(chunk))
+                    if interrupted.is_set():
+                        raise Interrupted(f"fetch interrupted: what arrived stays in {into}; rerun fetch to resume")

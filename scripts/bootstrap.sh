@@ -12,8 +12,15 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "bootstrap: creating .venv (torch CPU wheel, numpy, pyyaml, click, fabric, pytest)..." >&2
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]' 2>&1 \
-  | { grep -vE "is ignored: it is neither|BuildBackendWarning|^\s+(return|with strategy)|^\s*(!!|\*+|Please be careful|name as your package|Editable installation\.?)?\s*$" || true; } >&2
+quiet_pip() {  # pip, without the warnings setuptools and odd pip configs print on every install;
+  local log; log=$(mktemp)   # on failure its whole output is shown
+  if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" >"$log" 2>&1; then
+    cat "$log" >&2; rm -f "$log"; return 1
+  fi
+  grep -E "^(ERROR|error):" "$log" >&2 || true
+  rm -f "$log"
+}
+quiet_pip --upgrade pip
+quiet_pip -c constraints.txt -e '.[dev]'
 echo "$want" > "$stamp"
 echo "bootstrap: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2
