@@ -83,7 +83,9 @@ case $VERB in
     if [ ! -f "$tree/.enlace-ready" ]; then
       tmp=$RD/trees/.tmp-$sha-$$
       rm -rf "$tmp"
-      git clone -q --shared --no-checkout "$RD/repo.git" "$tmp"
+      # repo.git has no branches (only refs/enlace/SHA): clone's "empty repository" warning is noise
+      git clone -q --shared --no-checkout "$RD/repo.git" "$tmp" 2>"$tmp.err" || { cat "$tmp.err" >&2; die "git clone failed"; }
+      rm -f "$tmp.err"
       git -C "$tmp" checkout -q --detach "$sha"
       ln -sfn "$RD/data" "$tmp/data"
       ln -sfn "$RD/runs" "$tmp/runs"
