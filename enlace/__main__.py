@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from enlace import cli_server  # noqa: F401  (registers the driver's server-side verbs)
+from enlace import cli_server, cli_tools  # noqa: F401  (register the server-side verbs, sample and plot)
 from enlace.cli import main
 
 

@@ -109,6 +109,25 @@ def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool, tail_o
     sys.exit(server.stream_log(run_dir, offset, follow))
 
 
+@main.command("gc")
+@click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Also keep this many of the most recently synced trees.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
+    """Remove trees/<sha> and venvs/<hash> no run needs (kept: trees of live or resumable runs, the newest
+    --keep, and their venvs). Never touches data/ or runs/. Runs in a tree on the server."""
+    from enlace.gc import collect, remote_dir_of
+
+    rep = collect(remote_dir_of(find_root(root)), keep, dry_run)
+    if as_json:
+        click.echo(json.dumps(rep))
+        return
+    for e in rep["remove"]:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {e['path']} ({e['bytes'] / 2**20:.1f} MiB)")
+
+
 @main.command("manifest")
 @click.argument("run_name")
 @root_option

@@ -6,6 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 
+def duration(seconds: float | None) -> str:
+    """12m05s, 3h07m; "-" for unknown. One format for the log's ETA and the driver's status table."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 def format_report(r: dict[str, Any]) -> str:
     """A short aligned table for people; the JSON holds the same fields."""
     rows = [("run", f"{r['run_name']}  (batch {r['batch_size']} x {r['seq_len']}, grad_accum {r['grad_accum']})")]

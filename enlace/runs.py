@@ -158,7 +158,8 @@ def observe(run_dir: Path) -> dict[str, Any]:
             "val_bpb": st.get("val_bpb"), "tokens_per_s": st.get("tokens_per_s"),
             "elapsed_s": (end - started) if started else None, "eta_s": eta, "commit": st.get("commit"),
             "exit_code": st.get("exit_code"), "error": st.get("error"), "resumed_from": st.get("resumed_from"),
-            "latest_checkpoint": latest.name if latest else None, "launch_id": st.get("launch_id")}  # fmt: skip
+            "latest_checkpoint": latest.name if latest else None, "launch_id": st.get("launch_id"),
+            "updated_at": st.get("updated_at")}  # fmt: skip
 
 
 def exit_code_of(row: dict[str, Any]) -> int:

@@ -33,6 +33,7 @@ from enlace.checkpoint import (
 from enlace.config import Config
 from enlace.data import build_stream, data_identity
 from enlace.errors import CheckpointError, EnlaceError
+from enlace.report import duration
 from enlace.rundir import RunDir
 from enlace.runs import Status
 from enlace.sysinfo import git_commit, hostname, mib, peak_rss_bytes
@@ -188,6 +189,8 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
                 + (f" (--until {until})" if until else "") + " — raise training.max_steps to train further")  # fmt: skip
     run.update_status(status=Status.RUNNING, phase="training", step=progress["step"],
                       resumed_from=ckpt.name if ckpt else None, started_at=time.time())  # fmt: skip
+    run.metric({"kind": "start", "step": progress["step"], "resumed_from": ckpt.name if ckpt else None,
+                "params": s["params"], "time": time.time()})  # plot marks resumes with it  # fmt: skip
 
     def checkpoint() -> str:
         states = _gather_rank_states(train_stream, dist)
@@ -218,8 +221,10 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
         if logging:
             rate = interval_tokens / max(interval_s, 1e-9)
             elapsed = time.perf_counter() - t_run
+            eta = elapsed / len(step_times) * (t.max_steps - step)  # at this start's pace, evals and saves included
             run.log(f"step {step:6d}/{t.max_steps} | loss {loss:.4f} | lr {result.lr:.3e} | "
-                    f"{rate:8.0f} tok/s | {elapsed:7.1f}s" + (" | skipped (fp16 overflow)" if result.skipped else ""))  # fmt: skip
+                    f"{rate:8.0f} tok/s | {elapsed:7.1f}s | {100 * step / t.max_steps:5.1f}% | ETA {duration(eta)}"
+                    + (" | skipped (fp16 overflow)" if result.skipped else ""))  # fmt: skip
             run.metric({"kind": "train", "step": step, "loss": loss, "lr": result.lr, "tokens": progress["tokens"],
                         "tokens_per_s": rate, "elapsed_s": elapsed, "scale": result.scale,
                         "skipped": result.skipped})  # fmt: skip
@@ -232,7 +237,7 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
             run.log(f"{stop.signame or 'stop'} received: finishing at step {step}")
             checkpoint()
             run.update_status(status=Status.STOPPED, exit_code=0, step=step)
-            return _summary(run, step_times, tokens_per_step, Status.STOPPED)
+            return _summary(run, step, step_times, tokens_per_step, Status.STOPPED)
         if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
             last_saved = step
             checkpoint()
@@ -246,7 +251,7 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     if until is not None and step < t.max_steps:
         run.log(f"--until {until}: stopping at step {step} of {t.max_steps}")
     run.update_status(status=status, exit_code=0, step=step)
-    return _summary(run, step_times, tokens_per_step, status)
+    return _summary(run, step, step_times, tokens_per_step, status)
 
 
 def _eval(run: RunDir, parts: engine.Parts, val_stream, step: int) -> None:
@@ -256,11 +261,11 @@ def _eval(run: RunDir, parts: engine.Parts, val_stream, step: int) -> None:
     run.update_status(val_loss=ev["val_loss"], val_bpb=ev["val_bpb"])
 
 
-def _summary(run: RunDir, step_times: list[float], tokens_per_step: int, status: Status) -> dict[str, Any]:
+def _summary(run: RunDir, step: int, step_times: list[float], tokens_per_step: int, status: Status) -> dict[str, Any]:
     """Peak memory and steady-state throughput (median step time, first 3 steps excluded)."""
     steady = step_times[3:] or step_times
     median = statistics.median(steady) if steady else 0.0
-    record = {"kind": "summary", "status": str(status), "steps": len(step_times),
+    record = {"kind": "summary", "status": str(status), "step": step, "steps": len(step_times),
               "median_step_s": median, "tokens_per_s": tokens_per_step / median if median else 0.0,
               "peak_rss_mib": mib(peak_rss_bytes())}  # fmt: skip
     if torch.cuda.is_available() and torch.cuda.is_initialized():

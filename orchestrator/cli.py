@@ -223,4 +223,4 @@ def run_main() -> None:
         sys.exit(130)
 
 
-from orchestrator import cli_run  # noqa: E402,F401  (registers preflight/launch/status/stop/logs/fetch)
+from orchestrator import cli_run, cli_tools  # noqa: E402,F401  (register the run and tool commands)

@@ -119,13 +119,21 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
 
 @main.command()
 @click.argument("run_name", required=False)
+@click.option("--all", "everywhere", is_flag=True, help="Every run on every configured host (asked in parallel).")
 @click.option("--json", "as_json", is_flag=True)
 @with_context
-def status(ctx: Context, run_name: str | None, as_json: bool) -> None:
-    """The host's runs: status, step, loss, tokens/s, elapsed, ETA, commit (`crashed` if the
-    process vanished without a final status)."""
+def status(ctx: Context, run_name: str | None, everywhere: bool, as_json: bool) -> None:
+    """The host's runs: status, step, loss, val bpb, tokens/s, elapsed, ETA, age of the last update,
+    commit (`crashed` if the process vanished without a final status). --all: every host, one table;
+    a host that does not answer is a row saying so."""
     from orchestrator import ops
 
+    if everywhere:
+        from orchestrator.hosts import list_hosts
+
+        rows = ops.status_everywhere(list_hosts(ctx.repo), ctx.session_for)
+        click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows, hosts=True))
+        return
     args = ["runs", *([ops.check_run_name(run_name)] if run_name else []), "--json"]
     rows = ctx.session.enlace_json("latest", *args)
     click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows) if rows else "no runs on this host")

@@ -102,8 +102,7 @@ def _fetch_once(session: Session, run_name: str, dest: Path, all_checkpoints: bo
             sizes[f"checkpoints/{name}/{_safe(fname, FILE_NAME, 'file')}"] = entry["bytes"]
     for fname, size in m["files"].items():
         sizes[_safe(fname, FILE_NAME, "file")] = size
-    # rsync when both ends have it; ENLACE_FETCH_NO_RSYNC=1 forces the SFTP fallback (tests, odd hosts)
-    use_rsync = bool(shutil.which("rsync")) and m.get("rsync", False) and not os.environ.get("ENLACE_FETCH_NO_RSYNC")
+    use_rsync = _use_rsync(m)
     report["method"] = "rsync" if use_rsync else ("copy" if session.host.local else "sftp")
     t0 = time.perf_counter()
     _transfer(session, m["run_dir"], sizes, staging, use_rsync, whole=set(m["files"]))
@@ -126,6 +125,29 @@ def _fetch_once(session: Session, run_name: str, dest: Path, all_checkpoints: bo
     shutil.rmtree(staging, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+def _use_rsync(manifest: dict) -> bool:
+    """rsync when both ends have it; ENLACE_FETCH_NO_RSYNC=1 forces the SFTP fallback (tests, odd hosts)."""
+    return bool(shutil.which("rsync")) and manifest.get("rsync", False) and not os.environ.get("ENLACE_FETCH_NO_RSYNC")
+
+
+def fetch_run_files(session: Session, run_name: str, dest: Path, names: tuple[str, ...]) -> list[str]:
+    """Only some run files (e.g. metrics.jsonl and run.json for `plot`): the local copies seed the
+    transfer, so rsync sends what was appended since. Returns the names fetched."""
+    m = session.enlace_json("latest", "manifest", run_name)
+    root = dest.resolve()
+    _claim(root, session.host.name, m["run_dir"], run_name)
+    sizes = {_safe(n, FILE_NAME, "file"): m["files"][n] for n in names if n in m["files"]}
+    staging = root / STAGING
+    staging.mkdir(parents=True, exist_ok=True)
+    for name in sizes:
+        if (root / name).is_file():
+            shutil.copy2(root / name, staging / name)
+    _transfer(session, m["run_dir"], sizes, staging, _use_rsync(m), whole=set(sizes))
+    for name in sizes:
+        os.replace(staging / name, root / name)
+    return list(sizes)
 
 
 ORIGIN = ".enlace-origin.json"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
 
 from enlace.exitcodes import VERDICT
+from enlace.report import duration
 from enlace.runs import ended_message, exit_code_of
 from orchestrator.errors import AlreadyRunning, RemoteError, UsageError, VerifyError, for_exit_code
 from orchestrator.session import Session, check_run_name
@@ -205,18 +207,41 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
     return row
 
 
-def _fmt_s(seconds) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-def format_status(rows: list[dict]) -> str:
-    head = ("RUN", "STATUS", "STEP", "LOSS", "TOK/S", "ELAPSED", "ETA", "COMMIT")
-    table = [head] + [(r["run_name"], r["status"], f"{r['step']}/{r['max_steps']}",
-                       f"{r['loss']:.4f}" if r["loss"] is not None else "-",
-                       f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-", _fmt_s(r["elapsed_s"]),
-                       _fmt_s(r["eta_s"]), (r["commit"] or "-")[:12]) for r in rows]  # fmt: skip
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+def format_status(rows: list[dict], hosts: bool = False) -> str:
+    """The status table; with `hosts`, rows carry a "host" (and a host that did not answer, an "error")."""
+    now = time.time()
+    head = (*(("HOST",) if hosts else ()), "RUN", "STATUS", "STEP", "LOSS", "VAL BPB", "TOK/S", "ELAPSED", "ETA",
+            "AGE", "COMMIT")  # fmt: skip
+    table = [head]
+    for r in rows:
+        lead = (r["host"],) if hosts else ()
+        if r.get("error"):
+            table.append((*lead, "-", r["error"]))
+            continue
+        table.append((*lead, r["run_name"], r["status"], f"{r['step']}/{r['max_steps']}",
+                      f"{r['loss']:.4f}" if r["loss"] is not None else "-",
+                      f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
+                      f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-", duration(r["elapsed_s"]),
+                      duration(r["eta_s"]), duration(now - r["updated_at"]) if r.get("updated_at") else "-",
+                      (r["commit"] or "-")[:12]))  # fmt: skip
+    widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+
+
+def status_everywhere(hosts: list, session_for) -> list[dict]:
+    """Every run on every host, the hosts asked in parallel; a host that does not answer is one row saying
+    so (never an abort). Takes as long as the slowest host."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(host) -> list[dict]:
+        try:
+            rows = session_for(host).enlace_json("latest", "runs")
+        except RemoteError as e:
+            text = e.format_message().splitlines()[0]
+            if "nothing has been synced" in text:
+                return [{"host": host.name, "error": "no runs (nothing synced there yet)"}]
+            return [{"host": host.name, "error": f"unreachable: {text.removeprefix('on ' + host.name + ': ')}"}]
+        return [{"host": host.name, **r} for r in rows] or [{"host": host.name, "error": "no runs"}]
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return [row for rows in pool.map(ask, hosts) for row in rows]

@@ -32,3 +32,20 @@ def tiny_corpus(remote_dir: Path) -> None:
     for i, src in enumerate(sorted((stdlib / "json").glob("*.py"))):
         (corpus / f"{i:02d}-{src.stem}.txt").write_bytes(src.read_bytes())
     (corpus / "zz.txt").write_text(json.__doc__ or "")
+
+
+def server_dir(sshd, host: str) -> Path:
+    """The host's remote_dir in the fixture's hosts.yaml (testhost and local)."""
+    return sshd.dir.parent / f"remote-{host}"
+
+
+def wait_until(cond, timeout: float = 120, what: str = "condition") -> None:
+    """Poll `cond` until true; fail naming `what` after `timeout` seconds (an event, never a fixed sleep)."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

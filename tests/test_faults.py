@@ -9,26 +9,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from remote_helpers import remote, tiny_corpus
+from remote_helpers import remote, server_dir, tiny_corpus, wait_until
 
 from conftest import REPO, write_run
 from helpers import enlace, run_json
-
-
-def _rd(sshd, host):
-    return sshd.dir.parent / f"remote-{host}"
-
-
-def _wait(cond, timeout=120, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _row(user_repo, sshd, host, run):
@@ -132,9 +118,9 @@ def test_a_git_repo_that_is_not_an_enlace_checkout_is_named(sshd, tmp_path):
 
 
 def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "local"))
+    tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
-    _wait(lambda: _row(user_repo, sshd, "local", "long")["step"] >= 60, what="a checkpoint")  # every 50 steps
+    wait_until(lambda: _row(user_repo, sshd, "local", "long")["step"] >= 60, what="a checkpoint")  # every 50 steps
     os.kill(_row(user_repo, sshd, "local", "long")["pid"], signal.SIGKILL)
     out = remote(user_repo, sshd.env, "logs", "long", "-f", host="local", check=False)
     assert out.returncode == 8, (out.returncode, out.stderr)
@@ -161,7 +147,7 @@ def test_fetch_without_sftp_is_a_clear_error(tmp_path, user_repo):
 def test_sftp_fetch_never_appends_to_run_files(sshd, user_repo):
     """An interrupted fetch left a short run.json and train.log; the server rewrote both since."""
     env = {**sshd.env, "ENLACE_FETCH_NO_RSYNC": "1"}
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, env, "launch", "tiny", "--no-preflight")
     remote(user_repo, env, "logs", "tiny", "-f")
     staging = user_repo / "runs" / "tiny" / ".partial-fetch"
@@ -169,7 +155,7 @@ def test_sftp_fetch_never_appends_to_run_files(sshd, user_repo):
     (staging / "run.json").write_text('{\n "status": "running",\n "step": 3\n')  # an older, shorter version
     (staging / "train.log").write_text("a line the server no longer has\n")
     remote(user_repo, env, "fetch", "tiny")
-    server = _rd(sshd, "testhost") / "runs" / "tiny"
+    server = server_dir(sshd, "testhost") / "runs" / "tiny"
     for name in ("run.json", "train.log", "metrics.jsonl"):
         assert (user_repo / "runs" / "tiny" / name).read_bytes() == (server / name).read_bytes(), name
     assert json.loads((user_repo / "runs" / "tiny" / "run.json").read_text())["status"] == "finished"
@@ -187,10 +173,10 @@ def test_fetch_all_retries_when_a_checkpoint_vanishes_mid_transfer(sshd, user_re
     from repocopy import commit_all
 
     commit_all(user_repo, "many")
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "many", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "many", "-f")
-    server_ckpts = _rd(sshd, "testhost") / "runs" / "many" / "checkpoints"
+    server_ckpts = server_dir(sshd, "testhost") / "runs" / "many" / "checkpoints"
     for key, value in sshd.env.items():
         monkeypatch.setenv(key, value)
     real, calls = fetch_mod._rsync, []
@@ -225,13 +211,13 @@ def test_killing_the_client_during_preflight_ends_the_servers_preflight(sshd, us
            "heavy", "--steps", "3"]  # fmt: skip
     client = subprocess.Popen(cmd, cwd=user_repo, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env})  # fmt: skip
-    where = str(_rd(sshd, host))
+    where = str(server_dir(sshd, host))
     while b"building the model" not in client.stderr.readline():  # its last line before the long first step
         assert client.poll() is None, client.stderr.read()
     assert _preflights_under(where)
     client.kill()
     client.wait()
-    _wait(lambda: not _preflights_under(where), timeout=8, what="the server's preflight to end with its client")
+    wait_until(lambda: not _preflights_under(where), timeout=8, what="the server's preflight to end with its client")
 
 
 def _preflights_under(path: str) -> list[int]:
@@ -257,10 +243,10 @@ p = subprocess.Popen(["sleep", "120"], preexec_fn=die_with_us)
 open({str(pidfile)!r}, "w").write(str(p.pid))
 time.sleep(120)
 """], env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    _wait(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
     child = int(pidfile.read_text())
     parent.kill()
     parent.wait()
     from enlace.runs import proc_start
 
-    _wait(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")
+    wait_until(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")

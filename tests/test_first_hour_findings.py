@@ -9,15 +9,11 @@ import subprocess
 import threading
 import time
 
-from remote_helpers import remote, tiny_corpus
+from remote_helpers import remote, server_dir, tiny_corpus
 from repocopy import commit_all
 
 from conftest import write_run
 from helpers import enlace, run_json
-
-
-def _rd(sshd, host):
-    return sshd.dir.parent / f"remote-{host}"
 
 
 def _connections(sshd) -> int:
@@ -40,7 +36,7 @@ def test_unknown_host_lists_the_known_ones(sshd, user_repo):
 
 
 def test_global_options_work_after_the_verb(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "sync")
     out = remote(user_repo, {**sshd.env, "ENLACE_REMOTE_HOST": "nowhere"}, "status", "--host", "testhost", host="local")
     assert out.returncode == 0 and "no runs on this host" in out.stdout
@@ -80,16 +76,16 @@ def test_a_python_without_dependencies_is_named_with_the_venv_fix(sshd, user_rep
 
 
 def test_set_passes_through_launch_and_is_recorded(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "local"))
+    tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=7", host="local")
     remote(user_repo, sshd.env, "logs", "-f", host="local")  # no RUN: the run just launched
-    run = _rd(sshd, "local") / "runs" / "tiny"
+    run = server_dir(sshd, "local") / "runs" / "tiny"
     assert run_json(run)["status"] == "finished" and run_json(run)["step"] == 7
     assert run_json(run)["overrides"] == ["training.max_steps=7"] and "max_steps: 7" in (run / "config.yaml").read_text()
 
 
 def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "local"))
+    tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", host="local")
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     out = remote(user_repo, sshd.env, "launch", "tiny", host="local")
@@ -98,11 +94,11 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=40", host="local")
     assert "resumed from checkpoints/step-000030" in out.stderr
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
-    assert run_json(_rd(sshd, "local") / "runs" / "tiny")["step"] == 40
+    assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
 
 
 def test_running_run_is_refused_before_preflight(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "local"))
+    tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
     t0 = time.time()
     out = remote(user_repo, sshd.env, "launch", "long", host="local", check=False)
@@ -115,7 +111,7 @@ def test_running_run_is_refused_before_preflight(sshd, user_repo):
 
 def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
     for host in ("testhost", "local"):
-        tiny_corpus(_rd(sshd, host))
+        tiny_corpus(server_dir(sshd, host))
         remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", host=host)
         remote(user_repo, sshd.env, "logs", "tiny", "-f", host=host)
     remote(user_repo, sshd.env, "fetch", host="testhost")  # no RUN: the one last launched there
@@ -128,7 +124,7 @@ def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
 
 def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
     out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", check=False)
-    rd = _rd(sshd, "testhost")
+    rd = server_dir(sshd, "testhost")
     assert out.returncode == 3 and f"{rd}/data/tiny/*.txt" in out.stderr and "trees/" not in out.stderr.split("looked for")[-1]
 
 
@@ -136,7 +132,7 @@ def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
     write_run(user_repo, "quiet", training={"max_steps": 1_000_000, "log_every": 1_000_000, "eval_every": 0},
               checkpoint={"every": 0}, run_name="quiet")  # fmt: skip
     commit_all(user_repo, "quiet")
-    tiny_corpus(_rd(sshd, "local"))
+    tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "quiet", "--no-preflight", host="local")
     env = {**sshd.env, "ENLACE_HEARTBEAT_S": "1"}
     result = {}
@@ -176,7 +172,7 @@ def test_a_server_that_speaks_no_ssh_gives_one_clean_error(sshd, user_repo, tmp_
 
 
 def test_fetch_progress_stays_off_stdout(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "-f")
     out = remote(user_repo, sshd.env, "fetch")
@@ -212,10 +208,10 @@ def test_runs_table_rounds_loss(project):
 
 
 def test_ctrl_c_during_an_sftp_fetch_is_one_line(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "-f")
-    with open(_rd(sshd, "testhost") / "runs" / "tiny" / "train.log", "ab") as fh:  # a long log: seconds of SFTP
+    with open(server_dir(sshd, "testhost") / "runs" / "tiny" / "train.log", "ab") as fh:  # a long log: seconds of SFTP
         fh.truncate(fh.seek(0, 2) + 400 * 2**20)
     import os
     import signal

@@ -11,27 +11,15 @@ import sys
 import time
 
 import pytest
-from remote_helpers import remote, tiny_corpus
+from remote_helpers import remote, server_dir, tiny_corpus, wait_until
 
 from conftest import REPO
 from helpers import enlace
 
 
-def _rd(sshd, host):
-    return sshd.dir.parent / f"remote-{host}"
-
-
 def _status(user_repo, sshd, host, run):
     return json.loads(remote(user_repo, sshd.env, "status", run, "--json", host=host).stdout)[0]
 
-
-def _wait(cond, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _trainers_under(path, run):
@@ -57,14 +45,14 @@ def _popen_remote(user_repo, sshd, *args, host="testhost"):
 
 @pytest.mark.parametrize("host", ["testhost", "local"])
 def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_path, host):
-    tiny_corpus(_rd(sshd, host))
+    tiny_corpus(server_dir(sshd, host))
     out = remote(user_repo, sshd.env, "preflight", "tiny", "--steps", "2", host=host)
     assert "verdict" in out.stdout and "OK" in out.stdout
     assert json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["verdict"] == "ok"
     out = remote(user_repo, sshd.env, "launch", "--no-preflight", host=host)  # RUN from the host's default_run
     assert "run: tiny (default_run" in out.stderr and "no complete checkpoint: starting from step 0" in out.stderr
     logs = remote(user_repo, sshd.env, "logs", "tiny", "-f", host=host)
-    server_run = _rd(sshd, host) / "runs" / "tiny"
+    server_run = server_dir(sshd, host) / "runs" / "tiny"
     assert logs.stdout.encode() == (server_run / "train.log").read_bytes()
     assert "step     30/30" in logs.stdout and _status(user_repo, sshd, host, "tiny")["status"] == "finished"
 
@@ -88,19 +76,19 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
 
 
 def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     client = _popen_remote(user_repo, sshd, "launch", "long", "--no-preflight", "--follow")
-    run_json = _rd(sshd, "testhost") / "runs" / "long" / "run.json"
-    _wait(lambda: run_json.exists() and json.loads(run_json.read_text()).get("launcher_pid"), what="launch")
+    run_json = server_dir(sshd, "testhost") / "runs" / "long" / "run.json"
+    wait_until(lambda: run_json.exists() and json.loads(run_json.read_text()).get("launcher_pid"), what="launch")
     client.kill()  # mid-launch: the trainer was started detached
     client.wait()
-    _wait(lambda: _status(user_repo, sshd, "testhost", "long")["step"] >= 3, what="steps after the client died")
+    wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["step"] >= 3, what="steps after the client died")
     follower = _popen_remote(user_repo, sshd, "logs", "long", "-f")
     time.sleep(1.5)
     follower.kill()  # mid-logs -f
     follower.wait()
     step = _status(user_repo, sshd, "testhost", "long")["step"]
-    _wait(lambda: _status(user_repo, sshd, "testhost", "long")["step"] > step + 3, what="training to go on")
+    wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["step"] > step + 3, what="training to go on")
     out = remote(user_repo, sshd.env, "stop", "long")
     assert "stopped" in out.stdout and "latest checkpoint step-" in out.stdout
     st = _status(user_repo, sshd, "testhost", "long")
@@ -108,7 +96,7 @@ def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo)
 
 
 def test_logs_follow_survives_killed_ssh_sessions_exactly(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight")
     follower = _popen_remote(user_repo, sshd, "logs", "long", "-f", "--read-timeout", "5")
     kills = 0
@@ -118,12 +106,12 @@ def test_logs_follow_survives_killed_ssh_sessions_exactly(sshd, user_repo):
     remote(user_repo, sshd.env, "stop", "long")
     out, err = follower.communicate(timeout=120)
     assert kills >= 3 and err.decode().count("connection lost") >= 3, err.decode()
-    assert out == (_rd(sshd, "testhost") / "runs" / "long" / "train.log").read_bytes()
+    assert out == (server_dir(sshd, "testhost") / "runs" / "long" / "train.log").read_bytes()
     assert follower.returncode == 0  # the run's own exit status: stopped cleanly
 
 
 def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "sync")
     clients = [_popen_remote(user_repo, sshd, "launch", "long", "--no-preflight") for _ in range(2)]
     codes = sorted(c.wait(timeout=120) for c in clients)
@@ -138,17 +126,17 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     # SIGKILL the trainer behind enlace's back: status must say crashed.
     pid = _status(user_repo, sshd, "testhost", "long")["pid"]
     os.kill(pid, signal.SIGKILL)
-    _wait(lambda: _status(user_repo, sshd, "testhost", "long")["status"] == "crashed", what="crashed")
+    wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["status"] == "crashed", what="crashed")
     assert "crashed" in remote(user_repo, sshd.env, "status").stdout
 
 
 @pytest.mark.parametrize("method", ["rsync", "sftp"])
 def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_repo, method):
     env = {**sshd.env, **({"ENLACE_FETCH_NO_RSYNC": "1"} if method == "sftp" else {})}
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "tiny", "-f")
-    server_ckpt = _rd(sshd, "testhost") / "runs" / "tiny" / "checkpoints" / "step-000030"
+    server_ckpt = server_dir(sshd, "testhost") / "runs" / "tiny" / "checkpoints" / "step-000030"
     # The state an interrupted fetch leaves: a partial dir with one short file.
     partial = user_repo / "runs" / "tiny" / ".partial-fetch" / "checkpoints" / "step-000030"
     partial.mkdir(parents=True)
@@ -170,14 +158,14 @@ def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_r
 
 
 def test_bad_run_names_and_missing_checkpoints_are_clear(sshd, user_repo):
-    tiny_corpus(_rd(sshd, "testhost"))
+    tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2")
     remote(user_repo, sshd.env, "logs", "tiny", "-f")
     for args in (["logs", "nope"], ["stop", "nope"], ["fetch", "nope"]):
         out = remote(user_repo, sshd.env, *args, check=False)
         assert out.returncode == 2 and "no run named 'nope'" in out.stderr and "tiny" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
-    ckpts = _rd(sshd, "testhost") / "runs" / "tiny" / "checkpoints"
+    ckpts = server_dir(sshd, "testhost") / "runs" / "tiny" / "checkpoints"
     for p in ckpts.iterdir():
         if p.name.startswith("step-"):
             (p / "MANIFEST").unlink()  # no complete checkpoint left

@@ -1,0 +1,82 @@
+"""`enlace sample`: text from a trained checkpoint.
+
+    checkpoint (verified against its MANIFEST, loaded weights_only) → ByteGPT in eval mode →
+    bytes, one at a time: logits of the last position / temperature → top-k → a draw from a seeded
+    generator → appended; the context is cropped to the model's seq_len (no KV cache: these models
+    are small, and the cropped forward is the one train uses).
+
+The same checkpoint, prompt, temperature, top-k and seed give the same bytes. Output is decoded as
+UTF-8 with invalid sequences replaced: a byte model may stop mid-character.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enlace.checkpoint import latest_checkpoint, load_checkpoint
+from enlace.config import ModelConfig
+from enlace.errors import CheckpointError
+from enlace.model import ByteGPT
+
+
+def find_checkpoint(target: Path) -> Path:
+    """A checkpoint dir as given, or the newest complete checkpoint of a run dir."""
+    if (target / "MANIFEST").is_file():
+        return target
+    ckpt = latest_checkpoint(target / "checkpoints")
+    if ckpt is None:
+        raise CheckpointError(f"{target}: neither a checkpoint (no MANIFEST) nor a run with a complete checkpoint")
+    return ckpt
+
+
+def load_model(ckpt: Path, device: torch.device) -> tuple[ByteGPT, dict[str, Any]]:
+    """The checkpoint's model (its own config: any width or depth) in eval mode, and its trainer record."""
+    files = load_checkpoint(ckpt, "cpu")
+    trainer = files["trainer.pt"]
+    model = ByteGPT(ModelConfig(**trainer["config"]["model"]))
+    model.load_state_dict(files["model.pt"])
+    return model.to(device).eval(), trainer
+
+
+@torch.no_grad()
+def generate(model: ByteGPT, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None,
+             seed: int) -> bytes:  # fmt: skip
+    """`n_bytes` new bytes after `prompt` (a newline when empty). temperature 0 picks the most likely byte."""
+    device = next(model.parameters()).device
+    seq_len = model.cfg.seq_len
+    g = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor(list(prompt or b"\n"), dtype=torch.long, device=device)[None, :]  # (1, T)
+    out = bytearray()
+    for _ in range(n_bytes):
+        logits, _ = model(idx[:, -seq_len:])
+        logits = logits[0, -1, :].float()  # (vocab,)
+        if temperature <= 0:
+            nxt = int(torch.argmax(logits))
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g))
+        out.append(nxt)
+        idx = torch.cat([idx, torch.tensor([[nxt]], device=device)], dim=1)[:, -seq_len:]
+    return bytes(out)
+
+
+def sample(target: Path, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None, seed: int,
+           device: str = "auto") -> dict[str, Any]:  # fmt: skip
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       device if device != "auto" else "cpu")  # fmt: skip
+    ckpt = find_checkpoint(target)
+    model, trainer = load_model(ckpt, dev)
+    t0 = time.perf_counter()
+    new = generate(model, prompt, n_bytes, temperature, top_k, seed)
+    seconds = time.perf_counter() - t0
+    text = (prompt + new).decode("utf-8", errors="replace")
+    return {"checkpoint": str(ckpt), "step": trainer["step"], "seed": seed, "temperature": temperature,
+            "top_k": top_k, "bytes": n_bytes, "bytes_per_s": round(n_bytes / seconds, 1) if seconds else None,
+            "device": str(dev), "text": text}  # fmt: skip

@@ -1,0 +1,68 @@
+"""`enlace sample` and `enlace plot` on real checkpoints and metrics of a tiny run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import write_run
+from helpers import enlace
+
+
+@pytest.fixture
+def trained(project):
+    """A tiny run trained to step 10, stopped, then resumed to 20 (a resume point to mark)."""
+    write_run(project, "s", training={"max_steps": 20, "eval_every": 5}, checkpoint={"every": 5, "keep": 5})
+    enlace(project, "train", "s", "--until", "10")
+    enlace(project, "train", "s")
+    return project
+
+
+def _sample(project, *args):
+    out = enlace(project, "sample", *args, "--json")
+    return json.loads(out.stdout)
+
+
+def test_sample_is_seeded_honours_the_prompt_and_never_breaks_on_bytes(trained, tmp_path):
+    a = _sample(trained, "s", "--bytes", "80", "--seed", "3", "--prompt", "def main(")
+    b = _sample(trained, "s", "--bytes", "80", "--seed", "3", "--prompt", "def main(")
+    c = _sample(trained, "s", "--bytes", "80", "--seed", "4", "--prompt", "def main(")
+    assert a["text"] == b["text"] and a["text"] != c["text"]
+    assert a["text"].startswith("def main(") and a["step"] == 20 and a["bytes_per_s"] > 0
+    ckpt = trained / "runs" / "s" / "checkpoints" / "step-000010"
+    assert _sample(trained, str(ckpt), "--bytes", "5")["step"] == 10  # a checkpoint dir (e.g. a fetched one)
+    raw = tmp_path / "prompt.bin"
+    raw.write_bytes(b"\xff\xfe\xc3")  # not UTF-8: shown replaced, never a crash
+    out = enlace(trained, "sample", "s", "--prompt-file", str(raw), "--bytes", "40", "--temperature", "1.5")
+    assert "\ufffd" in out.stdout and out.returncode == 0
+    greedy = [_sample(trained, "s", "--bytes", "30", "--temperature", "0", "--seed", str(s))["text"] for s in (1, 2)]
+    assert greedy[0] == greedy[1]  # temperature 0 does not depend on the seed
+
+
+def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
+    out = enlace(project, "sample", str(tmp_path), check=False)
+    assert out.returncode == 2 and "neither a checkpoint" in out.stderr and "Traceback" not in out.stderr
+    ckpt = tmp_path / "fake"
+    ckpt.mkdir()
+    (ckpt / "MANIFEST").write_text("{}")
+    out = enlace(project, "sample", str(ckpt), check=False)
+    assert out.returncode == 2 and "MANIFEST" in out.stderr
+
+
+def test_plot_one_run_and_two_overlaid(trained):
+    import matplotlib.image as mpimg
+
+    write_run(trained, "t", training={"max_steps": 10, "eval_every": 5})
+    enlace(trained, "train", "t")
+    one = json.loads(enlace(trained, "plot", "s", "--json").stdout)
+    img = mpimg.imread(one["out"])
+    assert img.shape[0] > 600 and img.shape[1] > 600 and img[..., :3].std() > 0.01  # drawn, not blank
+    run = one["runs"][0]
+    assert run["markers"] == [[10, "resume"], [10, "stopped"]], run["markers"]  # --until 10, then resumed
+    assert run["points"]["loss"] == 20 and run["points"]["val_bpb"] >= 4
+    two = json.loads(enlace(trained, "plot", "s", "t", "--metrics", "loss,val_bpb", "--json").stdout)
+    assert two["out"].endswith("s+t.png") and [r["name"] for r in two["runs"]] == ["s", "t"]
+    assert mpimg.imread(two["out"]).shape[0] < img.shape[0]  # two panels, not four
+    bad = enlace(trained, "plot", "s", "--metrics", "loss,accuracy", check=False)
+    assert bad.returncode == 2 and "accuracy" in bad.stderr

@@ -1,0 +1,77 @@
+"""enlace-remote's tools over a real sshd: status --all across hosts (one down), gc, shell, sample, plot."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from remote_helpers import remote, server_dir, tiny_corpus
+from repocopy import commit_all
+
+
+def test_status_all_shows_every_host_and_a_down_one_as_a_row(sshd, user_repo, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text((sshd.dir / "hosts.yaml").read_text()
+                     + f"  gone:\n    ssh: root@127.0.0.1:{dead_port}\n    connect_timeout: 2\n")  # fmt: skip
+    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, env, "launch", "tiny", "--no-preflight", "--until", "3")
+    out = remote(user_repo, env, "status", "--all")
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["HOST", "RUN", "STATUS"], lines
+    assert any(line.startswith("testhost") and " tiny " in line for line in lines), out.stdout
+    assert any(line.startswith("gone") and "unreachable" in line for line in lines), out.stdout
+    assert any(line.startswith("local") and "nothing synced" in line for line in lines), out.stdout
+    rows = json.loads(remote(user_repo, env, "status", "--all", "--json").stdout)
+    assert {r["host"] for r in rows} == {"local", "testhost", "gone"}
+
+
+def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
+    tiny_corpus(server_dir(sshd, "testhost"))
+    trees = server_dir(sshd, "testhost") / "trees"
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight")  # live, on commit A
+    commits = [_head(user_repo)]
+    for i in range(2):  # commits B and C, synced
+        (user_repo / f"note-{i}.txt").write_text(str(i))
+        commit_all(user_repo, f"note {i}")
+        remote(user_repo, sshd.env, "sync")
+        commits.append(_head(user_repo))
+    assert sorted(p.name for p in trees.iterdir()) == sorted(commits)
+    dry = remote(user_repo, sshd.env, "gc", "--dry-run")
+    assert f"would remove {trees / commits[1]}" in dry.stdout and sorted(p.name for p in trees.iterdir()) == sorted(commits)
+    out = remote(user_repo, sshd.env, "gc")
+    assert sorted(p.name for p in trees.iterdir()) == sorted([commits[0], commits[2]]), out.stdout + out.stderr
+    assert "run long (running)" in out.stderr and "freed" in out.stderr
+    assert (server_dir(sshd, "testhost") / "runs" / "long" / "run.json").exists()  # runs/ untouched
+    remote(user_repo, sshd.env, "stop", "long")
+
+
+def _head(repo) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "-f")
+    a = remote(user_repo, sshd.env, "sample", "tiny", "--bytes", "40", "--seed", "5", "--prompt", "import ")
+    b = remote(user_repo, sshd.env, "sample", "--bytes", "40", "--seed", "5", "--prompt", "import ")  # last launched
+    assert a.stdout == b.stdout and a.stdout.startswith("import ") and "bytes/s on testhost" in a.stderr
+    png = remote(user_repo, sshd.env, "plot", "tiny").stdout.strip()
+    local = user_repo / "runs" / "tiny"
+    assert png == str(local / "curves.png") and (local / "curves.png").stat().st_size > 10_000
+    assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == \
+        ["curves.png", "metrics.jsonl", "run.json"]  # only what plot needs came over  # fmt: skip
+    server_run = server_dir(sshd, "testhost") / "runs" / "tiny"
+    assert (local / "metrics.jsonl").read_bytes() == (server_run / "metrics.jsonl").read_bytes()
+    for host in ("testhost", "local"):
+        if host == "local":
+            tiny_corpus(server_dir(sshd, "local"))
+            remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2", host=host)
+        out = remote(user_repo, sshd.env, "shell", "tiny", "--", "pwd", host=host)
+        assert out.stdout.strip().endswith("/runs/tiny"), out.stdout + out.stderr
