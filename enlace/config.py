@@ -27,6 +27,7 @@ from typing import Any, Literal
 import yaml
 
 from enlace.errors import ConfigError
+from enlace.yamlio import read_yaml
 
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit"
@@ -179,66 +180,6 @@ def find_root(start: Path | None = None) -> Path:
     return start
 
 
-class DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: str, first: int, again: int):
-        super().__init__(f"{key!r} given twice")
-        self.key, self.first, self.again = key, first, again
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (plain YAML silently keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if not isinstance(key, (str, int, float, bool)) and key is not None:
-                continue  # an odd key: the schema check names it later
-            if key in seen:
-                raise DuplicateKey(str(key), seen[key], line)
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml_unique(text: str) -> Any:
-    """yaml.safe_load, but a key given twice in one mapping raises DuplicateKey (with both lines).
-    Config files and hosts files are read with it."""
-    loader = _UniqueKeyLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-def _read_yaml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(str(path), "", f"{what} file not found", "create it or check the name") from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), "", f"{what} file is a directory", "name a .yaml file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(str(path), "", f"is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
-                          "save the file as UTF-8") from None  # fmt: skip
-    try:
-        data = load_yaml_unique(text)
-    except DuplicateKey as e:
-        raise ConfigError(str(path), e.key, f"given twice (lines {e.first} and {e.again}); YAML would silently keep "
-                          "only the last", "merge the two entries into one") from None  # fmt: skip
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(str(path), "", f"not valid YAML{where}", "fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(str(path), "", "expected a mapping of keys at the top level")
-    return data
-
-
 def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Path:
     """`ref` is a name under configs/<kind>/ or a path to a .yaml file."""
     if not isinstance(ref, str) or not ref:
@@ -348,7 +289,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     sets = parse_overrides(overrides)
     run_path = _resolve_file(root, "runs", run, "RUN", "")
     run_src = str(run_path.relative_to(root) if run_path.is_relative_to(root) else run_path)
-    run_layer = _read_yaml(run_path, "run")
+    run_layer = read_yaml(run_path, "run")
     _check_top(run_layer, RUN_TOP_KEYS, run_src)
 
     def pick(key: str, default: str | None) -> tuple[Any, str]:
@@ -371,8 +312,8 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
 
     flat: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    _flatten_section(_read_yaml(data_path, "data"), "data", rel(data_path), flat, origin)
-    profile_layer = _read_yaml(profile_path, "profile")
+    _flatten_section(read_yaml(data_path, "data"), "data", rel(data_path), flat, origin)
+    profile_layer = read_yaml(profile_path, "profile")
     _check_top(profile_layer, PROFILE_SECTIONS, rel(profile_path))
     for section, values in profile_layer.items():
         _flatten_section(values, section, rel(profile_path), flat, origin)
@@ -405,5 +346,5 @@ def load_data_config(ref: str, root: Path | None = None) -> DataConfig:
     path = _resolve_file(root, "data", ref, "DATA", "")
     flat: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    _flatten_section(_read_yaml(path, "data"), "data", str(path), flat, origin)
+    _flatten_section(read_yaml(path, "data"), "data", str(path), flat, origin)
     return _build_section("data", flat, origin)

@@ -70,7 +70,7 @@ def ssh_config_file() -> Path:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    from enlace.config import DuplicateKey, load_yaml_unique
+    from enlace.yamlio import DuplicateKey, load_yaml_unique
 
     if not path.is_file():
         return {}

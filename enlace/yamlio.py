@@ -1,0 +1,71 @@
+"""Reading YAML files the way config and hosts files need: a key given twice is an error (plain YAML
+keeps the last silently), a file that is not UTF-8 or not YAML is one clear ConfigError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from enlace.errors import ConfigError
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, first: int, again: int):
+        super().__init__(f"{key!r} given twice")
+        self.key, self.first, self.again = key, first, again
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                continue  # an odd key: the schema check names it later
+            if key in seen:
+                raise DuplicateKey(str(key), seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_unique(text: str) -> Any:
+    """yaml.safe_load, but a key given twice in one mapping raises DuplicateKey (with both lines).
+    Config files and hosts files are read with it."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", f"{what} file not found", "create it or check the name") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "", f"{what} file is a directory", "name a .yaml file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), "", f"is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
+                          "save the file as UTF-8") from None  # fmt: skip
+    try:
+        data = load_yaml_unique(text)
+    except DuplicateKey as e:
+        raise ConfigError(str(path), e.key, f"given twice (lines {e.first} and {e.again}); YAML would silently keep "
+                          "only the last", "merge the two entries into one") from None  # fmt: skip
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(str(path), "", f"not valid YAML{where}", "fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", "expected a mapping of keys at the top level")
+    return data
