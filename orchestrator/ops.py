@@ -20,10 +20,6 @@ def check_run_config(repo: Path, run: str) -> str:
     connection, with the closest names."""
     import difflib
 
-    if run.endswith((".yaml", ".yml")) or "/" in run:
-        if not (repo / run).is_file():
-            raise UsageError(f"run config {run} not found in {repo}")
-        return run
     check_run_name(run)
     have = sorted(p.stem for p in (repo / "configs" / "runs").glob("*.yaml"))
     if run not in have:

@@ -36,7 +36,7 @@ def test_sync_and_verify_a_clean_tree(sshd, user_repo, host):
     again = remote(user_repo, sshd.env, "sync", host=host)
     assert "already on the server" in again.stderr
     out = remote(user_repo, sshd.env, "verify", "tiny", host=host)
-    assert "[ok ] import enlace.data" in out.stderr and "ready on" in out.stderr
+    assert "[ ok ] import enlace.data" in out.stderr and "ready on" in out.stderr
     # --for-launch also needs the corpus, which never travels by git
     missing = remote(user_repo, sshd.env, "verify", "tiny", "--for-launch", host=host, check=False)
     assert missing.returncode == 3 and "data/tiny/*.txt" in missing.stderr
