@@ -19,7 +19,7 @@ PANELS = {  # metric → (record kind, field, y label)
     "lr": ("train", "lr", "learning rate"),
     "tokens_per_s": ("train", "tokens_per_s", "tokens/s"),
 }
-EMA = 0.9
+EMA = 0.6  # per logged point, debiased (as TensorBoard's smoothing): follows a short run without lagging
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -51,10 +51,10 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 
 
 def ema(values: list[float], alpha: float = EMA) -> list[float]:
-    out, acc = [], None
-    for v in values:
-        acc = v if acc is None else alpha * acc + (1 - alpha) * v
-        out.append(acc)
+    out, acc = [], 0.0
+    for i, v in enumerate(values, start=1):
+        acc = alpha * acc + (1 - alpha) * v
+        out.append(acc / (1 - alpha**i))  # debiased: the first points are not pulled towards 0
     return out
 
 

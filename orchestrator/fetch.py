@@ -203,7 +203,9 @@ def _transfer(session: Session, remote_dir: str, sizes: dict[str, int], into: Pa
 
 def _rsync(session: Session, remote_dir: str, paths: list[str], into: Path) -> None:
     t = session.transport
-    argv = ["rsync", "-t", "--relative", "--partial", "--inplace", "--files-from=-", "--info=progress2"]
+    argv = ["rsync", "-t", "--relative", "--partial", "--inplace", "--files-from=-"]
+    if sys.stderr.isatty():  # a progress line for people; none in logs and pipes
+        argv.append("--info=progress2")
     if t.ssh_argv():
         argv += ["-e", shlex.join(t.ssh_argv())]
     argv += [t.remote_path(remote_dir.rstrip("/") + "/"), str(into) + "/"]
