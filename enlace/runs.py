@@ -201,13 +201,14 @@ def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dic
         log = run_dir / "train.log"
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"
+        # the old trainer's identity goes before the new one starts: it records its own pid itself
+        update(run_dir, run_name=run_dir.name, status=Status.STARTING, phase="starting", launch_id=launch_id,
+               pid=None, pid_start=None, exit_code=None, error=None)  # fmt: skip
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, env={**env, "ENLACE_LAUNCH_ID": launch_id,
                                                                  "PYTHONUNBUFFERED": "1"})  # fmt: skip
-        update(run_dir, run_name=run_dir.name, status=Status.STARTING, phase="starting", launch_id=launch_id,
-               launcher_pid=proc.pid, launcher_start=proc_start(proc.pid), pid=None, pid_start=None,
-               exit_code=None, error=None)  # fmt: skip
+        update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
     return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}
 
 
