@@ -107,8 +107,10 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
               help="Put the run directory under this dir instead of <root>/runs.")
 @click.option("--allow-data-change", is_flag=True,
               help="Resume even though the data differs (by content) from the checkpoint's: not exact.")
+@click.option("--allow-teacher-change", is_flag=True,
+              help="Distillation: resume even though the teacher checkpoint differs from the one it started with.")
 def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, until: int | None,
-          runs_dir: Path | None, allow_data_change: bool) -> None:  # fmt: skip
+          runs_dir: Path | None, allow_data_change: bool, allow_teacher_change: bool) -> None:  # fmt: skip
     """Train RUN; resume from its latest complete checkpoint if there is one.
 
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second one exits
@@ -117,7 +119,8 @@ def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, 
 
     cfg = load_config(run, overrides, root)
     cfg.runs_root = runs_dir
-    run_training(cfg, resume=resume, until=until, allow_data_change=allow_data_change)
+    allow = frozenset(name for name, ok in (("data", allow_data_change), ("teacher", allow_teacher_change)) if ok)
+    run_training(cfg, resume=resume, until=until, allow=allow)
 
 
 @main.command()

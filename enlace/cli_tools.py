@@ -84,3 +84,38 @@ def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path |
         out = dirs[0] / name if len(dirs) == 1 else dirs[0].parent / name
     drawn = plot(dirs, out, chosen)
     click.echo(json.dumps(drawn) if as_json else str(out))
+
+
+@main.command("generate")
+@click.argument("teacher", metavar="RUN|CHECKPOINT_DIR")
+@click.option("--bytes", "n_bytes", type=click.IntRange(1024, 10**10), required=True, help="How many bytes in all.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Shard directory to create (must not exist).")
+@click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True, help="Same seed, same bytes.")
+@click.option("--streams", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="Texts drawn side by side (one batch); each is --bytes / --streams long.")  # fmt: skip
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@root_option
+def generate_cmd(teacher: str, n_bytes: int, out: Path, temperature: float, seed: int, streams: int, device: str,
+                 root: Path | None) -> None:  # fmt: skip
+    """Write TEACHER's own text as token shards (`kind: shards`, shard_dir: OUT): sequence-level
+    distillation data. The checkpoint is verified and loaded weights_only; OUT appears only once complete."""
+    import tempfile
+
+    import torch
+
+    from enlace.data import prepare_shards
+    from enlace.sample import find_checkpoint, generate_streams, load_model
+
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       device if device != "auto" else "cpu")  # fmt: skip
+    model, trainer = load_model(find_checkpoint(_run_or_dir(teacher, root)), dev)
+    each = -(-n_bytes // streams)
+    click.echo(f"generating {streams} x {each} bytes from {teacher} (step {trainer['step']}) on {dev}", err=True)
+    texts = generate_streams(model, b"", streams, each, temperature, None, seed)
+    with tempfile.TemporaryDirectory(prefix="enlace-generate-") as tmp:
+        corpus = Path(tmp) / "teacher.txt"
+        corpus.write_bytes(b"\n".join(texts)[:n_bytes])
+        meta = prepare_shards([corpus], out, val_fraction=0.05)
+    click.echo(f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, {meta['tokens']['train']} + "
+               f"{meta['tokens']['val']} tokens from {teacher}")  # fmt: skip

@@ -92,6 +92,13 @@ class RuntimeConfig:
     fp16_init_scale: float = 65536.0  # GradScaler's initial scale (fp16 only)
 
 
+@dataclass
+class DistillConfig:
+    teacher: str = ""  # a run name on this machine (its newest complete checkpoint) or a checkpoint dir; "" = off
+    alpha: float = 0.5  # weight of the distillation term: (1 - alpha) * CE + alpha * T² * KL(teacher ‖ student)
+    temperature: float = 2.0  # softens both distributions in the KL term
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "data": DataConfig,
@@ -99,6 +106,7 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig,
     "checkpoint": CheckpointConfig,
     "runtime": RuntimeConfig,
+    "distill": DistillConfig,
 }
 # Which sections each kind of file may set (a data file holds DataConfig's keys at its top level).
 PROFILE_SECTIONS = ("runtime", "training", "checkpoint")
@@ -114,6 +122,7 @@ class Config:
     training: TrainingConfig
     checkpoint: CheckpointConfig
     runtime: RuntimeConfig
+    distill: DistillConfig
     root: Path = Path(".")  # project root: configs/, data/, runs/ live here
     files: dict[str, str] = field(default_factory=dict)  # run/profile/data → file used
     runs_root: Path | None = None  # where run dirs go (default: <root>/runs)
@@ -143,6 +152,7 @@ class Config:
             "optim": None,
             "training": ("batch_size", "grad_accum", "max_steps"),
             "runtime": ("precision", "deterministic", "seed"),
+            "distill": ("alpha", "temperature"),  # the teacher itself: by its checkpoint's identity
         }
         flat: dict[str, Any] = {}
         for section, keys in keep.items():

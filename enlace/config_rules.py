@@ -74,6 +74,14 @@ def check_combinations(cfg: Config) -> None:
         refuse("data.val_fraction", f"must be between 0 and 1, got {d.val_fraction}")
     if d.kind == "shards" and not d.shard_dir:
         refuse("data.shard_dir", "kind: shards needs shard_dir", "point it at a directory written by `enlace prepare`")
+    if cfg.distill.teacher:
+        if not 0.0 <= cfg.distill.alpha <= 1.0:
+            refuse("distill.alpha", f"must be in [0, 1], got {cfg.distill.alpha}", "0 = no distillation, 1 = only the teacher")
+        if cfg.distill.temperature <= 0:
+            refuse("distill.temperature", f"must be above 0, got {cfg.distill.temperature}", "typical: 1 to 4")
+        from enlace.distill import teacher_checkpoint
+
+        teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, here, before anything runs
     params, need = estimate_train_bytes(cfg)
     if need > MAX_TRAIN_BYTES:
         biggest = max(("model.d_model", "model.n_layer", "model.seq_len", "training.batch_size"),

@@ -20,6 +20,7 @@ import torch
 from enlace import determinism
 from enlace.checkpoint import first_difference
 from enlace.config import Config
+from enlace.distill import kd_loss
 from enlace.errors import CheckpointError, ConfigError
 from enlace.model import ByteGPT
 from enlace.optim import build_optimizer, lr_at
@@ -57,6 +58,8 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     settings: dict[str, Any] = field(default_factory=dict)
+    teacher: torch.nn.Module | None = None  # distillation: frozen, eval mode, on the device (enlace/distill.py)
+    teacher_info: dict[str, Any] | None = None  # its checkpoint, identity (MANIFEST sha256) and size
 
     def autocast(self):
         precision = self.cfg.runtime.precision
@@ -69,6 +72,7 @@ class StepResult:
     lr: float
     skipped: bool  # GradScaler skipped the update (inf/NaN gradients)
     scale: float
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # distillation: "ce" and "kd", as `loss`
 
 
 def resolve_device(cfg: Config, dist: Dist) -> torch.device:
@@ -102,7 +106,12 @@ def build_parts(cfg: Config, dist: Dist | None = None) -> Parts:
                                   init_scale=cfg.runtime.fp16_init_scale)  # fmt: skip
     settings.update(device=str(device), params=raw_model.num_params(), precision=cfg.runtime.precision,
                     compile=cfg.runtime.compile, world=dist.world)  # fmt: skip
-    return Parts(cfg, device, dist, raw_model, model, optimizer, scaler, settings)
+    teacher = teacher_info = None
+    if cfg.distill.teacher:
+        from enlace.distill import load_teacher
+
+        teacher, teacher_info = load_teacher(cfg, device)
+    return Parts(cfg, device, dist, raw_model, model, optimizer, scaler, settings, teacher, teacher_info)
 
 
 def _no_phase(name: str) -> None:
@@ -122,6 +131,7 @@ def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch], phase: 
     model.train()
     accum = cfg.training.grad_accum
     total = torch.zeros((), device=parts.device)
+    terms = {k: torch.zeros((), device=parts.device) for k in (("ce", "kd") if parts.teacher is not None else ())}
     for micro in range(accum):
         x, y = (t.to(parts.device, non_blocking=True) for t in next_batch())
         # DDP: all-reduce gradients only on the last micro-step.
@@ -129,7 +139,14 @@ def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch], phase: 
         with sync:
             phase("forward")
             with parts.autocast():
-                _, loss = model(x, y)
+                logits, loss = model(x, y)
+                if parts.teacher is not None:  # distillation: the teacher's forward, without gradients
+                    with torch.no_grad():
+                        teacher_logits, _ = parts.teacher(x)
+                    kd = kd_loss(logits, teacher_logits, cfg.distill.temperature)
+                    terms["ce"] += loss.detach() / accum
+                    terms["kd"] += kd.detach() / accum
+                    loss = (1 - cfg.distill.alpha) * loss + cfg.distill.alpha * kd
             phase("backward")
             scaler.scale(loss / accum).backward()
         total += loss.detach() / accum
@@ -143,7 +160,7 @@ def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch], phase: 
     after = scaler.get_scale()
     opt.zero_grad(set_to_none=True)
     phase("done")
-    return StepResult(total, lr, scaler.is_enabled() and after < before, after)
+    return StepResult(total, lr, scaler.is_enabled() and after < before, after, terms)
 
 
 @torch.no_grad()
@@ -183,13 +200,14 @@ def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str,
         "torch": str(torch.__version__),
         "threads": torch.get_num_threads(),
         "data": data_id,
+        "teacher": parts.teacher_info["identity"] if parts.teacher_info else None,
     }
     return {"model.pt": parts.raw_model.state_dict(), "optimizer.pt": parts.optimizer.state_dict(),
             "trainer.pt": trainer}  # fmt: skip
 
 
 def check_compatible(parts: Parts, trainer: dict[str, Any], where: str, data_id: dict[str, Any] | None = None,
-                     allow_data_change: bool = False) -> None:  # fmt: skip
+                     allow_data_change: bool = False, allow_teacher_change: bool = False) -> None:  # fmt: skip
     """Refuse a checkpoint from another config, data, world size or (deterministic) thread count. A larger
     (or smaller) training.max_steps is allowed while the run has not reached it: that extends the run,
     and the cosine schedule spans the new max_steps from here on."""
@@ -209,6 +227,12 @@ def check_compatible(parts: Parts, trainer: dict[str, Any], where: str, data_id:
                               f"sha256 {old['sha256'][:12]} then; {data_id['files']} files, {data_id['bytes']} bytes, "
                               f"sha256 {data_id['sha256'][:12]} now): resuming would not reproduce the run — put the "
                               "same data back, or resume on this data anyway with --allow-data-change")  # fmt: skip
+    teacher = parts.teacher_info["identity"] if parts.teacher_info else None
+    if trainer.get("teacher") != teacher and not allow_teacher_change:
+        then, now = (t[:12] if t else "none" for t in (trainer.get("teacher"), teacher))
+        raise CheckpointError(f"{where}: the teacher changed: the checkpoint was distilled from teacher {then} (its "
+                              f"MANIFEST's sha256), this run's teacher is {now} ({parts.cfg.distill.teacher or 'none'}) "
+                              "— put the same teacher back, or continue with this one: --allow-teacher-change")  # fmt: skip
     if len(trainer["ranks"]) != parts.dist.world:
         raise CheckpointError(f"{where}: saved by {len(trainer['ranks'])} processes, resuming with "
                               f"{parts.dist.world} — resume with the same number of GPUs/processes")  # fmt: skip
@@ -219,10 +243,11 @@ def check_compatible(parts: Parts, trainer: dict[str, Any], where: str, data_id:
 
 
 def restore_state(parts: Parts, files: dict[str, Any], data_stream, where: str, data_id: dict[str, Any] | None = None,
-                  allow_data_change: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Load model, optimizer, scaler, this rank's RNG and data position; returns the trainer record."""
+                  allow: frozenset[str] = frozenset()) -> dict[str, Any]:  # fmt: skip
+    """Load model, optimizer, scaler, this rank's RNG and data position; returns the trainer record.
+    `allow`: "data" and/or "teacher" may differ from the checkpoint's (said, not exact)."""
     trainer = files["trainer.pt"]
-    check_compatible(parts, trainer, where, data_id, allow_data_change)
+    check_compatible(parts, trainer, where, data_id, "data" in allow, "teacher" in allow)
     try:
         parts.raw_model.load_state_dict(files["model.pt"])
     except RuntimeError as e:

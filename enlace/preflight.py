@@ -138,6 +138,7 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
         "cuda": torch.version.cuda if dev.type == "cuda" else None, "precision": cfg.runtime.precision,
         "compile": cfg.runtime.compile, "deterministic": cfg.runtime.deterministic,
         "threads": torch.get_num_threads(), "params": parts.raw_model.num_params(),
+        "teacher_params": parts.teacher_info["params"] if parts.teacher_info else None,  # its memory and forward count
     }  # fmt: skip
     watch = MemoryWatch(dev, memory_limit)
     data = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)

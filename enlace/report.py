@@ -23,6 +23,7 @@ def format_report(r: dict[str, Any]) -> str:
                                + (f", CUDA {env['cuda']}" if env.get("cuda") else "")))  # fmt: skip
         rows.append(("settings", f"{env['precision']}, compile {env['compile']}, deterministic {env['deterministic']}, "
                                  f"{env['threads']} threads, {env['params'] / 1e6:.2f}M params"
+                                 + (f" + a {env['teacher_params'] / 1e6:.2f}M teacher" if env.get("teacher_params") else "")
                                  + (f", {r['world']} processes (worst rank shown)" if r.get("world", 1) > 1 else "")))  # fmt: skip
     m = r.get("memory", {})
     if m.get("kind") == "cuda":

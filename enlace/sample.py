@@ -43,28 +43,33 @@ def load_model(ckpt: Path, device: torch.device) -> tuple[ByteGPT, dict[str, Any
 
 
 @torch.no_grad()
-def generate(model: ByteGPT, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None,
-             seed: int) -> bytes:  # fmt: skip
-    """`n_bytes` new bytes after `prompt` (a newline when empty). temperature 0 picks the most likely byte."""
+def generate_streams(model: ByteGPT, prompt: bytes, streams: int, n_bytes: int, temperature: float,
+                     top_k: int | None, seed: int) -> list[bytes]:  # fmt: skip
+    """`streams` continuations of `prompt` (a newline when empty), `n_bytes` new bytes each, drawn side by
+    side in one batch. temperature 0 picks the most likely byte."""
     device = next(model.parameters()).device
     seq_len = model.cfg.seq_len
     g = torch.Generator(device=device).manual_seed(seed)
-    idx = torch.tensor(list(prompt or b"\n"), dtype=torch.long, device=device)[None, :]  # (1, T)
-    out = bytearray()
-    for _ in range(n_bytes):
+    idx = torch.tensor(list(prompt or b"\n"), dtype=torch.long, device=device)[None, :].repeat(streams, 1)  # (S, T)
+    out = torch.empty((streams, n_bytes), dtype=torch.long, device=device)
+    for i in range(n_bytes):
         logits, _ = model(idx[:, -seq_len:])
-        logits = logits[0, -1, :].float()  # (vocab,)
+        logits = logits[:, -1, :].float()  # (S, vocab)
         if temperature <= 0:
-            nxt = int(torch.argmax(logits))
+            nxt = torch.argmax(logits, dim=-1, keepdim=True)
         else:
             logits = logits / temperature
             if top_k:
-                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g))
-        out.append(nxt)
-        idx = torch.cat([idx, torch.tensor([[nxt]], device=device)], dim=1)[:, -seq_len:]
-    return bytes(out)
+            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g)  # (S, 1)
+        out[:, i] = nxt[:, 0]
+        idx = torch.cat([idx, nxt], dim=1)[:, -seq_len:]
+    return [bytes(row.tolist()) for row in out.cpu()]
+
+
+def generate(model: ByteGPT, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None, seed: int) -> bytes:
+    return generate_streams(model, prompt, 1, n_bytes, temperature, top_k, seed)[0]
 
 
 def sample(target: Path, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None, seed: int,

@@ -100,7 +100,7 @@ def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]
     return ckpt, files  # on the CPU: load_state_dict moves weights and optimizer state to the device
 
 
-def train(cfg: Config, resume: str = "latest", until: int | None = None, allow_data_change: bool = False
+def train(cfg: Config, resume: str = "latest", until: int | None = None, allow: frozenset[str] = frozenset()
           ) -> dict[str, Any]:  # fmt: skip
     """Train `cfg` (resuming by default); returns the final run.json fields."""
     dist = engine.Dist.from_env()
@@ -109,7 +109,7 @@ def train(cfg: Config, resume: str = "latest", until: int | None = None, allow_d
     run = RunDir(cfg.run_dir, enabled=dist.is_main)
     stop = StopSignal(on_second=lambda name: run.update_status(status=Status.STOPPED, exit_code=128, signal=name))
     try:
-        summary = _train(cfg, run, dist, stop, resume, until, allow_data_change)
+        summary = _train(cfg, run, dist, stop, resume, until, allow)
         if dist.world > 1:
             # Every rank waits here until rank 0 has written its last checkpoint: a rank that
             # tore gloo down while its peer was still busy died with SIGABRT (seen under load).
@@ -138,7 +138,7 @@ def _record_failure(run: RunDir, exit_code: int, error: str) -> None:
 
 
 def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None,
-           allow_data_change: bool):  # fmt: skip
+           allow: frozenset[str]):  # fmt: skip
     t = cfg.training
     commit = git_commit(cfg.root)
     run.freeze_config(cfg.to_dict())
@@ -162,7 +162,7 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     run.phase("loading the checkpoint")
     ckpt, files = _load_resume(cfg, resume, dist)
     if ckpt is not None:
-        trainer = engine.restore_state(parts, files, train_stream, str(ckpt), data_id, allow_data_change)
+        trainer = engine.restore_state(parts, files, train_stream, str(ckpt), data_id, allow)
         progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
 
     target = min(until or t.max_steps, t.max_steps)
@@ -173,6 +173,10 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
             f"{s['threads']} | world {dist.world} | {tokens_per_step} tokens/step")  # fmt: skip
     for warning in cfg.warnings:
         run.log(f"warning: {warning}")
+    if parts.teacher_info:
+        d, info = cfg.distill, parts.teacher_info
+        run.log(f"distilling from {info['checkpoint']} ({info['params'] / 1e6:.2f}M params, MANIFEST sha256 "
+                f"{info['identity'][:12]}): alpha {d.alpha}, temperature {d.temperature}")  # fmt: skip
     if ckpt is not None:
         shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
         run.log(f"resumed from {shown} at step {progress['step']} "
@@ -225,9 +229,12 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
             run.log(f"step {step:6d}/{t.max_steps} | loss {loss:.4f} | lr {result.lr:.3e} | "
                     f"{rate:8.0f} tok/s | {elapsed:7.1f}s | {100 * step / t.max_steps:5.1f}% | ETA {duration(eta)}"
                     + (" | skipped (fp16 overflow)" if result.skipped else ""))  # fmt: skip
+            terms = {k: v.item() for k, v in result.terms.items()}  # distillation: ce and kd
+            if terms:
+                run.log(f"           ce {terms['ce']:.4f} | kd {terms['kd']:.4f}")
             run.metric({"kind": "train", "step": step, "loss": loss, "lr": result.lr, "tokens": progress["tokens"],
                         "tokens_per_s": rate, "elapsed_s": elapsed, "scale": result.scale,
-                        "skipped": result.skipped})  # fmt: skip
+                        "skipped": result.skipped, **terms})  # fmt: skip
             run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=progress["tokens"])
             interval_s, interval_tokens = 0.0, 0
         if t.eval_every and step % t.eval_every == 0:

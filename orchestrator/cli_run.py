@@ -67,12 +67,15 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
                    "dir such as checkpoints/step-000040 (when the newest one is corrupt).")  # fmt: skip
 @click.option("--allow-data-change", is_flag=True,
               help="Passed to enlace train: resume although the server's data differs from the checkpoint's.")
+@click.option("--allow-teacher-change", is_flag=True,
+              help="Passed to enlace train (distillation): resume although the teacher checkpoint changed.")
 @allow_dirty_option
 @set_option
 @with_context
 def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
            gpus: str | None, hosts: str | None, master_port: int, slurm: bool, nodes: int, resume: str,
-           allow_data_change: bool, allow_dirty: bool, overrides: tuple[str, ...]) -> None:  # fmt: skip
+           allow_data_change: bool, allow_teacher_change: bool, allow_dirty: bool,
+           overrides: tuple[str, ...]) -> None:  # fmt: skip
     """Sync, verify --for-launch, preflight, then train RUN detached on the host.
 
     Without RUN: the host's default_run, else the last run launched there from this repo. The
@@ -104,7 +107,8 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
     train_args = ((["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
-                  + (["--allow-data-change"] if allow_data_change else []) + ops.set_args(overrides))  # fmt: skip
+                  + (["--allow-data-change"] if allow_data_change else [])
+                  + (["--allow-teacher-change"] if allow_teacher_change else []) + ops.set_args(overrides))  # fmt: skip
     started = None
     for rank, host in enumerate(targets):
         rdzv = {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1",

@@ -17,6 +17,11 @@ SHIPPED_RUNS = sorted(p.stem for p in (REPO / "configs" / "runs").glob("*.yaml")
 
 @pytest.mark.parametrize("run", SHIPPED_RUNS)
 def test_every_shipped_run_config_loads(run):
+    teacher = yaml.safe_load((REPO / "configs" / "runs" / f"{run}.yaml").read_text()).get("distill", {}).get("teacher")
+    if teacher and not (REPO / "runs" / teacher / "checkpoints" / "latest").exists():
+        with pytest.raises(ConfigError, match=f"train the teacher first \\(enlace train {teacher}\\)"):
+            load_config(run, root=REPO)  # a distillation run needs its teacher trained: said at load
+        return
     cfg = load_config(run, root=REPO)
     assert cfg.run_name == run  # each names itself after its file
 

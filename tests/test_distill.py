@@ -1,0 +1,84 @@
+"""Distillation: a student from a teacher checkpoint — exact resume, teacher identity, clear errors,
+and the teacher's own text as shards (`enlace generate`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from remote_helpers import remote, server_dir, tiny_corpus
+
+from conftest import write_run
+from helpers import enlace, metrics, run_json
+
+STUDENT = {"model": {"seq_len": 32, "n_layer": 1, "n_head": 2, "d_model": 16, "dropout": 0.0},
+           "runtime": {"deterministic": True}, "training": {"max_steps": 8, "log_every": 1, "eval_every": 4},
+           "distill": {"teacher": "teach", "alpha": 0.5, "temperature": 2.0}}  # fmt: skip
+
+
+@pytest.fixture
+def teacher(project):
+    write_run(project, "teach", training={"max_steps": 6, "eval_every": 0}, checkpoint={"every": 3, "keep": 3})
+    enlace(project, "train", "teach")
+    return project
+
+
+def test_distillation_resumes_exactly_and_logs_both_terms(teacher):
+    write_run(teacher, "stud", **STUDENT)
+    out = enlace(teacher, "verify-resume", "stud", "--steps", "8", "--json")
+    rep = json.loads(out.stdout)
+    assert rep["ok"] and rep["tensors"] > 10 and rep["losses_compared"] == 4, rep
+    enlace(teacher, "train", "stud")
+    train = metrics(teacher / "runs" / "stud", "train")
+    assert all(r["kd"] > 0 and r["ce"] > 0 for r in train)
+    assert all(abs(r["loss"] - (0.5 * r["ce"] + 0.5 * r["kd"])) < 1e-4 for r in train)  # the loss is the mix
+    assert "distilling from" in (teacher / "runs" / "stud" / "train.log").read_text()
+    rep = json.loads(enlace(teacher, "preflight", "stud", "--json", "--steps", "2").stdout)
+    assert rep["environment"]["teacher_params"] > rep["environment"]["params"]  # the teacher is built and counted
+
+
+def test_a_changed_teacher_is_refused_on_resume(teacher):
+    write_run(teacher, "stud", **STUDENT)
+    enlace(teacher, "train", "stud", "--until", "4")
+    enlace(teacher, "train", "teach", "--set", "training.max_steps=7")  # the teacher trained on: a new latest
+    out = enlace(teacher, "train", "stud", check=False)
+    assert out.returncode == 2 and "the teacher changed" in out.stderr and "--allow-teacher-change" in out.stderr
+    enlace(teacher, "train", "stud", "--allow-teacher-change")
+    assert run_json(teacher / "runs" / "stud")["status"] == "finished"
+
+
+@pytest.mark.parametrize("case", ["missing", "incomplete"])
+def test_missing_or_incomplete_teacher_is_one_line_exit_2(teacher, case):
+    if case == "incomplete":
+        for ckpt in (teacher / "runs" / "teach" / "checkpoints").glob("step-*"):
+            (ckpt / "MANIFEST").unlink()
+        write_run(teacher, "stud", **STUDENT)
+    else:
+        write_run(teacher, "stud", **{**STUDENT, "distill": {"teacher": "nobody"}})
+    for verb in ("check-config", "train"):
+        out = enlace(teacher, verb, "stud", check=False)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and "distill.teacher" in lines[0], out.stderr
+        assert "configs/runs/stud.yaml" in lines[0] and "has no complete checkpoint" in lines[0]
+
+
+def test_verify_names_a_missing_teacher_before_launch(sshd, user_repo):
+    write_run(user_repo, "stud", **{**STUDENT, "distill": {"teacher": "tiny"}}, data="tiny")
+    from repocopy import commit_all
+
+    commit_all(user_repo, "student")
+    tiny_corpus(server_dir(sshd, "local"))
+    out = remote(user_repo, sshd.env, "launch", "stud", host="local", check=False)
+    assert out.returncode == 3 and "distill.teacher" in out.stderr and "enlace train tiny" in out.stderr
+
+
+def test_generate_writes_shards_a_run_trains_on_and_is_seeded(teacher):
+    for name in ("gen-a", "gen-b"):
+        enlace(teacher, "generate", "teach", "--bytes", "6000", "--out", str(teacher / "data" / name), "--seed", "7",
+               "--streams", "8")  # fmt: skip
+    a, b = (sorted((teacher / "data" / n).iterdir()) for n in ("gen-a", "gen-b"))
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]  # same seed, same bytes
+    (teacher / "configs" / "data" / "gen.yaml").write_text("kind: shards\nshard_dir: data/gen-a\n")
+    write_run(teacher, "ongen", data="gen", training={"max_steps": 4, "eval_every": 0, "batch_size": 2})
+    enlace(teacher, "train", "ongen")
+    assert run_json(teacher / "runs" / "ongen")["status"] == "finished"
