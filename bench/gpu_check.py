@@ -116,7 +116,9 @@ def preflight_accuracy(run: str, overrides: list[str], steps: int, device: torch
     key = "peak_reserved_mib" if device.type == "cuda" else "peak_rss_mib"
     predicted_mem, predicted_rate = report["memory"][key], report["throughput"]["tokens_per_s"]
     with tempfile.TemporaryDirectory(prefix="enlace-gpu-check-") as tmp:
-        real_cfg = config(run, [*overrides, f"training.max_steps={max(steps * 4, 12)}", "training.eval_every=0",
+        real_steps = max(steps * 4, 12)
+        real_cfg = config(run, [*overrides, f"training.max_steps={real_steps}", "training.eval_every=0",
+                                f"optim.warmup_steps={min(cfg.optim.warmup_steps, real_steps)}",
                                 "checkpoint.every=0", "training.log_every=1"])  # fmt: skip
         real_cfg.runs_root = Path(tmp)
         if device.type == "cuda":
