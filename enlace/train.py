@@ -144,7 +144,6 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     run.freeze_config(cfg.to_dict())
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
-    if dist.is_main:
         runs.record_self(run.path, run_name=cfg.run_name, status=Status.STARTING, phase="building the model",
                          commit=commit, host=hostname(), torch=str(torch.__version__), max_steps=t.max_steps,
                          exit_code=None, error=None, launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
