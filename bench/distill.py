@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -29,8 +30,6 @@ def run(name: str, overrides: list[str], runs_root: Path, root: Path) -> dict:
     with contextlib.redirect_stdout(io.StringIO()):
         summary = train(cfg, resume="none")
     evals = [line for line in (runs_root / cfg.run_name / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
-    import json
-
     return {"val_bpb": json.loads(evals[-1])["val_bpb"], "median_step_s": summary["median_step_s"]}
 
 

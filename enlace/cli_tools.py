@@ -102,13 +102,10 @@ def generate_cmd(teacher: str, n_bytes: int, out: Path, temperature: float, seed
     distillation data. The checkpoint is verified and loaded weights_only; OUT appears only once complete."""
     import tempfile
 
-    import torch
-
     from enlace.data import prepare_shards
-    from enlace.sample import find_checkpoint, generate_streams, load_model
+    from enlace.sample import find_checkpoint, generate_streams, load_model, pick_device
 
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       device if device != "auto" else "cpu")  # fmt: skip
+    dev = pick_device(device)
     model, trainer = load_model(find_checkpoint(_run_or_dir(teacher, root)), dev)
     each = -(-n_bytes // streams)
     click.echo(f"generating {streams} x {each} bytes from {teacher} (step {trainer['step']}) on {dev}", err=True)

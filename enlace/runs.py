@@ -218,18 +218,20 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
     on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
     deadline = time.monotonic() + timeout
     shown = None
-    while True:
-        row = observe(run_dir)
-        mine = row["launch_id"] == launch_id
-        if mine and row["phase"] != shown and on_phase:
-            shown = row["phase"]
+    while True:  # each poll reads run.json and two /proc entries; the full row only once, at the end
+        st = read(run_dir)
+        is_alive = alive(st)
+        status = status_of(st, is_alive)
+        mine = st.get("launch_id") == launch_id
+        if mine and st.get("phase") != shown and on_phase:
+            shown = st.get("phase")
             on_phase(shown)
-        if mine and (row["status"] not in ACTIVE or (row["status"] == Status.RUNNING and row["step"] > 0)):
-            return row | {"waited": "done"}
-        if not row["alive"]:  # died before it could write anything (e.g. the interpreter failed)
-            return row | {"status": Status.CRASHED.value, "waited": "done"}
+        if mine and (status not in ACTIVE or (status == Status.RUNNING and st.get("step", 0) > 0)):
+            return observe(run_dir) | {"waited": "done"}
+        if not is_alive:  # died before it could write anything (e.g. the interpreter failed)
+            return observe(run_dir) | {"status": Status.CRASHED.value, "waited": "done"}
         if time.monotonic() > deadline:
-            return row | {"waited": "timeout"}
+            return observe(run_dir) | {"waited": "timeout"}
         time.sleep(poll)
 
 

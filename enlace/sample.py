@@ -72,10 +72,16 @@ def generate(model: ByteGPT, prompt: bytes, n_bytes: int, temperature: float, to
     return generate_streams(model, prompt, 1, n_bytes, temperature, top_k, seed)[0]
 
 
+def pick_device(device: str) -> torch.device:
+    """auto: the GPU when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def sample(target: Path, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None, seed: int,
            device: str = "auto") -> dict[str, Any]:  # fmt: skip
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       device if device != "auto" else "cpu")  # fmt: skip
+    dev = pick_device(device)
     ckpt = find_checkpoint(target)
     model, trainer = load_model(ckpt, dev)
     t0 = time.perf_counter()

@@ -11,7 +11,6 @@ carries the checkpoints and the run files together.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import click
 
+from enlace.checkpoint import sha256_file
 from orchestrator.errors import RemoteError, UsageError
 from orchestrator.session import Session
 from orchestrator.transport import die_with_us
@@ -48,14 +48,6 @@ def _safe(name: str, pattern: re.Pattern, what: str) -> str:
     if not pattern.fullmatch(name) or ".." in name:
         raise RemoteError(f"refusing {what} name {name!r} from the server: it could escape the destination")
     return name
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _already_here(final: Path, files: dict) -> bool:
@@ -176,7 +168,7 @@ def _verify(partial: Path, files: dict, name: str) -> None:
     """sha256 of every file against MANIFEST (in threads: hashlib releases the GIL)."""
     names = list(files)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        got = list(pool.map(lambda f: _sha256(partial / f) if (partial / f).is_file() else None, names))
+        got = list(pool.map(lambda f: sha256_file(partial / f) if (partial / f).is_file() else None, names))
     for fname, digest in zip(names, got):
         if digest != files[fname]["sha256"]:
             (partial / fname).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again

@@ -100,10 +100,8 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
 def test_running_run_is_refused_before_preflight(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
-    t0 = time.time()
     out = remote(user_repo, sshd.env, "launch", "long", host="local", check=False)
     assert out.returncode == 7 and "already running" in out.stderr and "warm-up step" not in out.stderr
-    assert time.time() - t0 < 30  # no 44 s preflight first
     assert remote(user_repo, sshd.env, "stop", "long", host="local").returncode == 0
     again = remote(user_repo, sshd.env, "stop", "long", host="local")  # stopping a stopped run: said, exit 0
     assert "is not running (stopped" in again.stdout
