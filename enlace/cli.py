@@ -47,19 +47,24 @@ def main(exit_with_client: bool) -> None:
       enlace preflight smoke-cpu        # does it fit, how long will it take
       enlace train smoke-cpu            # train (resumes from the latest checkpoint)
     """
+    ctx = click.get_current_context()
+    ctx.obj = {"when_client_gone": []}  # a command's clean-up before that (e.g. scancel its srun job)
     if exit_with_client:
-        _exit_when_stdin_closes()
+        _exit_when_stdin_closes(ctx.obj["when_client_gone"])
 
 
-def _exit_when_stdin_closes() -> None:
-    """The driver keeps our stdin open while it lives; EOF means it died (or was killed): end this process
-    group, so no preflight (or its --max-batch probes) goes on competing with the next one for the GPU."""
+def _exit_when_stdin_closes(hooks: list) -> None:
+    """The driver keeps our stdin open while it lives; EOF means it died (or was killed): run `hooks`, then
+    end this process group, so no preflight (or its --max-batch probes) goes on competing with the next
+    one for the GPU."""
     import signal
     import threading
 
     def watch() -> None:
         while os.read(0, 1 << 12):
             pass
+        for hook in hooks:
+            hook()
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True, name="exit-with-client").start()
@@ -113,8 +118,9 @@ def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, 
           runs_dir: Path | None, allow_data_change: bool, allow_teacher_change: bool) -> None:  # fmt: skip
     """Train RUN; resume from its latest complete checkpoint if there is one.
 
-    SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second one exits
-    at once; the last complete checkpoint stays intact). RUN is a file stem in configs/runs/ or a path."""
+    SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second Ctrl-C exits
+    at once, the last complete checkpoint intact; a repeated SIGTERM is the same request).
+    RUN is a file stem in configs/runs/ or a path."""
     from enlace.train import train as run_training
 
     cfg = load_config(run, overrides, root)

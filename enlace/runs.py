@@ -8,7 +8,9 @@ recorded when it started), so a reused pid or an unrelated process never counts 
 run.json (written only here, under a lock, replaced atomically):
     status, pid + pid_start (the trainer, rank 0), launcher_pid + launcher_start (what `start`
     spawned: the trainer or torchrun), launch_id, phase, step, max_steps, loss, val_bpb, tokens,
-    tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from
+    tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from;
+    under Slurm also job_id, node, requeues, requeue_limit_reached: liveness is then the job's
+    state (the login node cannot see a compute node's processes), from enlace/slurm.py.
 Stdlib only: the driver's server verbs answer without importing torch.
 """
 
@@ -25,11 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from enlace import exitcodes
+from enlace import exitcodes, slurm
 from enlace.errors import EnlaceError
 
 
 class Status(str, enum.Enum):
+    PENDING = "pending"  # queued on Slurm (submitted or requeued), waiting for a node
     STARTING = "starting"  # launched; the trainer has not logged its first step yet
     RUNNING = "running"
     STOPPING = "stopping"  # a stop was requested; the trainer is finishing its step and checkpointing
@@ -42,7 +45,7 @@ class Status(str, enum.Enum):
         return self.value
 
 
-ACTIVE = frozenset({Status.STARTING, Status.RUNNING, Status.STOPPING})
+ACTIVE = frozenset({Status.PENDING, Status.STARTING, Status.RUNNING, Status.STOPPING})
 ENDED_CLEANLY = frozenset({Status.STOPPED, Status.FINISHED})
 
 
@@ -123,19 +126,31 @@ def record_self(run_dir: Path, **fields: Any) -> None:
 
 
 def alive(state: dict[str, Any]) -> bool:
+    if state.get("job_id"):
+        return slurm.job_alive(state["job_id"])
     return proc_alive(state.get("pid"), state.get("pid_start")) or \
         proc_alive(state.get("launcher_pid"), state.get("launcher_start"))  # fmt: skip
 
 
-def status_of(state: dict[str, Any], is_alive: bool) -> Status:
-    """The recorded status, except that an active run whose processes are gone has crashed."""
+def status_of(state: dict[str, Any], is_alive: bool, job_state: str | None = None) -> Status:
+    """The recorded status, except that an active run whose processes (or Slurm job) are gone has
+    crashed, and a run whose Slurm job is queued is pending."""
     try:
         recorded = Status(state.get("status", "crashed"))
     except ValueError:
         recorded = Status.CRASHED
+    if job_state in slurm.QUEUED_STATES:
+        return Status.PENDING
     if recorded in ACTIVE and not is_alive:
         return Status.CRASHED
     return recorded
+
+
+def job_of(state: dict[str, Any]) -> dict[str, Any]:
+    """The Slurm job's state, reason and restarts ({} for a run started without Slurm)."""
+    if not state.get("job_id"):
+        return {}
+    return {"job_id": state["job_id"], **slurm.job_info(state["job_id"])}
 
 
 def observe(run_dir: Path) -> dict[str, Any]:
@@ -144,7 +159,8 @@ def observe(run_dir: Path) -> dict[str, Any]:
 
     st = read(run_dir)
     is_alive = alive(st)
-    status = status_of(st, is_alive)
+    job = job_of(st)
+    status = status_of(st, is_alive, job.get("state"))
     now = time.time()
     started = st.get("started_at")
     end = now if status in ACTIVE else st.get("updated_at", now)
@@ -159,7 +175,9 @@ def observe(run_dir: Path) -> dict[str, Any]:
             "elapsed_s": (end - started) if started else None, "eta_s": eta, "commit": st.get("commit"),
             "exit_code": st.get("exit_code"), "error": st.get("error"), "resumed_from": st.get("resumed_from"),
             "latest_checkpoint": latest.name if latest else None, "launch_id": st.get("launch_id"),
-            "updated_at": st.get("updated_at")}  # fmt: skip
+            "updated_at": st.get("updated_at"), "job_id": job.get("job_id"), "slurm_state": job.get("state"),
+            "slurm_reason": job.get("reason"), "requeues": st.get("requeues"),
+            "requeue_limit_reached": st.get("requeue_limit_reached", False)}  # fmt: skip
 
 
 def exit_code_of(row: dict[str, Any]) -> int:
@@ -187,29 +205,51 @@ def ended_message(row: dict[str, Any]) -> str:
 # -- start, wait, stop -------------------------------------------------------------------------
 
 
-def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
-    """Start `argv` (the trainer, or torchrun) detached, unless the run is alive; one launch at a time.
-
-    setsid (its own session and process group), all three streams redirected: it survives the SSH
-    session that started it. Its pid and start time go into run.json before this returns."""
+@contextlib.contextmanager
+def launching(run_dir: Path):
+    """One launch of a run at a time (a lock beside its directory); a live run is refused (exit 7).
+    Yields (launch_id, log_offset) once run.json says `starting` for this launch."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with _locked(run_dir.parent, blocking=False, name=f".{run_dir.name}.launch-lock"):
         row = observe(run_dir)
         if row["alive"]:
-            raise AlreadyRunning(f"{run_dir.name} is already running (pid {row['pid']}, step {row['step']}/"
+            where = f"Slurm job {row['job_id']}" if row.get("job_id") else f"pid {row['pid']}"
+            raise AlreadyRunning(f"{run_dir.name} is already running ({where}, step {row['step']}/"
                                  f"{row['max_steps']}, status {row['status']})")  # fmt: skip
         log = run_dir / "train.log"
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"
         # the old trainer's identity goes before the new one starts: it records its own pid itself
         update(run_dir, run_name=run_dir.name, status=Status.STARTING, phase="starting", launch_id=launch_id,
-               pid=None, pid_start=None, exit_code=None, error=None)  # fmt: skip
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env={**env, "ENLACE_LAUNCH_ID": launch_id,
-                                                                 "PYTHONUNBUFFERED": "1"})  # fmt: skip
+               pid=None, pid_start=None, exit_code=None, error=None, job_id=None, requeues=None,
+               requeue_limit_reached=False)  # fmt: skip
+        yield launch_id, offset
+
+
+def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Start `argv` (the trainer, or torchrun) detached, unless the run is alive; one launch at a time.
+
+    setsid (its own session and process group), all three streams redirected: it survives the SSH
+    session that started it. Its pid and start time go into run.json before this returns."""
+    with launching(run_dir) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**env, "ENLACE_LAUNCH_ID": launch_id,
+                                                             "PYTHONUNBUFFERED": "1"})  # fmt: skip
         update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
     return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}
+
+
+def submit(run_dir: Path, submit_job) -> dict[str, Any]:
+    """Submit the run as a Slurm job (`submit_job(launch_id)` → job id), unless it is alive."""
+    with launching(run_dir) as (launch_id, offset):
+        update(run_dir, status=Status.PENDING, phase="submitted to Slurm", launcher_pid=None, launcher_start=None)
+        try:
+            job_id = submit_job(launch_id)
+        except BaseException as e:
+            update(run_dir, status=Status.FAILED, error=getattr(e, "message", str(e)), exit_code=exitcodes.USAGE)
+            raise
+        update(run_dir, job_id=job_id)
+    return {"ok": True, "pid": None, "job_id": job_id, "log_offset": offset, "launch_id": launch_id}
 
 
 def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, poll: float = 0.1) -> dict[str, Any]:
@@ -218,13 +258,17 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
     on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
     deadline = time.monotonic() + timeout
     shown = None
-    while True:  # each poll reads run.json and two /proc entries; the full row only once, at the end
+    while True:  # each poll reads run.json and two /proc entries (or the cached Slurm state); the full row once
         st = read(run_dir)
         is_alive = alive(st)
-        status = status_of(st, is_alive)
+        job = job_of(st)
+        status = status_of(st, is_alive, job.get("state"))
         mine = st.get("launch_id") == launch_id
-        if mine and st.get("phase") != shown and on_phase:
-            shown = st.get("phase")
+        phase = st.get("phase")
+        if job.get("state") in slurm.QUEUED_STATES:
+            phase = f"pending in Slurm: job {job['job_id']} {job.get('state')}, reason {job.get('reason') or '-'}"
+        if mine and phase != shown and on_phase:
+            shown = phase
             on_phase(shown)
         if mine and (status not in ACTIVE or (status == Status.RUNNING and st.get("step", 0) > 0)):
             return observe(run_dir) | {"waited": "done"}
@@ -237,14 +281,15 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
 
 def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
     """SIGTERM what was launched (torchrun forwards it once to every rank), wait up to `grace` s for the
-    checkpoint; with `kill`, SIGKILL the process group after that."""
+    checkpoint; with `kill`, SIGKILL the process group (or cancel the Slurm job) after that."""
     st = read(run_dir)
     row = observe(run_dir)
     if not row["alive"]:
-        return {"run_name": run_dir.name, "stopped": True, "was_running": False, "killed": False,
-                "status": row["status"], "step": row["step"], "latest_checkpoint": row["latest_checkpoint"]}  # fmt: skip
-    # One SIGTERM to the launched process: signalling the whole group would give each rank two signals,
-    # and a second signal means "exit now, without a checkpoint".
+        return _stop_report(run_dir, row, was_running=False, killed=False)
+    if st.get("job_id"):
+        return _stop_job(run_dir, st["job_id"], grace, kill)
+    # One SIGTERM to the launched process: signalling the whole group would give each rank two signals
+    # (the trainer treats a repeated SIGTERM as the same request, but torchrun would start tearing down).
     if proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
         pid, start_time = st["launcher_pid"], st["launcher_start"]
     else:
@@ -252,17 +297,45 @@ def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
     update(run_dir, status=Status.STOPPING)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while proc_alive(pid, start_time) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    killed = False
-    if proc_alive(pid, start_time) and kill:
+    killed = not _wait(lambda: proc_alive(pid, start_time), grace) and kill
+    if killed:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
-        killed = True
-        while proc_alive(pid, start_time):
-            time.sleep(0.05)
+        _wait(lambda: proc_alive(pid, start_time), 60)
         update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="killed by stop --kill")
-    after = observe(run_dir)
-    return {"run_name": run_dir.name, "stopped": not after["alive"], "was_running": True, "killed": killed,
-            "status": after["status"], "step": after["step"], "latest_checkpoint": after["latest_checkpoint"]}  # fmt: skip
+    return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
+
+
+def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str, Any]:
+    """A Slurm run: a queued job is cancelled (nothing to save); a running one gets SIGTERM through
+    Slurm (scancel --signal=TERM --full: the batch step does not requeue after it) and `grace` s to
+    checkpoint; with `kill`, scancel after that."""
+    live = lambda: slurm.job_alive(job_id)  # noqa: E731
+    if slurm.job_info(job_id, max_age=0)["state"] in slurm.QUEUED_STATES:
+        slurm.cancel(job_id)
+        update(run_dir, status=Status.STOPPED, phase="cancelled while pending")
+        _wait(live, 60)
+        return _stop_report(run_dir, observe(run_dir), was_running=True, killed=False)
+    update(run_dir, status=Status.STOPPING)
+    slurm.cancel(job_id, "TERM")
+    killed = not _wait(live, grace) and kill
+    if killed:
+        slurm.cancel(job_id)
+        _wait(live, 120)
+        update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="cancelled by stop --kill")
+    return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
+
+
+def _wait(busy, timeout: float) -> bool:
+    """Poll `busy()` until it is false (True) or `timeout` s have passed (False)."""
+    deadline = time.monotonic() + timeout
+    while busy():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _stop_report(run_dir: Path, row: dict[str, Any], was_running: bool, killed: bool) -> dict[str, Any]:
+    return {"run_name": run_dir.name, "stopped": not row["alive"], "was_running": was_running, "killed": killed,
+            "status": row["status"], "step": row["step"], "latest_checkpoint": row["latest_checkpoint"]}  # fmt: skip

@@ -77,8 +77,12 @@ def stream_log(run_dir: Path, offset: int, follow: bool, poll: float = 0.05) -> 
     out = sys.stdout.buffer
     path = run_dir / "train.log"
     last_data = time.monotonic()
+    queued = None
     while True:
-        ended = not runs.alive(runs.read(run_dir))  # read before draining: no tail lost at the end
+        state = runs.read(run_dir)
+        ended = not runs.alive(state)  # read before draining: no tail lost at the end
+        if follow and state.get("job_id"):
+            queued = _say_if_queued(run_dir.name, runs.job_of(state), queued)
         if path.exists():
             with open(path, "rb") as fh:
                 fh.seek(offset)
@@ -96,3 +100,14 @@ def stream_log(run_dir: Path, offset: int, follow: bool, poll: float = 0.05) -> 
             sys.stderr.flush()
             last_data = time.monotonic()
         time.sleep(poll)
+
+
+def _say_if_queued(name: str, job: dict[str, Any], shown: str | None) -> str | None:
+    """On stderr, once per change: the run's Slurm job is queued (and why); returns what is shown now."""
+    from enlace.slurm import QUEUED_STATES
+
+    now = f"{job['state']} ({job.get('reason') or '-'})" if job.get("state") in QUEUED_STATES else None
+    if now and now != shown:
+        sys.stderr.write(f"{name}: Slurm job {job['job_id']} is {now}; waiting for it to start\n")
+        sys.stderr.flush()
+    return now

@@ -40,7 +40,10 @@ from enlace.sysinfo import git_commit, hostname, mib, peak_rss_bytes
 
 
 class StopSignal:
-    """First SIGTERM/SIGINT: ask the loop to stop after this step. Second: exit at once.
+    """The first SIGTERM/SIGINT asks the loop to stop after this step (checkpoint, exit 0). A later
+    SIGINT (Ctrl-C again) exits at once; a repeated SIGTERM is the same request again, not an
+    escalation: under Slurm the trainer can get one from slurmd, one from its batch step and one
+    from torchrun for a single stop (their escalation is SIGKILL, after a grace period).
 
     Exiting at once is safe: a checkpoint becomes visible only by an atomic rename."""
 
@@ -51,6 +54,8 @@ class StopSignal:
 
     def _handle(self, signum, frame):
         if self.signame is not None:
+            if signum == signal.SIGTERM:
+                return
             self._on_second(signal.Signals(signum).name)
             os._exit(128 + signum)
         self.signame = signal.Signals(signum).name

@@ -60,8 +60,13 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
                    "log and checkpoints). Needs --gpus.")  # fmt: skip
 @click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True,
               help="With --hosts: the rendezvous port on the first host.")
-@click.option("--slurm", is_flag=True, help="Print an sbatch script that starts RUN with srun + torchrun, and exit.")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="With --slurm: nodes.")
+@click.option("--slurm", is_flag=True,
+              help="With --print: print the sbatch script for RUN and exit (submit it yourself). A host with "
+                   "`scheduler: slurm` launches through Slurm anyway.")  # fmt: skip
+@click.option("--print", "print_only", is_flag=True, help="With --slurm: only print the script; touch nothing.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="On a Slurm host: nodes (one torchrun each; default: the host's `nodes`).")
+@click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
 @click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH",
               help="Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
                    "dir such as checkpoints/step-000040 (when the newest one is corrupt).")  # fmt: skip
@@ -73,23 +78,33 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
 @set_option
 @with_context
 def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
-           gpus: str | None, hosts: str | None, master_port: int, slurm: bool, nodes: int, resume: str,
-           allow_data_change: bool, allow_teacher_change: bool, allow_dirty: bool,
+           gpus: str | None, hosts: str | None, master_port: int, slurm: bool, print_only: bool, nodes: int | None,
+           no_wait: bool, resume: str, allow_data_change: bool, allow_teacher_change: bool, allow_dirty: bool,
            overrides: tuple[str, ...]) -> None:  # fmt: skip
     """Sync, verify --for-launch, preflight, then train RUN detached on the host.
 
     Without RUN: the host's default_run, else the last run launched there from this repo. The
     trainer survives the SSH session; a stopped or finished run resumes from its latest checkpoint.
-    --gpus N runs `torchrun --standalone --nproc-per-node N`; --hosts a,b runs one torchrun per host."""
+    --gpus N runs `torchrun --standalone --nproc-per-node N`; --hosts a,b runs one torchrun per host.
+
+    On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
+    is an sbatch job (`srun torchrun` for --nodes/--gpus) that checkpoints and requeues itself
+    before its time limit; launch shows why it is pending and waits for the first step."""
     from orchestrator import ops
     from orchestrator.hosts import resolve_host
-    from orchestrator.logs import follow_log
 
     run = ops.check_run_config(ctx.repo, ops.choose_run(ctx.repo, ctx.host, run))
-    if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
-        raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
-    if slurm:
-        click.echo(ops.slurm_script(run, nodes, gpus or "1", ["--until", str(until)] if until else []))
+    spec = _slurm_spec(ctx, slurm, print_only, nodes, hosts, gpus) if slurm or print_only or nodes or ctx.host.slurm \
+        else None  # fmt: skip
+    train_args = ((["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
+                  + (["--allow-data-change"] if allow_data_change else [])
+                  + (["--allow-teacher-change"] if allow_teacher_change else []) + ops.set_args(overrides))  # fmt: skip
+    nproc = _nproc(gpus, spec)
+    if print_only:
+        from enlace.config import load_config
+        from orchestrator.slurm import print_script
+
+        click.echo(print_script(spec, run, load_config(run, overrides, ctx.repo).run_name, nproc, train_args))
         return
     targets = [resolve_host(h.strip(), ctx.repo) for h in hosts.split(",")] if hosts else [ctx.host]
     if hosts and (len(targets) < 2 or not gpus):
@@ -106,9 +121,12 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
         if report["verdict"] in VERDICT_EXIT and not force:
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
-    train_args = ((["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
-                  + (["--allow-data-change"] if allow_data_change else [])
-                  + (["--allow-teacher-change"] if allow_teacher_change else []) + ops.set_args(overrides))  # fmt: skip
+    if spec:
+        from orchestrator.slurm import submit
+
+        started = submit(first, sha, run_name, spec, nproc, ["-m", "enlace", "train", run, *train_args])
+        ops.remember_run(ctx.repo, ctx.host.name, run)
+        return _after_start(first, run_name, started, no_wait, follow)
     started = None
     for rank, host in enumerate(targets):
         rdzv = {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1",
@@ -116,9 +134,52 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
         doc = ops.start_detached(ctx.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv))
         started = started or doc
         ops.remember_run(ctx.repo, host.name, run)
-    ops.wait_first_step(first, run_name, started)
+    _after_start(first, run_name, started, no_wait, follow)
+
+
+def _after_start(session, run_name: str, started: dict, no_wait: bool, follow: bool) -> None:
+    """Wait for the first step (the server decides; a pending Slurm job says why), then maybe follow."""
+    from orchestrator import ops
+    from orchestrator.logs import follow_log
+
+    if no_wait:
+        click.echo(f"not waiting: `enlace-remote status {run_name}` or `enlace-remote logs {run_name} -f`", err=True)
+        return
+    ops.wait_first_step(session, run_name, started)
     if follow:
-        sys.exit(follow_log(first, run_name, started["log_offset"], follow=True))
+        sys.exit(follow_log(session, run_name, started["log_offset"], follow=True))
+
+
+def _slurm_spec(ctx: Context, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):
+    """The Slurm settings: the host's (with --nodes); for --print on a plain host, defaults asking for --gpus."""
+    from enlace.slurm import SlurmSpec
+    from orchestrator.slurm import spec_for
+
+    if print_only and not slurm:
+        raise click.UsageError("--print goes with --slurm: `launch RUN --slurm --print`")
+    if hosts:
+        raise click.UsageError("--hosts is for plain SSH hosts; on Slurm, --nodes K asks the scheduler for K nodes")
+    if not ctx.host.slurm and not print_only:
+        raise click.UsageError(f"host {ctx.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
+                               "time, ...) to its hosts.yaml entry (README: On a Slurm cluster), or print a script "
+                               "to submit yourself with --slurm --print")  # fmt: skip
+    plain = SlurmSpec(gpus_per_node=int(gpus) if gpus and gpus.isdigit() else 0)
+    return spec_for(ctx.host.slurm or plain, nodes)
+
+
+def _nproc(gpus: str | None, spec) -> int | str | None:
+    """Processes per node: --gpus; on Slurm, the host's gpus_per_node by default (1 on a CPU partition)."""
+    if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
+        raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
+    if not spec:
+        return gpus
+    if gpus == "all":
+        return spec.gpus_per_node or 1
+    n = int(gpus) if gpus else (spec.gpus_per_node or 1)
+    if spec.gpus_per_node and n > spec.gpus_per_node:
+        raise click.BadParameter(f"{n} processes per node, but the host's jobs ask for gpus_per_node: "
+                                 f"{spec.gpus_per_node}", param_hint="--gpus")  # fmt: skip
+    return n
 
 
 @main.command()

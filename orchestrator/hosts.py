@@ -25,11 +25,13 @@ from typing import Any
 
 import yaml
 
+from enlace.slurm import KEYS as SLURM_KEYS
+from enlace.slurm import SlurmSpec, spec_from
 from orchestrator.errors import UsageError
 
 TARGET_RE = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?")
 HOST_KEYS = {"ssh", "remote_dir", "python", "default_run", "identity_file", "known_hosts", "connect_timeout", "user",
-             "port", "pip_args"}  # fmt: skip
+             "port", "pip_args", "scheduler", *SLURM_KEYS}  # fmt: skip
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -47,6 +49,7 @@ class Host:
     connect_timeout: float = 10.0
     default_run: str | None = None
     pip_args: list[str] = field(default_factory=list)  # for `python: venv`: e.g. --index-url URL, --find-links DIR
+    slurm: SlurmSpec | None = None  # `scheduler: slurm`: a login node; runs go through sbatch
     configured: bool = True  # False: NAME was in no hosts file (taken as an ssh alias or user@host)
     known: tuple[str, ...] = ()  # the host names the files define (for messages)
 
@@ -111,7 +114,8 @@ def resolve_host(name: str, repo: Path) -> Host:
     if name == "local":
         remote_dir = table.get("local", {}).get("remote_dir") or str(repo / ".enlace" / "local")
         python = table.get("local", {}).get("python") or sys.executable
-        return Host("local", True, str(Path(remote_dir).expanduser()), python, default_run=entry.get("default_run"))
+        return Host("local", True, str(Path(remote_dir).expanduser()), python, default_run=entry.get("default_run"),
+                    slurm=_scheduler(table.get("local", {}), "local"))  # fmt: skip
     target = entry.get("ssh") or name
     m = TARGET_RE.fullmatch(target)
     if not m:
@@ -128,8 +132,22 @@ def resolve_host(name: str, repo: Path) -> Host:
         port=port, identity_files=[str(Path(p).expanduser()) for p in identities],
         known_hosts=str(Path(known).expanduser()), connect_timeout=float(entry.get("connect_timeout", 10)),
         default_run=entry.get("default_run"), pip_args=_pip_args(entry.get("pip_args"), name),
+        slurm=_scheduler(entry, name),
         configured=name in table or bool(set(cfg) - {"hostname"}), known=("local", *sorted(n for n in table if n != "local")),
     )  # fmt: skip
+
+
+def _scheduler(entry: dict[str, Any], name: str) -> SlurmSpec | None:
+    """`scheduler: slurm` and its keys (enlace/slurm.py checks each value); Slurm keys without it are refused."""
+    kind = entry.get("scheduler") or "ssh"
+    if kind not in ("ssh", "slurm"):
+        raise UsageError(f"host {name}: scheduler: {kind!r} — use `slurm` (a login node) or leave it out (plain SSH)")
+    given = sorted(k for k in SLURM_KEYS if entry.get(k) is not None)
+    if kind == "ssh":
+        if given:
+            raise UsageError(f"host {name}: {', '.join(given)} only apply to a Slurm host — add `scheduler: slurm`")
+        return None
+    return spec_from(entry, f"host {name}")
 
 
 def _pip_args(value: Any, name: str) -> list[str]:

@@ -38,7 +38,7 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
             written += len(chunk)
 
         try:
-            code = session.transport.stream(argv, on_data, lambda _heartbeat: None, stall_timeout)
+            code = session.transport.stream(argv, on_data, _notices, stall_timeout)
         except Transient as e:
             offset += written
             if written:
@@ -56,6 +56,13 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
             row = session.enlace_json("latest", "runs", run_name)[0]
             click.echo(f"enlace-remote: {ended_message(row)}", err=True)
         return code
+
+
+def _notices(chunk: bytes) -> None:
+    """The server's stderr: blank lines are heartbeats; anything else (a pending Slurm job) is shown."""
+    for line in chunk.decode(errors="replace").splitlines():
+        if line.strip():
+            click.echo(f"[{line.strip()}]", err=True)
 
 
 def tail_start(session: Session, run_name: str, lines: int) -> int:

@@ -85,12 +85,17 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
 
 
 def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name: str, extra: list[str]) -> dict:
-    """Run `enlace preflight RUN --json` on the server, streaming its progress lines; save the
-    report under the local runs/<run_name>/ and print the table. If this client dies, so does the
-    server's preflight (it must not overlap the next one on the GPU)."""
+    """Run `enlace preflight RUN --json` on the server (on a Slurm host: as a short job on a compute node),
+    streaming its progress lines; save the report under the local runs/<run_name>/ and print the table.
+    If this client dies, so does the server's preflight (it must not overlap the next one on the GPU)."""
     from enlace.report import format_report
 
-    report = session.stream_json(sha, "preflight", run, *extra, on_progress=lambda line: click.echo(line, err=True),
+    args = ("preflight", run, "--json", *extra)
+    if session.host.slurm:
+        from orchestrator.slurm import on_node
+
+        args = on_node(session.host.slurm, args)
+    report = session.stream_json(sha, *args, on_progress=lambda line: click.echo(line, err=True),
                                  stall_timeout=900, ok_codes=(0, *VERDICT.values()))  # fmt: skip
     local = repo / "runs" / run_name
     local.mkdir(parents=True, exist_ok=True)
@@ -143,31 +148,6 @@ def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous:
             f"--nproc-per-node={nproc}", *train]  # fmt: skip
 
 
-def slurm_script(run: str, nodes: int, gpus: str, train_args: list[str]) -> str:
-    """An sbatch script that starts RUN under Slurm: srun runs one torchrun per node, c10d
-    rendezvous at the first node of the allocation. enlace does not schedule; Slurm does."""
-    import shlex
-
-    nproc = "gpu" if gpus == "all" else gpus
-    train = shlex.join(["-m", "enlace", "train", run, *train_args])
-    return f"""#!/bin/bash
-# sbatch this from the repository root on the cluster (a shared filesystem holds runs/ and data/).
-#SBATCH --job-name={run}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={gpus if gpus.isdigit() else 1}
-#SBATCH --output=runs/{run}-slurm-%j.log
-# SIGTERM 2 minutes before the time limit: the trainer finishes its step, checkpoints and exits;
-# resubmitting the script resumes from checkpoints/latest.
-#SBATCH --signal=TERM@120
-set -euo pipefail
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export ENLACE_COMMIT=$(git rev-parse HEAD)
-srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={nproc} --rdzv-backend=c10d \\
-  --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" {train}
-"""
-
-
 def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str]) -> dict:
     """Start `python PYARGS` (the trainer, or torchrun) detached on the host: `enlace start`, which
     refuses a live run. Not retried after a dropped session (it may have started): a rerun says so."""
@@ -192,8 +172,9 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
                               str(wait_s), on_progress=lambda line: click.echo(line, err=True),
                               stall_timeout=wait_s + 60)  # fmt: skip
     if row["waited"] == "timeout":
+        where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
         raise RemoteError(f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
-                          f"running (pid {started['pid']}) — follow it with `enlace-remote logs {run_name} -f`")  # fmt: skip
+                          f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`")  # fmt: skip
     if row["status"] not in ("running", "finished", "stopped"):
         tail = "\n".join(log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:])
         raise for_exit_code(exit_code_of(row), f"{ended_message(row)}\n{tail}")
@@ -206,8 +187,9 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
 def format_status(rows: list[dict], hosts: bool = False) -> str:
     """The status table; with `hosts`, rows carry a "host" (and a host that did not answer, an "error")."""
     now = time.time()
+    jobs = any(r.get("job_id") for r in rows)
     head = (*(("HOST",) if hosts else ()), "RUN", "STATUS", "STEP", "LOSS", "VAL BPB", "TOK/S", "ELAPSED", "ETA",
-            "AGE", "COMMIT")  # fmt: skip
+            "AGE", "COMMIT", *(("SLURM",) if jobs else ()))  # fmt: skip
     table = [head]
     for r in rows:
         lead = (r["host"],) if hosts else ()
@@ -219,9 +201,23 @@ def format_status(rows: list[dict], hosts: bool = False) -> str:
                       f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
                       f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-", duration(r["elapsed_s"]),
                       duration(r["eta_s"]), duration(now - r["updated_at"]) if r.get("updated_at") else "-",
-                      (r["commit"] or "-")[:12]))  # fmt: skip
+                      (r["commit"] or "-")[:12], *((slurm_cell(r),) if jobs else ())))  # fmt: skip
     widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+
+
+def slurm_cell(row: dict) -> str:
+    """`job 12 PENDING (Priority), requeued 2×` for a Slurm run, `-` for the others."""
+    if not row.get("job_id"):
+        return "-"
+    text = f"job {row['job_id']} {row.get('slurm_state') or 'gone'}"
+    if row.get("slurm_reason") and row.get("slurm_state") not in ("RUNNING", "COMPLETED"):
+        text += f" ({row['slurm_reason']})"
+    if row.get("requeues"):
+        text += f", requeued {row['requeues']}×"
+    if row.get("requeue_limit_reached"):
+        text += ", max_requeues reached"
+    return text
 
 
 def status_everywhere(hosts: list, session_for) -> list[dict]:

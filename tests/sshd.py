@@ -54,6 +54,7 @@ class SSHServer:
     sftp: bool = True  # False: no `Subsystem sftp` line (a server that offers no SFTP)
     own_homes: bool = False  # True: users keep their own HOME and ~/.ssh/authorized_keys (a real fresh account)
     prefix: list[str] = field(default_factory=list)  # e.g. ["ip", "netns", "exec", NS]: run sshd there
+    session_env: dict[str, str] = field(default_factory=dict)  # set in every session (e.g. SLURM_CONF)
 
     def start(self, port: int | None = None) -> None:
         """Start sshd on `port` (a restart keeps its port), else on a free one."""
@@ -63,7 +64,8 @@ class SSHServer:
         for _attempt in range(5 if port is None else 50):  # binding port 0 then releasing it races: retry
             self.port = port or _free_port()
             sftp = "Subsystem sftp internal-sftp" if self.sftp else ""
-            setenv = "" if self.own_homes else f"SetEnv HOME={self.dir}/home"
+            env = {**({} if self.own_homes else {"HOME": f"{self.dir}/home"}), **self.session_env}
+            setenv = f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}" if env else ""
             keys = ".ssh/authorized_keys" if self.own_homes else f"{self.dir}/authorized_keys"
             (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir, sftp=sftp, setenv=setenv,
                                                                 keys=keys))  # fmt: skip
@@ -106,13 +108,14 @@ class SSHServer:
 
 
 def make_server(base: Path, name: str = "testhost", trust: bool = True, sftp: bool = True,
-                prefix: list[str] | None = None, own_homes: bool = False) -> SSHServer:  # fmt: skip
+                prefix: list[str] | None = None, own_homes: bool = False,
+                session_env: dict[str, str] | None = None) -> SSHServer:  # fmt: skip
     d = base / f"sshd-{name}"
     (d / "home").mkdir(parents=True)
     keygen(d / "host_key")
     keygen(d / "client_key")
     shutil.copy(d / "client_key.pub", d / "authorized_keys")
-    srv = SSHServer(d, sftp=sftp, prefix=prefix or [], own_homes=own_homes)
+    srv = SSHServer(d, sftp=sftp, prefix=prefix or [], own_homes=own_homes, session_env=session_env or {})
     srv.start()
     kind, key = srv.host_public_key()
     (d / "known_hosts").write_text(f"[127.0.0.1]:{srv.port} {kind} {key}\n" if trust else "")

@@ -1,0 +1,102 @@
+"""`enlace` verbs for runs on a Slurm cluster, called by enlace-remote on the login node (submit,
+on-node) and by the job script on a compute node (slurm-job). See enlace/slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from enlace.cli import main, root_option
+from enlace.config import find_root, validate_run_name
+
+spec_option = click.option("--slurm", "spec_json", required=True, metavar="JSON",
+                           help="The host's Slurm settings (hosts.yaml), as JSON.")  # fmt: skip
+
+
+def _spec(spec_json: str):
+    from enlace.slurm import SlurmError, spec_from
+
+    try:
+        entry = json.loads(spec_json)
+    except json.JSONDecodeError as e:
+        raise SlurmError(f"--slurm: not JSON ({e})") from None
+    return spec_from(entry, "the host's Slurm settings")
+
+
+@main.command("submit", hidden=True)
+@click.argument("run_name")
+@click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
+@spec_option
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def submit_cmd(run_name: str, pyargs: tuple[str, ...], spec_json: str, gpus: int, root: Path | None,
+               as_json: bool) -> None:  # fmt: skip
+    """sbatch a job that runs `python PYARGS` (the trainer) as RUN_NAME, unless the run is live (exit 7);
+    the script is kept as runs/RUN_NAME/slurm/job-ID.sh, the job's output is train.log."""
+    from enlace import runs, slurm
+
+    validate_run_name(run_name, "RUN_NAME")
+    spec = _spec(spec_json)
+    project = find_root(root)
+    run_dir = (project / "runs").resolve() / run_name  # runs/ is the shared dir the compute nodes see
+    env = {"ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""), "ENLACE_ROOT": str(project),
+           "PYTHONPATH": str(project), "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    job_args = [run_name, "--gpus", str(gpus), "--nodes", str(spec.nodes), "--max-requeues", str(spec.max_requeues),
+                "--signal-grace", str(spec.signal_grace), "--", *pyargs]  # fmt: skip
+
+    def submit_job(launch_id: str) -> str:
+        script = slurm.job_script(spec, run_name, project, sys.executable, {**env, "ENLACE_LAUNCH_ID": launch_id},
+                                  job_args)  # fmt: skip
+        return slurm.submit(script, run_dir / "slurm", run_dir)
+
+    doc = runs.submit(run_dir, submit_job)
+    click.echo(json.dumps(doc) if as_json else f"submitted {run_name}: Slurm job {doc['job_id']}")
+
+
+@main.command("slurm-job", hidden=True)
+@click.argument("run_name")
+@click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-requeues", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--signal-grace", type=click.IntRange(min=0), default=120, show_default=True,
+              help="The job's --signal lead (s): less time left at the start counts as the limit being near.")
+@root_option
+def slurm_job_cmd(run_name: str, pyargs: tuple[str, ...], gpus: int, nodes: int, max_requeues: int, signal_grace: int,
+                  root: Path | None) -> None:  # fmt: skip
+    """Inside a Slurm batch job: run `python PYARGS` (the trainer), turn Slurm's signals into a checkpoint,
+    requeue at the time limit (see enlace/slurm_job.py)."""
+    from enlace.slurm_job import run_job
+
+    validate_run_name(run_name, "RUN_NAME")
+    sys.exit(run_job(find_root(root) / "runs" / run_name, list(pyargs), gpus, nodes, max_requeues, signal_grace))
+
+
+@main.command("on-node", hidden=True, context_settings={"ignore_unknown_options": True})
+@spec_option
+@click.option("--minutes", type=click.IntRange(min=1), default=15, show_default=True, help="The job's time limit.")
+@click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED)
+def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
+    """Run `enlace ARGS` as a short job on a compute node (srun): preflight on a Slurm host, where the login
+    node has no GPU. Its stdout is ARGS' answer; srun's queue messages go to stderr."""
+    spec = _spec(spec_json)
+    from enlace.slurm import srun_argv
+
+    name = f"enlace-{args[0]}-{os.getpid()}"
+    # on the node, first: is the synced tree there (remote_dir on the filesystem the nodes share)?
+    check = ('test -w "$1" || { echo "remote_dir is not on $(hostname): $1 is missing or not writable there — put '
+             'remote_dir on the filesystem the compute nodes share" >&2; exit 3; }; shift; exec "$@"')  # fmt: skip
+    argv = [*srun_argv(spec, name, minutes), "bash", "-c", check, "on-node", str(find_root(None)), sys.executable,
+            "-m", "enlace", *args]  # fmt: skip
+    # the driver went away: cancel the job (a killed srun would leave its step running for a while)
+    ctx = click.get_current_context()
+    ctx.obj["when_client_gone"].append(lambda: subprocess.run(["scancel", f"--name={name}"], capture_output=True))
+    click.echo(f"  {args[0]} on a compute node: {shlex.join(argv[:argv.index('bash')])}", err=True)
+    sys.exit(subprocess.run(argv).returncode)

@@ -1,0 +1,221 @@
+"""enlace-remote on a real single-node Slurm cluster (slurmctld + slurmd + munge, tests/slurmcluster.py),
+reached through the test sshd as the login node: launch with a pending reason, status, logs -f,
+stop, scancel, fetch, time-limit and preemption requeues that resume exactly, max_requeues, a job
+that fails on the node, srun + torchrun. Nothing is mocked. To make the tests independent of this
+machine's speed, some pause the trainer (SIGSTOP) until Slurm's signal has arrived: a pause cannot
+change a deterministic run's bytes, and Slurm, its signals and its requeues stay real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY, kill_processes_under, write_run
+from remote_helpers import remote, server_dir, tiny_corpus, wait_until
+from repocopy import commit_all
+
+from enlace.checkpoint import latest_checkpoint, load_checkpoint
+from enlace.verify_resume import compare_states
+
+pytestmark = pytest.mark.slow
+
+CLUSTER_HOST = """\
+  {name}:
+    ssh: testhost
+    remote_dir: {base}/remote-cluster
+    python: {python}
+    connect_timeout: 5
+    scheduler: slurm
+    partition: debug
+    time: "2"
+    signal_grace: 40
+    max_requeues: {max_requeues}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from slurmcluster import SlurmCluster, missing
+
+    if missing():
+        raise RuntimeError(f"{', '.join(missing())} not found: the Slurm tests need a real cluster — apt-get install "
+                           "slurmctld slurmd slurm-client munge")  # fmt: skip
+    base = Path(tempfile.mkdtemp(prefix="enlace-slurm-"))
+    base.chmod(0o755)  # munged runs as the munge user and keeps its socket here
+    c = SlurmCluster(base / "cluster")
+    c.start()
+    yield c
+    c.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def login(tmp_path, cluster):
+    """The test sshd as the cluster's login node (its sessions see SLURM_CONF), and two Slurm hosts on it:
+    `cluster` (max_requeues 5) and `cluster0` (max_requeues 0), sharing one remote_dir."""
+    from sshd import make_server
+
+    srv = make_server(tmp_path, session_env=cluster.env)
+    with open(srv.env["ENLACE_HOSTS_FILE"], "a") as fh:
+        for name, n in (("cluster", 5), ("cluster0", 0)):
+            fh.write(CLUSTER_HOST.format(name=name, base=tmp_path, python=sys.executable, max_requeues=n))
+    yield srv
+    cluster.run("scancel", "-u", "root", check=False)
+    srv.stop()
+    kill_processes_under(tmp_path)
+
+
+def run_json(srv, name: str) -> dict:
+    try:
+        return json.loads((server_dir(srv, "cluster") / "runs" / name / "run.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def train_log(srv, name: str) -> str:
+    path = server_dir(srv, "cluster") / "runs" / name / "train.log"
+    return path.read_text() if path.exists() else ""
+
+
+def spawn(repo: Path, env: dict, log: Path, *args: str, host: str = "cluster") -> subprocess.Popen:
+    """enlace-remote in the background, its stderr into `log` (read while it runs)."""
+    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    return subprocess.Popen(cmd, cwd=repo, env={**os.environ, "PYTHONPATH": str(REPO), **env},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # fmt: skip
+
+
+def pause_until_limit_signal(srv, name: str, start: int) -> None:
+    """Hold the trainer (SIGSTOP) once it is training, until the batch step logs Slurm's USR1 (start `start`
+    of the job); then let it go: it gets the batch step's SIGTERM and checkpoints."""
+    wait_until(lambda: run_json(srv, name).get("status") == "running" and run_json(srv, name).get("requeues") ==
+               start - 1 and run_json(srv, name).get("step", 0) > 0, 180, f"{name} training (start {start})")  # fmt: skip
+    pid = run_json(srv, name)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: train_log(srv, name).count("time limit is near") >= start, 150, "Slurm's USR1")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_pending_then_running_logs_stop_scancel_fetch(login, user_repo, cluster, tmp_path):
+    tiny_corpus(server_dir(login, "cluster"))
+    blocker = cluster.run("sbatch", "--parsable", "-c", "2", "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
+    launch = spawn(user_repo, login.env, tmp_path / "launch.err", "launch", "long", "--no-preflight")
+    wait_until(lambda: "reason Resources" in (tmp_path / "launch.err").read_text(), 180, "launch showing the reason")
+    out = remote(user_repo, login.env, "status", "long", host="cluster").stdout
+    assert "pending" in out and "PENDING (Resources)" in out, out
+    follow = spawn(user_repo, login.env, tmp_path / "follow.err", "logs", "long", "-f")
+    wait_until(lambda: "is PENDING (Resources)" in (tmp_path / "follow.err").read_text(), 120, "logs -f: pending")
+    cluster.run("scancel", blocker)
+    assert launch.wait(timeout=300) == 0, (tmp_path / "launch.err").read_text()
+    err = (tmp_path / "launch.err").read_text()
+    assert "submitted long to Slurm" in err and "no complete checkpoint: starting from step 0" in err, err
+    job = run_json(login, "long")["job_id"]
+    row = json.loads(remote(user_repo, login.env, "status", "long", "--json", host="cluster").stdout)[0]
+    assert row["status"] == "running" and row["slurm_state"] == "RUNNING" and row["job_id"] == job
+    wait_until(lambda: run_json(login, "long").get("step", 0) > 60, 180, "a checkpoint at step 50")
+
+    out = remote(user_repo, login.env, "stop", "long", host="cluster")
+    assert "stopped" in out.stdout, out.stdout
+    wait_until(lambda: cluster.job_state(job) == "COMPLETED", 120, "the job to complete")
+    assert "Restarts=0" in cluster.run("scontrol", "show", "job", job, "-o").stdout  # a stop is not requeued
+    assert follow.wait(timeout=120) == 0  # logs -f followed it from pending to its clean stop
+    assert "slurm: SIGTERM (stop, scancel or preemption): checkpointed" in train_log(login, "long")
+
+    remote(user_repo, login.env, "fetch", "long", host="cluster")
+    local = user_repo / "runs" / "long" / "checkpoints"
+    load_checkpoint(latest_checkpoint(local))  # verified against its MANIFEST
+
+    # scancel from outside: the trainer gets Slurm's SIGTERM, checkpoints; status says CANCELLED
+    remote(user_repo, login.env, "launch", "long", "--no-preflight", host="cluster")
+    job2 = run_json(login, "long")["job_id"]
+    before = run_json(login, "long")["step"]
+    wait_until(lambda: run_json(login, "long").get("step", 0) > before + 5, 120, "progress after the resume")
+    cluster.run("scancel", job2)
+    wait_until(lambda: cluster.job_state(job2) == "CANCELLED", 120, "the job to be cancelled")
+    out = remote(user_repo, login.env, "status", "long", host="cluster").stdout
+    assert f"job {job2} CANCELLED" in out, out
+    ckpt = latest_checkpoint(server_dir(login, "cluster") / "runs" / "long" / "checkpoints")
+    load_checkpoint(ckpt)
+    assert int(ckpt.name[5:]) > before  # the SIGTERM checkpoint
+
+
+def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, cluster, tmp_path):
+    rd = server_dir(login, "cluster")
+    tiny_corpus(rd)
+    write_run(user_repo, "det", run_name="det", runtime={"deterministic": True},
+              training={**TINY["training"], "max_steps": 3000, "log_every": 100, "eval_every": 0},
+              checkpoint={"every": 1000, "keep": 2})  # fmt: skip
+    commit_all(user_repo, "det run")
+    remote(user_repo, login.env, "launch", "det", "--no-preflight", "--no-wait", host="cluster")
+    sha = subprocess.run(["git", "-C", str(user_repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    tree = rd / "trees" / sha  # the uninterrupted reference trains on the very same tree and data, meanwhile
+    reference = subprocess.Popen([sys.executable, "-m", "enlace", "train", "det", "--runs-dir", str(tmp_path / "ref")],
+                                 cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), "ENLACE_ROOT": str(tree)},
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+
+    pause_until_limit_signal(login, "det", start=1)  # the time limit: checkpoint, requeue itself
+    job = run_json(login, "det")["job_id"]
+    wait_until(lambda: run_json(login, "det").get("requeues") == 1 and run_json(login, "det").get("status") ==
+               "running" and run_json(login, "det").get("step", 0) > 0, 180, "the requeued job training")  # fmt: skip
+    pid = run_json(login, "det")["pid"]
+    os.kill(pid, signal.SIGSTOP)  # a preemption while it trains: Slurm sends SIGCONT + SIGTERM, then requeues
+    cluster.run("scontrol", "requeue", job)
+    os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: run_json(login, "det").get("status") == "finished", 300, "the run to finish")
+
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()
+    log = train_log(login, "det")
+    assert "time limit is near" in log and "SIGTERM (stop, scancel or preemption)" in log, log
+    assert run_json(login, "det")["requeues"] >= 2 and log.count("resumed from checkpoints/") >= 2, log
+    ours = load_checkpoint(rd / "runs" / "det" / "checkpoints" / "step-003000")
+    straight = load_checkpoint(tmp_path / "ref" / "det" / "checkpoints" / "step-003000")
+    assert compare_states(ours, straight)["identical"]
+    out = remote(user_repo, login.env, "status", "det", host="cluster").stdout
+    assert "finished" in out and "requeued" in out, out
+
+
+def test_max_requeues_reached_leaves_the_run_stopped_with_a_checkpoint(login, user_repo, cluster):
+    tiny_corpus(server_dir(login, "cluster"))
+    write_run(user_repo, "capped", run_name="capped", training={**TINY["training"], "max_steps": 100000,
+              "log_every": 100, "eval_every": 0}, checkpoint={"every": 0, "keep": 2})  # fmt: skip
+    commit_all(user_repo, "capped run")
+    remote(user_repo, login.env, "launch", "capped", "--no-preflight", host="cluster0")
+    pause_until_limit_signal(login, "capped", start=1)
+    wait_until(lambda: run_json(login, "capped").get("requeue_limit_reached"), 120, "max_requeues reached")
+    job = run_json(login, "capped")["job_id"]
+    wait_until(lambda: cluster.job_state(job) == "COMPLETED", 120, "the job to end without a requeue")
+    out = remote(user_repo, login.env, "status", "capped", host="cluster0").stdout
+    assert "stopped" in out and "max_requeues reached" in out, out
+    assert "max_requeues (0) reached" in train_log(login, "capped")
+    load_checkpoint(latest_checkpoint(server_dir(login, "cluster") / "runs" / "capped" / "checkpoints"))
+
+
+def test_a_job_failing_on_the_node_is_failed_with_its_log_tail(login, user_repo):
+    tiny_corpus(server_dir(login, "cluster"))
+    # The login node accepts device cuda (it has no GPU to check against); the CPU-only node refuses it.
+    out = remote(user_repo, login.env, "launch", "tiny", "--no-preflight", "--set", "runtime.device=cuda",
+                 host="cluster", check=False)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "no CUDA device is visible here" in out.stderr and "tiny failed" in out.stderr, out.stderr
+    row = json.loads(remote(user_repo, login.env, "status", "tiny", "--json", host="cluster").stdout)[0]
+    assert row["status"] == "failed" and row["slurm_state"] == "FAILED" and "no CUDA device" in row["error"]
+
+
+def test_preflight_on_a_compute_node_then_srun_torchrun_with_two_ranks(login, user_repo):
+    tiny_corpus(server_dir(login, "cluster"))
+    out = remote(user_repo, login.env, "launch", "tiny", "--nodes", "1", "--gpus", "2", host="cluster")
+    assert "preflight on a compute node: srun" in out.stderr and "verdict" in out.stdout + out.stderr, out.stderr
+    wait_until(lambda: run_json(login, "tiny").get("status") in ("finished", "failed", "crashed"), 180, "the run")
+    log = train_log(login, "tiny")
+    assert run_json(login, "tiny")["status"] == "finished", log
+    assert "world 2" in log and log.count("run tiny |") == 1  # one log, written by rank 0 only
+    files = load_checkpoint(latest_checkpoint(server_dir(login, "cluster") / "runs" / "tiny" / "checkpoints"))
+    assert len(files["trainer.pt"]["ranks"]) == 2
