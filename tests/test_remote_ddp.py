@@ -29,12 +29,3 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     assert len(files["trainer.pt"]["ranks"]) == 2
     bad = remote(user_repo, sshd.env, "launch", "long", "--gpus", "zero", check=False)
     assert bad.returncode == 2 and "--gpus" in bad.stderr
-
-
-def test_slurm_script_runs_torchrun_under_srun_without_touching_a_host(user_repo):
-    out = remote(user_repo, {}, "launch", "tiny", "--slurm", "--nodes", "2", "--gpus", "4", host="local")
-    script = out.stdout
-    assert script.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=4" in script
-    assert "srun torchrun" in script and "--nproc-per-node=4" in script and "--rdzv-backend=c10d" in script
-    assert "-m enlace train tiny" in script and "--signal=TERM@120" in script
-    assert not (user_repo / ".enlace").exists()  # nothing was synced or started

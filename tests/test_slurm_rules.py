@@ -1,0 +1,114 @@
+"""Fast checks of the Slurm logic without a cluster: hosts.yaml keys and values, the time format, the
+batch script, the status cell, the printed script, the trainer's answer to repeated SIGTERMs.
+(The cluster itself is exercised in test_slurm.py.)"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+from remote_helpers import remote
+
+from enlace import runs
+from enlace.slurm import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_from, time_limit_s
+from orchestrator.ops import slurm_cell
+
+
+@pytest.mark.parametrize("text, seconds", [("60", 3600), ("1", 60), ("1:30", 90), ("4:00:00", 14400),
+                                           ("2-12", 216000), ("1-00:30", 88200), ("0-0:0:45", 45)])  # fmt: skip
+def test_slurm_time_format(text, seconds):
+    assert time_limit_s(text) == seconds
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"partition": "gpu; rm -rf ~"}, "partition"),
+    ({"partition": "gpu\n#SBATCH --uid=0"}, "partition"),
+    ({"time": "1 hour"}, "time"),
+    ({"time": True}, "time"),
+    ({"nodes": 0}, "nodes"),
+    ({"gpus_per_node": "4"}, "gpus_per_node"),
+    ({"max_requeues": -1}, "max_requeues"),
+    ({"mem": "lots"}, "mem"),
+    ({"extra_sbatch": "--exclusive"}, "extra_sbatch"),
+    ({"extra_sbatch": ["exclusive"]}, "extra_sbatch"),
+    ({"extra_sbatch": ["--comment=a\n--uid=0"]}, "extra_sbatch"),
+    ({"time": "1", "signal_grace": 60}, "signal_grace"),
+])  # fmt: skip
+def test_bad_slurm_settings_are_refused_naming_the_key(entry, says):
+    with pytest.raises(SlurmError) as e:
+        spec_from(entry, "host c")
+    assert e.value.message.startswith("host c: ") and says in e.value.message
+
+
+def test_the_batch_script_carries_the_settings_and_quotes_the_paths(tmp_path):
+    spec = spec_from({"partition": "gpu", "account": "ml", "qos": "high", "time": "4:00:00", "gpus_per_node": 4,
+                      "cpus_per_task": 8, "mem": "64G", "nodes": 2, "extra_sbatch": ["#SBATCH --exclusive"],
+                      "signal_grace": 300}, "host c")  # fmt: skip
+    tree = tmp_path / "a dir; $(boom)"
+    script = job_script(spec, "r1", tree, "/opt/py thon", {"ENLACE_LAUNCH_ID": "1-2"}, ["r1", "--", "-m", "x"])
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=ml", "#SBATCH --qos=high", "#SBATCH --time=4:00:00",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=64G", "#SBATCH --nodes=2",
+                 "#SBATCH --exclusive", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300"):  # fmt: skip
+        assert line in script.splitlines(), line
+    # bash reads the paths back exactly, nothing in them runs
+    out = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert out.returncode == 0, out.stderr
+    assert f"cd '{tree}'" in script and "exec '/opt/py thon' -m enlace slurm-job r1 -- -m x" in script
+    assert "trap '' USR1" in script.split("exec ")[0]  # USR1 cannot kill the step before Python handles it
+    assert not any(line.startswith("#SBATCH --gpus") for line in sbatch_lines(SlurmSpec(), "x", 0))
+
+
+def test_slurm_keys_need_scheduler_slurm_and_valid_values(tmp_path, monkeypatch):
+    from orchestrator.errors import UsageError
+    from orchestrator.hosts import resolve_host
+
+    hosts = tmp_path / "hosts.yaml"
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(hosts))
+    hosts.write_text("hosts:\n  c: {ssh: login.example.org, partition: gpu}\n")
+    with pytest.raises(UsageError, match="partition only apply to a Slurm host — add `scheduler: slurm`"):
+        resolve_host("c", tmp_path)
+    hosts.write_text("hosts:\n  c: {ssh: login.example.org, scheduler: pbs}\n")
+    with pytest.raises(UsageError, match="scheduler: 'pbs'"):
+        resolve_host("c", tmp_path)
+    hosts.write_text("hosts:\n  c: {ssh: login.example.org, scheduler: slurm, time: '2-00', nodes: 2}\n")
+    assert resolve_host("c", tmp_path).slurm == SlurmSpec(time="2-00", nodes=2)
+
+
+def test_status_cell_and_status_of_a_queued_job():
+    row = {"job_id": "12", "slurm_state": "PENDING", "slurm_reason": "Priority", "requeues": 2,
+           "requeue_limit_reached": False}  # fmt: skip
+    assert slurm_cell(row) == "job 12 PENDING (Priority), requeued 2×"
+    assert slurm_cell({"job_id": "3", "slurm_state": None, "requeue_limit_reached": True}) == \
+        "job 3 gone, max_requeues reached"  # fmt: skip
+    assert slurm_cell({"job_id": None}) == "-"
+    # a requeued job is pending whatever the trainer last wrote; a job that is gone leaves an active run crashed
+    assert runs.status_of({"status": "stopped"}, True, "PENDING") == runs.Status.PENDING
+    assert runs.status_of({"status": "running"}, False, "CANCELLED") == runs.Status.CRASHED
+    assert runs.status_of({"status": "stopped"}, False, "CANCELLED") == runs.Status.STOPPED
+
+
+def test_slurm_print_writes_the_launch_script_without_touching_a_host(user_repo):
+    out = remote(user_repo, {}, "launch", "tiny", "--slurm", "--print", "--nodes", "2", "--gpus", "4", host="local")
+    script = out.stdout
+    assert script.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=4" in script
+    assert "#SBATCH --signal=B:USR1@120" in script and "#SBATCH --requeue" in script
+    assert "python -m enlace slurm-job tiny --gpus 4 --nodes 2" in script and "-m enlace train tiny" in script
+    assert not (user_repo / ".enlace").exists()  # nothing was synced or started
+    bad = remote(user_repo, {}, "launch", "tiny", "--slurm", host="local", check=False)
+    assert bad.returncode == 2 and "not a Slurm host" in bad.stderr and "--slurm --print" in bad.stderr
+
+
+def test_a_repeated_sigterm_is_one_stop_request_and_a_second_ctrl_c_exits():
+    def after(*signals: str) -> subprocess.CompletedProcess:
+        kills = "; ".join(f"os.kill(os.getpid(), signal.{name})" for name in signals)
+        code = ("import os, signal\nfrom enlace.train import StopSignal\n"
+                f"s = StopSignal(on_second=lambda name: None)\n{kills}\nprint('asked by', s.signame)")  # fmt: skip
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+
+    # from slurmd, then from the batch step: still one request (finish the step, checkpoint)
+    assert after("SIGTERM", "SIGTERM").stdout.strip() == "asked by SIGTERM"
+    out = after("SIGTERM", "SIGINT")  # Ctrl-C after a stop request: out at once
+    assert out.returncode == 128 + signal.SIGINT and "asked by" not in out.stdout
