@@ -310,7 +310,7 @@ def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str,
     """A Slurm run: a queued job is cancelled (nothing to save); a running one gets SIGTERM through
     Slurm (scancel --signal=TERM --full: the batch step does not requeue after it) and `grace` s to
     checkpoint; with `kill`, scancel after that."""
-    live = lambda: slurm.job_alive(job_id)  # noqa: E731
+    live = lambda: slurm.job_alive(job_id)
     if slurm.job_info(job_id, max_age=0)["state"] in slurm.QUEUED_STATES:
         slurm.cancel(job_id)
         update(run_dir, status=Status.STOPPED, phase="cancelled while pending")

@@ -186,7 +186,7 @@ def time_left_s(job_id: str) -> int | None:
     out = (_run(["squeue", "-h", "-j", job_id, "-o", "%L"]) or "").strip()
     days, _, clock = out.rpartition("-")
     parts = clock.split(":")
-    if not all(p.isdigit() for p in parts) or not days.isdigit() and days:
+    if not all(p.isdigit() for p in parts) or (not days.isdigit() and days):
         return None
     secs = sum(int(p) * 60**i for i, p in enumerate(reversed(parts)))
     return secs + int(days or 0) * 86400

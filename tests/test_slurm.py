@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, kill_processes_under, write_run
 from remote_helpers import remote, server_dir, tiny_corpus, wait_until
 from repocopy import commit_all
 
+from conftest import REPO, TINY, kill_processes_under, write_run
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
 
