@@ -5,7 +5,6 @@ import sys
 
 import click
 
-from enlace import cli_server, cli_slurm, cli_tools  # noqa: F401  (register the server, Slurm, sample and plot verbs)
 from enlace.cli import main
 
 

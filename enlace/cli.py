@@ -14,18 +14,9 @@ from pathlib import Path
 import click
 import yaml
 
-from enlace import exitcodes
+from enlace import cli_server, cli_slurm, cli_tools, exitcodes
+from enlace.clitypes import root_option, set_option
 from enlace.config import load_config
-
-RUN_HELP = "RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."
-set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-    help="Override one config value (highest precedence), e.g. --set training.max_steps=50. Repeatable.",
-)  # fmt: skip
-root_option = click.option(
-    "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
-)  # fmt: skip
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -251,3 +242,10 @@ def preflight_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path |
         atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")
     click.echo(json.dumps(report, indent=1) if as_json else format_report(report))
     sys.exit(exitcodes.VERDICT.get(report["verdict"], exitcodes.OK))
+
+
+# The driver's server verbs, the Slurm verbs and the tools live in their own modules (which import
+# nothing from here): `enlace.cli:main` holds every verb however it is reached.
+for module in (cli_server, cli_slurm, cli_tools):
+    for command in module.COMMANDS:
+        main.add_command(command)

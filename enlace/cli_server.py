@@ -12,8 +12,7 @@ from pathlib import Path
 import click
 
 from enlace import exitcodes
-from enlace.cli import main, root_option, set_option
-from enlace.clitypes import Seconds
+from enlace.clitypes import Seconds, root_option, set_option
 from enlace.config import find_root, load_config
 
 
@@ -21,7 +20,7 @@ def _runs_root(root: Path | None) -> Path:
     return find_root(root) / "runs"
 
 
-@main.command("runs")
+@click.command("runs")
 @click.argument("run_name", required=False)
 @root_option
 @click.option("--json", "as_json", is_flag=True)
@@ -39,7 +38,7 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
         click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}/{r['max_steps']} loss {loss}")
 
 
-@main.command("start", hidden=True)
+@click.command("start", hidden=True)
 @click.argument("run_name")
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @root_option
@@ -55,7 +54,7 @@ def start_cmd(run_name: str, pyargs: tuple[str, ...], root: Path | None, as_json
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
 
 
-@main.command("wait", hidden=True)
+@click.command("wait", hidden=True)
 @click.argument("run_name")
 @click.option("--launch-id", required=True, help="The launch to wait for (from `start`).")
 @click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True)
@@ -71,7 +70,7 @@ def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, a
     click.echo(json.dumps(row) if as_json else f"{run_name}: {row['status']} at step {row['step']}")
 
 
-@main.command("stop")
+@click.command("stop")
 @click.argument("run_name")
 @root_option
 @click.option("--grace", type=Seconds(), default=120.0, show_default=True, help="Seconds to wait for the checkpoint.")
@@ -88,7 +87,7 @@ def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json
     sys.exit(0 if report["stopped"] else 1)
 
 
-@main.command("logs")
+@click.command("logs")
 @click.argument("run_name")
 @root_option
 @click.option("--offset", type=click.IntRange(min=0), default=0, help="Start at this byte of train.log.")
@@ -109,7 +108,7 @@ def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool, tail_o
     sys.exit(server.stream_log(run_dir, offset, follow))
 
 
-@main.command("gc")
+@click.command("gc")
 @click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True,
               help="Also keep this many of the most recently synced trees.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
@@ -128,7 +127,7 @@ def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
         click.echo(f"{'would remove' if dry_run else 'removed'} {e['path']} ({e['bytes'] / 2**20:.1f} MiB)")
 
 
-@main.command("manifest")
+@click.command("manifest")
 @click.argument("run_name")
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the answer is always JSON.")
@@ -139,7 +138,7 @@ def manifest_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
     click.echo(json.dumps(server.manifest(server.run_dir_of(_runs_root(root), run_name))))
 
 
-@main.command("data-files")
+@click.command("data-files")
 @click.argument("run")
 @set_option
 @root_option
@@ -156,3 +155,6 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_j
         click.echo(json.dumps({"ok": False, "error": e.message, "files": []}) if as_json else e.message)
         sys.exit(exitcodes.VERIFY)
     click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
+
+
+COMMANDS = (runs_cmd, start_cmd, wait_cmd, stop_cmd, logs_cmd, gc_cmd, manifest_cmd, data_files_cmd)

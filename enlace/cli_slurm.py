@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from enlace.cli import main, root_option
+from enlace.clitypes import root_option
 from enlace.config import find_root, validate_run_name
 
 spec_option = click.option("--slurm", "spec_json", required=True, metavar="JSON",
@@ -29,7 +29,7 @@ def _spec(spec_json: str):
     return spec_from(entry, "the host's Slurm settings")
 
 
-@main.command("submit", hidden=True)
+@click.command("submit", hidden=True)
 @click.argument("run_name")
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @spec_option
@@ -60,7 +60,7 @@ def submit_cmd(run_name: str, pyargs: tuple[str, ...], spec_json: str, gpus: int
     click.echo(json.dumps(doc) if as_json else f"submitted {run_name}: Slurm job {doc['job_id']}")
 
 
-@main.command("slurm-job", hidden=True)
+@click.command("slurm-job", hidden=True)
 @click.argument("run_name")
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
@@ -79,7 +79,7 @@ def slurm_job_cmd(run_name: str, pyargs: tuple[str, ...], gpus: int, nodes: int,
     sys.exit(run_job(find_root(root) / "runs" / run_name, list(pyargs), gpus, nodes, max_requeues, signal_grace))
 
 
-@main.command("on-node", hidden=True, context_settings={"ignore_unknown_options": True})
+@click.command("on-node", hidden=True, context_settings={"ignore_unknown_options": True})
 @spec_option
 @click.option("--minutes", type=click.IntRange(min=1), default=15, show_default=True, help="The job's time limit.")
 @click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -100,3 +100,6 @@ def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
     ctx.obj["when_client_gone"].append(lambda: subprocess.run(["scancel", f"--name={name}"], capture_output=True))
     click.echo(f"  {args[0]} on a compute node: {shlex.join(argv[:argv.index('bash')])}", err=True)
     sys.exit(subprocess.run(argv).returncode)
+
+
+COMMANDS = (submit_cmd, slurm_job_cmd, on_node_cmd)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from enlace.cli import main, root_option
+from enlace.clitypes import root_option
 from enlace.config import find_root
 
 METRIC_CHOICES = ("loss", "val_bpb", "lr", "tokens_per_s")
@@ -25,7 +25,7 @@ def _run_or_dir(target: str, root: Path | None) -> Path:
     return find_root(root) / "runs" / target
 
 
-@main.command("sample")
+@click.command("sample")
 @click.argument("target", metavar="RUN|CHECKPOINT_DIR")
 @click.option("--prompt", default=None, help="Text to continue (the output starts with it).")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -60,7 +60,7 @@ def sample_cmd(target: str, prompt: str | None, prompt_file: Path | None, n_byte
                f"seed {seed}]", err=True)  # fmt: skip
 
 
-@main.command("plot")
+@click.command("plot")
 @click.argument("runs", nargs=-1, required=True, metavar="RUN...")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PNG to write (default: runs/RUN/curves.png, or runs/RUN1+RUN2.png for several).")  # fmt: skip
@@ -86,7 +86,7 @@ def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path |
     click.echo(json.dumps(drawn) if as_json else str(out))
 
 
-@main.command("generate")
+@click.command("generate")
 @click.argument("teacher", metavar="RUN|CHECKPOINT_DIR")
 @click.option("--bytes", "n_bytes", type=click.IntRange(1024, 10**10), required=True, help="How many bytes in all.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Shard directory to create (must not exist).")
@@ -116,3 +116,6 @@ def generate_cmd(teacher: str, n_bytes: int, out: Path, temperature: float, seed
         meta = prepare_shards([corpus], out, val_fraction=0.05)
     click.echo(f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, {meta['tokens']['train']} + "
                f"{meta['tokens']['val']} tokens from {teacher}")  # fmt: skip
+
+
+COMMANDS = (sample_cmd, plot_cmd, generate_cmd)

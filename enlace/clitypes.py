@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 
@@ -20,3 +21,13 @@ class Seconds(click.ParamType):
         if not math.isfinite(seconds) or not 0 < seconds <= 86400:
             self.fail(f"{value!r}: give a number of seconds above 0 and at most 86400 (a day)", param, ctx)
         return seconds
+
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+    help="Override one config value (highest precedence), e.g. --set training.max_steps=50. Repeatable.",
+)  # fmt: skip
+root_option = click.option(
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
+)  # fmt: skip

@@ -5,83 +5,14 @@ Thin click commands over gitsync / ops / logs / fetch. Never imports torch.
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
 import click
 
+from orchestrator import cli_run, cli_tools
+from orchestrator.cliutil import HOST_ENV, HostOptionsGroup, Remote, print_sync, set_option, with_remote
 from orchestrator.errors import EXIT_CODES_HELP, RemoteError
-
-HOST_ENV = "ENLACE_REMOTE_HOST"
-
-
-class Context:
-    """What every command needs: the repo, the chosen host, and (lazily) one session with it."""
-
-    def __init__(self, host_name: str, accept_new_host_key: bool):
-        from orchestrator.gitsync import repo_root
-        from orchestrator.hosts import resolve_host
-
-        self.repo = repo_root(Path.cwd())
-        self.host = resolve_host(host_name, self.repo)
-        self.accept_new = accept_new_host_key
-        self._sessions: dict = {}
-
-    @property
-    def session(self):
-        return self.session_for(self.host)
-
-    def session_for(self, host):
-        """One session (one connection) per host for this invocation."""
-        if host.name not in self._sessions:
-            from orchestrator.session import Session
-            from orchestrator.transport import connect
-
-            self._sessions[host.name] = Session(connect(host, self.accept_new), self.repo)
-        return self._sessions[host.name]
-
-    def close(self) -> None:
-        for session in self._sessions.values():
-            session.close()
-
-
-def _remember(key: str):
-    def callback(ctx: click.Context, param: click.Parameter, value):
-        if value:  # given after the verb: it wins over the one before it (or the environment)
-            ctx.obj[key] = value
-
-    return callback
-
-
-class HostOptionsCommand(click.Command):
-    """Every verb also takes the global options after it: `enlace-remote status --host gpu1`."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.params += [
-            click.Option(["--host"], metavar="NAME", expose_value=False, callback=_remember("host"),
-                         help="The host (as the global --host; may stand after the verb)."),
-            click.Option(["--accept-new-host-key"], is_flag=True, expose_value=False,
-                         callback=_remember("accept_new_host_key"), help="As the global option."),
-        ]  # fmt: skip
-
-
-class HostOptionsGroup(click.Group):
-    command_class = HostOptionsCommand
-
-
-def with_context(fn):
-    @click.pass_obj
-    @functools.wraps(fn)
-    def wrapper(obj: dict, *args, **kwargs):
-        ctx = Context(obj["host"], obj["accept_new_host_key"])
-        try:
-            return fn(ctx, *args, **kwargs)
-        finally:
-            ctx.close()
-
-    return wrapper
 
 
 @click.group(cls=HostOptionsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -150,18 +81,10 @@ def hosts_add(name: str, target: str, remote_dir: str | None, python: str | None
     click.echo(f"next: enlace-remote --host {name} sync   (or export ENLACE_REMOTE_HOST={name})", err=True)
 
 
-def _print_sync(rep) -> None:
-    if rep.dirty:
-        click.echo(f"warning: --allow-dirty: {len(rep.dirty)} uncommitted change(s) NOT shipped; "
-                   f"the server gets HEAD {rep.commit[:12]}", err=True)  # fmt: skip
-    sent = "pushed and checked out" if rep.pushed else "already on the server"
-    click.echo(f"sync: {rep.commit[:12]} {sent} ({rep.tree}) in {rep.seconds:.2f}s", err=True)
-
-
 @main.command()
 @click.option("--allow-dirty", is_flag=True, help="Ship HEAD even though the working tree has uncommitted changes.")
-@with_context
-def setup(ctx: Context, allow_dirty: bool) -> None:
+@with_remote
+def setup(remote: Remote, allow_dirty: bool) -> None:
     """Prepare the host: remote_dir, the bare repo, this commit's tree and the server's python.
 
     With `python: venv` (the default) the first setup builds a venv there from constraints.txt — on a
@@ -169,11 +92,11 @@ def setup(ctx: Context, allow_dirty: bool) -> None:
     shown. Every later sync, preflight and launch reuses it. (sync does the same; this says why.)"""
     from orchestrator.gitsync import sync as do_sync
 
-    h = ctx.host
+    h = remote.host
     why = ("a venv built from constraints.txt" + (f" (pip {' '.join(h.pip_args)})" if h.pip_args else "")
            if h.python == "venv" else f"the python you named: {h.python}")  # fmt: skip
     click.echo(f"setup {h.name}: remote_dir {h.remote_dir}; python: {why}", err=True)
-    _print_sync(do_sync(ctx.session, ctx.repo, allow_dirty))
+    print_sync(do_sync(remote.session, remote.repo, allow_dirty))
     click.echo(f"{h.name} is ready: next `enlace-remote --host {h.name} preflight RUN`", err=True)
 
 
@@ -181,34 +104,28 @@ def setup(ctx: Context, allow_dirty: bool) -> None:
 @click.option("--allow-dirty", is_flag=True, help="Ship HEAD even though the working tree has uncommitted changes.")
 @click.option("--unsafe-skip-ignore-check", is_flag=True, hidden=True,
               help="Testing only: skip the local check for git-ignored files (the server check still runs).")
-@with_context
-def sync(ctx: Context, allow_dirty: bool, unsafe_skip_ignore_check: bool) -> None:
+@with_remote
+def sync(remote: Remote, allow_dirty: bool, unsafe_skip_ignore_check: bool) -> None:
     """Push HEAD to the host and check it out there (refuses a dirty tree or git-ignored files)."""
     from orchestrator.gitsync import sync as do_sync
 
-    _print_sync(do_sync(ctx.session, ctx.repo, allow_dirty, not unsafe_skip_ignore_check))
-
-
-set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-    help="Override one config value on the server (as `enlace --set`), e.g. --set training.max_steps=50; recorded "
-         "in the run's frozen config.yaml and run.json. Repeatable.")  # fmt: skip
+    print_sync(do_sync(remote.session, remote.repo, allow_dirty, not unsafe_skip_ignore_check))
 
 
 @main.command()
 @click.argument("run")
 @click.option("--for-launch", is_flag=True, help="Also require every data file the run reads.")
 @set_option
-@with_context
-def verify(ctx: Context, run: str, for_launch: bool, overrides: tuple[str, ...]) -> None:
+@with_remote
+def verify(remote: Remote, run: str, for_launch: bool, overrides: tuple[str, ...]) -> None:
     """Check on the server that HEAD's tree has everything RUN needs (a checklist; exit 3 if not)."""
     from orchestrator.gitsync import local_checks
     from orchestrator.ops import check_run_config
     from orchestrator.ops import verify as do_verify
 
-    check_run_config(ctx.repo, run)
-    sha = local_checks(ctx.repo, allow_dirty=True, check_ignored=False).commit
-    do_verify(ctx.session, sha, run, for_launch, overrides)
+    check_run_config(remote.repo, run)
+    sha = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit
+    do_verify(remote.session, sha, run, for_launch, overrides)
 
 
 def run_main() -> None:
@@ -223,4 +140,6 @@ def run_main() -> None:
         sys.exit(130)
 
 
-from orchestrator import cli_run, cli_tools  # noqa: E402,F401  (register the run and tool commands)
+for module in (cli_run, cli_tools):  # they import nothing from here: `enlace-remote` holds every verb
+    for command in module.COMMANDS:
+        main.add_command(command)

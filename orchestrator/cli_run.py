@@ -10,7 +10,7 @@ import click
 
 from enlace.clitypes import Seconds
 from enlace.exitcodes import VERDICT as VERDICT_EXIT
-from orchestrator.cli import Context, _print_sync, main, set_option, with_context
+from orchestrator.cliutil import HostOptionsCommand, Remote, allow_dirty_option, print_sync, set_option, with_remote
 
 
 def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool, overrides=()) -> tuple[str, str]:
@@ -19,35 +19,32 @@ def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool,
     from orchestrator.gitsync import sync
 
     rep = sync(session, repo, allow_dirty)
-    _print_sync(rep)
+    print_sync(rep)
     doc = ops.verify(session, rep.commit, run, for_launch, overrides)
     return rep.commit, ops.check_run_name(doc["run_name"], "run_name")
 
 
-allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")
-
-
-@main.command()
+@click.command(cls=HostOptionsCommand)
 @click.argument("run")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Measured steps.")
 @click.option("--max-batch", is_flag=True, help="Also find the largest batch_size that fits.")
 @allow_dirty_option
 @set_option
-@with_context
-def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: bool, overrides: tuple[str, ...]) -> None:
+@with_remote
+def preflight(remote: Remote, run: str, steps: int, max_batch: bool, allow_dirty: bool, overrides: tuple[str, ...]) -> None:
     """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
 
     Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable."""
     from orchestrator import ops
 
-    ops.check_run_config(ctx.repo, run)
-    sha, run_name = _prepare(ctx.session, ctx.repo, run, allow_dirty, False, overrides)
+    ops.check_run_config(remote.repo, run)
+    sha, run_name = _prepare(remote.session, remote.repo, run, allow_dirty, False, overrides)
     extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else []) + ops.set_args(overrides)
-    report = ops.remote_preflight(ctx.session, sha, run, ctx.repo, run_name, extra)
+    report = ops.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra)
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
 
 
-@main.command()
+@click.command(cls=HostOptionsCommand)
 @click.argument("run", required=False)
 @click.option("--force", is_flag=True, help="Launch even if preflight says oom or unstable.")
 @click.option("--no-preflight", is_flag=True, help="Skip preflight.")
@@ -76,8 +73,8 @@ def preflight(ctx: Context, run: str, steps: int, max_batch: bool, allow_dirty: 
               help="Passed to enlace train (distillation): resume although the teacher checkpoint changed.")
 @allow_dirty_option
 @set_option
-@with_context
-def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
+@with_remote
+def launch(remote: Remote, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
            gpus: str | None, hosts: str | None, master_port: int, slurm: bool, print_only: bool, nodes: int | None,
            no_wait: bool, resume: str, allow_data_change: bool, allow_teacher_change: bool, allow_dirty: bool,
            overrides: tuple[str, ...]) -> None:  # fmt: skip
@@ -93,8 +90,8 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
     from orchestrator import ops
     from orchestrator.hosts import resolve_host
 
-    run = ops.check_run_config(ctx.repo, ops.choose_run(ctx.repo, ctx.host, run))
-    spec = _slurm_spec(ctx, slurm, print_only, nodes, hosts, gpus) if slurm or print_only or nodes or ctx.host.slurm \
+    run = ops.check_run_config(remote.repo, ops.choose_run(remote.repo, remote.host, run))
+    spec = _slurm_spec(remote, slurm, print_only, nodes, hosts, gpus) if slurm or print_only or nodes or remote.host.slurm \
         else None  # fmt: skip
     train_args = ((["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
                   + (["--allow-data-change"] if allow_data_change else [])
@@ -104,20 +101,20 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
         from enlace.config import load_config
         from orchestrator.slurm import print_script
 
-        click.echo(print_script(spec, run, load_config(run, overrides, ctx.repo).run_name, nproc, train_args))
+        click.echo(print_script(spec, run, load_config(run, overrides, remote.repo).run_name, nproc, train_args))
         return
-    targets = [resolve_host(h.strip(), ctx.repo) for h in hosts.split(",")] if hosts else [ctx.host]
+    targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
     if hosts and (len(targets) < 2 or not gpus):
         raise click.UsageError("--hosts needs at least two hosts and --gpus N")
     for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
         if hosts:
             click.echo(f"== {host.name}", err=True)
-        sha, run_name = _prepare(ctx.session_for(host), ctx.repo, run, allow_dirty, True, overrides)
-    first = ctx.session_for(targets[0])
+        sha, run_name = _prepare(remote.session_for(host), remote.repo, run, allow_dirty, True, overrides)
+    first = remote.session_for(targets[0])
     if not ops.worth_launching(first, run_name, overrides):
         return
     if not no_preflight:
-        report = ops.remote_preflight(first, sha, run, ctx.repo, run_name, ["--steps", "5", *ops.set_args(overrides)])
+        report = ops.remote_preflight(first, sha, run, remote.repo, run_name, ["--steps", "5", *ops.set_args(overrides)])
         if report["verdict"] in VERDICT_EXIT and not force:
             click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
             sys.exit(VERDICT_EXIT[report["verdict"]])
@@ -125,15 +122,15 @@ def launch(ctx: Context, run: str | None, force: bool, no_preflight: bool, follo
         from orchestrator.slurm import submit
 
         started = submit(first, sha, run_name, spec, nproc, ["-m", "enlace", "train", run, *train_args])
-        ops.remember_run(ctx.repo, ctx.host.name, run)
+        ops.remember_run(remote.repo, remote.host.name, run)
         return _after_start(first, run_name, started, no_wait, follow)
     started = None
     for rank, host in enumerate(targets):
         rdzv = {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1",
                 "port": master_port} if hosts else None  # fmt: skip
-        doc = ops.start_detached(ctx.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv))
+        doc = ops.start_detached(remote.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv))
         started = started or doc
-        ops.remember_run(ctx.repo, host.name, run)
+        ops.remember_run(remote.repo, host.name, run)
     _after_start(first, run_name, started, no_wait, follow)
 
 
@@ -150,7 +147,7 @@ def _after_start(session, run_name: str, started: dict, no_wait: bool, follow: b
         sys.exit(follow_log(session, run_name, started["log_offset"], follow=True))
 
 
-def _slurm_spec(ctx: Context, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):
+def _slurm_spec(remote: Remote, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):
     """The Slurm settings: the host's (with --nodes); for --print on a plain host, defaults asking for --gpus."""
     from enlace.slurm import SlurmSpec
     from orchestrator.slurm import spec_for
@@ -159,12 +156,12 @@ def _slurm_spec(ctx: Context, slurm: bool, print_only: bool, nodes: int | None, 
         raise click.UsageError("--print goes with --slurm: `launch RUN --slurm --print`")
     if hosts:
         raise click.UsageError("--hosts is for plain SSH hosts; on Slurm, --nodes K asks the scheduler for K nodes")
-    if not ctx.host.slurm and not print_only:
-        raise click.UsageError(f"host {ctx.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
+    if not remote.host.slurm and not print_only:
+        raise click.UsageError(f"host {remote.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
                                "time, ...) to its hosts.yaml entry (README: On a Slurm cluster), or print a script "
                                "to submit yourself with --slurm --print")  # fmt: skip
     plain = SlurmSpec(gpus_per_node=int(gpus) if gpus and gpus.isdigit() else 0)
-    return spec_for(ctx.host.slurm or plain, nodes)
+    return spec_for(remote.host.slurm or plain, nodes)
 
 
 def _nproc(gpus: str | None, spec) -> int | str | None:
@@ -182,12 +179,12 @@ def _nproc(gpus: str | None, spec) -> int | str | None:
     return n
 
 
-@main.command()
+@click.command(cls=HostOptionsCommand)
 @click.argument("run_name", required=False)
 @click.option("--all", "everywhere", is_flag=True, help="Every run on every configured host (asked in parallel).")
 @click.option("--json", "as_json", is_flag=True)
-@with_context
-def status(ctx: Context, run_name: str | None, everywhere: bool, as_json: bool) -> None:
+@with_remote
+def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool) -> None:
     """The host's runs: status, step, loss, val bpb, tokens/s, elapsed, ETA, age of the last update,
     commit (`crashed` if the process vanished without a final status). --all: every host, one table;
     a host that does not answer is a row saying so."""
@@ -196,26 +193,26 @@ def status(ctx: Context, run_name: str | None, everywhere: bool, as_json: bool) 
     if everywhere:
         from orchestrator.hosts import list_hosts
 
-        rows = ops.status_everywhere(list_hosts(ctx.repo), ctx.session_for)
+        rows = ops.status_everywhere(list_hosts(remote.repo), remote.session_for)
         click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows, hosts=True))
         return
     args = ["runs", *([ops.check_run_name(run_name)] if run_name else []), "--json"]
-    rows = ctx.session.enlace_json("latest", *args)
+    rows = remote.session.enlace_json("latest", *args)
     click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows) if rows else "no runs on this host")
 
 
-@main.command()
+@click.command(cls=HostOptionsCommand)
 @click.argument("run_name")
 @click.option("--grace", type=Seconds(), default=120.0, show_default=True,
               help="Seconds to wait for the trainer's checkpoint (longer than a save; at most a day).")
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
-@with_context
-def stop(ctx: Context, run_name: str, grace: float, kill: bool) -> None:
+@with_remote
+def stop(remote: Remote, run_name: str, grace: float, kill: bool) -> None:
     """SIGTERM the run: it finishes its step, saves a checkpoint and exits; report the checkpoint."""
     from orchestrator import ops
 
     args = ["stop", ops.check_run_name(run_name), "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
-    rep = ctx.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
+    rep = remote.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
     if not rep["was_running"]:
         click.echo(f"{run_name} is not running ({rep['status']} at step {rep['step']}); nothing to stop. Latest "
                    f"checkpoint {rep['latest_checkpoint']}")  # fmt: skip
@@ -227,42 +224,45 @@ def stop(ctx: Context, run_name: str, grace: float, kill: bool) -> None:
         sys.exit(1)
 
 
-@main.command()
+@click.command(cls=HostOptionsCommand)
 @click.argument("run_name", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its exit status.")
 @click.option("--tail", "tail_lines", type=click.IntRange(min=0), default=None, metavar="N", help="Start N lines from the end.")
 @click.option("--read-timeout", type=Seconds(), default=60.0, show_default=True,
               help="Reconnect (from the same byte) when no data arrives for this long.")
-@with_context
-def logs(ctx: Context, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:
+@with_remote
+def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:
     """Print RUN_NAME's train.log (default: the run last launched on the host); -f follows it across
     dropped connections (no line lost or repeated) and exits with the run's exit code."""
     from orchestrator import ops
     from orchestrator.logs import follow_log, tail_start
 
-    run_name = ops.choose_run(ctx.repo, ctx.host, run_name, last_first=True)
-    ctx.session.enlace_json("latest", "runs", run_name)  # a clear error if absent
-    offset = tail_start(ctx.session, run_name, tail_lines) if tail_lines is not None else 0
-    sys.exit(follow_log(ctx.session, run_name, offset, follow, read_timeout))
+    run_name = ops.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    remote.session.enlace_json("latest", "runs", run_name)  # a clear error if absent
+    offset = tail_start(remote.session, run_name, tail_lines) if tail_lines is not None else 0
+    sys.exit(follow_log(remote.session, run_name, offset, follow, read_timeout))
 
 
-@main.command()
+@click.command(cls=HostOptionsCommand)
 @click.argument("run_name", required=False)
 @click.option("--latest", "which", flag_value="latest", default=True, help="Only the newest checkpoint (default).")
 @click.option("--all", "which", flag_value="all", help="Every complete checkpoint.")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Local run directory (default: runs/RUN_NAME in this repo).")
-@with_context
-def fetch(ctx: Context, run_name: str | None, which: str, dest: Path | None) -> None:
+@with_remote
+def fetch(remote: Remote, run_name: str | None, which: str, dest: Path | None) -> None:
     """Pull complete checkpoints (verified against MANIFEST) and run.json, config.yaml,
     metrics.jsonl, train.log. Incremental and resumable; rsync when both ends have it, else SFTP."""
     from orchestrator import ops
     from orchestrator.fetch import fetch as do_fetch
 
-    run_name = ops.choose_run(ctx.repo, ctx.host, run_name, last_first=True)
-    rep = do_fetch(ctx.session, run_name, dest or ctx.repo / "runs" / run_name, which == "all")
+    run_name = ops.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    rep = do_fetch(remote.session, run_name, dest or remote.repo / "runs" / run_name, which == "all")
     mib = rep["bytes"] / 2**20
     rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
     click.echo(f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
                f"{len(rep['skipped'])} already here; {mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
                f"{rep['method']}) → {rep['dest']}")  # fmt: skip
+
+
+COMMANDS = (preflight, launch, status, stop, logs, fetch)
