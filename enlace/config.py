@@ -172,7 +172,7 @@ class Config:
 
 def validate_run_name(name: str, source: str = "run_name") -> str:
     if not isinstance(name, str) or not RUN_NAME_RE.fullmatch(name):
-        raise ConfigError(source, "run_name", f"invalid run name {name!r}", RUN_NAME_RULE)
+        raise ConfigError(source, "run_name", f"{name!r} is not a valid name", RUN_NAME_RULE)
     return name
 
 

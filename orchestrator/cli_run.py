@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import Seconds
+from enlace.config import validate_run_name
 from enlace.exitcodes import VERDICT as VERDICT_EXIT
 from orchestrator.cliutil import HostOptionsCommand, Remote, allow_dirty_option, print_sync, set_option, with_remote
 
@@ -21,7 +22,7 @@ def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool,
     rep = sync(session, repo, allow_dirty)
     print_sync(rep)
     doc = ops.verify(session, rep.commit, run, for_launch, overrides)
-    return rep.commit, ops.check_run_name(doc["run_name"], "run_name")
+    return rep.commit, validate_run_name(doc["run_name"], "run_name")
 
 
 @click.command(cls=HostOptionsCommand)
@@ -196,7 +197,7 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
         rows = ops.status_everywhere(list_hosts(remote.repo), remote.session_for)
         click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows, hosts=True))
         return
-    args = ["runs", *([ops.check_run_name(run_name)] if run_name else []), "--json"]
+    args = ["runs", *([validate_run_name(run_name, "RUN_NAME")] if run_name else []), "--json"]
     rows = remote.session.enlace_json("latest", *args)
     click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows) if rows else "no runs on this host")
 
@@ -209,9 +210,8 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
 @with_remote
 def stop(remote: Remote, run_name: str, grace: float, kill: bool) -> None:
     """SIGTERM the run: it finishes its step, saves a checkpoint and exits; report the checkpoint."""
-    from orchestrator import ops
 
-    args = ["stop", ops.check_run_name(run_name), "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
+    args = ["stop", validate_run_name(run_name, "RUN_NAME"), "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
     rep = remote.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
     if not rep["was_running"]:
         click.echo(f"{run_name} is not running ({rep['status']} at step {rep['step']}); nothing to stop. Latest "

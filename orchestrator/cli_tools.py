@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from enlace.config import validate_run_name
 from orchestrator.cliutil import HostOptionsCommand, Remote, with_remote
 
 
@@ -49,7 +50,7 @@ def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: 
     names = list(run_names) or [ops.choose_run(remote.repo, remote.host, None, last_first=True)]
     dirs = []
     for name in names:
-        ops.check_run_name(name)
+        validate_run_name(name, "RUN")
         dirs.append(remote.repo / "runs" / name)
         fetch_run_files(remote.session, name, dirs[-1], ("metrics.jsonl", "run.json"))
     target = out or (dirs[0] / "curves.png" if len(dirs) == 1 else dirs[0].parent / ("+".join(names) + ".png"))

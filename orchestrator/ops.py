@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
+from enlace.config import validate_run_name
 from enlace.exitcodes import VERDICT
 from enlace.report import duration
 from enlace.runs import ended_message, exit_code_of
 from orchestrator.errors import AlreadyRunning, RemoteError, UsageError, VerifyError, for_exit_code
-from orchestrator.session import Session, check_run_name
+from orchestrator.session import Session
 
 
 def check_run_config(repo: Path, run: str) -> str:
@@ -20,7 +21,7 @@ def check_run_config(repo: Path, run: str) -> str:
     connection, with the closest names."""
     import difflib
 
-    check_run_name(run)
+    validate_run_name(run, "RUN")
     have = sorted(p.stem for p in (repo / "configs" / "runs").glob("*.yaml"))
     if run not in have:
         close = difflib.get_close_matches(run, have, n=1, cutoff=0.6)
@@ -68,7 +69,7 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
     """RUN as given; else the host's default_run, then the last run launched there from this repo (for
     launch); with `last_first` (logs, fetch: what you just launched) the other way round."""
     if run:
-        return check_run_name(run)
+        return validate_run_name(run, "RUN")
     path = _last_runs_file(repo)
     last = json.loads(path.read_text()).get(host.name) if path.exists() else None
     choices = [(host.default_run, f"default_run of host {host.name}"),
@@ -76,7 +77,7 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
     for name, why in reversed(choices) if last_first else choices:
         if name:
             click.echo(f"run: {name} ({why})", err=True)
-            return check_run_name(name)
+            return validate_run_name(name, "RUN")
     raise UsageError(f"no RUN given, host {host.name} has no default_run and nothing was launched there from "
                      "this repo yet — name the run, e.g. `enlace-remote launch smoke-cpu`")  # fmt: skip
 

@@ -13,20 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import CommandFailed, UsageError, for_exit_code
+from orchestrator.errors import CommandFailed, for_exit_code
 from orchestrator.hosts import Host
 from orchestrator.transport import Transport
 
-RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SHA_RE = re.compile(r"[0-9a-f]{40}")
-
-
-def check_run_name(name: str, what: str = "RUN") -> str:
-    """Refuse anything but a plain run/config name before any I/O (no paths, no shell syntax)."""
-    if not RUN_NAME_RE.fullmatch(name or ""):
-        raise UsageError(f"{what} {name!r} is not a valid name: 1-64 characters of [A-Za-z0-9._-], starting "
-                         "with a letter or digit")  # fmt: skip
-    return name
 
 
 class Session:
