@@ -76,8 +76,13 @@ def main() -> None:
 
     runs = {}
     for mode in ("nondet", "det"):
-        out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps)],
-                             capture_output=True, text=True, check=True, env={**os.environ})  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", mode, "--steps", str(args.steps)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ},
+        )
         runs[mode] = json.loads(out.stdout)
     nd, d = runs["nondet"], runs["det"]
     print(f"training throughput, smoke-cpu model, {args.steps} steps:")

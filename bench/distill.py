@@ -43,9 +43,13 @@ def main() -> None:
         plain = run("distill-cpu", ["distill.teacher=", "run_name=student-plain"], root / "runs", root)
         distilled = run("distill-cpu", ["run_name=student-distilled"], root / "runs", root)
     print(f"student without teacher: val bpb {plain['val_bpb']:.4f}")
-    print(f"student with teacher:    val bpb {distilled['val_bpb']:.4f}  (difference {distilled['val_bpb'] - plain['val_bpb']:+.4f})")
-    print(f"step time with / without the teacher's forward: {distilled['median_step_s'] / plain['median_step_s']:.2f}x "
-          f"({distilled['median_step_s'] * 1000:.0f} vs {plain['median_step_s'] * 1000:.0f} ms)")
+    print(
+        f"student with teacher:    val bpb {distilled['val_bpb']:.4f}  (difference {distilled['val_bpb'] - plain['val_bpb']:+.4f})"
+    )
+    print(
+        f"step time with / without the teacher's forward: {distilled['median_step_s'] / plain['median_step_s']:.2f}x "
+        f"({distilled['median_step_s'] * 1000:.0f} vs {plain['median_step_s'] * 1000:.0f} ms)"
+    )
 
 
 if __name__ == "__main__":

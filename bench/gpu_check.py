@@ -93,8 +93,15 @@ def drift(run: str, overrides: list[str], steps: int) -> dict:
     b, _ = train_steps(cfg, steps)
     diffs = {k: (a[k] - b[k]).abs().max().item() for k in a}
     worst = max(diffs, key=diffs.get)
-    return {"run": run, "precision": cfg.runtime.precision, "steps": steps, "max_abs_diff": diffs[worst],
-            "worst_tensor": worst, "tensors_differing": sum(d > 0 for d in diffs.values()), "tensors": len(diffs)}
+    return {
+        "run": run,
+        "precision": cfg.runtime.precision,
+        "steps": steps,
+        "max_abs_diff": diffs[worst],
+        "worst_tensor": worst,
+        "tensors_differing": sum(d > 0 for d in diffs.values()),
+        "tensors": len(diffs),
+    }
 
 
 def resume(det_run: str, overrides: list[str], steps: int) -> dict:
@@ -102,9 +109,15 @@ def resume(det_run: str, overrides: list[str], steps: int) -> dict:
 
     cfg = config(det_run, overrides)
     rep = verify_resume(cfg, det_run, overrides, steps)
-    return {"run": det_run, "identical": rep["ok"], "tensors": rep["tensors"], "steps": steps,
-            "resumed_at": rep["resumed_at"], "first_difference": rep["first_difference"],
-            "losses_identical": rep["losses_identical"]}  # fmt: skip
+    return {
+        "run": det_run,
+        "identical": rep["ok"],
+        "tensors": rep["tensors"],
+        "steps": steps,
+        "resumed_at": rep["resumed_at"],
+        "first_difference": rep["first_difference"],
+        "losses_identical": rep["losses_identical"],
+    }
 
 
 def preflight_accuracy(run: str, overrides: list[str], steps: int, device: torch.device) -> dict:
@@ -117,9 +130,17 @@ def preflight_accuracy(run: str, overrides: list[str], steps: int, device: torch
     predicted_mem, predicted_rate = report["memory"][key], report["throughput"]["tokens_per_s"]
     with tempfile.TemporaryDirectory(prefix="enlace-gpu-check-") as tmp:
         real_steps = max(steps * 4, 12)
-        real_cfg = config(run, [*overrides, f"training.max_steps={real_steps}", "training.eval_every=0",
-                                f"optim.warmup_steps={min(cfg.optim.warmup_steps, real_steps)}",
-                                "checkpoint.every=0", "training.log_every=1"])  # fmt: skip
+        real_cfg = config(
+            run,
+            [
+                *overrides,
+                f"training.max_steps={real_steps}",
+                "training.eval_every=0",
+                f"optim.warmup_steps={min(cfg.optim.warmup_steps, real_steps)}",
+                "checkpoint.every=0",
+                "training.log_every=1",
+            ],
+        )
         real_cfg.runs_root = Path(tmp)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -129,11 +150,17 @@ def preflight_accuracy(run: str, overrides: list[str], steps: int, device: torch
             summary = train(real_cfg, resume="none")
     measured_mem = summary["cuda_max_reserved_mib"] if device.type == "cuda" else mib(peak_rss_bytes())
     measured_rate = summary["tokens_per_s"]
-    return {"run": run, "memory_kind": key, "predicted_mib": predicted_mem, "measured_mib": measured_mem,
-            "memory_ratio": round(predicted_mem / measured_mem, 3) if measured_mem else None,
-            "predicted_tokens_per_s": predicted_rate, "measured_tokens_per_s": round(measured_rate, 1),
-            "throughput_ratio": round(predicted_rate / measured_rate, 3) if measured_rate else None,
-            "verdict": report["verdict"]}  # fmt: skip
+    return {
+        "run": run,
+        "memory_kind": key,
+        "predicted_mib": predicted_mem,
+        "measured_mib": measured_mem,
+        "memory_ratio": round(predicted_mem / measured_mem, 3) if measured_mem else None,
+        "predicted_tokens_per_s": predicted_rate,
+        "measured_tokens_per_s": round(measured_rate, 1),
+        "throughput_ratio": round(predicted_rate / measured_rate, 3) if measured_rate else None,
+        "verdict": report["verdict"],
+    }
 
 
 def costs(run: str, overrides: list[str], steps: int, device: torch.device, budget: Budget) -> dict:
@@ -164,11 +191,18 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True)  # fmt: skip
-        env.update(name=props.name, capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
-                   driver=smi.stdout.strip().splitlines()[0] if smi.returncode == 0 else None,
-                   free_mib=mib(free), total_mib=mib(total), bf16=torch.cuda.is_bf16_supported())  # fmt: skip
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        env.update(
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+            driver=smi.stdout.strip().splitlines()[0] if smi.returncode == 0 else None,
+            free_mib=mib(free),
+            total_mib=mib(total),
+            bf16=torch.cuda.is_bf16_supported(),
+        )
     else:
         import platform
 
@@ -214,19 +248,31 @@ def table(r: dict) -> str:
 
     env = r["environment"]
     rows = [
-        ("device", f"{env.get('name')} ({env['device']}), torch {env['torch']}"
-                   + (f", CUDA {env['cuda']}, driver {env['driver']}, cc {env['capability']}" if env.get("cuda") else "")),
-        ("drift", f"max |Δ| {get('drift', 'max_abs_diff')} after {get('drift', 'steps')} steps "
-                  f"({get('drift', 'precision')}; {get('drift', 'tensors_differing')}/{get('drift', 'tensors')} tensors differ)"),
-        ("resume", f"identical {get('resume', 'identical')} ({get('resume', 'tensors')} tensors); "
-                   f"first difference {get('resume', 'first_difference')}"),
-        ("preflight", f"memory predicted/measured {get('preflight', 'memory_ratio')}, tokens/s "
-                      f"{get('preflight', 'throughput_ratio')}"),
+        (
+            "device",
+            f"{env.get('name')} ({env['device']}), torch {env['torch']}"
+            + (f", CUDA {env['cuda']}, driver {env['driver']}, cc {env['capability']}" if env.get("cuda") else ""),
+        ),
+        (
+            "drift",
+            f"max |Δ| {get('drift', 'max_abs_diff')} after {get('drift', 'steps')} steps "
+            f"({get('drift', 'precision')}; {get('drift', 'tensors_differing')}/{get('drift', 'tensors')} tensors differ)",
+        ),
+        (
+            "resume",
+            f"identical {get('resume', 'identical')} ({get('resume', 'tensors')} tensors); "
+            f"first difference {get('resume', 'first_difference')}",
+        ),
+        (
+            "preflight",
+            f"memory predicted/measured {get('preflight', 'memory_ratio')}, tokens/s "
+            f"{get('preflight', 'throughput_ratio')}",
+        ),
         ("deterministic", f"on/off tokens/s {get('costs', 'deterministic', 'on_over_off')}"),
         ("compile", f"on/off tokens/s {get('costs', 'compile', 'on_over_off')}"),
         ("bf16", json.dumps(get("costs", "bf16"))),
         ("time", f"{r['seconds']['total']} s of {r['budget_s']} s"),
-    ]  # fmt: skip
+    ]
     return "\n".join(f"{k:14} {v}" for k, v in rows)
 
 

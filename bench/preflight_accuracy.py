@@ -17,8 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def enlace(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "enlace", *args, "--root", str(REPO)], capture_output=True,
-                          text=True, check=True, cwd=REPO).stdout  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "enlace", *args, "--root", str(REPO)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    ).stdout
 
 
 def main() -> None:
@@ -30,10 +35,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         extra = ["--until", str(args.steps)] if args.steps else []
         enlace("train", args.run, "--runs-dir", tmp, "--resume", "none", *extra)
-        records = [json.loads(line) for line in (Path(tmp) / pre["run_name"] / "metrics.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line) for line in (Path(tmp) / pre["run_name"] / "metrics.jsonl").read_text().splitlines()
+        ]
     real = [r for r in records if r["kind"] == "summary"][-1]
-    rows = [("peak RSS (MiB)", pre["memory"]["peak_rss_mib"], real["peak_rss_mib"]),
-            ("tokens/s", pre["throughput"]["tokens_per_s"], real["tokens_per_s"])]  # fmt: skip
+    rows = [
+        ("peak RSS (MiB)", pre["memory"]["peak_rss_mib"], real["peak_rss_mib"]),
+        ("tokens/s", pre["throughput"]["tokens_per_s"], real["tokens_per_s"]),
+    ]
     print(f"{args.run}: preflight vs a real train run of {real['steps']} steps")
     print(f"  {'':16} {'preflight':>10} {'train':>10} {'ratio':>7}")
     for name, p, r in rows:

@@ -38,7 +38,8 @@ def make_repo(base: Path) -> Path:
     (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\n")
     (repo / "configs" / "runs" / "long.yaml").write_text(
         "data: tiny\nprofile: cpu\nmodel: {seq_len: 32, n_layer: 2, n_head: 2, d_model: 32}\n"
-        "training: {batch_size: 4, max_steps: 1000000, log_every: 50, eval_every: 0}\ncheckpoint: {every: 0}\n")
+        "training: {batch_size: 4, max_steps: 1000000, log_every: 50, eval_every: 0}\ncheckpoint: {every: 0}\n"
+    )
     commit_all(repo, "bench runs")
     return repo
 
@@ -67,8 +68,10 @@ def main() -> None:
         subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
         lines = timed_lines([*CLI, "launch", "long", "--no-preflight"], env, repo)
         detached = next(t for t, line in lines if line.startswith("launched"))
-        print(f"launch (synced commit, --no-preflight): detached after {detached:.2f} s "
-              f"(goal < 2 s); first step logged after {lines[-1][0]:.2f} s incl. trainer start-up")
+        print(
+            f"launch (synced commit, --no-preflight): detached after {detached:.2f} s "
+            f"(goal < 2 s); first step logged after {lines[-1][0]:.2f} s incl. trainer start-up"
+        )
 
         follower = subprocess.Popen([*CLI, "logs", "long", "-f"], env=env, cwd=repo, stdout=subprocess.PIPE)
         sent: dict[str, float] = {}
@@ -94,8 +97,10 @@ def main() -> None:
         follower.wait(timeout=60)
         lat = sorted(got[k] - sent[k] for k in sent if k in got)
         p95 = lat[int(0.95 * (len(lat) - 1))]
-        print(f"log latency over {len(lat)}/{len(sent)} lines: median {statistics.median(lat) * 1000:.0f} ms, "
-              f"p95 {p95 * 1000:.0f} ms (goal p95 < 500 ms)")
+        print(
+            f"log latency over {len(lat)}/{len(sent)} lines: median {statistics.median(lat) * 1000:.0f} ms, "
+            f"p95 {p95 * 1000:.0f} ms (goal p95 < 500 ms)"
+        )
 
         big = rd / "runs" / "long" / "checkpoints" / "step-999999"
         import torch
@@ -110,26 +115,37 @@ def main() -> None:
         for rep in range(3):
             dest = base / f"fetch-{rep}"
             t0 = time.perf_counter()
-            subprocess.run([*CLI, "fetch", "long", "--dest", str(dest)], env=env, cwd=repo, check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                [*CLI, "fetch", "long", "--dest", str(dest)], env=env, cwd=repo, check=True, capture_output=True
+            )
             fetch_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            subprocess.run([*CLI, "fetch", "long", "--dest", str(base / f"sftp-fetch-{rep}")], cwd=repo, check=True,
-                           env={**env, "ENLACE_FETCH_NO_RSYNC": "1"}, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [*CLI, "fetch", "long", "--dest", str(base / f"sftp-fetch-{rep}")],
+                cwd=repo,
+                check=True,
+                env={**env, "ENLACE_FETCH_NO_RSYNC": "1"},
+                capture_output=True,
+            )
             sftp_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            subprocess.run(["rsync", "-a", "-e", " ".join(ssh), f"testhost:{big}/", str(base / f"rsync-{rep}") + "/"],
-                           check=True)  # fmt: skip
+            subprocess.run(
+                ["rsync", "-a", "-e", " ".join(ssh), f"testhost:{big}/", str(base / f"rsync-{rep}") + "/"], check=True
+            )
             rsync_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            subprocess.run(["scp", "-q", "-F", str(srv.dir / "ssh_config"), "-r", f"testhost:{big}",
-                            str(base / f"scp-{rep}")], check=True)  # fmt: skip
+            subprocess.run(
+                ["scp", "-q", "-F", str(srv.dir / "ssh_config"), "-r", f"testhost:{big}", str(base / f"scp-{rep}")],
+                check=True,
+            )
             scp_t.append(time.perf_counter() - t0)
         f, f2, r, s = (statistics.median(x) for x in (fetch_t, sftp_t, rsync_t, scp_t))
         print(f"fetch of a {size:.0f} MiB checkpoint, median of 3:")
         print(f"  enlace-remote fetch : {f:5.2f} s  {size / f:6.0f} MiB/s  (incl. sha256 verify, CLI start)")
         print(f"  fetch, SFTP fallback: {f2:5.2f} s  {size / f2:6.0f} MiB/s   ratio vs rsync = {r / f2:.2f}x")
-        print(f"  plain rsync         : {r:5.2f} s  {size / r:6.0f} MiB/s   ratio fetch/rsync = {r / f:.2f}x (goal >= 0.9)")
+        print(
+            f"  plain rsync         : {r:5.2f} s  {size / r:6.0f} MiB/s   ratio fetch/rsync = {r / f:.2f}x (goal >= 0.9)"
+        )
         print(f"  plain scp           : {s:5.2f} s  {size / s:6.0f} MiB/s   ratio fetch/scp   = {s / f:.2f}x")
     finally:
         srv.stop()

@@ -53,47 +53,66 @@ def main() -> None:
     cluster.start()
     srv = make_server(base, session_env=cluster.env)
     with open(srv.env["ENLACE_HOSTS_FILE"], "a") as fh:
-        fh.write(f"  cluster:\n    ssh: testhost\n    remote_dir: {base}/remote\n    python: {sys.executable}\n"
-                 "    scheduler: slurm\n    time: '30'\n")  # fmt: skip
+        fh.write(
+            f"  cluster:\n    ssh: testhost\n    remote_dir: {base}/remote\n    python: {sys.executable}\n"
+            "    scheduler: slurm\n    time: '30'\n"
+        )
     env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
     try:
         repo = copy_worktree_repo(base / "repo", "bench")
         (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\n")
         (repo / "configs" / "runs" / "long.yaml").write_text(
             "data: tiny\nprofile: cpu\nmodel: {seq_len: 32, n_layer: 2, n_head: 2, d_model: 32}\n"
-            "training: {batch_size: 4, max_steps: 1000000, log_every: 50, eval_every: 0}\ncheckpoint: {every: 0}\n")
+            "training: {batch_size: 4, max_steps: 1000000, log_every: 50, eval_every: 0}\ncheckpoint: {every: 0}\n"
+        )
         commit_all(repo, "bench run")
         tiny_corpus(base / "remote")
         subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
         tree = base / "remote" / "trees" / sha
         ours, bare = [], []
         for i in range(args.rounds):
             t0 = time.perf_counter()
-            subprocess.run([*CLI, "launch", "long", "--no-preflight", "--resume", "none"], env=env, cwd=repo,
-                           check=True, capture_output=True)  # returns once the first step is logged  # fmt: skip
+            subprocess.run(
+                [*CLI, "launch", "long", "--no-preflight", "--resume", "none"],
+                env=env,
+                cwd=repo,
+                check=True,
+                capture_output=True,
+            )  # returns once the first step is logged
             ours.append(time.perf_counter() - t0)
-            subprocess.run([*CLI, "stop", "long", "--kill", "--grace", "30"], env=env, cwd=repo, check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                [*CLI, "stop", "long", "--kill", "--grace", "30"], env=env, cwd=repo, check=True, capture_output=True
+            )
 
             runs_dir = base / f"bare-{i}"
             runs_dir.mkdir()
             script = base / f"bare-{i}.sh"
-            script.write_text(f"#!/bin/bash\ncd {tree}\nexport PYTHONPATH={tree} ENLACE_ROOT={tree}\n"
-                              f"exec {sys.executable} -m enlace train long --runs-dir {runs_dir}\n")  # fmt: skip
+            script.write_text(
+                f"#!/bin/bash\ncd {tree}\nexport PYTHONPATH={tree} ENLACE_ROOT={tree}\n"
+                f"exec {sys.executable} -m enlace train long --runs-dir {runs_dir}\n"
+            )
             t0 = time.perf_counter()
             job = cluster.run("sbatch", "--parsable", "--time=30", f"--output={runs_dir}/out.log", str(script)).stdout
             bare.append(first_step_logged(runs_dir / "long" / "train.log") - t0)
             cluster.run("scancel", job.strip())
             while cluster.job_state(job.strip()) not in ("CANCELLED", "COMPLETED", "FAILED"):
                 time.sleep(0.1)
-        report = {"enlace_launch_to_first_step_s": statistics.median(ours),
-                  "bare_sbatch_to_first_step_s": statistics.median(bare), "rounds": args.rounds,
-                  "ours_all": ours, "bare_all": bare}  # fmt: skip
+        report = {
+            "enlace_launch_to_first_step_s": statistics.median(ours),
+            "bare_sbatch_to_first_step_s": statistics.median(bare),
+            "rounds": args.rounds,
+            "ours_all": ours,
+            "bare_all": bare,
+        }
         report["ratio"] = report["enlace_launch_to_first_step_s"] / report["bare_sbatch_to_first_step_s"]
         print(json.dumps(report, indent=1))
-        print(f"launch --no-preflight → first step: {report['enlace_launch_to_first_step_s']:.2f} s vs bare sbatch "
-              f"{report['bare_sbatch_to_first_step_s']:.2f} s: {report['ratio']:.2f}× (median of {args.rounds})")
+        print(
+            f"launch --no-preflight → first step: {report['enlace_launch_to_first_step_s']:.2f} s vs bare sbatch "
+            f"{report['bare_sbatch_to_first_step_s']:.2f} s: {report['ratio']:.2f}× (median of {args.rounds})"
+        )
     finally:
         cluster.run("scancel", "-u", "root", check=False)
         srv.stop()

@@ -23,6 +23,7 @@ from enlace.sysinfo import mib, peak_rss_bytes
 
 def bare_loop(cfg, model, batches):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+
     def run(steps):
         for x, y in batches[:steps]:
             _, loss = model(x, y)
@@ -31,6 +32,7 @@ def bare_loop(cfg, model, batches):
             opt.step()
             opt.zero_grad(set_to_none=True)
         return loss.item()
+
     return run
 
 
@@ -40,6 +42,7 @@ def enlace_loop(parts, batches):
         for step in range(steps):
             r = engine.train_step(parts, step, lambda: next(it))
         return r.loss.item()
+
     return run
 
 
@@ -78,9 +81,17 @@ def main() -> None:
         t_ours.append(timed(ours, args.steps))
     tokens = args.steps * cfg.training.batch_size * cfg.model.seq_len
     tps_bare, tps_ours = tokens / statistics.median(t_bare), tokens / statistics.median(t_ours)
-    mem = {m: json.loads(subprocess.run([sys.executable, __file__, "--child", m, "--steps", str(args.steps)],
-                                        capture_output=True, text=True, check=True).stdout)["peak_rss_mib"]
-           for m in ("bare", "enlace")}  # fmt: skip
+    mem = {
+        m: json.loads(
+            subprocess.run(
+                [sys.executable, __file__, "--child", m, "--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )["peak_rss_mib"]
+        for m in ("bare", "enlace")
+    }
     print(f"smoke-cpu model, {torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds")
     print(f"  bare PyTorch loop : {tps_bare:9.0f} tokens/s   peak RSS {mem['bare']:7.1f} MiB")
     print(f"  enlace train_step : {tps_ours:9.0f} tokens/s   peak RSS {mem['enlace']:7.1f} MiB")

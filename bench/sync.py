@@ -46,8 +46,12 @@ def main() -> None:
         plain_remote = base / "plain.git"
         sh("git", "init", "-q", "--bare", str(plain_remote))
         url = f"ssh://testhost{plain_remote}"  # the alias carries port, key and known_hosts
-        penv = {**os.environ, "GIT_SSH_COMMAND": shlex.join(["ssh", "-F", str(d / "ssh_config"), "-o",
-                                                             "BatchMode=yes", "-i", str(d / "client_key")])}  # fmt: skip
+        penv = {
+            **os.environ,
+            "GIT_SSH_COMMAND": shlex.join(
+                ["ssh", "-F", str(d / "ssh_config"), "-o", "BatchMode=yes", "-i", str(d / "client_key")]
+            ),
+        }
         sh(*git, "push", "-q", url, "HEAD:refs/heads/main", env=penv)
 
         ours, plain = [], []

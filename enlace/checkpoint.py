@@ -68,8 +68,14 @@ def _schema_problem(m: Any) -> str | None:
     if not isinstance(files, dict) or not files:
         return "lists no files"
     for name, e in files.items():
-        ok = isinstance(e, dict) and isinstance(e.get("sha256"), str) and len(e["sha256"]) == 64 \
-            and isinstance(e.get("bytes"), int) and not str(name).startswith((".", "/")) and "/" not in str(name)  # fmt: skip
+        ok = (
+            isinstance(e, dict)
+            and isinstance(e.get("sha256"), str)
+            and len(e["sha256"]) == 64
+            and isinstance(e.get("bytes"), int)
+            and not str(name).startswith((".", "/"))
+            and "/" not in str(name)
+        )
         if not ok:
             return f"has a malformed entry for {name!r}"
     return None
@@ -147,9 +153,11 @@ def check_free_space(ckpt_root: Path, need_each: int, count: int = 2) -> None:
     ckpt_root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(ckpt_root).free
     if free < need_each * count:
-        raise NoSpaceError(f"{ckpt_root}: {free / 2**20:.1f} MiB free, but {count} checkpoints need "
-                           f"≈{need_each * count / 2**20:.1f} MiB (≈{need_each / 2**20:.1f} MiB each) — free disk "
-                           "space on the server (old runs, trees, venvs) or lower checkpoint.keep")  # fmt: skip
+        raise NoSpaceError(
+            f"{ckpt_root}: {free / 2**20:.1f} MiB free, but {count} checkpoints need "
+            f"≈{need_each * count / 2**20:.1f} MiB (≈{need_each / 2**20:.1f} MiB each) — free disk "
+            "space on the server (old runs, trees, venvs) or lower checkpoint.keep"
+        )
 
 
 def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int) -> Path:
@@ -169,9 +177,11 @@ def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int
         done = complete_checkpoints(ckpt_root)
         need = sum(x["bytes"] for x in read_manifest(done[-1])["files"].values()) if done else written
         free = shutil.disk_usage(ckpt_root).free
-        raise NoSpaceError(f"No space left on device while saving {final.name} (needs ≈{need / 2**20:.1f} MiB, "
-                           f"{free / 2**20:.1f} MiB free on {ckpt_root}) — free disk space, then relaunch: the run "
-                           "resumes from its last complete checkpoint") from None  # fmt: skip
+        raise NoSpaceError(
+            f"No space left on device while saving {final.name} (needs ≈{need / 2**20:.1f} MiB, "
+            f"{free / 2**20:.1f} MiB free on {ckpt_root}) — free disk space, then relaunch: the run "
+            "resumes from its last complete checkpoint"
+        ) from None
 
 
 def _save(ckpt_root: Path, step: int, final: Path, tmp: Path, files: dict[str, Any], keep: int) -> Path:
@@ -247,8 +257,10 @@ def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
     problem = manifest_problem(path)
     if problem:
         have = ", ".join(p.name for p in complete_checkpoints(ckpt_root)) or "none"
-        raise CheckpointError(f"--resume {resume}: not a complete checkpoint ({problem.split(': ', 1)[-1]}) — "
-                              f"complete checkpoints of this run: {have}")  # fmt: skip
+        raise CheckpointError(
+            f"--resume {resume}: not a complete checkpoint ({problem.split(': ', 1)[-1]}) — "
+            f"complete checkpoints of this run: {have}"
+        )
     return path
 
 

@@ -19,11 +19,16 @@ from enlace.clitypes import root_option, set_option
 from enlace.config import load_config
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-             epilog=exitcodes.help_text())  # fmt: skip
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=exitcodes.help_text()
+)
 @click.version_option(package_name="enlace")
-@click.option("--exit-with-client", is_flag=True, hidden=True,
-              help="Driver use: end this command and all it started when stdin closes (the client is gone).")
+@click.option(
+    "--exit-with-client",
+    is_flag=True,
+    hidden=True,
+    help="Driver use: end this command and all it started when stdin closes (the client is gone).",
+)
 def main(exit_with_client: bool) -> None:
     """Train small byte-level language models, resumably and (optionally) bit-exactly.
 
@@ -76,15 +81,27 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
         cfg = load_config(run, overrides, root)
     except ConfigError as e:
         if as_json:
-            click.echo(json.dumps({"ok": False, "error": e.message, "exit_code": e.exit_code, "file": e.source,
-                                   "key": e.key}))  # fmt: skip
+            click.echo(
+                json.dumps({"ok": False, "error": e.message, "exit_code": e.exit_code, "file": e.source, "key": e.key})
+            )
             sys.exit(e.exit_code)
         raise
     for warning in cfg.warnings:
         click.echo(f"warning: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps({"ok": True, "run_name": cfg.run_name, "files": cfg.files, "warnings": cfg.warnings,
-                               "fingerprint": cfg.fingerprint(), "config": cfg.to_dict()}, indent=1))  # fmt: skip
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "run_name": cfg.run_name,
+                    "files": cfg.files,
+                    "warnings": cfg.warnings,
+                    "fingerprint": cfg.fingerprint(),
+                    "config": cfg.to_dict(),
+                },
+                indent=1,
+            )
+        )
     else:
         click.echo(f"# {cfg.files['run']} (profile {cfg.files['profile']}, data {cfg.files['data']})")
         click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
@@ -94,19 +111,47 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
 @click.argument("run")
 @set_option
 @root_option
-@click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH",
-              help="Checkpoint to resume from: the run's newest complete one, none (start afresh), or a dir.")
-@click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP",
-              help="Train up to STEP, checkpoint and stop (status 'stopped'); the LR schedule still spans "
-                   "training.max_steps, so --until 10 then --until 20 equals one --until 20.")  # fmt: skip
-@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Put the run directory under this dir instead of <root>/runs.")
-@click.option("--allow-data-change", is_flag=True,
-              help="Resume even though the data differs (by content) from the checkpoint's: not exact.")
-@click.option("--allow-teacher-change", is_flag=True,
-              help="Distillation: resume even though the teacher checkpoint differs from the one it started with.")
-def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, until: int | None,
-          runs_dir: Path | None, allow_data_change: bool, allow_teacher_change: bool) -> None:  # fmt: skip
+@click.option(
+    "--resume",
+    default="latest",
+    show_default=True,
+    metavar="latest|none|PATH",
+    help="Checkpoint to resume from: the run's newest complete one, none (start afresh), or a dir.",
+)
+@click.option(
+    "--until",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="STEP",
+    help="Train up to STEP, checkpoint and stop (status 'stopped'); the LR schedule still spans "
+    "training.max_steps, so --until 10 then --until 20 equals one --until 20.",
+)
+@click.option(
+    "--runs-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Put the run directory under this dir instead of <root>/runs.",
+)
+@click.option(
+    "--allow-data-change",
+    is_flag=True,
+    help="Resume even though the data differs (by content) from the checkpoint's: not exact.",
+)
+@click.option(
+    "--allow-teacher-change",
+    is_flag=True,
+    help="Distillation: resume even though the teacher checkpoint differs from the one it started with.",
+)
+def train(
+    run: str,
+    overrides: tuple[str, ...],
+    root: Path | None,
+    resume: str,
+    until: int | None,
+    runs_dir: Path | None,
+    allow_data_change: bool,
+    allow_teacher_change: bool,
+) -> None:
     """Train RUN; resume from its latest complete checkpoint if there is one.
 
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second Ctrl-C exits
@@ -124,13 +169,17 @@ def train(run: str, overrides: tuple[str, ...], root: Path | None, resume: str, 
 @click.argument("data")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to create (must not exist).")
 @click.option("--dtype", type=click.Choice(["uint8", "uint16"]), default="uint8", show_default=True)
-@click.option("--shard-tokens", type=click.IntRange(min=1024), default=1 << 24, show_default=True,
-              help="Tokens per shard file.")  # fmt: skip
-@click.option("--val-fraction", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=None,
-              help="Fraction held out for validation (default: the data config's val_fraction).")  # fmt: skip
+@click.option(
+    "--shard-tokens", type=click.IntRange(min=1024), default=1 << 24, show_default=True, help="Tokens per shard file."
+)
+@click.option(
+    "--val-fraction",
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    default=None,
+    help="Fraction held out for validation (default: the data config's val_fraction).",
+)
 @root_option
-def prepare(data: str, out: Path, dtype: str, shard_tokens: int, val_fraction: float | None,
-            root: Path | None) -> None:  # fmt: skip
+def prepare(data: str, out: Path, dtype: str, shard_tokens: int, val_fraction: float | None, root: Path | None) -> None:
     """Write the byte corpus of data config DATA (configs/data/DATA.yaml) as token shards in OUT.
 
     Use the shards with a data config of `kind: shards` and `shard_dir: OUT`. OUT appears only
@@ -144,22 +193,36 @@ def prepare(data: str, out: Path, dtype: str, shard_tokens: int, val_fraction: f
         raise click.UsageError(f"DATA {data!r} is kind {data_cfg.kind}; prepare reads a kind: bytes config")
     files = resolve_paths(data_cfg.paths, root)
     frac = val_fraction if val_fraction is not None else data_cfg.val_fraction
-    meta = prepare_shards(files, out, shard_tokens, dtype, frac,
-                          progress=lambda name, n: click.echo(f"  wrote {name} ({n} tokens)", err=True))  # fmt: skip
-    click.echo(f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, "
-               f"{meta['tokens']['train']} + {meta['tokens']['val']} tokens ({dtype}) from {len(files)} files")  # fmt: skip
+    meta = prepare_shards(
+        files,
+        out,
+        shard_tokens,
+        dtype,
+        frac,
+        progress=lambda name, n: click.echo(f"  wrote {name} ({n} tokens)", err=True),
+    )
+    click.echo(
+        f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, "
+        f"{meta['tokens']['train']} + {meta['tokens']['val']} tokens ({dtype}) from {len(files)} files"
+    )
 
 
 @main.command("verify-resume")
 @click.argument("run")
-@click.option("--steps", type=click.IntRange(min=2), default=20, show_default=True,
-              help="N: compare N straight steps with N/2 + resume in a new process + N/2.")  # fmt: skip
+@click.option(
+    "--steps",
+    type=click.IntRange(min=2),
+    default=20,
+    show_default=True,
+    help="N: compare N straight steps with N/2 + resume in a new process + N/2.",
+)
 @set_option
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--keep", is_flag=True, help="Keep the temporary run dirs even when identical.")
-def verify_resume_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path | None, as_json: bool,
-                      keep: bool) -> None:  # fmt: skip
+def verify_resume_cmd(
+    run: str, steps: int, overrides: tuple[str, ...], root: Path | None, as_json: bool, keep: bool
+) -> None:
     """Prove that resuming RUN reproduces the uninterrupted run, bit for bit.
 
     Trains N steps straight, and separately N/2 steps + checkpoint + a fresh process resuming to N
@@ -175,15 +238,22 @@ def verify_resume_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Pa
     if as_json:
         click.echo(json.dumps(report, indent=1))
     elif report["ok"]:
-        click.echo(f"identical: {report['tensors']} tensors, {report['losses_compared']} logged losses after step "
-                   f"{report['resumed_at']} ({steps} steps straight vs {report['resumed_at']} + resume + "
-                   f"{steps - report['resumed_at']})")  # fmt: skip
+        click.echo(
+            f"identical: {report['tensors']} tensors, {report['losses_compared']} logged losses after step "
+            f"{report['resumed_at']} ({steps} steps straight vs {report['resumed_at']} + resume + "
+            f"{steps - report['resumed_at']})"
+        )
     else:
         diff = report["first_difference"]
-        what = (f"first differing tensor: {diff['name']} (max abs diff {diff['max_abs_diff']})" if diff
-                else "tensors identical")  # fmt: skip
-        click.echo(f"DIFFERENT: {what}; logged losses identical: {report['losses_identical']}; "
-                   f"runs kept in {report['work_dir']}")  # fmt: skip
+        what = (
+            f"first differing tensor: {diff['name']} (max abs diff {diff['max_abs_diff']})"
+            if diff
+            else "tensors identical"
+        )
+        click.echo(
+            f"DIFFERENT: {what}; logged losses identical: {report['losses_identical']}; "
+            f"runs kept in {report['work_dir']}"
+        )
     sys.exit(0 if report["ok"] else 1)
 
 
@@ -191,8 +261,20 @@ def parse_size(text: str | None) -> int | None:
     """'2GiB', '512MiB', '1.5G', '1000000' → bytes."""
     if text is None:
         return None
-    units = {"": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "t": 2**40,
-             "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9}  # fmt: skip
+    units = {
+        "": 1,
+        "k": 2**10,
+        "kib": 2**10,
+        "m": 2**20,
+        "mib": 2**20,
+        "g": 2**30,
+        "gib": 2**30,
+        "t": 2**40,
+        "tib": 2**40,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+    }
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     value = float(m.group(1)) if m else 0.0
@@ -203,18 +285,37 @@ def parse_size(text: str | None) -> int | None:
 
 @main.command("preflight")
 @click.argument("run")
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Measured optimizer steps (after 3 warm-up steps).")  # fmt: skip
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Measured optimizer steps (after 3 warm-up steps).",
+)
 @set_option
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (also written to preflight.json).")
-@click.option("--memory-limit", default=None, metavar="SIZE",
-              help="Treat a peak above SIZE (e.g. 2GiB) as out of memory. On CPU this is how a batch that "
-                   "does not fit is found; default: the machine's memory.")  # fmt: skip
-@click.option("--max-batch", is_flag=True, help="Also find the largest batch_size that fits (doubling, then bisection).")
+@click.option(
+    "--memory-limit",
+    default=None,
+    metavar="SIZE",
+    help="Treat a peak above SIZE (e.g. 2GiB) as out of memory. On CPU this is how a batch that "
+    "does not fit is found; default: the machine's memory.",
+)
+@click.option(
+    "--max-batch", is_flag=True, help="Also find the largest batch_size that fits (doubling, then bisection)."
+)
 @click.option("--probe", is_flag=True, hidden=True, help="Internal: one --max-batch probe; writes nothing.")
-def preflight_cmd(run: str, steps: int, overrides: tuple[str, ...], root: Path | None, as_json: bool,
-                  memory_limit: str | None, max_batch: bool, probe: bool) -> None:  # fmt: skip
+def preflight_cmd(
+    run: str,
+    steps: int,
+    overrides: tuple[str, ...],
+    root: Path | None,
+    as_json: bool,
+    memory_limit: str | None,
+    max_batch: bool,
+    probe: bool,
+) -> None:
     """Answer in a minute: does RUN's batch fit, how long will it take, does fp16 hold?
 
     Builds the model, optimizer and scaler exactly as `train` does and runs them on synthetic bytes

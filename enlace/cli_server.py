@@ -28,8 +28,11 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
     """Status of the runs in runs/ (or one RUN_NAME); a run whose process vanished shows crashed."""
     from enlace import runs, server
 
-    rows = ([runs.observe(server.run_dir_of(_runs_root(root), run_name))] if run_name
-            else server.all_status(_runs_root(root)))  # fmt: skip
+    rows = (
+        [runs.observe(server.run_dir_of(_runs_root(root), run_name))]
+        if run_name
+        else server.all_status(_runs_root(root))
+    )
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -82,8 +85,11 @@ def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json
     from enlace import runs, server
 
     report = runs.stop(server.run_dir_of(_runs_root(root), run_name), grace, kill)
-    click.echo(json.dumps(report) if as_json else f"{run_name}: {report['status']} at step {report['step']}, "
-               f"latest checkpoint {report['latest_checkpoint']}")  # fmt: skip
+    click.echo(
+        json.dumps(report)
+        if as_json
+        else f"{run_name}: {report['status']} at step {report['step']}, latest checkpoint {report['latest_checkpoint']}"
+    )
     sys.exit(0 if report["stopped"] else 1)
 
 
@@ -92,11 +98,17 @@ def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json
 @root_option
 @click.option("--offset", type=click.IntRange(min=0), default=0, help="Start at this byte of train.log.")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until the run ends; exit with its code.")
-@click.option("--tail-offset", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Only print (as JSON) the byte offset where the last N lines start.")
+@click.option(
+    "--tail-offset",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only print (as JSON) the byte offset where the last N lines start.",
+)
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="With --tail-offset: accepted (always JSON).")
-def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool, tail_offset: int | None,
-             as_json: bool) -> None:  # fmt: skip
+def logs_cmd(
+    run_name: str, root: Path | None, offset: int, follow: bool, tail_offset: int | None, as_json: bool
+) -> None:
     """Print RUN_NAME's train.log from a byte offset (raw bytes: the one verb whose stdout is not JSON).
     With -f, exit with the run's exit code once it has ended (0 finished/stopped, 8 crashed)."""
     from enlace import server
@@ -109,8 +121,13 @@ def logs_cmd(run_name: str, root: Path | None, offset: int, follow: bool, tail_o
 
 
 @click.command("gc")
-@click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Also keep this many of the most recently synced trees.")
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Also keep this many of the most recently synced trees.",
+)
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @root_option
 @click.option("--json", "as_json", is_flag=True)

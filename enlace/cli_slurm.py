@@ -15,8 +15,9 @@ import click
 from enlace.clitypes import root_option
 from enlace.config import find_root, validate_run_name
 
-spec_option = click.option("--slurm", "spec_json", required=True, metavar="JSON",
-                           help="The host's Slurm settings (hosts.yaml), as JSON.")  # fmt: skip
+spec_option = click.option(
+    "--slurm", "spec_json", required=True, metavar="JSON", help="The host's Slurm settings (hosts.yaml), as JSON."
+)
 
 
 def _spec(spec_json: str):
@@ -36,8 +37,9 @@ def _spec(spec_json: str):
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
 @root_option
 @click.option("--json", "as_json", is_flag=True)
-def submit_cmd(run_name: str, pyargs: tuple[str, ...], spec_json: str, gpus: int, root: Path | None,
-               as_json: bool) -> None:  # fmt: skip
+def submit_cmd(
+    run_name: str, pyargs: tuple[str, ...], spec_json: str, gpus: int, root: Path | None, as_json: bool
+) -> None:
     """sbatch a job that runs `python PYARGS` (the trainer) as RUN_NAME, unless the run is live (exit 7);
     the script is kept as runs/RUN_NAME/slurm/job-ID.sh, the job's output is train.log."""
     from enlace import runs, slurm
@@ -46,14 +48,30 @@ def submit_cmd(run_name: str, pyargs: tuple[str, ...], spec_json: str, gpus: int
     spec = _spec(spec_json)
     project = find_root(root)
     run_dir = (project / "runs").resolve() / run_name  # runs/ is the shared dir the compute nodes see
-    env = {"ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""), "ENLACE_ROOT": str(project),
-           "PYTHONPATH": str(project), "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    job_args = [run_name, "--gpus", str(gpus), "--nodes", str(spec.nodes), "--max-requeues", str(spec.max_requeues),
-                "--signal-grace", str(spec.signal_grace), "--", *pyargs]  # fmt: skip
+    env = {
+        "ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""),
+        "ENLACE_ROOT": str(project),
+        "PYTHONPATH": str(project),
+        "PYTHONUNBUFFERED": "1",
+    }
+    job_args = [
+        run_name,
+        "--gpus",
+        str(gpus),
+        "--nodes",
+        str(spec.nodes),
+        "--max-requeues",
+        str(spec.max_requeues),
+        "--signal-grace",
+        str(spec.signal_grace),
+        "--",
+        *pyargs,
+    ]
 
     def submit_job(launch_id: str) -> str:
-        script = slurm.job_script(spec, run_name, project, sys.executable, {**env, "ENLACE_LAUNCH_ID": launch_id},
-                                  job_args)  # fmt: skip
+        script = slurm.job_script(
+            spec, run_name, project, sys.executable, {**env, "ENLACE_LAUNCH_ID": launch_id}, job_args
+        )
         return slurm.submit(script, run_dir / "slurm", run_dir)
 
     doc = runs.submit(run_dir, submit_job)
@@ -66,11 +84,23 @@ def submit_cmd(run_name: str, pyargs: tuple[str, ...], spec_json: str, gpus: int
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--max-requeues", type=click.IntRange(min=0), default=3, show_default=True)
-@click.option("--signal-grace", type=click.IntRange(min=0), default=120, show_default=True,
-              help="The job's --signal lead (s): less time left at the start counts as the limit being near.")
+@click.option(
+    "--signal-grace",
+    type=click.IntRange(min=0),
+    default=120,
+    show_default=True,
+    help="The job's --signal lead (s): less time left at the start counts as the limit being near.",
+)
 @root_option
-def slurm_job_cmd(run_name: str, pyargs: tuple[str, ...], gpus: int, nodes: int, max_requeues: int, signal_grace: int,
-                  root: Path | None) -> None:  # fmt: skip
+def slurm_job_cmd(
+    run_name: str,
+    pyargs: tuple[str, ...],
+    gpus: int,
+    nodes: int,
+    max_requeues: int,
+    signal_grace: int,
+    root: Path | None,
+) -> None:
     """Inside a Slurm batch job: run `python PYARGS` (the trainer), turn Slurm's signals into a checkpoint,
     requeue at the time limit (see enlace/slurm_job.py)."""
     from enlace.slurm_job import run_job
@@ -91,14 +121,26 @@ def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
 
     name = f"enlace-{args[0]}-{os.getpid()}"
     # on the node, first: is the synced tree there (remote_dir on the filesystem the nodes share)?
-    check = ('test -w "$1" || { echo "remote_dir is not on $(hostname): $1 is missing or not writable there — put '
-             'remote_dir on the filesystem the compute nodes share" >&2; exit 3; }; shift; exec "$@"')  # fmt: skip
-    argv = [*srun_argv(spec, name, minutes), "bash", "-c", check, "on-node", str(find_root(None)), sys.executable,
-            "-m", "enlace", *args]  # fmt: skip
+    check = (
+        'test -w "$1" || { echo "remote_dir is not on $(hostname): $1 is missing or not writable there — put '
+        'remote_dir on the filesystem the compute nodes share" >&2; exit 3; }; shift; exec "$@"'
+    )
+    argv = [
+        *srun_argv(spec, name, minutes),
+        "bash",
+        "-c",
+        check,
+        "on-node",
+        str(find_root(None)),
+        sys.executable,
+        "-m",
+        "enlace",
+        *args,
+    ]
     # the driver went away: cancel the job (a killed srun would leave its step running for a while)
     ctx = click.get_current_context()
     ctx.obj["when_client_gone"].append(lambda: subprocess.run(["scancel", f"--name={name}"], capture_output=True))
-    click.echo(f"  {args[0]} on a compute node: {shlex.join(argv[:argv.index('bash')])}", err=True)
+    click.echo(f"  {args[0]} on a compute node: {shlex.join(argv[: argv.index('bash')])}", err=True)
     sys.exit(subprocess.run(argv).returncode)
 
 

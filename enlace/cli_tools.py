@@ -28,20 +28,46 @@ def _run_or_dir(target: str, root: Path | None) -> Path:
 @click.command("sample")
 @click.argument("target", metavar="RUN|CHECKPOINT_DIR")
 @click.option("--prompt", default=None, help="Text to continue (the output starts with it).")
-@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Read the prompt from a file (bytes, as they are).")  # fmt: skip
-@click.option("--bytes", "n_bytes", type=click.IntRange(1, 1_000_000), default=500, show_default=True,
-              help="How many bytes to generate.")  # fmt: skip
-@click.option("--temperature", type=click.FloatRange(0, 10), default=0.8, show_default=True,
-              help="0 = always the most likely byte.")  # fmt: skip
+@click.option(
+    "--prompt-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the prompt from a file (bytes, as they are).",
+)
+@click.option(
+    "--bytes",
+    "n_bytes",
+    type=click.IntRange(1, 1_000_000),
+    default=500,
+    show_default=True,
+    help="How many bytes to generate.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0, 10),
+    default=0.8,
+    show_default=True,
+    help="0 = always the most likely byte.",
+)
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Draw only from the K most likely bytes.")
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True,
-              help="Same seed, same text.")  # fmt: skip
+@click.option(
+    "--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True, help="Same seed, same text."
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print the text and its figures as JSON.")
-def sample_cmd(target: str, prompt: str | None, prompt_file: Path | None, n_bytes: int, temperature: float,
-               top_k: int | None, seed: int, device: str, root: Path | None, as_json: bool) -> None:  # fmt: skip
+def sample_cmd(
+    target: str,
+    prompt: str | None,
+    prompt_file: Path | None,
+    n_bytes: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    device: str,
+    root: Path | None,
+    as_json: bool,
+) -> None:
     """Generate text from RUN's newest complete checkpoint (or a checkpoint dir, e.g. a fetched one).
 
     The checkpoint is verified against its MANIFEST and loaded with weights_only. Invalid UTF-8 (a byte
@@ -56,16 +82,26 @@ def sample_cmd(target: str, prompt: str | None, prompt_file: Path | None, n_byte
         click.echo(json.dumps(rep))
         return
     sys.stdout.write(rep["text"] + "\n")
-    click.echo(f"[{rep['bytes']} bytes at {rep['bytes_per_s']} bytes/s on {rep['device']}, step {rep['step']}, "
-               f"seed {seed}]", err=True)  # fmt: skip
+    click.echo(
+        f"[{rep['bytes']} bytes at {rep['bytes_per_s']} bytes/s on {rep['device']}, step {rep['step']}, seed {seed}]",
+        err=True,
+    )
 
 
 @click.command("plot")
 @click.argument("runs", nargs=-1, required=True, metavar="RUN...")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="PNG to write (default: runs/RUN/curves.png, or runs/RUN1+RUN2.png for several).")  # fmt: skip
-@click.option("--metrics", default=",".join(METRIC_CHOICES), show_default=True,
-              help=f"Comma-separated panels, from: {', '.join(METRIC_CHOICES)}.")  # fmt: skip
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG to write (default: runs/RUN/curves.png, or runs/RUN1+RUN2.png for several).",
+)
+@click.option(
+    "--metrics",
+    default=",".join(METRIC_CHOICES),
+    show_default=True,
+    help=f"Comma-separated panels, from: {', '.join(METRIC_CHOICES)}.",
+)
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print what was drawn as JSON.")
 def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path | None, as_json: bool) -> None:
@@ -76,8 +112,9 @@ def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path |
     chosen = [m.strip() for m in metrics.split(",") if m.strip()]
     bad = [m for m in chosen if m not in METRIC_CHOICES]
     if bad or not chosen:
-        raise click.BadParameter(f"{', '.join(bad) or 'none'}: choose from {', '.join(METRIC_CHOICES)}",
-                                 param_hint="--metrics")  # fmt: skip
+        raise click.BadParameter(
+            f"{', '.join(bad) or 'none'}: choose from {', '.join(METRIC_CHOICES)}", param_hint="--metrics"
+        )
     dirs = [_run_or_dir(r, root) for r in runs]
     if out is None:
         name = "curves.png" if len(dirs) == 1 else "+".join(d.name for d in dirs) + ".png"
@@ -89,15 +126,25 @@ def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path |
 @click.command("generate")
 @click.argument("teacher", metavar="RUN|CHECKPOINT_DIR")
 @click.option("--bytes", "n_bytes", type=click.IntRange(1024, 10**10), required=True, help="How many bytes in all.")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Shard directory to create (must not exist).")
+@click.option(
+    "--out", type=click.Path(path_type=Path), required=True, help="Shard directory to create (must not exist)."
+)
 @click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True)
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True, help="Same seed, same bytes.")
-@click.option("--streams", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="Texts drawn side by side (one batch); each is --bytes / --streams long.")  # fmt: skip
+@click.option(
+    "--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True, help="Same seed, same bytes."
+)
+@click.option(
+    "--streams",
+    type=click.IntRange(1, 4096),
+    default=64,
+    show_default=True,
+    help="Texts drawn side by side (one batch); each is --bytes / --streams long.",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @root_option
-def generate_cmd(teacher: str, n_bytes: int, out: Path, temperature: float, seed: int, streams: int, device: str,
-                 root: Path | None) -> None:  # fmt: skip
+def generate_cmd(
+    teacher: str, n_bytes: int, out: Path, temperature: float, seed: int, streams: int, device: str, root: Path | None
+) -> None:
     """Write TEACHER's own text as token shards (`kind: shards`, shard_dir: OUT): sequence-level
     distillation data. The checkpoint is verified and loaded weights_only; OUT appears only once complete."""
     import tempfile
@@ -114,8 +161,10 @@ def generate_cmd(teacher: str, n_bytes: int, out: Path, temperature: float, seed
         corpus = Path(tmp) / "teacher.txt"
         corpus.write_bytes(b"\n".join(texts)[:n_bytes])
         meta = prepare_shards([corpus], out, val_fraction=0.05)
-    click.echo(f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, {meta['tokens']['train']} + "
-               f"{meta['tokens']['val']} tokens from {teacher}")  # fmt: skip
+    click.echo(
+        f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, {meta['tokens']['train']} + "
+        f"{meta['tokens']['val']} tokens from {teacher}"
+    )
 
 
 COMMANDS = (sample_cmd, plot_cmd, generate_cmd)

@@ -24,10 +24,15 @@ class Seconds(click.ParamType):
 
 
 set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
     help="Override one config value (highest precedence), e.g. --set training.max_steps=50. Repeatable.",
-)  # fmt: skip
+)
 root_option = click.option(
-    "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
     help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
-)  # fmt: skip
+)

@@ -201,7 +201,9 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
     if not path.is_file():
         have = sorted(p.stem for p in (root / "configs" / kind).glob("*.yaml"))
         raise ConfigError(
-            source, key, f"{kind.rstrip('s')} config {ref!r} not found ({path})",
+            source,
+            key,
+            f"{kind.rstrip('s')} config {ref!r} not found ({path})",
             f"one of: {', '.join(have) or 'none'}",
         )
     return path
@@ -333,7 +335,9 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     for key, value in sets.items():
         section, _, leaf = key.partition(".")
         if section not in SECTIONS or not leaf:
-            raise ConfigError("--set", key, "unknown key", _closest(section, [*SECTIONS, "run_name", "data", "profile"]))
+            raise ConfigError(
+                "--set", key, "unknown key", _closest(section, [*SECTIONS, "run_name", "data", "profile"])
+            )
         _flatten_section({leaf: value}, section, "--set", flat, origin)
 
     cfg = Config(

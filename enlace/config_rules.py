@@ -29,15 +29,35 @@ def check_combinations(cfg: Config) -> None:
         raise ConfigError(src(key), key, problem, fix)
 
     if rt.deterministic and rt.compile:
-        refuse("runtime.compile" if "runtime.compile" in cfg.origins else "runtime.deterministic",
-               "deterministic: true cannot be combined with compile: true",
-               "torch.compile's autotuning picks different kernels between runs, which brings back the variance "
-               "deterministic mode removes; set compile: false (or deterministic: false)")  # fmt: skip
-    at_least_one = ["model.seq_len", "model.n_layer", "model.n_head", "model.d_model", "model.vocab_size",
-                    "training.batch_size", "training.grad_accum", "training.max_steps", "training.log_every",
-                    "training.eval_batches", "checkpoint.keep"]  # fmt: skip
-    not_negative = ["training.eval_every", "checkpoint.every", "training.eval_batch_size", "runtime.threads",
-                    "optim.warmup_steps", "optim.grad_clip", "optim.weight_decay", "optim.min_lr"]  # fmt: skip
+        refuse(
+            "runtime.compile" if "runtime.compile" in cfg.origins else "runtime.deterministic",
+            "deterministic: true cannot be combined with compile: true",
+            "torch.compile's autotuning picks different kernels between runs, which brings back the variance "
+            "deterministic mode removes; set compile: false (or deterministic: false)",
+        )
+    at_least_one = [
+        "model.seq_len",
+        "model.n_layer",
+        "model.n_head",
+        "model.d_model",
+        "model.vocab_size",
+        "training.batch_size",
+        "training.grad_accum",
+        "training.max_steps",
+        "training.log_every",
+        "training.eval_batches",
+        "checkpoint.keep",
+    ]
+    not_negative = [
+        "training.eval_every",
+        "checkpoint.every",
+        "training.eval_batch_size",
+        "runtime.threads",
+        "optim.warmup_steps",
+        "optim.grad_clip",
+        "optim.weight_decay",
+        "optim.min_lr",
+    ]
     for key in at_least_one:
         if _value(cfg, key) < 1:
             refuse(key, f"must be at least 1, got {_value(cfg, key)}")
@@ -48,17 +68,25 @@ def check_combinations(cfg: Config) -> None:
         refuse("optim.learning_rate", f"must be above 0, got {o.learning_rate}", "typical: 1e-4 to 3e-3")
     for key in ("optim.beta1", "optim.beta2"):
         if not 0.0 <= _value(cfg, key) < 1.0:
-            refuse(key, f"must be in [0, 1), got {_value(cfg, key)}", "AdamW's betas are decay rates; typical 0.9 / 0.95")
+            refuse(
+                key, f"must be in [0, 1), got {_value(cfg, key)}", "AdamW's betas are decay rates; typical 0.9 / 0.95"
+            )
     if o.eps <= 0:
         refuse("optim.eps", f"must be above 0, got {o.eps}", "typical: 1e-8")
     if m.d_model % m.n_head:
-        refuse("model.n_head", f"d_model {m.d_model} is not divisible by n_head {m.n_head}",
-               "pick n_head that divides d_model")  # fmt: skip
+        refuse(
+            "model.n_head",
+            f"d_model {m.d_model} is not divisible by n_head {m.n_head}",
+            "pick n_head that divides d_model",
+        )
     if not 0.0 <= m.dropout < 1.0:
         refuse("model.dropout", f"must be in [0, 1), got {m.dropout}")
     if o.min_lr > o.learning_rate:
-        refuse("optim.min_lr", f"{o.min_lr} is above learning_rate {o.learning_rate}",
-               "min_lr is the floor of the cosine decay")  # fmt: skip
+        refuse(
+            "optim.min_lr",
+            f"{o.min_lr} is above learning_rate {o.learning_rate}",
+            "min_lr is the floor of the cosine decay",
+        )
     if o.warmup_steps > t.max_steps:
         refuse("optim.warmup_steps", f"{o.warmup_steps} is more than max_steps {t.max_steps}", "shorten the warmup")
     if not 0 <= rt.seed < SEED_LIMIT:
@@ -66,8 +94,11 @@ def check_combinations(cfg: Config) -> None:
     if rt.precision == "fp16" and rt.fp16_init_scale <= 0:
         refuse("runtime.fp16_init_scale", f"must be above 0, got {rt.fp16_init_scale}", "the default is 65536")
     if d.kind == "bytes" and m.vocab_size < 256:
-        refuse("model.vocab_size", f"{m.vocab_size} is below 256, but kind: bytes data has 256 symbols",
-               "use vocab_size: 256 (byte-level)")  # fmt: skip
+        refuse(
+            "model.vocab_size",
+            f"{m.vocab_size} is below 256, but kind: bytes data has 256 symbols",
+            "use vocab_size: 256 (byte-level)",
+        )
     if d.kind == "bytes" and not d.paths:
         refuse("data.paths", "kind: bytes needs paths", "list files or globs")
     if d.kind == "bytes" and not 0.0 < d.val_fraction < 1.0:
@@ -76,7 +107,11 @@ def check_combinations(cfg: Config) -> None:
         refuse("data.shard_dir", "kind: shards needs shard_dir", "point it at a directory written by `enlace prepare`")
     if cfg.distill.teacher:
         if not 0.0 <= cfg.distill.alpha <= 1.0:
-            refuse("distill.alpha", f"must be in [0, 1], got {cfg.distill.alpha}", "0 = no distillation, 1 = only the teacher")
+            refuse(
+                "distill.alpha",
+                f"must be in [0, 1], got {cfg.distill.alpha}",
+                "0 = no distillation, 1 = only the teacher",
+            )
         if cfg.distill.temperature <= 0:
             refuse("distill.temperature", f"must be above 0, got {cfg.distill.temperature}", "typical: 1 to 4")
         from enlace.distill import teacher_checkpoint
@@ -84,13 +119,20 @@ def check_combinations(cfg: Config) -> None:
         teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, here, before anything runs
     params, need = estimate_train_bytes(cfg)
     if need > MAX_TRAIN_BYTES:
-        biggest = max(("model.d_model", "model.n_layer", "model.seq_len", "training.batch_size"),
-                      key=lambda k: _value(cfg, k) / _default(k))  # fmt: skip
-        refuse(biggest, f"≈{params:.3g} parameters and ≈{need / 2**40:.3g} TiB per training step: no device can "
-               "hold that", "shrink the model or the batch; `enlace preflight` tells what fits")  # fmt: skip
+        biggest = max(
+            ("model.d_model", "model.n_layer", "model.seq_len", "training.batch_size"),
+            key=lambda k: _value(cfg, k) / _default(k),
+        )
+        refuse(
+            biggest,
+            f"≈{params:.3g} parameters and ≈{need / 2**40:.3g} TiB per training step: no device can hold that",
+            "shrink the model or the batch; `enlace preflight` tells what fits",
+        )
     if rt.precision == "fp16" and rt.device == "cpu":
-        cfg.warnings.append(f"{src('runtime.precision')}: runtime.precision: fp16 on CPU is ≈20x slower than fp32 "
-                            "here (no fp16 kernels); use bf16 or fp32 on CPU")  # fmt: skip
+        cfg.warnings.append(
+            f"{src('runtime.precision')}: runtime.precision: fp16 on CPU is ≈20x slower than fp32 "
+            "here (no fp16 kernels); use bf16 or fp32 on CPU"
+        )
 
 
 def _value(cfg: Config, key: str):

@@ -33,8 +33,12 @@ def teacher_checkpoint(cfg: Config) -> Path:
         path = Path(ref) if Path(ref).is_absolute() else cfg.root / ref
         problem = manifest_problem(path)
         if problem:
-            raise ConfigError(where, "distill.teacher", f"{ref} is not a complete checkpoint ({problem.split(': ', 1)[-1]})",
-                              "name a checkpoint dir with a MANIFEST, or a run name")  # fmt: skip
+            raise ConfigError(
+                where,
+                "distill.teacher",
+                f"{ref} is not a complete checkpoint ({problem.split(': ', 1)[-1]})",
+                "name a checkpoint dir with a MANIFEST, or a run name",
+            )
         return path
     from enlace.config import RUN_NAME_RE
 
@@ -42,9 +46,13 @@ def teacher_checkpoint(cfg: Config) -> Path:
         raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
     ckpt = latest_checkpoint(cfg.root / "runs" / ref / "checkpoints")
     if ckpt is None:
-        raise ConfigError(where, "distill.teacher", f"run {ref!r} has no complete checkpoint on this machine "
-                          f"(looked in {cfg.root / 'runs' / ref / 'checkpoints'})",
-                          f"train the teacher first (enlace train {ref}), or name a checkpoint dir")  # fmt: skip
+        raise ConfigError(
+            where,
+            "distill.teacher",
+            f"run {ref!r} has no complete checkpoint on this machine "
+            f"(looked in {cfg.root / 'runs' / ref / 'checkpoints'})",
+            f"train the teacher first (enlace train {ref}), or name a checkpoint dir",
+        )
     return ckpt
 
 
@@ -61,11 +69,19 @@ def load_teacher(cfg: Config, device: torch.device) -> tuple[torch.nn.Module, di
     model, _ = load_model(ckpt, device)
     t, s = model.cfg, cfg.model
     if t.vocab_size != s.vocab_size:
-        raise ConfigError(cfg.origin("distill.teacher"), "distill.teacher", f"the teacher's vocab_size {t.vocab_size} "
-                          f"differs from the student's {s.vocab_size}", "distill between models of one vocabulary")  # fmt: skip
+        raise ConfigError(
+            cfg.origin("distill.teacher"),
+            "distill.teacher",
+            f"the teacher's vocab_size {t.vocab_size} differs from the student's {s.vocab_size}",
+            "distill between models of one vocabulary",
+        )
     if t.seq_len < s.seq_len:
-        raise ConfigError(cfg.origin("model.seq_len"), "model.seq_len", f"{s.seq_len} is longer than the teacher's "
-                          f"seq_len {t.seq_len}", f"use model.seq_len <= {t.seq_len}")  # fmt: skip
+        raise ConfigError(
+            cfg.origin("model.seq_len"),
+            "model.seq_len",
+            f"{s.seq_len} is longer than the teacher's seq_len {t.seq_len}",
+            f"use model.seq_len <= {t.seq_len}",
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     return model, {"checkpoint": str(ckpt), "identity": identity(ckpt), "params": model.num_params()}

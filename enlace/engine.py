@@ -40,8 +40,9 @@ class Dist:
 
     @classmethod
     def from_env(cls) -> Dist:
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                   int(os.environ.get("LOCAL_RANK", 0)))  # fmt: skip
+        return cls(
+            int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+        )
 
     @property
     def is_main(self) -> bool:
@@ -78,12 +79,18 @@ class StepResult:
 def resolve_device(cfg: Config, dist: Dist) -> torch.device:
     want = cfg.runtime.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(cfg.origin("runtime.device"), "runtime.device", "is cuda but no CUDA device is "
-                          "visible here", "run it on the GPU server, or --set runtime.device=cpu")  # fmt: skip
+        raise ConfigError(
+            cfg.origin("runtime.device"),
+            "runtime.device",
+            "is cuda but no CUDA device is visible here",
+            "run it on the GPU server, or --set runtime.device=cpu",
+        )
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
         if cfg.runtime.precision == "fp16" and want == "auto":
-            cfg.warnings.append(f"{cfg.origin('runtime.precision')}: runtime.precision: fp16 on CPU (no GPU here) "
-                                "is ≈20x slower than fp32; use bf16 or fp32 on CPU")  # fmt: skip
+            cfg.warnings.append(
+                f"{cfg.origin('runtime.precision')}: runtime.precision: fp16 on CPU (no GPU here) "
+                "is ≈20x slower than fp32; use bf16 or fp32 on CPU"
+            )
         return torch.device("cpu")
     return torch.device("cuda", dist.local_rank)
 
@@ -98,14 +105,21 @@ def build_parts(cfg: Config, dist: Dist | None = None) -> Parts:
     model: torch.nn.Module = raw_model
     if dist.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
-            raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+            raw_model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     if cfg.runtime.compile:
         model = torch.compile(model)
     optimizer = build_optimizer(raw_model, cfg.optim, cfg.runtime.deterministic)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.runtime.precision == "fp16",
-                                  init_scale=cfg.runtime.fp16_init_scale)  # fmt: skip
-    settings.update(device=str(device), params=raw_model.num_params(), precision=cfg.runtime.precision,
-                    compile=cfg.runtime.compile, world=dist.world)  # fmt: skip
+    scaler = torch.amp.GradScaler(
+        device.type, enabled=cfg.runtime.precision == "fp16", init_scale=cfg.runtime.fp16_init_scale
+    )
+    settings.update(
+        device=str(device),
+        params=raw_model.num_params(),
+        precision=cfg.runtime.precision,
+        compile=cfg.runtime.compile,
+        world=dist.world,
+    )
     teacher = teacher_info = None
     if cfg.distill.teacher:
         from enlace.distill import load_teacher
@@ -118,8 +132,9 @@ def _no_phase(name: str) -> None:
     pass
 
 
-def train_step(parts: Parts, step: int, next_batch: Callable[[], Batch], phase: Callable[[str], None] = _no_phase
-               ) -> StepResult:  # fmt: skip
+def train_step(
+    parts: Parts, step: int, next_batch: Callable[[], Batch], phase: Callable[[str], None] = _no_phase
+) -> StepResult:
     """One optimizer step: grad_accum micro-batches, clip, scaler step. `step` counts from 0.
 
     `phase(name)` is called as each phase starts ("forward", "backward", "optimizer step") and
@@ -183,8 +198,13 @@ def rank_state(data_stream) -> dict[str, Any]:
     return {"data": data_stream.state_dict(), "rng": determinism.rng_state()}
 
 
-def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str, int], commit: str,
-                  data_id: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def capture_state(
+    parts: Parts,
+    ranks: list[dict[str, Any]],
+    progress: dict[str, int],
+    commit: str,
+    data_id: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The checkpoint's files: name → object for torch.save (all weights_only-loadable).
 
     `ranks` holds rank_state() of every rank, gathered on rank 0 (one entry without DDP)."""
@@ -202,12 +222,21 @@ def capture_state(parts: Parts, ranks: list[dict[str, Any]], progress: dict[str,
         "data": data_id,
         "teacher": parts.teacher_info["identity"] if parts.teacher_info else None,
     }
-    return {"model.pt": parts.raw_model.state_dict(), "optimizer.pt": parts.optimizer.state_dict(),
-            "trainer.pt": trainer}  # fmt: skip
+    return {
+        "model.pt": parts.raw_model.state_dict(),
+        "optimizer.pt": parts.optimizer.state_dict(),
+        "trainer.pt": trainer,
+    }
 
 
-def check_compatible(parts: Parts, trainer: dict[str, Any], where: str, data_id: dict[str, Any] | None = None,
-                     allow_data_change: bool = False, allow_teacher_change: bool = False) -> None:  # fmt: skip
+def check_compatible(
+    parts: Parts,
+    trainer: dict[str, Any],
+    where: str,
+    data_id: dict[str, Any] | None = None,
+    allow_data_change: bool = False,
+    allow_teacher_change: bool = False,
+) -> None:
     """Refuse a checkpoint from another config, data, world size or (deterministic) thread count. A larger
     (or smaller) training.max_steps is allowed while the run has not reached it: that extends the run,
     and the cosine schedule spans the new max_steps from here on."""
@@ -219,31 +248,52 @@ def check_compatible(parts: Parts, trainer: dict[str, Any], where: str, data_id:
     diff = first_difference(saved, current)
     if diff:
         key, old, new = diff
-        raise CheckpointError(f"{where}: the checkpoint was made with {key}={old!r}, this run has {new!r} — "
-                              f"resume with the same {key}, or start afresh with --resume none")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: the checkpoint was made with {key}={old!r}, this run has {new!r} — "
+            f"resume with the same {key}, or start afresh with --resume none"
+        )
     old = trainer.get("data")
-    if old and data_id and (old["sha256"], old["bytes"]) != (data_id["sha256"], data_id["bytes"]) and not allow_data_change:
-        raise CheckpointError(f"{where}: the data differs from the checkpoint's ({old['files']} files, {old['bytes']} bytes, "
-                              f"sha256 {old['sha256'][:12]} then; {data_id['files']} files, {data_id['bytes']} bytes, "
-                              f"sha256 {data_id['sha256'][:12]} now): resuming would not reproduce the run — put the "
-                              "same data back, or resume on this data anyway with --allow-data-change")  # fmt: skip
+    if (
+        old
+        and data_id
+        and (old["sha256"], old["bytes"]) != (data_id["sha256"], data_id["bytes"])
+        and not allow_data_change
+    ):
+        raise CheckpointError(
+            f"{where}: the data differs from the checkpoint's ({old['files']} files, {old['bytes']} bytes, "
+            f"sha256 {old['sha256'][:12]} then; {data_id['files']} files, {data_id['bytes']} bytes, "
+            f"sha256 {data_id['sha256'][:12]} now): resuming would not reproduce the run — put the "
+            "same data back, or resume on this data anyway with --allow-data-change"
+        )
     teacher = parts.teacher_info["identity"] if parts.teacher_info else None
     if trainer.get("teacher") != teacher and not allow_teacher_change:
         then, now = (t[:12] if t else "none" for t in (trainer.get("teacher"), teacher))
-        raise CheckpointError(f"{where}: the teacher changed: the checkpoint was distilled from teacher {then} (its "
-                              f"MANIFEST's sha256), this run's teacher is {now} ({parts.cfg.distill.teacher or 'none'}) "
-                              "— put the same teacher back, or continue with this one: --allow-teacher-change")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: the teacher changed: the checkpoint was distilled from teacher {then} (its "
+            f"MANIFEST's sha256), this run's teacher is {now} ({parts.cfg.distill.teacher or 'none'}) "
+            "— put the same teacher back, or continue with this one: --allow-teacher-change"
+        )
     if len(trainer["ranks"]) != parts.dist.world:
-        raise CheckpointError(f"{where}: saved by {len(trainer['ranks'])} processes, resuming with "
-                              f"{parts.dist.world} — resume with the same number of GPUs/processes")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: saved by {len(trainer['ranks'])} processes, resuming with "
+            f"{parts.dist.world} — resume with the same number of GPUs/processes"
+        )
     threads = torch.get_num_threads()
     if parts.cfg.runtime.deterministic and trainer["threads"] != threads and parts.device.type == "cpu":
-        raise CheckpointError(f"{where}: saved with {trainer['threads']} CPU threads, this process uses {threads}; "
-                              "deterministic resume needs the same — set runtime.threads accordingly")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: saved with {trainer['threads']} CPU threads, this process uses {threads}; "
+            "deterministic resume needs the same — set runtime.threads accordingly"
+        )
 
 
-def restore_state(parts: Parts, files: dict[str, Any], data_stream, where: str, data_id: dict[str, Any] | None = None,
-                  allow: frozenset[str] = frozenset()) -> dict[str, Any]:  # fmt: skip
+def restore_state(
+    parts: Parts,
+    files: dict[str, Any],
+    data_stream,
+    where: str,
+    data_id: dict[str, Any] | None = None,
+    allow: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """Load model, optimizer, scaler, this rank's RNG and data position; returns the trainer record.
     `allow`: "data" and/or "teacher" may differ from the checkpoint's (said, not exact)."""
     trainer = files["trainer.pt"]

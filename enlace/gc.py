@@ -49,8 +49,11 @@ def _size(path: Path) -> int:
 
 def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
     """What gc would remove and why the rest stays."""
-    trees = sorted((p for p in (remote_dir / "trees").iterdir() if (p / ".enlace-ready").exists()),
-                   key=lambda p: (p / ".enlace-ready").stat().st_mtime, reverse=True)  # newest first  # fmt: skip
+    trees = sorted(
+        (p for p in (remote_dir / "trees").iterdir() if (p / ".enlace-ready").exists()),
+        key=lambda p: (p / ".enlace-ready").stat().st_mtime,
+        reverse=True,
+    )  # newest first
     needed: dict[str, str] = {}
     for run_dir in sorted((remote_dir / "runs").glob("*/run.json")):
         row = runs.observe(run_dir.parent)
@@ -61,11 +64,17 @@ def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
         needed.setdefault(tree.name, "among the newest synced")
     kept = [t for t in trees if t.name in needed]
     venvs_needed = {venv_key(t) for t in kept}
-    venv_dirs = [p for p in (remote_dir / "venvs").iterdir() if not p.name.startswith(".")] \
-        if (remote_dir / "venvs").is_dir() else []  # fmt: skip
+    venv_dirs = (
+        [p for p in (remote_dir / "venvs").iterdir() if not p.name.startswith(".")]
+        if (remote_dir / "venvs").is_dir()
+        else []
+    )
     remove = [t for t in trees if t.name not in needed] + [v for v in venv_dirs if v.name not in venvs_needed]
-    return {"remote_dir": str(remote_dir), "kept": {t.name: needed[t.name] for t in kept},
-            "remove": [{"path": str(p), "bytes": _size(p)} for p in remove]}  # fmt: skip
+    return {
+        "remote_dir": str(remote_dir),
+        "kept": {t.name: needed[t.name] for t in kept},
+        "remove": [{"path": str(p), "bytes": _size(p)} for p in remove],
+    }
 
 
 def collect(remote_dir: Path, keep: int, dry_run: bool) -> dict[str, Any]:

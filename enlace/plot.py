@@ -38,16 +38,27 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     from enlace.runs import read
 
     state = read(run_dir)
-    series = {m: [(r["step"], r[field]) for r in records if r.get("kind") == kind and field in r]
-              for m, (kind, field, _) in PANELS.items()}  # fmt: skip
+    series = {
+        m: [(r["step"], r[field]) for r in records if r.get("kind") == kind and field in r]
+        for m, (kind, field, _) in PANELS.items()
+    }
     starts = [r for r in records if r.get("kind") == "start"]
     markers = [(r["step"], "resume" if r.get("resumed_from") else "start") for r in starts if r["step"] > 0]
-    markers += [(r["step"], r["status"]) for r in records if r.get("kind") == "summary" and r.get("status") == "stopped"
-                and "step" in r]  # fmt: skip
+    markers += [
+        (r["step"], r["status"])
+        for r in records
+        if r.get("kind") == "summary" and r.get("status") == "stopped" and "step" in r
+    ]
     markers += [(r["step"], "requeue") for r in records if r.get("kind") == "requeue"]
     params = next((r.get("params") for r in reversed(starts) if r.get("params")), None)
-    return {"name": run_dir.name, "series": series, "markers": sorted(markers), "commit": state.get("commit"),
-            "params": params, "status": state.get("status")}  # fmt: skip
+    return {
+        "name": run_dir.name,
+        "series": series,
+        "markers": sorted(markers),
+        "commit": state.get("commit"),
+        "params": params,
+        "status": state.get("status"),
+    }
 
 
 def ema(values: list[float], alpha: float = EMA) -> list[float]:
@@ -79,15 +90,30 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
                 ax.plot(steps, values, color=colour, alpha=0.25, linewidth=0.8)
                 ax.plot(steps, ema(list(values)), color=colour, label=run["name"])
             else:
-                ax.plot(steps, values, color=colour, marker="o" if metric == "val_bpb" else None, markersize=3,
-                        label=run["name"])  # fmt: skip
+                ax.plot(
+                    steps,
+                    values,
+                    color=colour,
+                    marker="o" if metric == "val_bpb" else None,
+                    markersize=3,
+                    label=run["name"],
+                )
             for step, what in run["markers"]:
                 ax.axvline(step, color=colour, linestyle=":", linewidth=1)
                 if metric == metrics[0]:
-                    ax.annotate(what, (step, 1), xycoords=("data", "axes fraction"), fontsize=7, color=colour,
-                                rotation=90, va="top", ha="right")  # fmt: skip
-        drawn["runs"].append({"name": run["name"], "markers": run["markers"],
-                              "points": {m: len(run["series"][m]) for m in metrics}})  # fmt: skip
+                    ax.annotate(
+                        what,
+                        (step, 1),
+                        xycoords=("data", "axes fraction"),
+                        fontsize=7,
+                        color=colour,
+                        rotation=90,
+                        va="top",
+                        ha="right",
+                    )
+        drawn["runs"].append(
+            {"name": run["name"], "markers": run["markers"], "points": {m: len(run["series"][m]) for m in metrics}}
+        )
     for ax, metric in zip(axes[:, 0], metrics):
         ax.set_ylabel(PANELS[metric][2], fontsize=8)
         ax.grid(alpha=0.3)
@@ -95,8 +121,10 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
     axes[-1, 0].set_xlabel("step")
     title = ", ".join(r["name"] for r in runs)
     first = runs[0]
-    details = [f"commit {first['commit'][:12]}" if first.get("commit") else "",
-               f"{first['params'] / 1e6:.2f}M params" if first.get("params") else ""]  # fmt: skip
+    details = [
+        f"commit {first['commit'][:12]}" if first.get("commit") else "",
+        f"{first['params'] / 1e6:.2f}M params" if first.get("params") else "",
+    ]
     fig.suptitle(f"{title} — {' · '.join(d for d in details if d)}", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

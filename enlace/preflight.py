@@ -65,8 +65,9 @@ class MemoryWatch:
 
     def __call__(self, phase: str) -> None:
         if self.limit and self.device.type == "cpu" and peak_rss_bytes() > self.limit:
-            raise OutOfMemory(self.phase, f"peak RSS {mib(peak_rss_bytes())} MiB is above the "
-                                          f"--memory-limit of {mib(self.limit)} MiB")  # fmt: skip
+            raise OutOfMemory(
+                self.phase, f"peak RSS {mib(peak_rss_bytes())} MiB is above the --memory-limit of {mib(self.limit)} MiB"
+            )
         self.phase = phase
 
     def run(self, phase: str, fn: Callable[[], Any]) -> Any:
@@ -101,14 +102,24 @@ def _memory(device: torch.device, limit: int | None) -> dict[str, Any]:
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         reserved = torch.cuda.max_memory_reserved(device)
-        return {"kind": "cuda", "peak_reserved_mib": mib(reserved),
-                "peak_allocated_mib": mib(torch.cuda.max_memory_allocated(device)),
-                "num_alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
-                "total_mib": mib(total), "headroom_pct": round(100.0 * (total - reserved) / total, 1)}  # fmt: skip
+        return {
+            "kind": "cuda",
+            "peak_reserved_mib": mib(reserved),
+            "peak_allocated_mib": mib(torch.cuda.max_memory_allocated(device)),
+            "num_alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
+            "total_mib": mib(total),
+            "headroom_pct": round(100.0 * (total - reserved) / total, 1),
+        }
     total = limit or total_memory_bytes()
     peak = peak_rss_bytes()
-    return {"kind": "cpu", "peak_rss_mib": mib(peak), "total_mib": mib(total), "limit_mib": mib(limit) if limit else None,
-            "num_alloc_retries": 0, "headroom_pct": round(100.0 * (total - peak) / total, 1)}  # fmt: skip
+    return {
+        "kind": "cpu",
+        "peak_rss_mib": mib(peak),
+        "total_mib": mib(total),
+        "limit_mib": mib(limit) if limit else None,
+        "num_alloc_retries": 0,
+        "headroom_pct": round(100.0 * (total - peak) / total, 1),
+    }
 
 
 def _hours(seconds: float) -> str:
@@ -117,29 +128,42 @@ def _hours(seconds: float) -> str:
     return f"{text} ({seconds:.0f} s)" if seconds < 600 else text
 
 
-def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
-              progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:  # fmt: skip
+def preflight(
+    cfg: Config, steps: int = 10, memory_limit: int | None = None, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     """Measure `cfg`; returns the report (see README's preflight section for the fields)."""
     t = cfg.training
-    report: dict[str, Any] = {"run_name": cfg.run_name, "batch_size": t.batch_size, "grad_accum": t.grad_accum,
-                              "seq_len": cfg.model.seq_len, "warmup_steps": WARMUP_STEPS, "measured_steps": steps}  # fmt: skip
+    report: dict[str, Any] = {
+        "run_name": cfg.run_name,
+        "batch_size": t.batch_size,
+        "grad_accum": t.grad_accum,
+        "seq_len": cfg.model.seq_len,
+        "warmup_steps": WARMUP_STEPS,
+        "measured_steps": steps,
+    }
     reset_peak_rss()
     dist = engine.Dist.from_env()
     if dist.world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if cfg.runtime.device != "cpu" and torch.cuda.is_available()
-                                             else "gloo")  # fmt: skip
+        torch.distributed.init_process_group(
+            "nccl" if cfg.runtime.device != "cpu" and torch.cuda.is_available() else "gloo"
+        )
     parts = engine.build_parts(cfg, dist)
     dev = parts.device
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
     report["environment"] = {
-        "device": str(dev), "device_name": _device_name(dev), "torch": str(torch.__version__),
-        "cuda": torch.version.cuda if dev.type == "cuda" else None, "precision": cfg.runtime.precision,
-        "compile": cfg.runtime.compile, "deterministic": cfg.runtime.deterministic,
-        "threads": torch.get_num_threads(), "params": parts.raw_model.num_params(),
+        "device": str(dev),
+        "device_name": _device_name(dev),
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda if dev.type == "cuda" else None,
+        "precision": cfg.runtime.precision,
+        "compile": cfg.runtime.compile,
+        "deterministic": cfg.runtime.deterministic,
+        "threads": torch.get_num_threads(),
+        "params": parts.raw_model.num_params(),
         "teacher_params": parts.teacher_info["params"] if parts.teacher_info else None,  # its memory and forward count
-    }  # fmt: skip
+    }
     watch = MemoryWatch(dev, memory_limit)
     data = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
     eval_data = SyntheticStream(t.eval_batch_size or t.batch_size, cfg.model.seq_len, cfg.runtime.seed + 1)
@@ -173,9 +197,11 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
         progress(f"checkpoint save: {save_s:.2f} s")
     except OutOfMemory as e:
         report.update(verdict="oom", oom_phase=e.phase, oom_detail=e.detail, memory=_memory(dev, memory_limit))
-        report["suggestion"] = (f"out of memory in {e.phase} at batch_size {t.batch_size}: lower training.batch_size "
-                                f"(e.g. {max(1, t.batch_size // 2)} with grad_accum {t.grad_accum * 2} keeps the "
-                                "tokens per step), or run `enlace preflight RUN --max-batch` to find the largest that fits")  # fmt: skip
+        report["suggestion"] = (
+            f"out of memory in {e.phase} at batch_size {t.batch_size}: lower training.batch_size "
+            f"(e.g. {max(1, t.batch_size // 2)} with grad_accum {t.grad_accum * 2} keeps the "
+            "tokens per step), or run `enlace preflight RUN --max-batch` to find the largest that fits"
+        )
         return report
 
     memory = _memory(dev, memory_limit)
@@ -185,9 +211,10 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
         key = "peak_reserved_mib" if memory["kind"] == "cuda" else "peak_rss_mib"
         memory = max((e["memory"] for e in everyone), key=lambda m: m[key])
         step_times = [max(ts) for ts in zip(*(e["step_times"] for e in everyone))]
-        report["per_rank"] = [{"rank": r, key: e["memory"][key],
-                               "median_step_s": round(statistics.median(e["step_times"]), 4)}
-                              for r, e in enumerate(everyone)]  # fmt: skip
+        report["per_rank"] = [
+            {"rank": r, key: e["memory"][key], "median_step_s": round(statistics.median(e["step_times"]), 4)}
+            for r, e in enumerate(everyone)
+        ]
     report["world"] = dist.world
     median, p90 = statistics.median(step_times), sorted(step_times)[max(0, math.ceil(0.9 * len(step_times)) - 1)]
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world  # global
@@ -197,11 +224,18 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
     n_saves = (todo // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
     total_s = todo * median + n_evals * t.eval_batches * eval_batch_s + n_saves * save_s
     report["throughput"] = {
-        "median_step_s": round(median, 4), "p90_step_s": round(p90, 4), "tokens_per_step": tokens_per_step,
-        "tokens_per_s": round(tokens_per_step / median, 1), "eval_batch_s": round(eval_batch_s, 4),
-        "checkpoint_save_s": round(save_s, 3), "max_steps": t.max_steps, "resumes_at": done, "remaining_steps": todo,
-        "projected_s": round(total_s, 1), "projected": _hours(total_s),
-    }  # fmt: skip
+        "median_step_s": round(median, 4),
+        "p90_step_s": round(p90, 4),
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": round(tokens_per_step / median, 1),
+        "eval_batch_s": round(eval_batch_s, 4),
+        "checkpoint_save_s": round(save_s, 3),
+        "max_steps": t.max_steps,
+        "resumes_at": done,
+        "remaining_steps": todo,
+        "projected_s": round(total_s, 1),
+        "projected": _hours(total_s),
+    }
     report["memory"] = memory
     free = shutil.disk_usage(_existing(cfg.run_dir)).free
     report["disk"] = {"checkpoint_mib": mib(ckpt_bytes), "free_mib": mib(free), "ok": free >= 2 * ckpt_bytes}
@@ -216,17 +250,23 @@ def preflight(cfg: Config, steps: int = 10, memory_limit: int | None = None,
     mem = report["memory"]
     if not report["disk"]["ok"]:
         report["verdict"] = "no_space"
-        report["suggestion"] = (f"a checkpoint takes {mib(ckpt_bytes)} MiB and the run needs room for two; "
-                                f"{mib(free)} MiB are free where runs/ lives — free disk space first")  # fmt: skip
+        report["suggestion"] = (
+            f"a checkpoint takes {mib(ckpt_bytes)} MiB and the run needs room for two; "
+            f"{mib(free)} MiB are free where runs/ lives — free disk space first"
+        )
     elif fp16 and (skip_frac > UNSTABLE_SKIP_FRACTION or nonfinite > len(step_times) // 2):
         report["verdict"] = "unstable"
-        report["suggestion"] = (f"fp16 skipped {sum(skipped)} of {len(skipped)} steps after calibration (scale now "
-                                f"{scale:g}): lower runtime.fp16_init_scale or optim.learning_rate, or use bf16 on a "
-                                "GPU that has it")  # fmt: skip
+        report["suggestion"] = (
+            f"fp16 skipped {sum(skipped)} of {len(skipped)} steps after calibration (scale now "
+            f"{scale:g}): lower runtime.fp16_init_scale or optim.learning_rate, or use bf16 on a "
+            "GPU that has it"
+        )
     elif mem["headroom_pct"] < TIGHT_HEADROOM_PCT or mem["num_alloc_retries"] > 0:
         report["verdict"] = "tight"
-        report["suggestion"] = (f"only {mem['headroom_pct']}% memory headroom ({mem['num_alloc_retries']} allocator "
-                                "retries): a longer sequence or eval spike may not fit — lower training.batch_size")  # fmt: skip
+        report["suggestion"] = (
+            f"only {mem['headroom_pct']}% memory headroom ({mem['num_alloc_retries']} allocator "
+            "retries): a longer sequence or eval spike may not fit — lower training.batch_size"
+        )
     else:
         report["verdict"] = "ok"
         report["suggestion"] = ""
@@ -247,14 +287,33 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memory_limit: int | None,
-                   progress: Callable[[str], None], cap: int = 4096) -> dict[str, Any]:  # fmt: skip
+def find_max_batch(
+    run: str,
+    overrides: list[str],
+    root: Path,
+    start: int,
+    memory_limit: int | None,
+    progress: Callable[[str], None],
+    cap: int = 4096,
+) -> dict[str, Any]:
     """Largest batch_size that fits: doubling from `start`, then bisection. Each probe is a fresh
     `enlace preflight --probe` process, so one probe's allocator state never skews the next."""
 
     def probe(b: int) -> dict[str, Any]:
-        cmd = [sys.executable, "-m", "enlace", "preflight", run, "--root", str(root), "--json", "--probe",
-               "--steps", "2", *[a for o in [*overrides, f"training.batch_size={b}"] for a in ("--set", o)]]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "enlace",
+            "preflight",
+            run,
+            "--root",
+            str(root),
+            "--json",
+            "--probe",
+            "--steps",
+            "2",
+            *[a for o in [*overrides, f"training.batch_size={b}"] for a in ("--set", o)],
+        ]
         if memory_limit:
             cmd += ["--memory-limit", str(memory_limit)]
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -262,8 +321,10 @@ def find_max_batch(run: str, overrides: list[str], root: Path, start: int, memor
             rep = json.loads(out.stdout)
         except json.JSONDecodeError:
             if out.returncode >= 0:  # not an OOM but a failure (config, import): say so, do not guess
-                raise EnlaceError(f"--max-batch probe at batch_size {b} failed: "
-                                  f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}") from None  # fmt: skip
+                raise EnlaceError(
+                    f"--max-batch probe at batch_size {b} failed: "
+                    f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}"
+                ) from None
             rep = {"verdict": "oom"}  # killed by a signal: the kernel's OOM killer
         fits = rep["verdict"] != "oom"
         progress(f"max-batch probe: batch_size {b} {'fits' if fits else 'does not fit'}")

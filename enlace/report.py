@@ -11,7 +11,9 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -19,41 +21,80 @@ def format_report(r: dict[str, Any]) -> str:
     rows = [("run", f"{r['run_name']}  (batch {r['batch_size']} x {r['seq_len']}, grad_accum {r['grad_accum']})")]
     env = r.get("environment", {})
     if env:
-        rows.append(("device", f"{env['device_name']} ({env['device']}), torch {env['torch']}"
-                               + (f", CUDA {env['cuda']}" if env.get("cuda") else "")))  # fmt: skip
-        rows.append(("settings", f"{env['precision']}, compile {env['compile']}, deterministic {env['deterministic']}, "
-                                 f"{env['threads']} threads, {env['params'] / 1e6:.2f}M params"
-                                 + (f" + a {env['teacher_params'] / 1e6:.2f}M teacher" if env.get("teacher_params") else "")
-                                 + (f", {r['world']} processes (worst rank shown)" if r.get("world", 1) > 1 else "")))  # fmt: skip
+        rows.append(
+            (
+                "device",
+                f"{env['device_name']} ({env['device']}), torch {env['torch']}"
+                + (f", CUDA {env['cuda']}" if env.get("cuda") else ""),
+            )
+        )
+        rows.append(
+            (
+                "settings",
+                f"{env['precision']}, compile {env['compile']}, deterministic {env['deterministic']}, "
+                f"{env['threads']} threads, {env['params'] / 1e6:.2f}M params"
+                + (f" + a {env['teacher_params'] / 1e6:.2f}M teacher" if env.get("teacher_params") else "")
+                + (f", {r['world']} processes (worst rank shown)" if r.get("world", 1) > 1 else ""),
+            )
+        )
     m = r.get("memory", {})
     if m.get("kind") == "cuda":
-        rows.append(("memory", f"peak reserved {m['peak_reserved_mib']} MiB (allocated {m['peak_allocated_mib']}) of "
-                               f"{m['total_mib']} MiB, headroom {m['headroom_pct']}%, retries {m['num_alloc_retries']}"))  # fmt: skip
+        rows.append(
+            (
+                "memory",
+                f"peak reserved {m['peak_reserved_mib']} MiB (allocated {m['peak_allocated_mib']}) of "
+                f"{m['total_mib']} MiB, headroom {m['headroom_pct']}%, retries {m['num_alloc_retries']}",
+            )
+        )
     elif m:
-        rows.append(("memory", f"peak RSS {m['peak_rss_mib']} MiB of {m['total_mib']} MiB"
-                               f"{' (limit)' if m.get('limit_mib') else ''}, headroom {m['headroom_pct']}%"))  # fmt: skip
+        rows.append(
+            (
+                "memory",
+                f"peak RSS {m['peak_rss_mib']} MiB of {m['total_mib']} MiB"
+                f"{' (limit)' if m.get('limit_mib') else ''}, headroom {m['headroom_pct']}%",
+            )
+        )
     tp = r.get("throughput")
     if tp:
         rows.append(("step time", f"median {tp['median_step_s'] * 1000:.0f} ms, p90 {tp['p90_step_s'] * 1000:.0f} ms"))
         rows.append(("throughput", f"{tp['tokens_per_s']:.0f} tokens/s"))
-        span = (f"the {tp['remaining_steps']} steps left (resumes at {tp['resumes_at']} of {tp['max_steps']})"
-                if tp.get("resumes_at") else f"{tp['max_steps']} steps")  # fmt: skip
-        rows.append(("projected", f"{tp['projected']} for {span} (incl. eval and checkpoints; "
-                                  f"save {tp['checkpoint_save_s']} s)"))  # fmt: skip
+        span = (
+            f"the {tp['remaining_steps']} steps left (resumes at {tp['resumes_at']} of {tp['max_steps']})"
+            if tp.get("resumes_at")
+            else f"{tp['max_steps']} steps"
+        )
+        rows.append(
+            (
+                "projected",
+                f"{tp['projected']} for {span} (incl. eval and checkpoints; save {tp['checkpoint_save_s']} s)",
+            )
+        )
     disk = r.get("disk")
     if disk:
         rows.append(("disk", f"{disk['checkpoint_mib']} MiB per checkpoint, {disk['free_mib']} MiB free"))
     f = r.get("fp16")
     if f:
-        rows.append(("fp16", "n/a (not fp16)" if f["skip_rate"] == "n/a" else
-                     f"skip rate {f['skip_rate']:.0%} after calibration, final scale {f['final_scale']:g}, "
-                     f"non-finite losses {f['nonfinite_losses']}"))  # fmt: skip
+        rows.append(
+            (
+                "fp16",
+                "n/a (not fp16)"
+                if f["skip_rate"] == "n/a"
+                else f"skip rate {f['skip_rate']:.0%} after calibration, final scale {f['final_scale']:g}, "
+                f"non-finite losses {f['nonfinite_losses']}",
+            )
+        )
     if r.get("oom_phase"):
         rows.append(("out of memory", f"in {r['oom_phase']}: {r['oom_detail']}"))
     if r.get("max_batch"):
         mb = r["max_batch"]
-        rows.append(("max batch", f"{mb['batch_size']} fits ({mb['tokens_per_s']:.0f} tokens/s); "
-                                  f"{mb['first_failing']} does not" if mb["first_failing"] else f"{mb['batch_size']} (search cap)"))  # fmt: skip
+        rows.append(
+            (
+                "max batch",
+                f"{mb['batch_size']} fits ({mb['tokens_per_s']:.0f} tokens/s); {mb['first_failing']} does not"
+                if mb["first_failing"]
+                else f"{mb['batch_size']} (search cap)",
+            )
+        )
     rows.append(("verdict", r["verdict"].upper() + (f" — {r['suggestion']}" if r.get("suggestion") else "")))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -128,8 +128,9 @@ def record_self(run_dir: Path, **fields: Any) -> None:
 def alive(state: dict[str, Any]) -> bool:
     if state.get("job_id"):
         return slurm.job_alive(state["job_id"])
-    return proc_alive(state.get("pid"), state.get("pid_start")) or \
-        proc_alive(state.get("launcher_pid"), state.get("launcher_start"))  # fmt: skip
+    return proc_alive(state.get("pid"), state.get("pid_start")) or proc_alive(
+        state.get("launcher_pid"), state.get("launcher_start")
+    )
 
 
 def status_of(state: dict[str, Any], is_alive: bool, job_state: str | None = None) -> Status:
@@ -169,15 +170,32 @@ def observe(run_dir: Path) -> dict[str, Any]:
     if status == Status.RUNNING and st.get("tokens_per_s") and step and max_steps:
         eta = (max_steps - step) * (st.get("tokens", 0) / step) / st["tokens_per_s"]
     latest = latest_checkpoint(run_dir / "checkpoints")
-    return {"run_name": run_dir.name, "status": status.value, "alive": is_alive, "pid": st.get("pid"),
-            "phase": st.get("phase"), "step": step, "max_steps": max_steps, "loss": st.get("loss"),
-            "val_bpb": st.get("val_bpb"), "tokens_per_s": st.get("tokens_per_s"),
-            "elapsed_s": (end - started) if started else None, "eta_s": eta, "commit": st.get("commit"),
-            "exit_code": st.get("exit_code"), "error": st.get("error"), "resumed_from": st.get("resumed_from"),
-            "latest_checkpoint": latest.name if latest else None, "launch_id": st.get("launch_id"),
-            "updated_at": st.get("updated_at"), "job_id": job.get("job_id"), "slurm_state": job.get("state"),
-            "slurm_reason": job.get("reason"), "requeues": st.get("requeues"),
-            "requeue_limit_reached": st.get("requeue_limit_reached", False)}  # fmt: skip
+    return {
+        "run_name": run_dir.name,
+        "status": status.value,
+        "alive": is_alive,
+        "pid": st.get("pid"),
+        "phase": st.get("phase"),
+        "step": step,
+        "max_steps": max_steps,
+        "loss": st.get("loss"),
+        "val_bpb": st.get("val_bpb"),
+        "tokens_per_s": st.get("tokens_per_s"),
+        "elapsed_s": (end - started) if started else None,
+        "eta_s": eta,
+        "commit": st.get("commit"),
+        "exit_code": st.get("exit_code"),
+        "error": st.get("error"),
+        "resumed_from": st.get("resumed_from"),
+        "latest_checkpoint": latest.name if latest else None,
+        "launch_id": st.get("launch_id"),
+        "updated_at": st.get("updated_at"),
+        "job_id": job.get("job_id"),
+        "slurm_state": job.get("state"),
+        "slurm_reason": job.get("reason"),
+        "requeues": st.get("requeues"),
+        "requeue_limit_reached": st.get("requeue_limit_reached", False),
+    }
 
 
 def exit_code_of(row: dict[str, Any]) -> int:
@@ -198,8 +216,10 @@ def ended_message(row: dict[str, Any]) -> str:
         what = "crashed: its process vanished without a final status (killed, OOM killer or reboot)"
     else:
         what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
-    return (f"{row['run_name']} {what}; last logged step {row.get('step', 0)}/{row.get('max_steps')}, "
-            f"last complete checkpoint {ckpt} — relaunch to resume from it")  # fmt: skip
+    return (
+        f"{row['run_name']} {what}; last logged step {row.get('step', 0)}/{row.get('max_steps')}, "
+        f"last complete checkpoint {ckpt} — relaunch to resume from it"
+    )
 
 
 # -- start, wait, stop -------------------------------------------------------------------------
@@ -214,15 +234,28 @@ def launching(run_dir: Path):
         row = observe(run_dir)
         if row["alive"]:
             where = f"Slurm job {row['job_id']}" if row.get("job_id") else f"pid {row['pid']}"
-            raise AlreadyRunning(f"{run_dir.name} is already running ({where}, step {row['step']}/"
-                                 f"{row['max_steps']}, status {row['status']})")  # fmt: skip
+            raise AlreadyRunning(
+                f"{run_dir.name} is already running ({where}, step {row['step']}/"
+                f"{row['max_steps']}, status {row['status']})"
+            )
         log = run_dir / "train.log"
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"
         # the old trainer's identity goes before the new one starts: it records its own pid itself
-        update(run_dir, run_name=run_dir.name, status=Status.STARTING, phase="starting", launch_id=launch_id,
-               pid=None, pid_start=None, exit_code=None, error=None, job_id=None, requeues=None,
-               requeue_limit_reached=False)  # fmt: skip
+        update(
+            run_dir,
+            run_name=run_dir.name,
+            status=Status.STARTING,
+            phase="starting",
+            launch_id=launch_id,
+            pid=None,
+            pid_start=None,
+            exit_code=None,
+            error=None,
+            job_id=None,
+            requeues=None,
+            requeue_limit_reached=False,
+        )
         yield launch_id, offset
 
 
@@ -232,9 +265,15 @@ def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dic
     setsid (its own session and process group), all three streams redirected: it survives the SSH
     session that started it. Its pid and start time go into run.json before this returns."""
     with launching(run_dir) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**env, "ENLACE_LAUNCH_ID": launch_id,
-                                                             "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**env, "ENLACE_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"},
+        )
         update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
     return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}
 
@@ -337,5 +376,12 @@ def _wait(busy, timeout: float) -> bool:
 
 
 def _stop_report(run_dir: Path, row: dict[str, Any], was_running: bool, killed: bool) -> dict[str, Any]:
-    return {"run_name": run_dir.name, "stopped": not row["alive"], "was_running": was_running, "killed": killed,
-            "status": row["status"], "step": row["step"], "latest_checkpoint": row["latest_checkpoint"]}  # fmt: skip
+    return {
+        "run_name": run_dir.name,
+        "stopped": not row["alive"],
+        "was_running": was_running,
+        "killed": killed,
+        "status": row["status"],
+        "step": row["step"],
+        "latest_checkpoint": row["latest_checkpoint"],
+    }

@@ -43,8 +43,9 @@ def load_model(ckpt: Path, device: torch.device) -> tuple[ByteGPT, dict[str, Any
 
 
 @torch.no_grad()
-def generate_streams(model: ByteGPT, prompt: bytes, streams: int, n_bytes: int, temperature: float,
-                     top_k: int | None, seed: int) -> list[bytes]:  # fmt: skip
+def generate_streams(
+    model: ByteGPT, prompt: bytes, streams: int, n_bytes: int, temperature: float, top_k: int | None, seed: int
+) -> list[bytes]:
     """`streams` continuations of `prompt` (a newline when empty), `n_bytes` new bytes each, drawn side by
     side in one batch. temperature 0 picks the most likely byte."""
     device = next(model.parameters()).device
@@ -79,8 +80,9 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def sample(target: Path, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None, seed: int,
-           device: str = "auto") -> dict[str, Any]:  # fmt: skip
+def sample(
+    target: Path, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None, seed: int, device: str = "auto"
+) -> dict[str, Any]:
     dev = pick_device(device)
     ckpt = find_checkpoint(target)
     model, trainer = load_model(ckpt, dev)
@@ -88,6 +90,14 @@ def sample(target: Path, prompt: bytes, n_bytes: int, temperature: float, top_k:
     new = generate(model, prompt, n_bytes, temperature, top_k, seed)
     seconds = time.perf_counter() - t0
     text = (prompt + new).decode("utf-8", errors="replace")
-    return {"checkpoint": str(ckpt), "step": trainer["step"], "seed": seed, "temperature": temperature,
-            "top_k": top_k, "bytes": n_bytes, "bytes_per_s": round(n_bytes / seconds, 1) if seconds else None,
-            "device": str(dev), "text": text}  # fmt: skip
+    return {
+        "checkpoint": str(ckpt),
+        "step": trainer["step"],
+        "seed": seed,
+        "temperature": temperature,
+        "top_k": top_k,
+        "bytes": n_bytes,
+        "bytes_per_s": round(n_bytes / seconds, 1) if seconds else None,
+        "device": str(dev),
+        "text": text,
+    }

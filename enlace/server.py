@@ -29,8 +29,11 @@ def run_dir_of(runs_root: Path, name: str) -> Path:
     validate_run_name(name, "RUN_NAME")
     d = runs_root / name
     if not d.is_dir():
-        have = sorted(p.name for p in runs_root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if runs_root.is_dir() else []  # fmt: skip
+        have = (
+            sorted(p.name for p in runs_root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if runs_root.is_dir()
+            else []
+        )
         raise NoSuchRun(f"no run named {name!r} here — runs on this host: {', '.join(have) or 'none'}")
     return d
 
@@ -47,12 +50,24 @@ def manifest(run_dir: Path) -> dict[str, Any]:
     ckpts = []
     for ckpt in complete_checkpoints(run_dir / "checkpoints"):
         m = read_manifest(ckpt)
-        ckpts.append({"name": ckpt.name, "step": m["step"], "files": m["files"],
-                      "manifest_bytes": (ckpt / MANIFEST).stat().st_size})  # fmt: skip
+        ckpts.append(
+            {
+                "name": ckpt.name,
+                "step": m["step"],
+                "files": m["files"],
+                "manifest_bytes": (ckpt / MANIFEST).stat().st_size,
+            }
+        )
     files = {n: (run_dir / n).stat().st_size for n in RUN_FILES if (run_dir / n).is_file()}
     latest = latest_checkpoint(run_dir / "checkpoints")
-    return {"run_name": run_dir.name, "run_dir": str(run_dir.resolve()), "checkpoints": ckpts, "files": files,
-            "latest": latest.name if latest else None, "rsync": shutil.which("rsync") is not None}  # fmt: skip
+    return {
+        "run_name": run_dir.name,
+        "run_dir": str(run_dir.resolve()),
+        "checkpoints": ckpts,
+        "files": files,
+        "latest": latest.name if latest else None,
+        "rsync": shutil.which("rsync") is not None,
+    }
 
 
 def tail_offset(run_dir: Path, lines: int) -> int:

@@ -22,14 +22,39 @@ from typing import Any
 from enlace import exitcodes
 from enlace.errors import EnlaceError
 
-KEYS = ("partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "mem", "nodes", "extra_sbatch",
-        "max_requeues", "signal_grace")  # fmt: skip
+KEYS = (
+    "partition",
+    "account",
+    "qos",
+    "time",
+    "gpus_per_node",
+    "cpus_per_task",
+    "mem",
+    "nodes",
+    "extra_sbatch",
+    "max_requeues",
+    "signal_grace",
+)
 WORD_RE = re.compile(r"[A-Za-z0-9_.,:+-]{1,128}")  # partition, account, qos
 TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")  # Slurm's MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
 MEM_RE = re.compile(r"\d+[KMGT]?")
 # Job states in which the run is still Slurm's business (queued, running or being requeued)
-LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
-                         "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED"})  # fmt: skip
+LIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SUSPENDED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
 QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 
 
@@ -82,8 +107,13 @@ def spec_from(entry: dict[str, Any], where: str) -> SlurmSpec:
             if not isinstance(entry[key], str) or not WORD_RE.fullmatch(entry[key]):
                 raise bad(key, "a Slurm name of [A-Za-z0-9_.,:+-], e.g. gpu")
             out[key] = entry[key]
-    for key, low in (("gpus_per_node", 0), ("cpus_per_task", 1), ("nodes", 1), ("max_requeues", 0),
-                     ("signal_grace", 10)):  # fmt: skip
+    for key, low in (
+        ("gpus_per_node", 0),
+        ("cpus_per_task", 1),
+        ("nodes", 1),
+        ("max_requeues", 0),
+        ("signal_grace", 10),
+    ):
         if entry.get(key) is not None:
             if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < low:
                 raise bad(key, f"a whole number ≥ {low}")
@@ -103,21 +133,28 @@ def spec_from(entry: dict[str, Any], where: str) -> SlurmSpec:
     lines = tuple(x.strip().removeprefix("#SBATCH").strip() for x in extra)
     for line in lines:
         if not line.startswith("-") or any(c in line for c in "\n\r\0"):
-            raise SlurmError(f"{where}: extra_sbatch: {line!r} — each item is one sbatch option starting with "
-                             "`-`, e.g. --constraint=a100")  # fmt: skip
+            raise SlurmError(
+                f"{where}: extra_sbatch: {line!r} — each item is one sbatch option starting with "
+                "`-`, e.g. --constraint=a100"
+            )
     out["extra_sbatch"] = lines
     spec = SlurmSpec(**out)
     if spec.time and spec.signal_grace >= time_limit_s(spec.time):
-        raise SlurmError(f"{where}: signal_grace {spec.signal_grace}s is not shorter than the job's time "
-                         f"{spec.time} — the trainer must get its signal before the limit")  # fmt: skip
+        raise SlurmError(
+            f"{where}: signal_grace {spec.signal_grace}s is not shorter than the job's time "
+            f"{spec.time} — the trainer must get its signal before the limit"
+        )
     return spec
 
 
 def sbatch_lines(spec: SlurmSpec, job_name: str, gpus: int) -> list[str]:
     """The #SBATCH header for a run: the host's settings, requeue on, B:USR1 before the limit."""
     opts = [f"--job-name={job_name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
-    opts += [f"--{k}={v}" for k, v in (("partition", spec.partition), ("account", spec.account),
-                                       ("qos", spec.qos), ("time", spec.time)) if v]  # fmt: skip
+    opts += [
+        f"--{k}={v}"
+        for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos), ("time", spec.time))
+        if v
+    ]
     if gpus:
         opts.append(f"--gpus-per-node={gpus}")
     if spec.cpus_per_task:
@@ -129,22 +166,25 @@ def sbatch_lines(spec: SlurmSpec, job_name: str, gpus: int) -> list[str]:
     return [f"#SBATCH {o}" for o in opts]
 
 
-def job_script(spec: SlurmSpec, run_name: str, tree: Path, python: str, env: dict[str, str],
-               job_args: list[str]) -> str:  # fmt: skip
+def job_script(
+    spec: SlurmSpec, run_name: str, tree: Path, python: str, env: dict[str, str], job_args: list[str]
+) -> str:
     """The batch script kept in runs/RUN_NAME/slurm/: it execs `enlace slurm-job` in the synced tree, so
     Slurm's signals reach Python directly (no bash trap, no `wait` dance)."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    return "\n".join([
-        "#!/bin/bash",
-        f"# enlace run {run_name}: written and submitted by `enlace-remote launch` "
-        f"({time.strftime('%Y-%m-%d %H:%M:%S')}). Its output is the run's train.log.",
-        *sbatch_lines(spec, f"enlace-{run_name}", spec.gpus_per_node),
-        f"export {exports}",
-        f"cd {shlex.quote(str(tree))}",
-        "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
-        f"exec {shlex.quote(python)} -m enlace slurm-job {shlex.join(job_args)}",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# enlace run {run_name}: written and submitted by `enlace-remote launch` "
+            f"({time.strftime('%Y-%m-%d %H:%M:%S')}). Its output is the run's train.log.",
+            *sbatch_lines(spec, f"enlace-{run_name}", spec.gpus_per_node),
+            f"export {exports}",
+            f"cd {shlex.quote(str(tree))}",
+            "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
+            f"exec {shlex.quote(python)} -m enlace slurm-job {shlex.join(job_args)}",
+            "",
+        ]
+    )
 
 
 # -- the job's state --------------------------------------------------------------------------
@@ -163,8 +203,12 @@ def job_info(job_id: str, max_age: float = 2.0) -> dict[str, Any]:
     out = _run(["scontrol", "show", "job", job_id, "-o"])
     fields = dict(f.split("=", 1) for f in out.split() if "=" in f) if out else {}
     if fields.get("JobState"):
-        info = {"state": fields["JobState"], "reason": fields.get("Reason") if fields.get("Reason") != "None" else None,
-                "restarts": int(fields.get("Restarts", 0) or 0), "exit_code": fields.get("ExitCode")}  # fmt: skip
+        info = {
+            "state": fields["JobState"],
+            "reason": fields.get("Reason") if fields.get("Reason") != "None" else None,
+            "restarts": int(fields.get("Restarts", 0) or 0),
+            "exit_code": fields.get("ExitCode"),
+        }
     elif shutil.which("sacct"):
         state = (_run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"]) or "").strip().split("\n")[0]
         if state:
@@ -206,16 +250,22 @@ def forget(job_id: str) -> None:
 def submit(script: str, script_dir: Path, run_dir: Path) -> str:
     """sbatch the script (its output appended to the run's train.log); keep it as slurm/job-ID.sh."""
     if not shutil.which("sbatch"):
-        raise SlurmError("sbatch not found on this host: a Slurm host in hosts.yaml must be a login node with the "
-                         "Slurm client commands on PATH")  # fmt: skip
+        raise SlurmError(
+            "sbatch not found on this host: a Slurm host in hosts.yaml must be a login node with the "
+            "Slurm client commands on PATH"
+        )
     if "%" in str(run_dir):
         raise SlurmError(f"{run_dir}: sbatch would read the % in this path as a pattern — use a remote_dir without %")
     script_dir.mkdir(parents=True, exist_ok=True)
     tmp = script_dir / f".job-{os.getpid()}.sh"
     tmp.write_text(script)
     try:
-        r = subprocess.run(["sbatch", "--parsable", f"--output={run_dir / 'train.log'}", str(tmp)],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        r = subprocess.run(
+            ["sbatch", "--parsable", f"--output={run_dir / 'train.log'}", str(tmp)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if r.returncode != 0:
             raise SlurmError(f"sbatch refused the job: {(r.stderr or r.stdout).strip()[-500:]}")
         job_id = r.stdout.strip().split(";")[0]  # "ID" or "ID;cluster"
@@ -239,8 +289,11 @@ def cancel(job_id: str, signal_name: str | None = None) -> None:
 def srun_argv(spec: SlurmSpec, job_name: str, minutes: int) -> list[str]:
     """`srun` for a short job on one compute node (preflight): the host's partition and GPU request."""
     argv = ["srun", "--nodes=1", "--ntasks=1", f"--job-name={job_name}", f"--time={minutes}"]
-    argv += [f"--{k}={v}" for k, v in (("partition", spec.partition), ("account", spec.account),
-                                       ("qos", spec.qos), ("mem", spec.mem)) if v]  # fmt: skip
+    argv += [
+        f"--{k}={v}"
+        for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos), ("mem", spec.mem))
+        if v
+    ]
     if spec.gpus_per_node:
         argv.append(f"--gpus-per-node={spec.gpus_per_node}")
     if spec.cpus_per_task:

@@ -38,13 +38,28 @@ def say(line: str) -> None:
 def distributed_argv(python: str, train: list[str], gpus: int, nodes: int, job_id: str, log: Path) -> list[str]:
     """srun one torchrun per node, c10d rendezvous at the allocation's first node. Each task's stdout
     (the trainer's echo of its own log lines) is dropped; stderr (tracebacks) goes to train.log."""
-    head = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
-                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    head = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
     port = 20000 + int(job_id) % 20000  # one port per job: two jobs sharing a node do not collide
-    return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--output=/dev/null",
-            f"--error={log}", "--open-mode=append", python, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-            f"--nproc-per-node={gpus}", "--rdzv-backend=c10d", f"--rdzv-endpoint={head}:{port}",
-            f"--rdzv-id={job_id}", *train]  # fmt: skip
+    return [
+        "srun",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--output=/dev/null",
+        f"--error={log}",
+        "--open-mode=append",
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={gpus}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={head}:{port}",
+        f"--rdzv-id={job_id}",
+        *train,
+    ]
 
 
 def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues: int, grace: int) -> int:
@@ -62,8 +77,18 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     node = socket.gethostname()
     say(f"job {job_id} on {node}" + (f", start {restarts + 1} (requeued {restarts}×)" if restarts else ""))
-    runs.update(run_dir, status=Status.STARTING, phase=f"starting on {node} (Slurm job {job_id})", job_id=job_id,
-                requeues=restarts, node=node, pid=None, pid_start=None, exit_code=None, error=None)  # fmt: skip
+    runs.update(
+        run_dir,
+        status=Status.STARTING,
+        phase=f"starting on {node} (Slurm job {job_id})",
+        job_id=job_id,
+        requeues=restarts,
+        node=node,
+        pid=None,
+        pid_start=None,
+        exit_code=None,
+        error=None,
+    )
     left = time_left_s(job_id)
     if left is not None and left <= grace + EARLY_S:  # Slurm may have sent USR1 while it was ignored
         say(f"{left}s left before the time limit (signal_grace {grace}s, and Slurm signals up to {EARLY_S}s early)")
@@ -78,9 +103,12 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
         # Slurm may send USR1 up to a minute early, before the trainer has even imported torch.
         if (got["limit"] or got["term"]) and not sent and runs.read(run_dir).get("pid"):
             if got["limit"]:
-                say(f"the job's time limit is near: checkpointing, then requeueing (requeue {restarts + 1} of at most "
-                    f"{max_requeues})" if restarts < max_requeues else
-                    f"the job's time limit is near: checkpointing; max_requeues ({max_requeues}) is spent")  # fmt: skip
+                say(
+                    f"the job's time limit is near: checkpointing, then requeueing (requeue {restarts + 1} of at most "
+                    f"{max_requeues})"
+                    if restarts < max_requeues
+                    else f"the job's time limit is near: checkpointing; max_requeues ({max_requeues}) is spent"
+                )
             child.send_signal(signal.SIGTERM)
             sent = True
         time.sleep(0.2)
@@ -90,8 +118,10 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     if got["limit"] and not got["term"] and st.get("status") == Status.STOPPED and short:
         if restarts < max_requeues:
             return _requeue(run_dir, job_id, st)
-        say(f"max_requeues ({max_requeues}) reached: the run stays stopped at step {st.get('step')} with its "
-            "checkpoint — `enlace-remote launch` continues it")  # fmt: skip
+        say(
+            f"max_requeues ({max_requeues}) reached: the run stays stopped at step {st.get('step')} with its "
+            "checkpoint — `enlace-remote launch` continues it"
+        )
         runs.update(run_dir, requeue_limit_reached=True)
     elif got["term"] and ended:
         say(f"SIGTERM (stop, scancel or preemption): checkpointed at step {st.get('step')}")
@@ -110,7 +140,9 @@ def _requeue(run_dir: Path, job_id: str, st: dict) -> int:
     runs.update(run_dir, status=Status.PENDING, phase="requeued: waiting for Slurm to start it again")
     r = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if r.returncode != 0:
-        say(f"scontrol requeue {job_id} failed: {(r.stderr or r.stdout).strip()} — the run stays stopped with its "
-            "checkpoint; `enlace-remote launch` continues it")  # fmt: skip
+        say(
+            f"scontrol requeue {job_id} failed: {(r.stderr or r.stdout).strip()} — the run stays stopped with its "
+            "checkpoint; `enlace-remote launch` continues it"
+        )
         runs.update(run_dir, status=Status.STOPPED, error=f"scontrol requeue failed: {r.stderr.strip()[-200:]}")
     return 0

@@ -43,8 +43,7 @@ def git_commit(root: Path) -> str:
     if os.environ.get("ENLACE_COMMIT"):
         return os.environ["ENLACE_COMMIT"]
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)  # fmt: skip
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"

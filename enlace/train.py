@@ -1,9 +1,9 @@
 """`enlace train RUN`: the training loop, top to bottom.
 
-    resolve config → run dir → build parts → resume from `latest` → loop:
-        step → log every log_every → eval every eval_every → checkpoint every checkpoint.every
-        → on SIGTERM/SIGINT: finish the step, checkpoint, status "stopped", exit 0
-    → final eval + checkpoint → status "finished" (or "stopped" for --until)
+resolve config → run dir → build parts → resume from `latest` → loop:
+    step → log every log_every → eval every eval_every → checkpoint every checkpoint.every
+    → on SIGTERM/SIGINT: finish the step, checkpoint, status "stopped", exit 0
+→ final eval + checkpoint → status "finished" (or "stopped" for --until)
 """
 
 from __future__ import annotations
@@ -95,8 +95,14 @@ def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]
             if resume != "latest":
                 raise
             prev = previous_complete(cfg.run_dir / "checkpoints", ckpt)
-            way = (f"resume from the previous complete checkpoint with --resume checkpoints/{prev.name}, or start "
-                   "afresh with --resume none") if prev else "no older complete checkpoint: --resume none starts afresh"
+            way = (
+                (
+                    f"resume from the previous complete checkpoint with --resume checkpoints/{prev.name}, or start "
+                    "afresh with --resume none"
+                )
+                if prev
+                else "no older complete checkpoint: --resume none starts afresh"
+            )
             raise CheckpointError(f"the newest checkpoint is unusable: {e.message} — {way}") from None
     if dist.world > 1:
         box = [ckpt, files]
@@ -105,8 +111,9 @@ def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]
     return ckpt, files  # on the CPU: load_state_dict moves weights and optimizer state to the device
 
 
-def train(cfg: Config, resume: str = "latest", until: int | None = None, allow: frozenset[str] = frozenset()
-          ) -> dict[str, Any]:  # fmt: skip
+def train(
+    cfg: Config, resume: str = "latest", until: int | None = None, allow: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Train `cfg` (resuming by default); returns the final run.json fields."""
     dist = engine.Dist.from_env()
     if dist.world > 1 and not torch_dist.is_initialized():
@@ -142,17 +149,29 @@ def _record_failure(run: RunDir, exit_code: int, error: str) -> None:
         print(f"cannot record the failure in run.json ({e.strerror}): {error}", file=sys.stderr, flush=True)
 
 
-def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None,
-           allow: frozenset[str]):  # fmt: skip
+def _train(
+    cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None, allow: frozenset[str]
+):
     t = cfg.training
     commit = git_commit(cfg.root)
     run.freeze_config(cfg.to_dict())
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
-        runs.record_self(run.path, run_name=cfg.run_name, status=Status.STARTING, phase="building the model",
-                         commit=commit, host=hostname(), torch=str(torch.__version__), max_steps=t.max_steps,
-                         exit_code=None, error=None, launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
-                         overrides=list(cfg.overrides), data=None)  # fmt: skip
+        runs.record_self(
+            run.path,
+            run_name=cfg.run_name,
+            status=Status.STARTING,
+            phase="building the model",
+            commit=commit,
+            host=hostname(),
+            torch=str(torch.__version__),
+            max_steps=t.max_steps,
+            exit_code=None,
+            error=None,
+            launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
+            overrides=list(cfg.overrides),
+            data=None,
+        )
 
     parts = engine.build_parts(cfg, dist)
     if dist.is_main:  # two more checkpoints must fit: one being written beside the newest
@@ -172,40 +191,65 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
     target = min(until or t.max_steps, t.max_steps)
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world
     s = parts.settings
-    run.log(f"run {cfg.run_name} | commit {commit[:12]} | {s['params'] / 1e6:.2f}M params | {s['device']} "
-            f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
-            f"{s['threads']} | world {dist.world} | {tokens_per_step} tokens/step")  # fmt: skip
+    run.log(
+        f"run {cfg.run_name} | commit {commit[:12]} | {s['params'] / 1e6:.2f}M params | {s['device']} "
+        f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
+        f"{s['threads']} | world {dist.world} | {tokens_per_step} tokens/step"
+    )
     for warning in cfg.warnings:
         run.log(f"warning: {warning}")
     if parts.teacher_info:
         d, info = cfg.distill, parts.teacher_info
-        run.log(f"distilling from {info['checkpoint']} ({info['params'] / 1e6:.2f}M params, MANIFEST sha256 "
-                f"{info['identity'][:12]}): alpha {d.alpha}, temperature {d.temperature}")  # fmt: skip
+        run.log(
+            f"distilling from {info['checkpoint']} ({info['params'] / 1e6:.2f}M params, MANIFEST sha256 "
+            f"{info['identity'][:12]}): alpha {d.alpha}, temperature {d.temperature}"
+        )
     if ckpt is not None:
         shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
-        run.log(f"resumed from {shown} at step {progress['step']} "
-                f"({progress['tokens']} tokens seen)")  # fmt: skip
+        run.log(f"resumed from {shown} at step {progress['step']} ({progress['tokens']} tokens seen)")
     else:
         for problem in incomplete_checkpoints(run.checkpoints) if resume == "latest" else ():
             run.log(f"ignored (not a complete checkpoint): {problem}")
-        run.log("no complete checkpoint: starting from step 0" if resume == "latest"
-                else f"starting from step 0 (--resume {resume})")  # fmt: skip
+        run.log(
+            "no complete checkpoint: starting from step 0"
+            if resume == "latest"
+            else f"starting from step 0 (--resume {resume})"
+        )
         run.phase("evaluating the untrained model")
         _eval(run, parts, val_stream, 0)  # the baseline the final eval is compared with
     if progress["step"] >= target:
-        run.log(f"nothing to train: at step {progress['step']} of {t.max_steps}"
-                + (f" (--until {until})" if until else "") + " — raise training.max_steps to train further")  # fmt: skip
-    run.update_status(status=Status.RUNNING, phase="training", step=progress["step"],
-                      resumed_from=ckpt.name if ckpt else None, started_at=time.time())  # fmt: skip
-    run.metric({"kind": "start", "step": progress["step"], "resumed_from": ckpt.name if ckpt else None,
-                "params": s["params"], "time": time.time()})  # plot marks resumes with it  # fmt: skip
+        run.log(
+            f"nothing to train: at step {progress['step']} of {t.max_steps}"
+            + (f" (--until {until})" if until else "")
+            + " — raise training.max_steps to train further"
+        )
+    run.update_status(
+        status=Status.RUNNING,
+        phase="training",
+        step=progress["step"],
+        resumed_from=ckpt.name if ckpt else None,
+        started_at=time.time(),
+    )
+    run.metric(
+        {
+            "kind": "start",
+            "step": progress["step"],
+            "resumed_from": ckpt.name if ckpt else None,
+            "params": s["params"],
+            "time": time.time(),
+        }
+    )  # plot marks resumes with it
 
     def checkpoint() -> str:
         states = _gather_rank_states(train_stream, dist)
         if not dist.is_main:
             return ""
-        path = save_checkpoint(run.checkpoints, progress["step"], engine.capture_state(
-            parts, states, progress, commit, data_id), cfg.checkpoint.keep)  # fmt: skip
+        path = save_checkpoint(
+            run.checkpoints,
+            progress["step"],
+            engine.capture_state(parts, states, progress, commit, data_id),
+            cfg.checkpoint.keep,
+        )
         run.log(f"checkpoint {path.name} saved")
         return path.name
 
@@ -230,15 +274,28 @@ def _train(cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume
             rate = interval_tokens / max(interval_s, 1e-9)
             elapsed = time.perf_counter() - t_run
             eta = elapsed / len(step_times) * (t.max_steps - step)  # at this start's pace, evals and saves included
-            run.log(f"step {step:6d}/{t.max_steps} | loss {loss:.4f} | lr {result.lr:.3e} | "
-                    f"{rate:8.0f} tok/s | {elapsed:7.1f}s | {100 * step / t.max_steps:5.1f}% | ETA {duration(eta)}"
-                    + (" | skipped (fp16 overflow)" if result.skipped else ""))  # fmt: skip
+            run.log(
+                f"step {step:6d}/{t.max_steps} | loss {loss:.4f} | lr {result.lr:.3e} | "
+                f"{rate:8.0f} tok/s | {elapsed:7.1f}s | {100 * step / t.max_steps:5.1f}% | ETA {duration(eta)}"
+                + (" | skipped (fp16 overflow)" if result.skipped else "")
+            )
             terms = {k: v.item() for k, v in result.terms.items()}  # distillation: ce and kd
             if terms:
                 run.log(f"           ce {terms['ce']:.4f} | kd {terms['kd']:.4f}")
-            run.metric({"kind": "train", "step": step, "loss": loss, "lr": result.lr, "tokens": progress["tokens"],
-                        "tokens_per_s": rate, "elapsed_s": elapsed, "scale": result.scale,
-                        "skipped": result.skipped, **terms})  # fmt: skip
+            run.metric(
+                {
+                    "kind": "train",
+                    "step": step,
+                    "loss": loss,
+                    "lr": result.lr,
+                    "tokens": progress["tokens"],
+                    "tokens_per_s": rate,
+                    "elapsed_s": elapsed,
+                    "scale": result.scale,
+                    "skipped": result.skipped,
+                    **terms,
+                }
+            )
             run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=progress["tokens"])
             interval_s, interval_tokens = 0.0, 0
         if t.eval_every and step % t.eval_every == 0:
@@ -276,9 +333,15 @@ def _summary(run: RunDir, step: int, step_times: list[float], tokens_per_step: i
     """Peak memory and steady-state throughput (median step time, first 3 steps excluded)."""
     steady = step_times[3:] or step_times
     median = statistics.median(steady) if steady else 0.0
-    record = {"kind": "summary", "status": str(status), "step": step, "steps": len(step_times),
-              "median_step_s": median, "tokens_per_s": tokens_per_step / median if median else 0.0,
-              "peak_rss_mib": mib(peak_rss_bytes())}  # fmt: skip
+    record = {
+        "kind": "summary",
+        "status": str(status),
+        "step": step,
+        "steps": len(step_times),
+        "median_step_s": median,
+        "tokens_per_s": tokens_per_step / median if median else 0.0,
+        "peak_rss_mib": mib(peak_rss_bytes()),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         record["cuda_max_reserved_mib"] = mib(torch.cuda.max_memory_reserved())
     run.metric(record)

@@ -55,8 +55,11 @@ def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             diff = (x.double() - y.double()).abs().max().item() if same and x.numel() else None
             return {"identical": False, "tensors": tensors, "first_difference": {"name": name, "max_abs_diff": diff}}
         if x != y:
-            return {"identical": False, "tensors": tensors,
-                    "first_difference": {"name": name, "max_abs_diff": None, "values": [repr(x), repr(y)]}}  # fmt: skip
+            return {
+                "identical": False,
+                "tensors": tensors,
+                "first_difference": {"name": name, "max_abs_diff": None, "values": [repr(x), repr(y)]},
+            }
     if set(right) != {n for n, _ in left}:
         extra = sorted(set(right) ^ {n for n, _ in left})[0]
         return {"identical": False, "tensors": tensors, "first_difference": {"name": extra, "max_abs_diff": None}}
@@ -74,8 +77,20 @@ def _losses(run_dir: Path, after: int) -> list[tuple[int, float]]:
 
 def _train(cfg: Config, run: str, overrides: list[str], runs_dir: Path, until: int) -> tuple[subprocess.Popen, Path]:
     """Start `enlace train` in a fresh process; its output goes to <runs_dir>-<until>.out."""
-    cmd = [sys.executable, "-m", "enlace", "train", run, "--root", str(cfg.root), "--runs-dir", str(runs_dir),
-           "--until", str(until), *[a for o in overrides for a in ("--set", o)]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "enlace",
+        "train",
+        run,
+        "--root",
+        str(cfg.root),
+        "--runs-dir",
+        str(runs_dir),
+        "--until",
+        str(until),
+        *[a for o in overrides for a in ("--set", o)],
+    ]
     out = runs_dir.parent / f"{runs_dir.name}-{until}.out"
     with open(out, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -106,8 +121,15 @@ def verify_resume(cfg: Config, run: str, overrides: list[str], steps: int, keep_
     b = load_checkpoint(resumed_dir / cfg.run_name / "checkpoints" / name)
     report = compare_states(a, b)
     la, lb = _losses(straight_dir / cfg.run_name, half), _losses(resumed_dir / cfg.run_name, half)
-    report.update(run_name=cfg.run_name, steps=steps, resumed_at=half, deterministic=cfg.runtime.deterministic,
-                  losses_identical=la == lb, losses_compared=len(la), work_dir=str(work))  # fmt: skip
+    report.update(
+        run_name=cfg.run_name,
+        steps=steps,
+        resumed_at=half,
+        deterministic=cfg.runtime.deterministic,
+        losses_identical=la == lb,
+        losses_compared=len(la),
+        work_dir=str(work),
+    )
     report["ok"] = report["identical"] and report["losses_identical"]
     if not keep_dir and report["ok"]:
         shutil.rmtree(work, ignore_errors=True)

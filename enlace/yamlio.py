@@ -53,13 +53,21 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(str(path), "", f"is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
-                          "save the file as UTF-8") from None  # fmt: skip
+        raise ConfigError(
+            str(path),
+            "",
+            f"is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
+            "save the file as UTF-8",
+        ) from None
     try:
         data = load_yaml_unique(text)
     except DuplicateKey as e:
-        raise ConfigError(str(path), e.key, f"given twice (lines {e.first} and {e.again}); YAML would silently keep "
-                          "only the last", "merge the two entries into one") from None  # fmt: skip
+        raise ConfigError(
+            str(path),
+            e.key,
+            f"given twice (lines {e.first} and {e.again}); YAML would silently keep only the last",
+            "merge the two entries into one",
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -15,13 +15,24 @@ from orchestrator.cliutil import HOST_ENV, HostOptionsGroup, Remote, print_sync,
 from orchestrator.errors import EXIT_CODES_HELP, RemoteError
 
 
-@click.group(cls=HostOptionsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-             epilog=EXIT_CODES_HELP)  # fmt: skip
-@click.option("--host", envvar=HOST_ENV, default="local", show_default=True, metavar="NAME",
-              help=f"Where to run: `local`, a name from hosts.yaml, an ~/.ssh/config alias or user@host[:port]. "
-                   f"Env: {HOST_ENV}.")  # fmt: skip
-@click.option("--accept-new-host-key", is_flag=True,
-              help="Trust an unknown host's key and add it to known_hosts (a changed key is always refused).")
+@click.group(
+    cls=HostOptionsGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EXIT_CODES_HELP,
+)
+@click.option(
+    "--host",
+    envvar=HOST_ENV,
+    default="local",
+    show_default=True,
+    metavar="NAME",
+    help=f"Where to run: `local`, a name from hosts.yaml, an ~/.ssh/config alias or user@host[:port]. Env: {HOST_ENV}.",
+)
+@click.option(
+    "--accept-new-host-key",
+    is_flag=True,
+    help="Trust an unknown host's key and add it to known_hosts (a changed key is always refused).",
+)
 @click.pass_context
 def main(ctx: click.Context, host: str, accept_new_host_key: bool) -> None:
     """Ship this repo to a GPU server with git, check what arrived, preflight, train detached,
@@ -59,12 +70,24 @@ def hosts(ctx: click.Context) -> None:
 @click.option("--ssh", "target", required=True, metavar="USER@HOST[:PORT]", help="How to reach it (or an ssh alias).")
 @click.option("--remote-dir", default=None, help="Where enlace lives on the server (default ~/enlace).")
 @click.option("--python", default=None, help="`venv` (default: built from constraints.txt) or a python with torch.")
-@click.option("--pip-arg", "pip_args", multiple=True, metavar="ARG",
-              help="Passed to the venv's pip, repeatable: --pip-arg=--index-url --pip-arg=URL.")
+@click.option(
+    "--pip-arg",
+    "pip_args",
+    multiple=True,
+    metavar="ARG",
+    help="Passed to the venv's pip, repeatable: --pip-arg=--index-url --pip-arg=URL.",
+)
 @click.option("--identity-file", default=None, help="SSH private key (default: ssh-agent / ~/.ssh/id_*).")
 @click.option("--default-run", default=None, help="What launch/fetch use without a RUN.")
-def hosts_add(name: str, target: str, remote_dir: str | None, python: str | None, pip_args: tuple[str, ...],
-              identity_file: str | None, default_run: str | None) -> None:  # fmt: skip
+def hosts_add(
+    name: str,
+    target: str,
+    remote_dir: str | None,
+    python: str | None,
+    pip_args: tuple[str, ...],
+    identity_file: str | None,
+    default_run: str | None,
+) -> None:
     """Add host NAME to your hosts file (~/.config/enlace/hosts.yaml, or ENLACE_HOSTS_FILE), or update it.
 
     \b
@@ -74,8 +97,14 @@ def hosts_add(name: str, target: str, remote_dir: str | None, python: str | None
 
     from orchestrator.hosts import add_host
 
-    entry = {"ssh": target, "remote_dir": remote_dir, "python": python, "pip_args": list(pip_args),
-             "identity_file": identity_file, "default_run": default_run}  # fmt: skip
+    entry = {
+        "ssh": target,
+        "remote_dir": remote_dir,
+        "python": python,
+        "pip_args": list(pip_args),
+        "identity_file": identity_file,
+        "default_run": default_run,
+    }
     path, merged = add_host(name, entry)
     click.echo(f"{path}:\n" + yaml.safe_dump({"hosts": {name: merged}}, sort_keys=False), nl=False)
     click.echo(f"next: enlace-remote --host {name} sync   (or export ENLACE_REMOTE_HOST={name})", err=True)
@@ -93,8 +122,11 @@ def setup(remote: Remote, allow_dirty: bool) -> None:
     from orchestrator.gitsync import sync as do_sync
 
     h = remote.host
-    why = ("a venv built from constraints.txt" + (f" (pip {' '.join(h.pip_args)})" if h.pip_args else "")
-           if h.python == "venv" else f"the python you named: {h.python}")  # fmt: skip
+    why = (
+        "a venv built from constraints.txt" + (f" (pip {' '.join(h.pip_args)})" if h.pip_args else "")
+        if h.python == "venv"
+        else f"the python you named: {h.python}"
+    )
     click.echo(f"setup {h.name}: remote_dir {h.remote_dir}; python: {why}", err=True)
     print_sync(do_sync(remote.session, remote.repo, allow_dirty))
     click.echo(f"{h.name} is ready: next `enlace-remote --host {h.name} preflight RUN`", err=True)
@@ -102,8 +134,12 @@ def setup(remote: Remote, allow_dirty: bool) -> None:
 
 @main.command()
 @click.option("--allow-dirty", is_flag=True, help="Ship HEAD even though the working tree has uncommitted changes.")
-@click.option("--unsafe-skip-ignore-check", is_flag=True, hidden=True,
-              help="Testing only: skip the local check for git-ignored files (the server check still runs).")
+@click.option(
+    "--unsafe-skip-ignore-check",
+    is_flag=True,
+    hidden=True,
+    help="Testing only: skip the local check for git-ignored files (the server check still runs).",
+)
 @with_remote
 def sync(remote: Remote, allow_dirty: bool, unsafe_skip_ignore_check: bool) -> None:
     """Push HEAD to the host and check it out there (refuses a dirty tree or git-ignored files)."""

@@ -32,7 +32,9 @@ def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool,
 @allow_dirty_option
 @set_option
 @with_remote
-def preflight(remote: Remote, run: str, steps: int, max_batch: bool, allow_dirty: bool, overrides: tuple[str, ...]) -> None:
+def preflight(
+    remote: Remote, run: str, steps: int, max_batch: bool, allow_dirty: bool, overrides: tuple[str, ...]
+) -> None:
     """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
 
     Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable."""
@@ -51,34 +53,81 @@ def preflight(remote: Remote, run: str, steps: int, max_batch: bool, allow_dirty
 @click.option("--no-preflight", is_flag=True, help="Skip preflight.")
 @click.option("--follow", "-f", is_flag=True, help="Continue into `logs -f`.")
 @click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP", help="Passed to enlace train.")
-@click.option("--gpus", default=None, metavar="N|all",
-              help="Run under torchrun with N processes per host (all: every visible GPU).")
-@click.option("--hosts", default=None, metavar="H1,H2,...",
-              help="One run across several hosts (one torchrun each, rendezvous at H1, which holds rank 0's "
-                   "log and checkpoints). Needs --gpus.")  # fmt: skip
-@click.option("--master-port", type=click.IntRange(1024, 65535), default=29500, show_default=True,
-              help="With --hosts: the rendezvous port on the first host.")
-@click.option("--slurm", is_flag=True,
-              help="With --print: print the sbatch script for RUN and exit (submit it yourself). A host with "
-                   "`scheduler: slurm` launches through Slurm anyway.")  # fmt: skip
+@click.option(
+    "--gpus",
+    default=None,
+    metavar="N|all",
+    help="Run under torchrun with N processes per host (all: every visible GPU).",
+)
+@click.option(
+    "--hosts",
+    default=None,
+    metavar="H1,H2,...",
+    help="One run across several hosts (one torchrun each, rendezvous at H1, which holds rank 0's "
+    "log and checkpoints). Needs --gpus.",
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1024, 65535),
+    default=29500,
+    show_default=True,
+    help="With --hosts: the rendezvous port on the first host.",
+)
+@click.option(
+    "--slurm",
+    is_flag=True,
+    help="With --print: print the sbatch script for RUN and exit (submit it yourself). A host with "
+    "`scheduler: slurm` launches through Slurm anyway.",
+)
 @click.option("--print", "print_only", is_flag=True, help="With --slurm: only print the script; touch nothing.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
-              help="On a Slurm host: nodes (one torchrun each; default: the host's `nodes`).")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="On a Slurm host: nodes (one torchrun each; default: the host's `nodes`).",
+)
 @click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
-@click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH",
-              help="Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
-                   "dir such as checkpoints/step-000040 (when the newest one is corrupt).")  # fmt: skip
-@click.option("--allow-data-change", is_flag=True,
-              help="Passed to enlace train: resume although the server's data differs from the checkpoint's.")
-@click.option("--allow-teacher-change", is_flag=True,
-              help="Passed to enlace train (distillation): resume although the teacher checkpoint changed.")
+@click.option(
+    "--resume",
+    default="latest",
+    show_default=True,
+    metavar="latest|none|PATH",
+    help="Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
+    "dir such as checkpoints/step-000040 (when the newest one is corrupt).",
+)
+@click.option(
+    "--allow-data-change",
+    is_flag=True,
+    help="Passed to enlace train: resume although the server's data differs from the checkpoint's.",
+)
+@click.option(
+    "--allow-teacher-change",
+    is_flag=True,
+    help="Passed to enlace train (distillation): resume although the teacher checkpoint changed.",
+)
 @allow_dirty_option
 @set_option
 @with_remote
-def launch(remote: Remote, run: str | None, force: bool, no_preflight: bool, follow: bool, until: int | None,
-           gpus: str | None, hosts: str | None, master_port: int, slurm: bool, print_only: bool, nodes: int | None,
-           no_wait: bool, resume: str, allow_data_change: bool, allow_teacher_change: bool, allow_dirty: bool,
-           overrides: tuple[str, ...]) -> None:  # fmt: skip
+def launch(
+    remote: Remote,
+    run: str | None,
+    force: bool,
+    no_preflight: bool,
+    follow: bool,
+    until: int | None,
+    gpus: str | None,
+    hosts: str | None,
+    master_port: int,
+    slurm: bool,
+    print_only: bool,
+    nodes: int | None,
+    no_wait: bool,
+    resume: str,
+    allow_data_change: bool,
+    allow_teacher_change: bool,
+    allow_dirty: bool,
+    overrides: tuple[str, ...],
+) -> None:
     """Sync, verify --for-launch, preflight, then train RUN detached on the host.
 
     Without RUN: the host's default_run, else the last run launched there from this repo. The
@@ -92,11 +141,18 @@ def launch(remote: Remote, run: str | None, force: bool, no_preflight: bool, fol
     from orchestrator.hosts import resolve_host
 
     run = ops.check_run_config(remote.repo, ops.choose_run(remote.repo, remote.host, run))
-    spec = _slurm_spec(remote, slurm, print_only, nodes, hosts, gpus) if slurm or print_only or nodes or remote.host.slurm \
-        else None  # fmt: skip
-    train_args = ((["--until", str(until)] if until else []) + (["--resume", resume] if resume != "latest" else [])
-                  + (["--allow-data-change"] if allow_data_change else [])
-                  + (["--allow-teacher-change"] if allow_teacher_change else []) + ops.set_args(overrides))  # fmt: skip
+    spec = (
+        _slurm_spec(remote, slurm, print_only, nodes, hosts, gpus)
+        if slurm or print_only or nodes or remote.host.slurm
+        else None
+    )
+    train_args = (
+        (["--until", str(until)] if until else [])
+        + (["--resume", resume] if resume != "latest" else [])
+        + (["--allow-data-change"] if allow_data_change else [])
+        + (["--allow-teacher-change"] if allow_teacher_change else [])
+        + ops.set_args(overrides)
+    )
     nproc = _nproc(gpus, spec)
     if print_only:
         from enlace.config import load_config
@@ -115,9 +171,13 @@ def launch(remote: Remote, run: str | None, force: bool, no_preflight: bool, fol
     if not ops.worth_launching(first, run_name, overrides):
         return
     if not no_preflight:
-        report = ops.remote_preflight(first, sha, run, remote.repo, run_name, ["--steps", "5", *ops.set_args(overrides)])
+        report = ops.remote_preflight(
+            first, sha, run, remote.repo, run_name, ["--steps", "5", *ops.set_args(overrides)]
+        )
         if report["verdict"] in VERDICT_EXIT and not force:
-            click.echo(f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True)
+            click.echo(
+                f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True
+            )
             sys.exit(VERDICT_EXIT[report["verdict"]])
     if spec:
         from orchestrator.slurm import submit
@@ -127,9 +187,14 @@ def launch(remote: Remote, run: str | None, force: bool, no_preflight: bool, fol
         return _after_start(first, run_name, started, no_wait, follow)
     started = None
     for rank, host in enumerate(targets):
-        rdzv = {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1",
-                "port": master_port} if hosts else None  # fmt: skip
-        doc = ops.start_detached(remote.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv))
+        rdzv = (
+            {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1", "port": master_port}
+            if hosts
+            else None
+        )
+        doc = ops.start_detached(
+            remote.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv)
+        )
         started = started or doc
         ops.remember_run(remote.repo, host.name, run)
     _after_start(first, run_name, started, no_wait, follow)
@@ -158,9 +223,11 @@ def _slurm_spec(remote: Remote, slurm: bool, print_only: bool, nodes: int | None
     if hosts:
         raise click.UsageError("--hosts is for plain SSH hosts; on Slurm, --nodes K asks the scheduler for K nodes")
     if not remote.host.slurm and not print_only:
-        raise click.UsageError(f"host {remote.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
-                               "time, ...) to its hosts.yaml entry (README: On a Slurm cluster), or print a script "
-                               "to submit yourself with --slurm --print")  # fmt: skip
+        raise click.UsageError(
+            f"host {remote.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
+            "time, ...) to its hosts.yaml entry (README: On a Slurm cluster), or print a script "
+            "to submit yourself with --slurm --print"
+        )
     plain = SlurmSpec(gpus_per_node=int(gpus) if gpus and gpus.isdigit() else 0)
     return spec_for(remote.host.slurm or plain, nodes)
 
@@ -175,8 +242,10 @@ def _nproc(gpus: str | None, spec) -> int | str | None:
         return spec.gpus_per_node or 1
     n = int(gpus) if gpus else (spec.gpus_per_node or 1)
     if spec.gpus_per_node and n > spec.gpus_per_node:
-        raise click.BadParameter(f"{n} processes per node, but the host's jobs ask for gpus_per_node: "
-                                 f"{spec.gpus_per_node}", param_hint="--gpus")  # fmt: skip
+        raise click.BadParameter(
+            f"{n} processes per node, but the host's jobs ask for gpus_per_node: {spec.gpus_per_node}",
+            param_hint="--gpus",
+        )
     return n
 
 
@@ -204,21 +273,33 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
 
 @click.command(cls=HostOptionsCommand)
 @click.argument("run_name")
-@click.option("--grace", type=Seconds(), default=120.0, show_default=True,
-              help="Seconds to wait for the trainer's checkpoint (longer than a save; at most a day).")
+@click.option(
+    "--grace",
+    type=Seconds(),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the trainer's checkpoint (longer than a save; at most a day).",
+)
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
 @with_remote
 def stop(remote: Remote, run_name: str, grace: float, kill: bool) -> None:
     """SIGTERM the run: it finishes its step, saves a checkpoint and exits; report the checkpoint."""
 
-    args = ["stop", validate_run_name(run_name, "RUN_NAME"), "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
+    args = ["stop", validate_run_name(run_name, "RUN_NAME"), "--grace", str(grace), "--json"] + (
+        ["--kill"] if kill else []
+    )
     rep = remote.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
     if not rep["was_running"]:
-        click.echo(f"{run_name} is not running ({rep['status']} at step {rep['step']}); nothing to stop. Latest "
-                   f"checkpoint {rep['latest_checkpoint']}")  # fmt: skip
+        click.echo(
+            f"{run_name} is not running ({rep['status']} at step {rep['step']}); nothing to stop. Latest "
+            f"checkpoint {rep['latest_checkpoint']}"
+        )
         return
-    click.echo(f"{run_name}: {rep['status']} at step {rep['step']}"
-               + (" (killed)" if rep["killed"] else "") + f"; latest checkpoint {rep['latest_checkpoint']}")  # fmt: skip
+    click.echo(
+        f"{run_name}: {rep['status']} at step {rep['step']}"
+        + (" (killed)" if rep["killed"] else "")
+        + f"; latest checkpoint {rep['latest_checkpoint']}"
+    )
     if not rep["stopped"]:
         click.echo(f"still running after {grace:g}s — rerun with --kill to force it", err=True)
         sys.exit(1)
@@ -227,9 +308,16 @@ def stop(remote: Remote, run_name: str, grace: float, kill: bool) -> None:
 @click.command(cls=HostOptionsCommand)
 @click.argument("run_name", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its exit status.")
-@click.option("--tail", "tail_lines", type=click.IntRange(min=0), default=None, metavar="N", help="Start N lines from the end.")
-@click.option("--read-timeout", type=Seconds(), default=60.0, show_default=True,
-              help="Reconnect (from the same byte) when no data arrives for this long.")
+@click.option(
+    "--tail", "tail_lines", type=click.IntRange(min=0), default=None, metavar="N", help="Start N lines from the end."
+)
+@click.option(
+    "--read-timeout",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    help="Reconnect (from the same byte) when no data arrives for this long.",
+)
 @with_remote
 def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:
     """Print RUN_NAME's train.log (default: the run last launched on the host); -f follows it across
@@ -247,8 +335,12 @@ def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, re
 @click.argument("run_name", required=False)
 @click.option("--latest", "which", flag_value="latest", default=True, help="Only the newest checkpoint (default).")
 @click.option("--all", "which", flag_value="all", help="Every complete checkpoint.")
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Local run directory (default: runs/RUN_NAME in this repo).")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Local run directory (default: runs/RUN_NAME in this repo).",
+)
 @with_remote
 def fetch(remote: Remote, run_name: str | None, which: str, dest: Path | None) -> None:
     """Pull complete checkpoints (verified against MANIFEST) and run.json, config.yaml,
@@ -260,9 +352,11 @@ def fetch(remote: Remote, run_name: str | None, which: str, dest: Path | None) -
     rep = do_fetch(remote.session, run_name, dest or remote.repo / "runs" / run_name, which == "all")
     mib = rep["bytes"] / 2**20
     rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
-    click.echo(f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
-               f"{len(rep['skipped'])} already here; {mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
-               f"{rep['method']}) → {rep['dest']}")  # fmt: skip
+    click.echo(
+        f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
+        f"{len(rep['skipped'])} already here; {mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
+        f"{rep['method']}) → {rep['dest']}"
+    )
 
 
 COMMANDS = (preflight, launch, status, stop, logs, fetch)

@@ -21,8 +21,15 @@ from orchestrator.cliutil import HostOptionsCommand, Remote, with_remote
 @click.option("--top-k", type=click.IntRange(min=1), default=None)
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True)
 @with_remote
-def sample(remote: Remote, run_name: str | None, prompt: str | None, n_bytes: int, temperature: float,
-           top_k: int | None, seed: int) -> None:  # fmt: skip
+def sample(
+    remote: Remote,
+    run_name: str | None,
+    prompt: str | None,
+    n_bytes: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+) -> None:
     """Generate text from RUN_NAME's newest checkpoint on the server (on its GPU); print it here."""
     from orchestrator import ops
 
@@ -31,8 +38,11 @@ def sample(remote: Remote, run_name: str | None, prompt: str | None, n_bytes: in
     args += (["--prompt", prompt] if prompt is not None else []) + (["--top-k", str(top_k)] if top_k else [])
     rep = remote.session.enlace_json("latest", *args, timeout=3600)
     sys.stdout.write(rep["text"] + "\n")
-    click.echo(f"[{rep['bytes']} bytes at {rep['bytes_per_s']} bytes/s on {remote.host.name} ({rep['device']}), "
-               f"step {rep['step']}, seed {seed}]", err=True)  # fmt: skip
+    click.echo(
+        f"[{rep['bytes']} bytes at {rep['bytes_per_s']} bytes/s on {remote.host.name} ({rep['device']}), "
+        f"step {rep['step']}, seed {seed}]",
+        err=True,
+    )
 
 
 @click.command(cls=HostOptionsCommand)
@@ -59,8 +69,13 @@ def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: 
 
 
 @click.command(cls=HostOptionsCommand)
-@click.option("--keep", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Also keep this many of the most recently synced trees.")
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Also keep this many of the most recently synced trees.",
+)
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @with_remote
 def gc(remote: Remote, keep: int, dry_run: bool) -> None:

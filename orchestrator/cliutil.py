@@ -55,11 +55,21 @@ class HostOptionsCommand(click.Command):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.params += [
-            click.Option(["--host"], metavar="NAME", expose_value=False, callback=_remember("host"),
-                         help="The host (as the global --host; may stand after the verb)."),
-            click.Option(["--accept-new-host-key"], is_flag=True, expose_value=False,
-                         callback=_remember("accept_new_host_key"), help="As the global option."),
-        ]  # fmt: skip
+            click.Option(
+                ["--host"],
+                metavar="NAME",
+                expose_value=False,
+                callback=_remember("host"),
+                help="The host (as the global --host; may stand after the verb).",
+            ),
+            click.Option(
+                ["--accept-new-host-key"],
+                is_flag=True,
+                expose_value=False,
+                callback=_remember("accept_new_host_key"),
+                help="As the global option.",
+            ),
+        ]
 
 
 class HostOptionsGroup(click.Group):
@@ -81,15 +91,22 @@ def with_remote(fn):
 
 
 set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
     help="Override one config value on the server (as `enlace --set`), e.g. --set training.max_steps=50; recorded "
-         "in the run's frozen config.yaml and run.json. Repeatable.")  # fmt: skip
+    "in the run's frozen config.yaml and run.json. Repeatable.",
+)
 allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")
 
 
 def print_sync(rep) -> None:
     if rep.dirty:
-        click.echo(f"warning: --allow-dirty: {len(rep.dirty)} uncommitted change(s) NOT shipped; "
-                   f"the server gets HEAD {rep.commit[:12]}", err=True)  # fmt: skip
+        click.echo(
+            f"warning: --allow-dirty: {len(rep.dirty)} uncommitted change(s) NOT shipped; "
+            f"the server gets HEAD {rep.commit[:12]}",
+            err=True,
+        )
     sent = "pushed and checked out" if rep.pushed else "already on the server"
     click.echo(f"sync: {rep.commit[:12]} {sent} ({rep.tree}) in {rep.seconds:.2f}s", err=True)

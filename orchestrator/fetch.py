@@ -66,8 +66,10 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool, at
             return _fetch_once(session, run_name, dest, all_checkpoints)
         except Vanished as e:
             if attempt == attempts - 1:
-                raise RemoteError(f"fetch {run_name}: files kept vanishing on the server during the transfer "
-                                  f"(a live run pruning checkpoints): {e.message}") from None  # fmt: skip
+                raise RemoteError(
+                    f"fetch {run_name}: files kept vanishing on the server during the transfer "
+                    f"(a live run pruning checkpoints): {e.message}"
+                ) from None
             click.echo(f"fetch: {e.message}; asking the server for its checkpoints again", err=True)
     raise AssertionError("unreachable")
 
@@ -75,8 +77,10 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool, at
 def _fetch_once(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict:
     m = session.enlace_json("latest", "manifest", run_name)
     if not m["checkpoints"]:
-        raise UsageError(f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
-                         "— wait for the first checkpoint.every steps, or stop the run to make it save")  # fmt: skip
+        raise UsageError(
+            f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
+            "— wait for the first checkpoint.every steps, or stop the run to make it save"
+        )
     wanted = m["checkpoints"] if all_checkpoints else [c for c in m["checkpoints"] if c["name"] == m["latest"]]
     root = dest.resolve()
     _claim(root, session.host.name, m["run_dir"], run_name)
@@ -153,13 +157,17 @@ def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
     if path.is_file():
         have = json.loads(path.read_text())
         if have != origin:
-            raise UsageError(f"{root} holds {run_name} fetched from {have['host']} ({have['run_dir']}); fetching "
-                             f"{run_name} from {host} ({run_dir}) would mix two runs — fetch it elsewhere: "
-                             f"--dest {root.parent / (run_name + '@' + host)}")  # fmt: skip
+            raise UsageError(
+                f"{root} holds {run_name} fetched from {have['host']} ({have['run_dir']}); fetching "
+                f"{run_name} from {host} ({run_dir}) would mix two runs — fetch it elsewhere: "
+                f"--dest {root.parent / (run_name + '@' + host)}"
+            )
         return
     if (root / "checkpoints").is_dir() and any((root / "checkpoints").iterdir()):
-        raise UsageError(f"{root} already holds checkpoints of unknown origin (a local run?); fetching {run_name} from "
-                         f"{host} would mix them — fetch it elsewhere: --dest {root.parent / (run_name + '@' + host)}")
+        raise UsageError(
+            f"{root} already holds checkpoints of unknown origin (a local run?); fetching {run_name} from "
+            f"{host} would mix them — fetch it elsewhere: --dest {root.parent / (run_name + '@' + host)}"
+        )
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(origin) + "\n")
 
@@ -172,13 +180,16 @@ def _verify(partial: Path, files: dict, name: str) -> None:
     for fname, digest in zip(names, got):
         if digest != files[fname]["sha256"]:
             (partial / fname).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
-            raise CorruptCheckpoint(f"{name}/{fname}: sha256 does not match the server's MANIFEST — not installed. "
-                                    "If this repeats, the file is corrupt on the server; fetch an older checkpoint "
-                                    "with --all")  # fmt: skip
+            raise CorruptCheckpoint(
+                f"{name}/{fname}: sha256 does not match the server's MANIFEST — not installed. "
+                "If this repeats, the file is corrupt on the server; fetch an older checkpoint "
+                "with --all"
+            )
 
 
-def _transfer(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, use_rsync: bool,
-              whole: set[str]) -> None:  # fmt: skip
+def _transfer(
+    session: Session, remote_dir: str, sizes: dict[str, int], into: Path, use_rsync: bool, whole: set[str]
+) -> None:
     """Copy run_dir-relative paths `sizes` into `into`, keeping partial checkpoint files for a rerun;
     the run files in `whole` (the server rewrites them) are never resumed by appending."""
     into.mkdir(parents=True, exist_ok=True)
@@ -202,8 +213,14 @@ def _rsync(session: Session, remote_dir: str, paths: list[str], into: Path) -> N
         argv += ["-e", shlex.join(t.ssh_argv())]
     argv += [t.remote_path(remote_dir.rstrip("/") + "/"), str(into) + "/"]
     # progress (carriage returns) to stderr: stdout stays clean when piped; rsync dies with us
-    p = subprocess.run(argv, input="\n".join(paths) + "\n", text=True, stdout=sys.stderr, stderr=subprocess.PIPE,
-                       preexec_fn=die_with_us)  # fmt: skip
+    p = subprocess.run(
+        argv,
+        input="\n".join(paths) + "\n",
+        text=True,
+        stdout=sys.stderr,
+        stderr=subprocess.PIPE,
+        preexec_fn=die_with_us,
+    )
     errors = [line for line in p.stderr.splitlines() if line.startswith("rsync: ")]
     gone = errors and all("No such file or directory" in line for line in errors)
     if p.returncode == 24 or (p.returncode == 23 and gone):  # vanished during, or before, the transfer
@@ -245,10 +262,16 @@ def _quiet_prefetch_threads(args) -> None:
         threading.__excepthook__(args)
 
 
-def _sftp_files(sftp, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str],
-                interrupted: threading.Event) -> None:  # fmt: skip
-    with click.progressbar(length=sum(sizes.values()), label="fetch (sftp)", show_eta=True, show_percent=True,
-                           file=click.get_text_stream("stderr")) as bar:  # fmt: skip
+def _sftp_files(
+    sftp, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str], interrupted: threading.Event
+) -> None:
+    with click.progressbar(
+        length=sum(sizes.values()),
+        label="fetch (sftp)",
+        show_eta=True,
+        show_percent=True,
+        file=click.get_text_stream("stderr"),
+    ) as bar:
         for rel in sizes:
             local = into / rel
             if rel in whole:

@@ -24,8 +24,9 @@ BUILD_LITTER = ("__pycache__/", ".pyc", ".pyo")  # ignored on purpose, regenerat
 
 
 def git(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> str:
-    p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                       env={**os.environ, **(env or {})})  # fmt: skip
+    p = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     if check and p.returncode != 0:
         raise UsageError(f"`git {' '.join(args)}` failed in {repo}: {(p.stderr or p.stdout).strip()}")
     return p.stdout
@@ -34,12 +35,16 @@ def git(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> 
 def repo_root(start: Path) -> Path:
     p = subprocess.run(["git", "-C", str(start), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if p.returncode != 0:
-        raise UsageError(f"{start} is not inside a git repository — enlace-remote ships code with git; run it "
-                         "from your enlace checkout")  # fmt: skip
+        raise UsageError(
+            f"{start} is not inside a git repository — enlace-remote ships code with git; run it "
+            "from your enlace checkout"
+        )
     root = Path(p.stdout.strip())
     if not (root / "scripts" / "remote.sh").is_file() or not (root / "enlace").is_dir():
-        raise UsageError(f"{root} is a git repository but not an enlace checkout (no scripts/remote.sh or enlace/) "
-                         "— run enlace-remote from your enlace checkout")  # fmt: skip
+        raise UsageError(
+            f"{root} is a git repository but not an enlace checkout (no scripts/remote.sh or enlace/) "
+            "— run enlace-remote from your enlace checkout"
+        )
     return root
 
 
@@ -50,8 +55,12 @@ def ignored_shipped_files(repo: Path) -> list[tuple[str, str]]:
     paths = [p for p in untracked + tracked if p and not any(x in p for x in BUILD_LITTER)]
     if not paths:
         return []
-    p = subprocess.run(["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--stdin"],
-                       input="\n".join(paths), capture_output=True, text=True)  # fmt: skip
+    p = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--stdin"],
+        input="\n".join(paths),
+        capture_output=True,
+        text=True,
+    )
     out = []
     for line in p.stdout.splitlines():
         source, _, path = line.partition("\t")
@@ -72,15 +81,19 @@ def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> S
     dirty = [line for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines() if line]
     if dirty and not allow_dirty:
         listing = "\n".join(f"  {d}" for d in dirty[:30]) + ("\n  ..." if len(dirty) > 30 else "")
-        raise VerifyError(f"the working tree has uncommitted changes; they would NOT ship:\n{listing}\n"
-                          "commit them, or pass --allow-dirty to ship HEAD without them")  # fmt: skip
+        raise VerifyError(
+            f"the working tree has uncommitted changes; they would NOT ship:\n{listing}\n"
+            "commit them, or pass --allow-dirty to ship HEAD without them"
+        )
     if check_ignored:
         bad = ignored_shipped_files(repo)
         if bad:
             listing = "\n".join(f"  {path}   (ignored by {source})" for path, source in bad[:40])
-            raise VerifyError(f"git ignores {len(bad)} file(s) the server needs — they would never arrive:\n{listing}\n"
-                              "fix .gitignore (anchor root-only entries with a leading slash, e.g. /data/), "
-                              "then add and commit the files")  # fmt: skip
+            raise VerifyError(
+                f"git ignores {len(bad)} file(s) the server needs — they would never arrive:\n{listing}\n"
+                "fix .gitignore (anchor root-only entries with a leading slash, e.g. /data/), "
+                "then add and commit the files"
+            )
     sha = git(repo, "rev-parse", "HEAD").strip()
     if not SHA_RE.fullmatch(sha):
         raise UsageError(f"cannot read HEAD in {repo} — make a first commit")
@@ -97,8 +110,9 @@ def sync(session: Session, repo: Path, allow_dirty: bool = False, check_ignored:
         report.pushed = True
     # idempotent; with `python: venv` the first checkout builds the venv: pip's progress is shown as it comes
     argv = session.argv("checkout", report.commit, session.host.python, *session.host.pip_args)
-    done = session.stream_call(argv, "remote.sh checkout", lambda line: click.echo(f"  server: {line}", err=True),
-                               stall_timeout=1800)  # fmt: skip
+    done = session.stream_call(
+        argv, "remote.sh checkout", lambda line: click.echo(f"  server: {line}", err=True), stall_timeout=1800
+    )
     report.tree = done["tree"]
     report.seconds = time.perf_counter() - t0
     return report

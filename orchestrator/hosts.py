@@ -29,9 +29,23 @@ from enlace.slurm import KEYS as SLURM_KEYS
 from enlace.slurm import SlurmSpec, spec_from
 from orchestrator.errors import UsageError
 
-TARGET_RE = re.compile(r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?")
-HOST_KEYS = {"ssh", "remote_dir", "python", "default_run", "identity_file", "known_hosts", "connect_timeout", "user",
-             "port", "pip_args", "scheduler", *SLURM_KEYS}  # fmt: skip
+TARGET_RE = re.compile(
+    r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?"
+)
+HOST_KEYS = {
+    "ssh",
+    "remote_dir",
+    "python",
+    "default_run",
+    "identity_file",
+    "known_hosts",
+    "connect_timeout",
+    "user",
+    "port",
+    "pip_args",
+    "scheduler",
+    *SLURM_KEYS,
+}
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -80,8 +94,10 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         data = load_yaml_unique(path.read_text()) or {}
     except DuplicateKey as e:
-        raise UsageError(f"{path}: line {e.again}: {e.key!r} is given twice (first at line {e.first}); YAML would keep "
-                         f"only the last and silently drop the first — merge them into one `{e.key}:` entry") from None
+        raise UsageError(
+            f"{path}: line {e.again}: {e.key!r} is given twice (first at line {e.first}); YAML would keep "
+            f"only the last and silently drop the first — merge them into one `{e.key}:` entry"
+        ) from None
     except yaml.YAMLError as e:
         raise UsageError(f"{path}: not valid YAML ({e.__class__.__name__}) — fix the syntax") from None
     if not isinstance(data, dict):
@@ -114,8 +130,14 @@ def resolve_host(name: str, repo: Path) -> Host:
     if name == "local":
         remote_dir = table.get("local", {}).get("remote_dir") or str(repo / ".enlace" / "local")
         python = table.get("local", {}).get("python") or sys.executable
-        return Host("local", True, str(Path(remote_dir).expanduser()), python, default_run=entry.get("default_run"),
-                    slurm=_scheduler(table.get("local", {}), "local"))  # fmt: skip
+        return Host(
+            "local",
+            True,
+            str(Path(remote_dir).expanduser()),
+            python,
+            default_run=entry.get("default_run"),
+            slurm=_scheduler(table.get("local", {}), "local"),
+        )
     target = entry.get("ssh") or name
     m = TARGET_RE.fullmatch(target)
     if not m:
@@ -127,14 +149,22 @@ def resolve_host(name: str, repo: Path) -> Host:
     identities = [identity] if identity else cfg.get("identityfile", [])
     known = entry.get("known_hosts") or (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
     return Host(
-        name=name, local=False, remote_dir=entry.get("remote_dir", "~/enlace"), python=entry.get("python", "venv"),
-        hostname=cfg.get("hostname", alias).strip("[]"), user=m.group("user") or entry.get("user") or cfg.get("user"),
-        port=port, identity_files=[str(Path(p).expanduser()) for p in identities],
-        known_hosts=str(Path(known).expanduser()), connect_timeout=float(entry.get("connect_timeout", 10)),
-        default_run=entry.get("default_run"), pip_args=_pip_args(entry.get("pip_args"), name),
+        name=name,
+        local=False,
+        remote_dir=entry.get("remote_dir", "~/enlace"),
+        python=entry.get("python", "venv"),
+        hostname=cfg.get("hostname", alias).strip("[]"),
+        user=m.group("user") or entry.get("user") or cfg.get("user"),
+        port=port,
+        identity_files=[str(Path(p).expanduser()) for p in identities],
+        known_hosts=str(Path(known).expanduser()),
+        connect_timeout=float(entry.get("connect_timeout", 10)),
+        default_run=entry.get("default_run"),
+        pip_args=_pip_args(entry.get("pip_args"), name),
         slurm=_scheduler(entry, name),
-        configured=name in table or bool(set(cfg) - {"hostname"}), known=("local", *sorted(n for n in table if n != "local")),
-    )  # fmt: skip
+        configured=name in table or bool(set(cfg) - {"hostname"}),
+        known=("local", *sorted(n for n in table if n != "local")),
+    )
 
 
 def _scheduler(entry: dict[str, Any], name: str) -> SlurmSpec | None:
@@ -177,8 +207,10 @@ def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     data["hosts"] = hosts
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
-                   + yaml.safe_dump(data, sort_keys=False))  # fmt: skip
+    tmp.write_text(
+        "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
+        + yaml.safe_dump(data, sort_keys=False)
+    )
     os.replace(tmp, path)
     return path, hosts[name]
 

@@ -21,14 +21,22 @@ from orchestrator.session import Session
 from orchestrator.transport import backoff
 
 
-def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall_timeout: float = 60,
-               give_up_s: float = 600, out=None) -> int:  # fmt: skip
+def follow_log(
+    session: Session,
+    run_name: str,
+    offset: int,
+    follow: bool,
+    stall_timeout: float = 60,
+    give_up_s: float = 600,
+    out=None,
+) -> int:
     """Print the log from `offset`; returns the run's exit code with `follow`, else 0."""
     out = out or sys.stdout.buffer
     failures, last_ok = 0, time.monotonic()
     while True:
-        argv = session.enlace_argv("latest", "logs", run_name, "--offset", str(offset),
-                                   *(["--follow"] if follow else []), tied=True)  # fmt: skip
+        argv = session.enlace_argv(
+            "latest", "logs", run_name, "--offset", str(offset), *(["--follow"] if follow else []), tied=True
+        )
         written = 0
 
         def on_data(chunk: bytes) -> None:
@@ -44,9 +52,11 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
             if written:
                 failures, last_ok = 0, time.monotonic()
             if time.monotonic() - last_ok > give_up_s:
-                raise RemoteError(f"logs {run_name}: gave up after {give_up_s:g}s without a working connection "
-                                  f"({e.message}); the run itself is unaffected — rerun `enlace-remote logs "
-                                  f"{run_name} -f`") from None  # fmt: skip
+                raise RemoteError(
+                    f"logs {run_name}: gave up after {give_up_s:g}s without a working connection "
+                    f"({e.message}); the run itself is unaffected — rerun `enlace-remote logs "
+                    f"{run_name} -f`"
+                ) from None
             delay = backoff(failures)
             failures += 1
             click.echo(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]", err=True)

@@ -72,14 +72,18 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
         return validate_run_name(run, "RUN")
     path = _last_runs_file(repo)
     last = json.loads(path.read_text()).get(host.name) if path.exists() else None
-    choices = [(host.default_run, f"default_run of host {host.name}"),
-               (last, f"the last run launched on {host.name} from this repo")]  # fmt: skip
+    choices = [
+        (host.default_run, f"default_run of host {host.name}"),
+        (last, f"the last run launched on {host.name} from this repo"),
+    ]
     for name, why in reversed(choices) if last_first else choices:
         if name:
             click.echo(f"run: {name} ({why})", err=True)
             return validate_run_name(name, "RUN")
-    raise UsageError(f"no RUN given, host {host.name} has no default_run and nothing was launched there from "
-                     "this repo yet — name the run, e.g. `enlace-remote launch smoke-cpu`")  # fmt: skip
+    raise UsageError(
+        f"no RUN given, host {host.name} has no default_run and nothing was launched there from "
+        "this repo yet — name the run, e.g. `enlace-remote launch smoke-cpu`"
+    )
 
 
 # -- preflight ----------------------------------------------------------------------------------
@@ -96,8 +100,13 @@ def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name:
         from orchestrator.slurm import on_node
 
         args = on_node(session.host.slurm, args)
-    report = session.stream_json(sha, *args, on_progress=lambda line: click.echo(line, err=True),
-                                 stall_timeout=900, ok_codes=(0, *VERDICT.values()))  # fmt: skip
+    report = session.stream_json(
+        sha,
+        *args,
+        on_progress=lambda line: click.echo(line, err=True),
+        stall_timeout=900,
+        ok_codes=(0, *VERDICT.values()),
+    )
     local = repo / "runs" / run_name
     local.mkdir(parents=True, exist_ok=True)
     (local / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -119,19 +128,24 @@ def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
         raise AlreadyRunning(_running_message(session, row))
     extends = any(o.startswith("training.max_steps=") for o in overrides)
     if row["status"] == "finished" and not extends:
-        click.echo(f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "
-                   f"{row['latest_checkpoint']}); nothing to train. To train further, raise max_steps: "
-                   f"`enlace-remote launch {run_name} --set training.max_steps={2 * (row['max_steps'] or 1)}` "
-                   "resumes from that checkpoint", err=True)  # fmt: skip
+        click.echo(
+            f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "
+            f"{row['latest_checkpoint']}); nothing to train. To train further, raise max_steps: "
+            f"`enlace-remote launch {run_name} --set training.max_steps={2 * (row['max_steps'] or 1)}` "
+            "resumes from that checkpoint",
+            err=True,
+        )
         return False
     return True
 
 
 def _running_message(session: Session, row: dict) -> str:
     name = row["run_name"]
-    return (f"{name} is already running on {session.host.name} (pid {row['pid']}, step {row['step']}/"
-            f"{row['max_steps']}, status {row['status']}) — `enlace-remote stop {name}` first, or follow it with "
-            f"`enlace-remote logs {name} -f`")  # fmt: skip
+    return (
+        f"{name} is already running on {session.host.name} (pid {row['pid']}, step {row['step']}/"
+        f"{row['max_steps']}, status {row['status']}) — `enlace-remote stop {name}` first, or follow it with "
+        f"`enlace-remote logs {name} -f`"
+    )
 
 
 def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous: dict | None = None) -> list[str]:
@@ -144,9 +158,16 @@ def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous:
         return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *train]
     # Several hosts: a fixed node rank per host (node 0 = the first host, which holds rank 0, its
     # log and its checkpoints), rendezvous at the first host.
-    return ["-m", "torch.distributed.run", f"--nnodes={rendezvous['nnodes']}", f"--node-rank={rendezvous['node_rank']}",
-            f"--master-addr={rendezvous['addr']}", f"--master-port={rendezvous['port']}",
-            f"--nproc-per-node={nproc}", *train]  # fmt: skip
+    return [
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={rendezvous['nnodes']}",
+        f"--node-rank={rendezvous['node_rank']}",
+        f"--master-addr={rendezvous['addr']}",
+        f"--master-port={rendezvous['port']}",
+        f"--nproc-per-node={nproc}",
+        *train,
+    ]
 
 
 def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str]) -> dict:
@@ -162,25 +183,39 @@ def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str])
 
 
 def log_since(session: Session, run_name: str, offset: int) -> str:
-    return session.transport.run(session.enlace_argv("latest", "logs", run_name, "--offset", str(offset)),
-                                 check=False).stdout  # fmt: skip
+    return session.transport.run(
+        session.enlace_argv("latest", "logs", run_name, "--offset", str(offset)), check=False
+    ).stdout
 
 
 def wait_first_step(session: Session, run_name: str, started: dict, wait_s: float = 600) -> dict:
     """Wait (on the server, one call) until the trainer we started logged a step or ended; show its
     phases meanwhile. A run that ended badly fails here with its error and log tail."""
-    row = session.stream_json("latest", "wait", run_name, "--launch-id", started["launch_id"], "--timeout",
-                              str(wait_s), on_progress=lambda line: click.echo(line, err=True),
-                              stall_timeout=wait_s + 60)  # fmt: skip
+    row = session.stream_json(
+        "latest",
+        "wait",
+        run_name,
+        "--launch-id",
+        started["launch_id"],
+        "--timeout",
+        str(wait_s),
+        on_progress=lambda line: click.echo(line, err=True),
+        stall_timeout=wait_s + 60,
+    )
     if row["waited"] == "timeout":
         where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
-        raise RemoteError(f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
-                          f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`")  # fmt: skip
+        raise RemoteError(
+            f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
+            f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`"
+        )
     if row["status"] not in ("running", "finished", "stopped"):
         tail = "\n".join(log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:])
         raise for_exit_code(exit_code_of(row), f"{ended_message(row)}\n{tail}")
-    how = (f"resumed from checkpoints/{row['resumed_from']}" if row["resumed_from"]
-           else "no complete checkpoint: starting from step 0")  # fmt: skip
+    how = (
+        f"resumed from checkpoints/{row['resumed_from']}"
+        if row["resumed_from"]
+        else "no complete checkpoint: starting from step 0"
+    )
     click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
     return row
 
@@ -189,20 +224,42 @@ def format_status(rows: list[dict], hosts: bool = False) -> str:
     """The status table; with `hosts`, rows carry a "host" (and a host that did not answer, an "error")."""
     now = time.time()
     jobs = any(r.get("job_id") for r in rows)
-    head = (*(("HOST",) if hosts else ()), "RUN", "STATUS", "STEP", "LOSS", "VAL BPB", "TOK/S", "ELAPSED", "ETA",
-            "AGE", "COMMIT", *(("SLURM",) if jobs else ()))  # fmt: skip
+    head = (
+        *(("HOST",) if hosts else ()),
+        "RUN",
+        "STATUS",
+        "STEP",
+        "LOSS",
+        "VAL BPB",
+        "TOK/S",
+        "ELAPSED",
+        "ETA",
+        "AGE",
+        "COMMIT",
+        *(("SLURM",) if jobs else ()),
+    )
     table = [head]
     for r in rows:
         lead = (r["host"],) if hosts else ()
         if r.get("error"):
             table.append((*lead, "-", r["error"]))
             continue
-        table.append((*lead, r["run_name"], r["status"], f"{r['step']}/{r['max_steps']}",
-                      f"{r['loss']:.4f}" if r["loss"] is not None else "-",
-                      f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
-                      f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-", duration(r["elapsed_s"]),
-                      duration(r["eta_s"]), duration(now - r["updated_at"]) if r.get("updated_at") else "-",
-                      (r["commit"] or "-")[:12], *((slurm_cell(r),) if jobs else ())))  # fmt: skip
+        table.append(
+            (
+                *lead,
+                r["run_name"],
+                r["status"],
+                f"{r['step']}/{r['max_steps']}",
+                f"{r['loss']:.4f}" if r["loss"] is not None else "-",
+                f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
+                f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
+                duration(r["elapsed_s"]),
+                duration(r["eta_s"]),
+                duration(now - r["updated_at"]) if r.get("updated_at") else "-",
+                (r["commit"] or "-")[:12],
+                *((slurm_cell(r),) if jobs else ()),
+            )
+        )
     widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 

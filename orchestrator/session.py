@@ -40,22 +40,36 @@ class Session:
         r = self.transport.run(self.argv(verb, *args), timeout=timeout, check=False)
         return self._answer(f"remote.sh {verb}", r.stdout, r.stderr, r.exited, ok_codes)
 
-    def enlace_json(self, sha: str, *args: str, timeout: float = 600, ok_codes: tuple[int, ...] = (0,),
-                    idempotent: bool = True) -> Any:  # fmt: skip
+    def enlace_json(
+        self, sha: str, *args: str, timeout: float = 600, ok_codes: tuple[int, ...] = (0,), idempotent: bool = True
+    ) -> Any:
         """`enlace ARGS --json` on the server: its one JSON answer (an error answer raises, with its exit code)."""
-        r = self.transport.run(self.enlace_argv(sha, *_with_json(args)), timeout=timeout, check=False,
-                               idempotent=idempotent)  # fmt: skip
+        r = self.transport.run(
+            self.enlace_argv(sha, *_with_json(args)), timeout=timeout, check=False, idempotent=idempotent
+        )
         return self._answer(f"enlace {args[0]}", r.stdout, r.stderr, r.exited, ok_codes)
 
-    def stream_json(self, sha: str, *args: str, on_progress: Callable[[str], None], stall_timeout: float,
-                    ok_codes: tuple[int, ...] = (0,)) -> Any:  # fmt: skip
+    def stream_json(
+        self,
+        sha: str,
+        *args: str,
+        on_progress: Callable[[str], None],
+        stall_timeout: float,
+        ok_codes: tuple[int, ...] = (0,),
+    ) -> Any:
         """Like enlace_json for long verbs (preflight, wait): stderr lines go to on_progress as they come;
         the server side ends if this client dies."""
         argv = self.enlace_argv(sha, *_with_json(args), tied=True)
         return self.stream_call(argv, f"enlace {args[0]}", on_progress, stall_timeout, ok_codes)
 
-    def stream_call(self, argv: list[str], what: str, on_progress: Callable[[str], None], stall_timeout: float,
-                    ok_codes: tuple[int, ...] = (0,)) -> Any:  # fmt: skip
+    def stream_call(
+        self,
+        argv: list[str],
+        what: str,
+        on_progress: Callable[[str], None],
+        stall_timeout: float,
+        ok_codes: tuple[int, ...] = (0,),
+    ) -> Any:
         """Run argv; its stderr lines go to on_progress as they arrive; its stdout is the one JSON answer."""
         out, err = bytearray(), bytearray()
         pending = b""

@@ -27,28 +27,61 @@ def on_node(spec: SlurmSpec, args: tuple[str, ...]) -> tuple[str, ...]:
 def submit(session: Session, sha: str, run_name: str, spec: SlurmSpec, gpus: int, pyargs: list[str]) -> dict:
     """sbatch the run on the login node; its job id goes into run.json. Not retried after a dropped
     session (it may have been submitted): a rerun says the run is live."""
-    doc = session.enlace_json(sha, "submit", run_name, "--slurm", json.dumps(spec.to_json()), "--gpus", str(gpus),
-                              "--", *pyargs, idempotent=False)  # fmt: skip
-    click.echo(f"submitted {run_name} to Slurm on {session.host.name}: job {doc['job_id']} (script "
-               f"runs/{run_name}/slurm/job-{doc['job_id']}.sh), commit {sha[:12]}", err=True)  # fmt: skip
+    doc = session.enlace_json(
+        sha,
+        "submit",
+        run_name,
+        "--slurm",
+        json.dumps(spec.to_json()),
+        "--gpus",
+        str(gpus),
+        "--",
+        *pyargs,
+        idempotent=False,
+    )
+    click.echo(
+        f"submitted {run_name} to Slurm on {session.host.name}: job {doc['job_id']} (script "
+        f"runs/{run_name}/slurm/job-{doc['job_id']}.sh), commit {sha[:12]}",
+        err=True,
+    )
     return doc
 
 
 def print_script(spec: SlurmSpec, run: str, run_name: str, gpus: int, train_args: list[str]) -> str:
     """The batch script for a user who submits it from the repository root on the cluster: the same
     #SBATCH settings and the same job step (time-limit checkpoint and requeue) as `launch` would use."""
-    job = ["python", "-m", "enlace", "slurm-job", run_name, "--gpus", str(gpus), "--nodes", str(spec.nodes),
-           "--max-requeues", str(spec.max_requeues), "--signal-grace", str(spec.signal_grace), "--", "-m", "enlace",
-           "train", run, *train_args]  # fmt: skip
-    return "\n".join([
-        "#!/bin/bash",
-        f"# enlace run {run_name}. From the repository root on the cluster (runs/ and data/ on the filesystem",
-        f"# the compute nodes share): mkdir -p runs/{run_name} && sbatch THIS_FILE",
-        "# Near the time limit the trainer checkpoints and the job requeues itself (up to max_requeues).",
-        *sbatch_lines(spec, f"enlace-{run_name}", spec.gpus_per_node),
-        f"#SBATCH --output=runs/{run_name}/train.log",
-        "export PYTHONUNBUFFERED=1",
-        "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
-        f"exec {shlex.join(job)}",
-        "",
-    ])  # fmt: skip
+    job = [
+        "python",
+        "-m",
+        "enlace",
+        "slurm-job",
+        run_name,
+        "--gpus",
+        str(gpus),
+        "--nodes",
+        str(spec.nodes),
+        "--max-requeues",
+        str(spec.max_requeues),
+        "--signal-grace",
+        str(spec.signal_grace),
+        "--",
+        "-m",
+        "enlace",
+        "train",
+        run,
+        *train_args,
+    ]
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# enlace run {run_name}. From the repository root on the cluster (runs/ and data/ on the filesystem",
+            f"# the compute nodes share): mkdir -p runs/{run_name} && sbatch THIS_FILE",
+            "# Near the time limit the trainer checkpoints and the job requeues itself (up to max_requeues).",
+            *sbatch_lines(spec, f"enlace-{run_name}", spec.gpus_per_node),
+            f"#SBATCH --output=runs/{run_name}/train.log",
+            "export PYTHONUNBUFFERED=1",
+            "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
+            f"exec {shlex.join(job)}",
+            "",
+        ]
+    )

@@ -128,8 +128,12 @@ class LocalTransport(Transport):
     def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
         # Its own session (a server-side `killpg` never reaches us); stdin a pipe we never write, which
         # closes when this process dies, however it dies.
-        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              start_new_session=True) as p, selectors.DefaultSelector() as sel:  # fmt: skip
+        with (
+            subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            ) as p,
+            selectors.DefaultSelector() as sel,
+        ):
             sel.register(p.stdout, selectors.EVENT_READ, on_stdout)
             sel.register(p.stderr, selectors.EVENT_READ, on_stderr)
             try:
@@ -180,10 +184,20 @@ class SSHTransport(Transport):
         from fabric import Config, Connection
 
         h = self.host
-        kwargs = {"key_filename": h.identity_files, "look_for_keys": not h.identity_files,
-                  "banner_timeout": h.connect_timeout, "auth_timeout": h.connect_timeout}  # fmt: skip
-        conn = Connection(h.hostname, user=h.user, port=h.port, connect_timeout=h.connect_timeout,
-                          connect_kwargs=kwargs, config=Config(overrides={"load_ssh_configs": False}))  # fmt: skip
+        kwargs = {
+            "key_filename": h.identity_files,
+            "look_for_keys": not h.identity_files,
+            "banner_timeout": h.connect_timeout,
+            "auth_timeout": h.connect_timeout,
+        }
+        conn = Connection(
+            h.hostname,
+            user=h.user,
+            port=h.port,
+            connect_timeout=h.connect_timeout,
+            connect_kwargs=kwargs,
+            config=Config(overrides={"load_ssh_configs": False}),
+        )
         conn.client.get_host_keys().clear()
         if Path(h.known_hosts).is_file():
             conn.client.load_host_keys(h.known_hosts)
@@ -197,22 +211,30 @@ class SSHTransport(Transport):
                 f"{where}: the host key has CHANGED (the server now offers {e.key.get_name()} {fingerprint(e.key)}, "
                 f"known_hosts has {fingerprint(e.expected_key)}) — refusing to connect: this may be an attack. If the "
                 f"server was really reinstalled, remove the old key with: ssh-keygen -R "
-                f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}") from None
+                f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}"
+            ) from None
         except paramiko.AuthenticationException as e:
             if "timeout" in str(e).lower() or "EOF" in str(e):  # the network, not the credentials
                 raise Transient(f"{where}: the SSH handshake did not complete ({e})") from None
-            raise UnreachableError(f"{where}: authentication rejected ({e}); keys tried: "
-                                   f"{', '.join(h.identity_files) or 'ssh-agent / ~/.ssh/id_*'}") from None  # fmt: skip
+            raise UnreachableError(
+                f"{where}: authentication rejected ({e}); keys tried: "
+                f"{', '.join(h.identity_files) or 'ssh-agent / ~/.ssh/id_*'}"
+            ) from None
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
                 raise UnreachableError(self._unknown_key_message(where)) from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
-            where_from = ("it is in no hosts file (configs/hosts.yaml, ~/.config/enlace/hosts.yaml) nor ~/.ssh/config"
-                          if not h.configured else "check its ssh: / HostName")  # fmt: skip
-            raise UsageError(f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}); {where_from}. "
-                             f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} "
-                             "--ssh USER@HOST") from None  # fmt: skip
+            where_from = (
+                "it is in no hosts file (configs/hosts.yaml, ~/.config/enlace/hosts.yaml) nor ~/.ssh/config"
+                if not h.configured
+                else "check its ssh: / HostName"
+            )
+            raise UsageError(
+                f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}); {where_from}. "
+                f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} "
+                "--ssh USER@HOST"
+            ) from None
         except (TimeoutError, OSError, EOFError) as e:
             reason = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else (e.strerror or str(e))
             raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
@@ -236,9 +258,11 @@ class SSHTransport(Transport):
                 t.close()
         except Exception:  # the fingerprint is a courtesy: the refusal stands without it
             pass
-        return (f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
-                f"fingerprint, then trust it with: ssh-keyscan -p {h.port} {h.hostname} >> "
-                f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)")  # fmt: skip
+        return (
+            f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
+            f"fingerprint, then trust it with: ssh-keyscan -p {h.port} {h.hostname} >> "
+            f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)"
+        )
 
     def _dropped(self, e: BaseException, started: bool) -> Transient:
         self._conn = None
@@ -300,9 +324,19 @@ class SSHTransport(Transport):
     # -- git / rsync ------------------------------------------------------------------------
     def ssh_argv(self) -> list[str]:
         h = self.host
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={h.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={int(h.connect_timeout)}",
-                "-p", str(h.port)]  # fmt: skip
+        argv = [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={h.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"ConnectTimeout={int(h.connect_timeout)}",
+            "-p",
+            str(h.port),
+        ]
         cfg = ssh_config_file()
         argv += ["-F", str(cfg) if cfg.is_file() else "/dev/null"]
         # The keys paramiko tries (~ is $HOME), also for ssh, which would look in the passwd entry's home
@@ -327,7 +361,8 @@ class SSHTransport(Transport):
         except paramiko.SSHException as e:
             raise UnreachableError(
                 f"{self.host.name}: the server offers no SFTP ({e}) and fetch needs rsync or SFTP — install rsync "
-                "on the server, or enable `Subsystem sftp internal-sftp` in its sshd_config") from None  # fmt: skip
+                "on the server, or enable `Subsystem sftp internal-sftp` in its sshd_config"
+            ) from None
 
     def close(self) -> None:
         if self._conn is not None:

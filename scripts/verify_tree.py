@@ -14,8 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-NEEDED = ["enlace/__init__.py", "enlace/data/__init__.py", "enlace/data/bytestream.py", "enlace/data/shards.py",
-          "configs/data", "configs/profiles", "configs/runs"]  # fmt: skip
+NEEDED = [
+    "enlace/__init__.py",
+    "enlace/data/__init__.py",
+    "enlace/data/bytestream.py",
+    "enlace/data/shards.py",
+    "configs/data",
+    "configs/profiles",
+    "configs/runs",
+]
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -40,8 +47,10 @@ def import_detail(stderr: str) -> str:
     last = (stderr.strip().splitlines() or [""])[-1]
     for dep in DEPENDENCIES:
         if f"No module named '{dep}'" in last:
-            return (f"{last} — the server's python ({sys.executable}) lacks enlace's dependencies; set `python: venv` "
-                    "for this host in hosts.yaml (enlace builds a venv from constraints.txt), or install them")
+            return (
+                f"{last} — the server's python ({sys.executable}) lacks enlace's dependencies; set `python: venv` "
+                "for this host in hosts.yaml (enlace builds a venv from constraints.txt), or install them"
+            )
     return last
 
 
@@ -58,12 +67,17 @@ def main() -> int:
     missing = [p for p in NEEDED if not Path(p).exists()]
     add("package and config dirs present", not missing, "missing: " + ", ".join(missing) if missing else "")
     run_file = Path("configs/runs") / f"{run_ref}.yaml"
-    add(f"configs/runs/{run_ref}.yaml present", run_file.is_file(), "" if run_file.is_file() else f"missing: {run_file}")
+    add(
+        f"configs/runs/{run_ref}.yaml present", run_file.is_file(), "" if run_file.is_file() else f"missing: {run_file}"
+    )
     # The module must come from this tree: an installed copy elsewhere (e.g. an editable install)
     # would hide a tree that lacks it.
-    imp_p = start("-c", "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
-                    "assert f.startswith(os.path.realpath(os.getcwd()) + os.sep), 'imported from ' + f + "
-                    "', not from this tree: the tree lacks enlace/data/'")  # fmt: skip
+    imp_p = start(
+        "-c",
+        "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
+        "assert f.startswith(os.path.realpath(os.getcwd()) + os.sep), 'imported from ' + f + "
+        "', not from this tree: the tree lacks enlace/data/'",
+    )
     cc_p = start("-m", "enlace", "check-config", run_ref, "--json", *set_args)  # both checks run side by side
     imp, cc = finish(imp_p), finish(cc_p)
     add("import enlace.data", imp.returncode == 0, import_detail(imp.stderr) if imp.returncode else "")
@@ -74,8 +88,11 @@ def main() -> int:
     add(f"enlace check-config {run_ref}", cfg.get("ok"), cfg.get("error", ""))
     if cfg.get("ok"):
         absent = [f for f in cfg["files"].values() if not Path(f).is_file()]
-        add("referenced configs present", not absent, "missing: " + ", ".join(absent) if absent else
-            ", ".join(cfg["files"].values()))  # fmt: skip
+        add(
+            "referenced configs present",
+            not absent,
+            "missing: " + ", ".join(absent) if absent else ", ".join(cfg["files"].values()),
+        )
     if for_launch and cfg.get("ok"):
         df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args)
         try:

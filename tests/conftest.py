@@ -95,8 +95,13 @@ def user_repo(tmp_path: Path, repo_template: Path) -> Path:
     subprocess.run(["git", "clone", "-q", str(repo_template), str(repo)], check=True)
     (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n")
     write_run(repo, "tiny", training={"max_steps": 30, "log_every": 1, "eval_every": 10}, run_name="tiny")
-    write_run(repo, "long", training={"max_steps": 1_000_000, "log_every": 1, "eval_every": 0}, run_name="long",
-              checkpoint={"every": 50, "keep": 2})  # fmt: skip
+    write_run(
+        repo,
+        "long",
+        training={"max_steps": 1_000_000, "log_every": 1, "eval_every": 0},
+        run_name="long",
+        checkpoint={"every": 50, "keep": 2},
+    )
     from repocopy import commit_all
 
     commit_all(repo, "tiny and long runs")

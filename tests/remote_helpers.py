@@ -13,11 +13,13 @@ from conftest import REPO
 def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float = 300, host: str = "testhost"):
     cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full,
-                         stdin=subprocess.DEVNULL)  # fmt: skip
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full, stdin=subprocess.DEVNULL
+    )
     if check and out.returncode != 0:
-        raise AssertionError(f"enlace-remote {' '.join(args)} exited {out.returncode}\n{out.stdout[-3000:]}\n"
-                             f"{out.stderr[-3000:]}")  # fmt: skip
+        raise AssertionError(
+            f"enlace-remote {' '.join(args)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
     return out
 
 

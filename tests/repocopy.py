@@ -18,8 +18,9 @@ def commit_all(repo: Path, message: str) -> None:
 
 def copy_worktree_repo(dst: Path, message: str = "working tree") -> Path:
     """Copy every file git would ship (tracked or untracked-not-ignored) into a new repo at dst."""
-    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True, check=True
+    ).stdout
     for f in out.splitlines():
         if (REPO / f).is_file():
             (dst / f).parent.mkdir(parents=True, exist_ok=True)

@@ -76,8 +76,9 @@ class SlurmCluster:
         return {"SLURM_CONF": str(self.conf)}
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True, text=True, check=check,
-                              timeout=60)  # fmt: skip
+        return subprocess.run(
+            argv, env={**os.environ, **self.env}, capture_output=True, text=True, check=check, timeout=60
+        )
 
     def start(self, timeout: float = 60) -> None:
         for sub in ("spool", "state"):
@@ -87,11 +88,21 @@ class SlurmCluster:
         shutil.chown(key, "munge", "munge")
         key.chmod(0o400)
         shutil.chown(self.dir, "munge", "munge")  # munged writes its socket, pid and seed here
-        subprocess.run([_sbin("munged"), f"--key-file={key}", f"--socket={self.dir}/munge.socket",
-                        f"--pid-file={self.dir}/munged.pid", f"--log-file={self.dir}/munged.log",
-                        f"--seed-file={self.dir}/munged.seed"], check=True, user="munge")  # fmt: skip
-        self.conf.write_text(CONF.format(host=self.host, dir=self.dir, ctld_port=_free_port(), d_port=_free_port(),
-                                         cpus=self.cpus))  # fmt: skip
+        subprocess.run(
+            [
+                _sbin("munged"),
+                f"--key-file={key}",
+                f"--socket={self.dir}/munge.socket",
+                f"--pid-file={self.dir}/munged.pid",
+                f"--log-file={self.dir}/munged.log",
+                f"--seed-file={self.dir}/munged.seed",
+            ],
+            check=True,
+            user="munge",
+        )
+        self.conf.write_text(
+            CONF.format(host=self.host, dir=self.dir, ctld_port=_free_port(), d_port=_free_port(), cpus=self.cpus)
+        )
         env = {**os.environ, **self.env}
         subprocess.run([_sbin("slurmctld"), "-L", str(self.dir / "slurmctld.log")], env=env, check=True)
         subprocess.run([_sbin("slurmd"), "-L", str(self.dir / "slurmd.log")], env=env, check=True)
@@ -101,12 +112,14 @@ class SlurmCluster:
             if out == "idle":
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"slurm node not idle after {timeout}s (sinfo: {out!r}); slurmctld.log:\n"
-                           + self.log_tail())  # fmt: skip
+        raise RuntimeError(f"slurm node not idle after {timeout}s (sinfo: {out!r}); slurmctld.log:\n" + self.log_tail())
 
     def log_tail(self) -> str:
-        return "\n".join((self.dir / n).read_text(errors="replace")[-1500:] for n in ("slurmctld.log", "slurmd.log")
-                         if (self.dir / n).exists())  # fmt: skip
+        return "\n".join(
+            (self.dir / n).read_text(errors="replace")[-1500:]
+            for n in ("slurmctld.log", "slurmd.log")
+            if (self.dir / n).exists()
+        )
 
     def stop(self) -> None:
         """Cancel what is left, then stop the daemons by their pids (never by name)."""

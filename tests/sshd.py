@@ -67,11 +67,14 @@ class SSHServer:
             env = {**({} if self.own_homes else {"HOME": f"{self.dir}/home"}), **self.session_env}
             setenv = f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}" if env else ""
             keys = ".ssh/authorized_keys" if self.own_homes else f"{self.dir}/authorized_keys"
-            (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir, sftp=sftp, setenv=setenv,
-                                                                keys=keys))  # fmt: skip
+            (self.dir / "sshd_config").write_text(
+                CONFIG.format(port=self.port, dir=self.dir, sftp=sftp, setenv=setenv, keys=keys)
+            )
             log = self.dir / "sshd.log"
             log.write_text("")
-            self.proc = subprocess.Popen([*self.prefix, SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)])
+            self.proc = subprocess.Popen(
+                [*self.prefix, SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)]
+            )
             deadline = time.time() + 10
             while time.time() < deadline and self.proc.poll() is None:
                 if "Server listening on" in log.read_text():
@@ -107,9 +110,15 @@ class SSHServer:
         return (self.dir / "host_key.pub").read_text().split()[:2]
 
 
-def make_server(base: Path, name: str = "testhost", trust: bool = True, sftp: bool = True,
-                prefix: list[str] | None = None, own_homes: bool = False,
-                session_env: dict[str, str] | None = None) -> SSHServer:  # fmt: skip
+def make_server(
+    base: Path,
+    name: str = "testhost",
+    trust: bool = True,
+    sftp: bool = True,
+    prefix: list[str] | None = None,
+    own_homes: bool = False,
+    session_env: dict[str, str] | None = None,
+) -> SSHServer:
     d = base / f"sshd-{name}"
     (d / "home").mkdir(parents=True)
     keygen(d / "host_key")
@@ -121,10 +130,12 @@ def make_server(base: Path, name: str = "testhost", trust: bool = True, sftp: bo
     (d / "known_hosts").write_text(f"[127.0.0.1]:{srv.port} {kind} {key}\n" if trust else "")
     (d / "ssh_config").write_text(
         f"Host {name}\n  HostName 127.0.0.1\n  Port {srv.port}\n  User root\n  IdentityFile {d}/client_key\n"
-        f"  IdentitiesOnly yes\n  UserKnownHostsFile {d}/known_hosts\n  StrictHostKeyChecking yes\n")  # fmt: skip
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {d}/known_hosts\n  StrictHostKeyChecking yes\n"
+    )
     (d / "hosts.yaml").write_text(
         f"hosts:\n  {name}:\n    remote_dir: {base}/remote-{name}\n    python: {sys.executable}\n"
         f"    connect_timeout: 5\n    default_run: tiny\n"
-        f"  local:\n    remote_dir: {base}/remote-local\n    python: {sys.executable}\n    default_run: tiny\n")  # fmt: skip
+        f"  local:\n    remote_dir: {base}/remote-local\n    python: {sys.executable}\n    default_run: tiny\n"
+    )
     srv.env = {"ENLACE_SSH_CONFIG": str(d / "ssh_config"), "ENLACE_HOSTS_FILE": str(d / "hosts.yaml")}
     return srv

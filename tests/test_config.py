@@ -28,7 +28,8 @@ def test_every_shipped_run_config_loads(run):
 
 def test_precedence_set_over_run_over_profile_over_data_over_defaults(project):
     (project / "configs" / "profiles" / "p.yaml").write_text(
-        "runtime: {precision: bf16, seed: 7}\ntraining: {batch_size: 3, log_every: 4}\n")
+        "runtime: {precision: bf16, seed: 7}\ntraining: {batch_size: 3, log_every: 4}\n"
+    )
     (project / "configs" / "data" / "d.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.2\n")
     write_run(project, "prec", base={}, data="d", profile="p", training={"batch_size": 5}, runtime={"seed": 9})
     cfg = load_config("prec", ["runtime.seed=11"], root=project)
@@ -119,8 +120,12 @@ def test_fingerprint_ignores_logging_but_not_model(project):
 
 def test_cli_typo_is_one_line_exit_2_no_traceback(project):
     write_run(project, "typo", optim={"lerning_rate": 1e-3})
-    out = subprocess.run([sys.executable, "-m", "enlace", "check-config", "typo", "--root", str(project)],
-                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "enlace", "check-config", "typo", "--root", str(project)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
@@ -130,8 +135,12 @@ def test_cli_typo_is_one_line_exit_2_no_traceback(project):
 
 def test_cli_check_config_json(project):
     write_run(project, "ok")
-    out = subprocess.run([sys.executable, "-m", "enlace", "check-config", "ok", "--json", "--root", str(project)],
-                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "enlace", "check-config", "ok", "--json", "--root", str(project)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     doc = yaml.safe_load(out.stdout)
     assert doc["ok"] is True and doc["config"]["model"]["d_model"] == 32

@@ -114,8 +114,23 @@ def test_shardstream_ranks_read_disjoint_inputs(tmp_path):
 
 
 def test_prepare_cli(project, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "enlace", "prepare", "tiny", "--out", str(tmp_path / "sh"),
-                          "--shard-tokens", "4096", "--root", str(project)],
-                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enlace",
+            "prepare",
+            "tiny",
+            "--out",
+            str(tmp_path / "sh"),
+            "--shard-tokens",
+            "4096",
+            "--root",
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     assert "train" in out.stdout and (tmp_path / "sh" / "meta.json").is_file()

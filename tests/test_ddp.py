@@ -19,12 +19,24 @@ DET = {"runtime": {"deterministic": True}, "training": {"max_steps": 40, "log_ev
 
 
 def torchrun(project, *args, wait=True, nproc=2):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "enlace", "train", *args, "--root", str(project)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "enlace",
+        "train",
+        *args,
+        "--root",
+        str(project),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if not wait:
-        return subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            cmd, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
     out = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
@@ -47,15 +59,34 @@ def test_two_ranks_train_rank0_writes_and_resume_is_exact(project, tmp_path):
     assert "world 2" in log and log.count("step      8/40") == 1
     assert a["trainer.pt"]["tokens"] == 8 * 2 * 4 * 32  # steps x world x batch x seq_len
     # A different world size is refused, naming the fix.
-    one = subprocess.run([sys.executable, "-m", "enlace", "train", "ddp", "--root", str(project), "--runs-dir",
-                          str(tmp_path / "resumed"), "--until", "10"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    one = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enlace",
+            "train",
+            "ddp",
+            "--root",
+            str(project),
+            "--runs-dir",
+            str(tmp_path / "resumed"),
+            "--until",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert one.returncode == 2 and "saved by 2 processes, resuming with 1" in one.stderr
 
 
 def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(project):
-    write_run(project, "ddpstop", **{**DET, "training": {"max_steps": 100000, "log_every": 1, "eval_every": 0}},
-              checkpoint={"every": 0})  # fmt: skip
+    write_run(
+        project,
+        "ddpstop",
+        **{**DET, "training": {"max_steps": 100000, "log_every": 1, "eval_every": 0}},
+        checkpoint={"every": 0},
+    )
     proc = torchrun(project, "ddpstop", wait=False)
     run_dir = project / "runs" / "ddpstop"
     deadline = time.time() + 120
@@ -77,8 +108,22 @@ def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(project):
 
 def test_preflight_under_torchrun_reports_worst_rank_and_global_throughput(project):
     write_run(project, "ddppf")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "enlace",
-           "preflight", "ddppf", "--root", str(project), "--steps", "3", "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "enlace",
+        "preflight",
+        "ddppf",
+        "--root",
+        str(project),
+        "--steps",
+        "3",
+        "--json",
+    ]
     out = subprocess.run(cmd, cwd=project, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-2000:]
     rep = json.loads(out.stdout)  # one report: rank 0's

@@ -11,9 +11,12 @@ from remote_helpers import remote, server_dir, tiny_corpus
 from conftest import write_run
 from helpers import enlace, metrics, run_json
 
-STUDENT = {"model": {"seq_len": 32, "n_layer": 1, "n_head": 2, "d_model": 16, "dropout": 0.0},
-           "runtime": {"deterministic": True}, "training": {"max_steps": 8, "log_every": 1, "eval_every": 4},
-           "distill": {"teacher": "teach", "alpha": 0.5, "temperature": 2.0}}  # fmt: skip
+STUDENT = {
+    "model": {"seq_len": 32, "n_layer": 1, "n_head": 2, "d_model": 16, "dropout": 0.0},
+    "runtime": {"deterministic": True},
+    "training": {"max_steps": 8, "log_every": 1, "eval_every": 4},
+    "distill": {"teacher": "teach", "alpha": 0.5, "temperature": 2.0},
+}
 
 
 @pytest.fixture
@@ -74,8 +77,19 @@ def test_verify_names_a_missing_teacher_before_launch(sshd, user_repo):
 
 def test_generate_writes_shards_a_run_trains_on_and_is_seeded(teacher):
     for name in ("gen-a", "gen-b"):
-        enlace(teacher, "generate", "teach", "--bytes", "6000", "--out", str(teacher / "data" / name), "--seed", "7",
-               "--streams", "8")  # fmt: skip
+        enlace(
+            teacher,
+            "generate",
+            "teach",
+            "--bytes",
+            "6000",
+            "--out",
+            str(teacher / "data" / name),
+            "--seed",
+            "7",
+            "--streams",
+            "8",
+        )
     a, b = (sorted((teacher / "data" / n).iterdir()) for n in ("gen-a", "gen-b"))
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]  # same seed, same bytes
     (teacher / "configs" / "data" / "gen.yaml").write_text("kind: shards\nshard_dir: data/gen-a\n")

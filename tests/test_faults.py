@@ -201,16 +201,35 @@ def test_fetch_all_retries_when_a_checkpoint_vanishes_mid_transfer(sshd, user_re
 def test_killing_the_client_during_preflight_ends_the_servers_preflight(sshd, user_repo, host):
     """A model whose first step takes tens of seconds here: the preflight prints nothing meanwhile (as
     a GPU preflight compiling or in a long step), so only being tied to its client can end it."""
-    write_run(user_repo, "heavy", model={"d_model": 768, "n_layer": 12, "n_head": 12, "seq_len": 256},
-              training={"batch_size": 16})  # fmt: skip
+    write_run(
+        user_repo,
+        "heavy",
+        model={"d_model": 768, "n_layer": 12, "n_head": 12, "seq_len": 256},
+        training={"batch_size": 16},
+    )
     from repocopy import commit_all
 
     commit_all(user_repo, "heavy")
     remote(user_repo, sshd.env, "sync", host=host)
-    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, "preflight",
-           "heavy", "--steps", "3"]  # fmt: skip
-    client = subprocess.Popen(cmd, cwd=user_repo, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from orchestrator.cli import run_main; run_main()",
+        "--host",
+        host,
+        "preflight",
+        "heavy",
+        "--steps",
+        "3",
+    ]
+    client = subprocess.Popen(
+        cmd,
+        cwd=user_repo,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env},
+    )
     where = str(server_dir(sshd, host))
     while b"building the model" not in client.stderr.readline():  # its last line before the long first step
         assert client.poll() is None, client.stderr.read()
@@ -236,13 +255,20 @@ def _preflights_under(path: str) -> list[int]:
 def test_local_helpers_die_with_the_driver(tmp_path):
     """rsync and git run with PR_SET_PDEATHSIG: a SIGKILLed enlace-remote leaves none writing on."""
     pidfile = tmp_path / "child.pid"
-    parent = subprocess.Popen([sys.executable, "-c", f"""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import subprocess, time
 from orchestrator.transport import die_with_us
 p = subprocess.Popen(["sleep", "120"], preexec_fn=die_with_us)
 open({str(pidfile)!r}, "w").write(str(p.pid))
 time.sleep(120)
-"""], env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+""",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
     child = int(pidfile.read_text())
     parent.kill()

@@ -55,8 +55,12 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
     (server_home / ".ssh").mkdir(mode=0o700)
     shutil.copy(srv.dir / "client_key.pub", server_home / ".ssh" / "authorized_keys")
     subprocess.run(["chown", "-R", f"{fresh_user}:", str(server_home / ".ssh")], check=True)
-    env = {**os.environ, "HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "PYTHONPATH": str(REPO)}  # fmt: skip
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+    }
     for key in ("ENLACE_HOSTS_FILE", "ENLACE_SSH_CONFIG", "ENLACE_REMOTE_HOST"):
         env.pop(key, None)
     pip = [f"--pip-arg={a}" for a in ("--find-links", str(WHEELS))] if WHEELS.is_dir() else []
@@ -72,8 +76,9 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
             if argv[1] == "preflight":  # the data goes to <remote_dir>/data by hand, before the run reads it
                 tiny_corpus(server_home / "enlace")
                 subprocess.run(["chown", "-R", f"{fresh_user}:", str(server_home / "enlace" / "data")], check=True)
-            out = subprocess.run(argv, cwd=user_repo, env=env, capture_output=True, text=True, timeout=1200,
-                                 stdin=subprocess.DEVNULL)  # fmt: skip
+            out = subprocess.run(
+                argv, cwd=user_repo, env=env, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL
+            )
             assert out.returncode == 0, f"{line}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
             assert "Traceback" not in out.stderr, out.stderr
             if argv[1] == "setup":
@@ -84,8 +89,9 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
         assert f"{fresh_user}@127.0.0.1:{srv.port}" in hosts_file.read_text()
         server_run = server_home / "enlace" / "runs" / "tiny"
         fetched = user_repo / "runs" / "tiny"
-        assert (fetched / "checkpoints" / "step-000030" / "model.pt").read_bytes() == \
-            (server_run / "checkpoints" / "step-000030" / "model.pt").read_bytes()  # fmt: skip
+        assert (fetched / "checkpoints" / "step-000030" / "model.pt").read_bytes() == (
+            server_run / "checkpoints" / "step-000030" / "model.pt"
+        ).read_bytes()
         assert (server_run / "train.log").stat().st_uid == int(subprocess.check_output(["id", "-u", fresh_user]))
     finally:
         srv.stop()

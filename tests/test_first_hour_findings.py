@@ -49,7 +49,11 @@ def test_hosts_add_merges_and_duplicate_keys_are_refused(sshd, user_repo, tmp_pa
     out = remote(user_repo, env, "hosts", "add", "gpu2", "--ssh", "bob@gpu2", "--remote-dir", "/scratch/bob")
     assert "gpu2:" in out.stdout and "/scratch/bob" in out.stdout
     listing = remote(user_repo, env, "hosts").stdout
-    assert "alice@gpu1.example.org:2222" in listing and "bob@gpu2:22 (/scratch/bob)" in listing and "python venv" in listing
+    assert (
+        "alice@gpu1.example.org:2222" in listing
+        and "bob@gpu2:22 (/scratch/bob)" in listing
+        and "python venv" in listing
+    )
     path.write_text(path.read_text() + "hosts:\n  gpu3: {ssh: c@d}\n")  # what `cat >>` did to users
     out = remote(user_repo, env, "hosts", check=False)
     assert out.returncode == 2 and "'hosts' is given twice" in out.stderr and "line" in out.stderr
@@ -81,7 +85,9 @@ def test_set_passes_through_launch_and_is_recorded(sshd, user_repo):
     remote(user_repo, sshd.env, "logs", "-f", host="local")  # no RUN: the run just launched
     run = server_dir(sshd, "local") / "runs" / "tiny"
     assert run_json(run)["status"] == "finished" and run_json(run)["step"] == 7
-    assert run_json(run)["overrides"] == ["training.max_steps=7"] and "max_steps: 7" in (run / "config.yaml").read_text()
+    assert (
+        run_json(run)["overrides"] == ["training.max_steps=7"] and "max_steps: 7" in (run / "config.yaml").read_text()
+    )
 
 
 def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
@@ -91,7 +97,9 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     out = remote(user_repo, sshd.env, "launch", "tiny", host="local")
     assert "tiny is finished: step 30 of 30" in out.stderr and "--set training.max_steps=60" in out.stderr
     assert "preflight" not in out.stdout  # said at once: no preflight, no new process
-    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=40", host="local")
+    out = remote(
+        user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=40", host="local"
+    )
     assert "resumed from checkpoints/step-000030" in out.stderr
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
@@ -123,19 +131,31 @@ def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
 def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
     out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", check=False)
     rd = server_dir(sshd, "testhost")
-    assert out.returncode == 3 and f"{rd}/data/tiny/*.txt" in out.stderr and "trees/" not in out.stderr.split("looked for")[-1]
+    assert (
+        out.returncode == 3
+        and f"{rd}/data/tiny/*.txt" in out.stderr
+        and "trees/" not in out.stderr.split("looked for")[-1]
+    )
 
 
 def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
-    write_run(user_repo, "quiet", training={"max_steps": 1_000_000, "log_every": 1_000_000, "eval_every": 0},
-              checkpoint={"every": 0}, run_name="quiet")  # fmt: skip
+    write_run(
+        user_repo,
+        "quiet",
+        training={"max_steps": 1_000_000, "log_every": 1_000_000, "eval_every": 0},
+        checkpoint={"every": 0},
+        run_name="quiet",
+    )
     commit_all(user_repo, "quiet")
     tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "quiet", "--no-preflight", host="local")
     env = {**sshd.env, "ENLACE_HEARTBEAT_S": "1"}
     result = {}
-    follower = threading.Thread(target=lambda: result.update(out=remote(
-        user_repo, env, "logs", "quiet", "-f", "--read-timeout", "3", host="local", check=False)))  # fmt: skip
+    follower = threading.Thread(
+        target=lambda: result.update(
+            out=remote(user_repo, env, "logs", "quiet", "-f", "--read-timeout", "3", host="local", check=False)
+        )
+    )
     follower.start()
     time.sleep(8)  # the run is silent all along: longer than the read timeout, twice over
     remote(user_repo, sshd.env, "stop", "quiet", host="local")
@@ -218,9 +238,15 @@ def test_ctrl_c_during_an_sftp_fetch_is_one_line(sshd, user_repo):
     from conftest import REPO
 
     cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost", "fetch"]
-    client = subprocess.Popen(cmd, cwd=user_repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env, "ENLACE_FETCH_NO_RSYNC": "1"})  # fmt: skip
+    client = subprocess.Popen(
+        cmd,
+        cwd=user_repo,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env, "ENLACE_FETCH_NO_RSYNC": "1"},
+    )
     staging = user_repo / "runs" / "tiny" / ".partial-fetch" / "train.log"
     deadline = time.time() + 120
     while not (staging.exists() and staging.stat().st_size > 2**20):

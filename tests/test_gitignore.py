@@ -11,14 +11,22 @@ SHIPPED = ("enlace", "configs", "scripts")
 
 
 def _ignored(paths: list[str]) -> list[str]:
-    out = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
-                         input="\n".join(paths), capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(paths),
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.split()
 
 
 def test_no_shipped_file_is_ignored():
-    files = [str(p.relative_to(REPO)) for d in SHIPPED for p in (REPO / d).rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
+    files = [
+        str(p.relative_to(REPO))
+        for d in SHIPPED
+        for p in (REPO / d).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
     assert len(files) > 10
     assert _ignored(files) == []
 
@@ -32,4 +40,7 @@ def test_root_outputs_are_ignored_and_anchored():
 
 
 def test_ide_folders_ignored():
-    assert _ignored([".vscode/settings.json", ".idea/workspace.xml"]) == [".vscode/settings.json", ".idea/workspace.xml"]
+    assert _ignored([".vscode/settings.json", ".idea/workspace.xml"]) == [
+        ".vscode/settings.json",
+        ".idea/workspace.xml",
+    ]

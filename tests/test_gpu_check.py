@@ -15,8 +15,24 @@ from conftest import REPO
 @pytest.mark.slow
 def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--small", "--steps",
-                        "6", "--budget-s", "600", "--out", str(out)], capture_output=True, text=True, timeout=900)  # fmt: skip
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--small",
+            "--steps",
+            "6",
+            "--budget-s",
+            "600",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert set(r) >= {"environment", "drift", "resume", "preflight", "costs", "seconds"}

@@ -30,7 +30,9 @@ def module_level_imports(tree: ast.Module, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             deps |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names}
+            deps |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            }
     return deps & known
 
 
@@ -62,11 +64,57 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
 
 
 def test_each_entry_point_holds_every_verb_on_its_own():
-    code = ("import json; from enlace.cli import main as e; from orchestrator.cli import main as r\n"
-            "print(json.dumps([sorted(e.commands), sorted(r.commands)]))")  # fmt: skip
+    code = (
+        "import json; from enlace.cli import main as e; from orchestrator.cli import main as r\n"
+        "print(json.dumps([sorted(e.commands), sorted(r.commands)]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     enlace_verbs, remote_verbs = json.loads(out.stdout)
-    assert {"train", "preflight", "runs", "start", "wait", "stop", "logs", "manifest", "submit", "slurm-job",
-            "on-node", "sample", "plot", "gc"} <= set(enlace_verbs)  # fmt: skip
-    assert {"sync", "verify", "preflight", "launch", "status", "stop", "logs", "fetch", "sample", "plot", "gc",
-            "shell", "hosts", "setup"} <= set(remote_verbs)  # fmt: skip
+    assert {
+        "train",
+        "preflight",
+        "runs",
+        "start",
+        "wait",
+        "stop",
+        "logs",
+        "manifest",
+        "submit",
+        "slurm-job",
+        "on-node",
+        "sample",
+        "plot",
+        "gc",
+    } <= set(enlace_verbs)
+    assert {
+        "sync",
+        "verify",
+        "preflight",
+        "launch",
+        "status",
+        "stop",
+        "logs",
+        "fetch",
+        "sample",
+        "plot",
+        "gc",
+        "shell",
+        "hosts",
+        "setup",
+    } <= set(remote_verbs)
+
+
+def test_the_code_is_formatted_and_lint_clean():
+    """One formatter configuration (pyproject's [tool.ruff]) instead of per-line formatter opt-outs."""
+    dirs = [str(REPO / d) for d in (*PACKAGES, "tests", "bench", "scripts")]
+    ruff = [sys.executable, "-m", "ruff"]
+    fmt = subprocess.run([*ruff, "format", "--check", *dirs], capture_output=True, text=True)
+    assert fmt.returncode == 0, fmt.stdout[-2000:]
+    lint = subprocess.run([*ruff, "check", *dirs], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout[-2000:]
+    skips = subprocess.run(
+        ["git", "-C", str(REPO), "grep", "-c", "-E", "fmt:[[:space:]]+skip", "--", "*.py"],
+        capture_output=True,
+        text=True,
+    )
+    assert skips.stdout == "", skips.stdout

@@ -21,8 +21,14 @@ from enlace import runs
 
 def _client(user_repo, env, host, *args, prefix=()):
     cmd = [*prefix, sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
-    return subprocess.Popen(cmd, cwd=user_repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), **env})  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        cwd=user_repo,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
 
 
 class Reader:
@@ -49,8 +55,13 @@ class Reader:
 
 
 def _steady_run(user_repo, name):
-    write_run(user_repo, name, training={"max_steps": 1_000_000, "log_every": 10, "eval_every": 0},
-              checkpoint={"every": 500, "keep": 2}, run_name=name)  # fmt: skip
+    write_run(
+        user_repo,
+        name,
+        training={"max_steps": 1_000_000, "log_every": 10, "eval_every": 0},
+        checkpoint={"every": 500, "keep": 2},
+        run_name=name,
+    )
     from repocopy import commit_all
 
     commit_all(user_repo, name)
@@ -104,8 +115,21 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
         _steady_run(user_repo, "steady")
         launch = _client(user_repo, srv.env, "lossy", "launch", "steady", "--no-preflight", prefix=prefix)
         assert launch.wait(timeout=300) == 0, launch.stderr.read().decode()
-        drop = ["iptables", "-A", "INPUT", "-p", "tcp", "-m", "statistic", "--mode", "random", "--probability", "0.2",
-                "-j", "DROP"]  # fmt: skip
+        drop = [
+            "iptables",
+            "-A",
+            "INPUT",
+            "-p",
+            "tcp",
+            "-m",
+            "statistic",
+            "--mode",
+            "random",
+            "--probability",
+            "0.2",
+            "-j",
+            "DROP",
+        ]
         subprocess.run([*prefix, *drop], check=True)
         follower = _client(user_repo, srv.env, "lossy", "logs", "steady", "-f", "--read-timeout", "5", prefix=prefix)
         out, err = Reader(follower.stdout), Reader(follower.stderr)
@@ -115,8 +139,9 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
         rep = runs.stop(rd / "runs" / "steady", grace=60, kill=False)
         assert rep["status"] == "stopped"
         assert follower.wait(timeout=600) == 0, err.join().decode()[-3000:]
-        counters = subprocess.run([*prefix, "iptables", "-L", "INPUT", "-v", "-n", "-x"], capture_output=True,
-                                  text=True).stdout.splitlines()  # fmt: skip
+        counters = subprocess.run(
+            [*prefix, "iptables", "-L", "INPUT", "-v", "-n", "-x"], capture_output=True, text=True
+        ).stdout.splitlines()
         dropped = int(counters[2].split()[0])
         assert dropped > 20, counters  # the link really lost packets
         assert out.join() == (rd / "runs" / "steady" / "train.log").read_bytes()

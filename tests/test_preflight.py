@@ -24,8 +24,12 @@ def test_report_has_every_figure_and_needs_no_corpus(project):
     assert 0 < tp["median_step_s"] <= tp["p90_step_s"] and tp["tokens_per_s"] > 0
     assert tp["projected_s"] > 0 and "h" in tp["projected"] and tp["checkpoint_save_s"] > 0
     assert mem["kind"] == "cpu" and mem["peak_rss_mib"] > 100 and 0 < mem["headroom_pct"] < 100
-    assert fp16 == {"skip_rate": "n/a", "skips_after_calibration": "n/a", "final_scale": "n/a",
-                    "nonfinite_losses": "n/a"}  # fmt: skip
+    assert fp16 == {
+        "skip_rate": "n/a",
+        "skips_after_calibration": "n/a",
+        "final_scale": "n/a",
+        "nonfinite_losses": "n/a",
+    }
     assert env["precision"] == "fp32" and env["torch"].startswith("2.") and env["params"] > 0
     saved = json.loads((project / "runs" / "pf" / "preflight.json").read_text())
     assert saved == rep

@@ -28,17 +28,32 @@ def test_two_hosts_one_run(tmp_path, user_repo):
         cfg = tmp_path / "ssh_config"
         cfg.write_text("".join((s.dir / "ssh_config").read_text() for s in servers))
         hosts = tmp_path / "hosts.yaml"
-        hosts.write_text("hosts:\n" + "".join(
-            f"  {n}: {{remote_dir: {tmp_path}/remote-{n}, python: {json.dumps(str(__import__('sys').executable))}}}\n"
-            for n in ("h1", "h2")))  # fmt: skip
+        hosts.write_text(
+            "hosts:\n"
+            + "".join(
+                f"  {n}: {{remote_dir: {tmp_path}/remote-{n}, python: {json.dumps(str(__import__('sys').executable))}}}\n"
+                for n in ("h1", "h2")
+            )
+        )
         for s in servers:  # every host's ssh config names its own known_hosts; one known_hosts for both
-            s.dir.joinpath("known_hosts").write_text(
-                "".join((t.dir / "known_hosts").read_text() for t in servers))  # fmt: skip
+            s.dir.joinpath("known_hosts").write_text("".join((t.dir / "known_hosts").read_text() for t in servers))
         env = {"ENLACE_SSH_CONFIG": str(cfg), "ENLACE_HOSTS_FILE": str(hosts)}
         for n in ("h1", "h2"):
             tiny_corpus(tmp_path / f"remote-{n}")
-        out = remote(user_repo, env, "launch", "long", "--no-preflight", "--hosts", "h1,h2", "--gpus", "1",
-                     "--master-port", str(_free_port()), host="h1")  # fmt: skip
+        out = remote(
+            user_repo,
+            env,
+            "launch",
+            "long",
+            "--no-preflight",
+            "--hosts",
+            "h1,h2",
+            "--gpus",
+            "1",
+            "--master-port",
+            str(_free_port()),
+            host="h1",
+        )
         assert "launched long on h1" in out.stderr and "launched long on h2" in out.stderr
         time.sleep(2)
         st = json.loads(remote(user_repo, env, "status", "long", "--json", host="h1").stdout)[0]

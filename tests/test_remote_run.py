@@ -21,7 +21,6 @@ def _status(user_repo, sshd, host, run):
     return json.loads(remote(user_repo, sshd.env, "status", run, "--json", host=host).stdout)[0]
 
 
-
 def _trainers_under(path, run):
     """Live trainer processes of `run` whose working directory is under `path` (this test's host)."""
     found = []
@@ -29,8 +28,11 @@ def _trainers_under(path, run):
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
             state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-            if (f"enlace train {run}".encode() in cmd and state != "Z"
-                    and os.readlink(f"/proc/{pid}/cwd").startswith(str(path))):  # fmt: skip
+            if (
+                f"enlace train {run}".encode() in cmd
+                and state != "Z"
+                and os.readlink(f"/proc/{pid}/cwd").startswith(str(path))
+            ):
                 found.append(int(pid))
         except OSError:
             continue
@@ -39,8 +41,14 @@ def _trainers_under(path, run):
 
 def _popen_remote(user_repo, sshd, *args, host="testhost"):
     cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
-    return subprocess.Popen(cmd, cwd=user_repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env})  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        cwd=user_repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env},
+    )
 
 
 @pytest.mark.parametrize("host", ["testhost", "local"])
@@ -60,8 +68,9 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
     assert "1 checkpoint(s) fetched (step-000030)" in out.stdout
     local = user_repo / "runs" / "tiny"
     for name in ("model.pt", "optimizer.pt", "trainer.pt", "MANIFEST"):
-        assert (local / "checkpoints" / "step-000030" / name).read_bytes() == \
-            (server_run / "checkpoints" / "step-000030" / name).read_bytes()  # fmt: skip
+        assert (local / "checkpoints" / "step-000030" / name).read_bytes() == (
+            server_run / "checkpoints" / "step-000030" / name
+        ).read_bytes()
     for name in ("run.json", "config.yaml", "metrics.jsonl", "train.log"):
         assert (local / name).read_bytes() == (server_run / name).read_bytes()
     assert "already here" in remote(user_repo, sshd.env, "fetch", "tiny", host=host).stdout
@@ -70,8 +79,17 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
     # The fetched checkpoint loads with weights_only=True and a local `enlace train` resumes from it.
     tiny_corpus(user_repo)
     ckpt = local / "checkpoints" / "step-000030"
-    res = enlace(user_repo, "train", "tiny", "--runs-dir", str(tmp_path / "local-runs"), "--resume", str(ckpt),
-                 "--set", "training.max_steps=30")  # fmt: skip
+    res = enlace(
+        user_repo,
+        "train",
+        "tiny",
+        "--runs-dir",
+        str(tmp_path / "local-runs"),
+        "--resume",
+        str(ckpt),
+        "--set",
+        "training.max_steps=30",
+    )
     assert "resumed from" in res.stdout and "step-000030" in res.stdout
 
 

@@ -53,8 +53,13 @@ def test_dirty_tree_refused_and_allow_dirty_ships_head_only(sshd, user_repo, hos
     out = remote(user_repo, sshd.env, "sync", "--allow-dirty", host=host)
     assert "NOT shipped" in out.stderr
     shipped = (_remote_dir(sshd, host) / "trees" / _head(user_repo) / "enlace" / "model.py").read_text()
-    assert marker not in shipped and shipped == subprocess.run(
-        ["git", "-C", str(user_repo), "show", "HEAD:enlace/model.py"], capture_output=True, text=True).stdout
+    assert (
+        marker not in shipped
+        and shipped
+        == subprocess.run(
+            ["git", "-C", str(user_repo), "show", "HEAD:enlace/model.py"], capture_output=True, text=True
+        ).stdout
+    )
 
 
 def _historic_repo(tmp_path: Path, user_repo: Path) -> Path:
@@ -132,10 +137,12 @@ def test_hosts_lists_local_and_configured(sshd, user_repo):
 
 
 def test_help_is_fast_and_never_imports_torch():
-    code = ("import sys, time; t=time.perf_counter(); from orchestrator.cli import main\n"
-            "from click.testing import CliRunner; r = CliRunner().invoke(main, ['--help'])\n"
-            "assert r.exit_code == 0 and 'Exit codes' in r.output\n"
-            "print(json.dumps({'torch': 'torch' in sys.modules, 'paramiko': 'paramiko' in sys.modules}))")  # fmt: skip
+    code = (
+        "import sys, time; t=time.perf_counter(); from orchestrator.cli import main\n"
+        "from click.testing import CliRunner; r = CliRunner().invoke(main, ['--help'])\n"
+        "assert r.exit_code == 0 and 'Exit codes' in r.output\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'paramiko': 'paramiko' in sys.modules}))"
+    )
     out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"torch": False, "paramiko": False}

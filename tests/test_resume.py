@@ -16,8 +16,11 @@ from enlace.checkpoint import load_checkpoint, save_checkpoint
 from enlace.verify_resume import compare_states
 from helpers import enlace
 
-DET = {"runtime": {"deterministic": True}, "model": {"dropout": 0.1},
-       "training": {"grad_accum": 2, "eval_every": 3, "max_steps": 40}}  # fmt: skip
+DET = {
+    "runtime": {"deterministic": True},
+    "model": {"dropout": 0.1},
+    "training": {"grad_accum": 2, "eval_every": 3, "max_steps": 40},
+}
 
 
 @pytest.fixture

@@ -47,9 +47,17 @@ def test_liveness_is_pid_and_start_time_never_argv(tmp_path):
     assert runs.proc_start(impostor.pid) is None
 
 
-@pytest.mark.parametrize(("status", "code", "expected"), [
-    ("finished", 0, 0), ("stopped", 0, 0), ("failed", 2, 2), ("failed", 9, 9), ("failed", None, 1),
-    ("crashed", None, exitcodes.CRASHED)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("status", "code", "expected"),
+    [
+        ("finished", 0, 0),
+        ("stopped", 0, 0),
+        ("failed", 2, 2),
+        ("failed", 9, 9),
+        ("failed", None, 1),
+        ("crashed", None, exitcodes.CRASHED),
+    ],
+)
 def test_exit_code_of_each_ended_status(status, code, expected):
     assert runs.exit_code_of({"status": status, "exit_code": code}) == expected
 
@@ -85,10 +93,16 @@ def test_start_refuses_a_live_run_and_wait_sees_its_death(tmp_path):
 def test_server_verbs_answer_one_json_document_even_for_errors(tmp_path):
     env_root = ["--root", str(tmp_path)]
     (tmp_path / "configs" / "runs").mkdir(parents=True)
-    for args in (["runs", "--json"], ["runs", "nope", "--json"], ["manifest", "nope", "--json"],
-                 ["stop", "nope", "--grace", "nan", "--json"], ["check-config", "nope", "--json"]):
-        out = subprocess.run([sys.executable, "-m", "enlace", *args, *env_root], capture_output=True, text=True,
-                             cwd=REPO)  # fmt: skip
+    for args in (
+        ["runs", "--json"],
+        ["runs", "nope", "--json"],
+        ["manifest", "nope", "--json"],
+        ["stop", "nope", "--grace", "nan", "--json"],
+        ["check-config", "nope", "--json"],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "enlace", *args, *env_root], capture_output=True, text=True, cwd=REPO
+        )
         doc = json.loads(out.stdout)  # exactly one document, whatever happened
         if out.returncode:
             assert doc["ok"] is False and doc["exit_code"] == out.returncode == 2 and doc["error"]
@@ -97,11 +111,15 @@ def test_server_verbs_answer_one_json_document_even_for_errors(tmp_path):
 
 def test_remote_sh_writes_json_with_any_remote_dir(tmp_path):
     odd = tmp_path / 'we"ird dir\\x'
-    out = subprocess.run(["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "setup"], capture_output=True,
-                         text=True)  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "setup"], capture_output=True, text=True
+    )
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["ok"] is True and doc["remote_dir"] == str(odd) and doc["have_tree"] is False
-    out = subprocess.run(["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "enlace", "latest", "python3", "runs"],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "enlace", "latest", "python3", "runs"],
+        capture_output=True,
+        text=True,
+    )
     doc = json.loads(out.stdout)
     assert out.returncode == exitcodes.USAGE and "nothing has been synced" in doc["error"] and '"' in doc["error"]

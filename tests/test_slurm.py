@@ -45,8 +45,10 @@ def cluster():
     from slurmcluster import SlurmCluster, missing
 
     if missing():
-        raise RuntimeError(f"{', '.join(missing())} not found: the Slurm tests need a real cluster — apt-get install "
-                           "slurmctld slurmd slurm-client munge")  # fmt: skip
+        raise RuntimeError(
+            f"{', '.join(missing())} not found: the Slurm tests need a real cluster — apt-get install "
+            "slurmctld slurmd slurm-client munge"
+        )
     base = Path(tempfile.mkdtemp(prefix="enlace-slurm-"))
     base.chmod(0o755)  # munged runs as the munge user and keeps its socket here
     c = SlurmCluster(base / "cluster")
@@ -87,15 +89,28 @@ def train_log(srv, name: str) -> str:
 def spawn(repo: Path, env: dict, log: Path, *args: str, host: str = "cluster") -> subprocess.Popen:
     """enlace-remote in the background, its stderr into `log` (read while it runs)."""
     cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
-    return subprocess.Popen(cmd, cwd=repo, env={**os.environ, "PYTHONPATH": str(REPO), **env},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+    )
 
 
 def pause_until_limit_signal(srv, name: str, start: int) -> None:
     """Hold the trainer (SIGSTOP) once it is training, until the batch step logs Slurm's USR1 (start `start`
     of the job); then let it go: it gets the batch step's SIGTERM and checkpoints."""
-    wait_until(lambda: run_json(srv, name).get("status") == "running" and run_json(srv, name).get("requeues") ==
-               start - 1 and run_json(srv, name).get("step", 0) > 0, 180, f"{name} training (start {start})")  # fmt: skip
+    wait_until(
+        lambda: (
+            run_json(srv, name).get("status") == "running"
+            and run_json(srv, name).get("requeues") == start - 1
+            and run_json(srv, name).get("step", 0) > 0
+        ),
+        180,
+        f"{name} training (start {start})",
+    )
     pid = run_json(srv, name)["pid"]
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -150,21 +165,39 @@ def test_pending_then_running_logs_stop_scancel_fetch(login, user_repo, cluster,
 def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, cluster, tmp_path):
     rd = server_dir(login, "cluster")
     tiny_corpus(rd)
-    write_run(user_repo, "det", run_name="det", runtime={"deterministic": True},
-              training={**TINY["training"], "max_steps": 3000, "log_every": 100, "eval_every": 0},
-              checkpoint={"every": 1000, "keep": 2})  # fmt: skip
+    write_run(
+        user_repo,
+        "det",
+        run_name="det",
+        runtime={"deterministic": True},
+        training={**TINY["training"], "max_steps": 3000, "log_every": 100, "eval_every": 0},
+        checkpoint={"every": 1000, "keep": 2},
+    )
     commit_all(user_repo, "det run")
     remote(user_repo, login.env, "launch", "det", "--no-preflight", "--no-wait", host="cluster")
-    sha = subprocess.run(["git", "-C", str(user_repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "-C", str(user_repo), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     tree = rd / "trees" / sha  # the uninterrupted reference trains on the very same tree and data, meanwhile
-    reference = subprocess.Popen([sys.executable, "-m", "enlace", "train", "det", "--runs-dir", str(tmp_path / "ref")],
-                                 cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), "ENLACE_ROOT": str(tree)},
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "enlace", "train", "det", "--runs-dir", str(tmp_path / "ref")],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree), "ENLACE_ROOT": str(tree)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
     pause_until_limit_signal(login, "det", start=1)  # the time limit: checkpoint, requeue itself
     job = run_json(login, "det")["job_id"]
-    wait_until(lambda: run_json(login, "det").get("requeues") == 1 and run_json(login, "det").get("status") ==
-               "running" and run_json(login, "det").get("step", 0) > 0, 180, "the requeued job training")  # fmt: skip
+    wait_until(
+        lambda: (
+            run_json(login, "det").get("requeues") == 1
+            and run_json(login, "det").get("status") == "running"
+            and run_json(login, "det").get("step", 0) > 0
+        ),
+        180,
+        "the requeued job training",
+    )
     pid = run_json(login, "det")["pid"]
     os.kill(pid, signal.SIGSTOP)  # a preemption while it trains: Slurm sends SIGCONT + SIGTERM, then requeues
     cluster.run("scontrol", "requeue", job)
@@ -184,8 +217,13 @@ def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, 
 
 def test_max_requeues_reached_leaves_the_run_stopped_with_a_checkpoint(login, user_repo, cluster):
     tiny_corpus(server_dir(login, "cluster"))
-    write_run(user_repo, "capped", run_name="capped", training={**TINY["training"], "max_steps": 100000,
-              "log_every": 100, "eval_every": 0}, checkpoint={"every": 0, "keep": 2})  # fmt: skip
+    write_run(
+        user_repo,
+        "capped",
+        run_name="capped",
+        training={**TINY["training"], "max_steps": 100000, "log_every": 100, "eval_every": 0},
+        checkpoint={"every": 0, "keep": 2},
+    )
     commit_all(user_repo, "capped run")
     remote(user_repo, login.env, "launch", "capped", "--no-preflight", host="cluster0")
     pause_until_limit_signal(login, "capped", start=1)
@@ -201,8 +239,17 @@ def test_max_requeues_reached_leaves_the_run_stopped_with_a_checkpoint(login, us
 def test_a_job_failing_on_the_node_is_failed_with_its_log_tail(login, user_repo):
     tiny_corpus(server_dir(login, "cluster"))
     # The login node accepts device cuda (it has no GPU to check against); the CPU-only node refuses it.
-    out = remote(user_repo, login.env, "launch", "tiny", "--no-preflight", "--set", "runtime.device=cuda",
-                 host="cluster", check=False)  # fmt: skip
+    out = remote(
+        user_repo,
+        login.env,
+        "launch",
+        "tiny",
+        "--no-preflight",
+        "--set",
+        "runtime.device=cuda",
+        host="cluster",
+        check=False,
+    )
     assert out.returncode == 2, out.stderr
     assert "no CUDA device is visible here" in out.stderr and "tiny failed" in out.stderr, out.stderr
     row = json.loads(remote(user_repo, login.env, "status", "tiny", "--json", host="cluster").stdout)[0]

@@ -17,26 +17,31 @@ from enlace.slurm import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_f
 from orchestrator.ops import slurm_cell
 
 
-@pytest.mark.parametrize("text, seconds", [("60", 3600), ("1", 60), ("1:30", 90), ("4:00:00", 14400),
-                                           ("2-12", 216000), ("1-00:30", 88200), ("0-0:0:45", 45)])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("60", 3600), ("1", 60), ("1:30", 90), ("4:00:00", 14400), ("2-12", 216000), ("1-00:30", 88200), ("0-0:0:45", 45)],
+)
 def test_slurm_time_format(text, seconds):
     assert time_limit_s(text) == seconds
 
 
-@pytest.mark.parametrize("entry, says", [
-    ({"partition": "gpu; rm -rf ~"}, "partition"),
-    ({"partition": "gpu\n#SBATCH --uid=0"}, "partition"),
-    ({"time": "1 hour"}, "time"),
-    ({"time": True}, "time"),
-    ({"nodes": 0}, "nodes"),
-    ({"gpus_per_node": "4"}, "gpus_per_node"),
-    ({"max_requeues": -1}, "max_requeues"),
-    ({"mem": "lots"}, "mem"),
-    ({"extra_sbatch": "--exclusive"}, "extra_sbatch"),
-    ({"extra_sbatch": ["exclusive"]}, "extra_sbatch"),
-    ({"extra_sbatch": ["--comment=a\n--uid=0"]}, "extra_sbatch"),
-    ({"time": "1", "signal_grace": 60}, "signal_grace"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        ({"partition": "gpu; rm -rf ~"}, "partition"),
+        ({"partition": "gpu\n#SBATCH --uid=0"}, "partition"),
+        ({"time": "1 hour"}, "time"),
+        ({"time": True}, "time"),
+        ({"nodes": 0}, "nodes"),
+        ({"gpus_per_node": "4"}, "gpus_per_node"),
+        ({"max_requeues": -1}, "max_requeues"),
+        ({"mem": "lots"}, "mem"),
+        ({"extra_sbatch": "--exclusive"}, "extra_sbatch"),
+        ({"extra_sbatch": ["exclusive"]}, "extra_sbatch"),
+        ({"extra_sbatch": ["--comment=a\n--uid=0"]}, "extra_sbatch"),
+        ({"time": "1", "signal_grace": 60}, "signal_grace"),
+    ],
+)
 def test_bad_slurm_settings_are_refused_naming_the_key(entry, says):
     with pytest.raises(SlurmError) as e:
         spec_from(entry, "host c")
@@ -44,14 +49,36 @@ def test_bad_slurm_settings_are_refused_naming_the_key(entry, says):
 
 
 def test_the_batch_script_carries_the_settings_and_quotes_the_paths(tmp_path):
-    spec = spec_from({"partition": "gpu", "account": "ml", "qos": "high", "time": "4:00:00", "gpus_per_node": 4,
-                      "cpus_per_task": 8, "mem": "64G", "nodes": 2, "extra_sbatch": ["#SBATCH --exclusive"],
-                      "signal_grace": 300}, "host c")  # fmt: skip
+    spec = spec_from(
+        {
+            "partition": "gpu",
+            "account": "ml",
+            "qos": "high",
+            "time": "4:00:00",
+            "gpus_per_node": 4,
+            "cpus_per_task": 8,
+            "mem": "64G",
+            "nodes": 2,
+            "extra_sbatch": ["#SBATCH --exclusive"],
+            "signal_grace": 300,
+        },
+        "host c",
+    )
     tree = tmp_path / "a dir; $(boom)"
     script = job_script(spec, "r1", tree, "/opt/py thon", {"ENLACE_LAUNCH_ID": "1-2"}, ["r1", "--", "-m", "x"])
-    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=ml", "#SBATCH --qos=high", "#SBATCH --time=4:00:00",
-                 "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=64G", "#SBATCH --nodes=2",
-                 "#SBATCH --exclusive", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300"):  # fmt: skip
+    for line in (
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=ml",
+        "#SBATCH --qos=high",
+        "#SBATCH --time=4:00:00",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --mem=64G",
+        "#SBATCH --nodes=2",
+        "#SBATCH --exclusive",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@300",
+    ):
         assert line in script.splitlines(), line
     # bash reads the paths back exactly, nothing in them runs
     out = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
@@ -78,11 +105,18 @@ def test_slurm_keys_need_scheduler_slurm_and_valid_values(tmp_path, monkeypatch)
 
 
 def test_status_cell_and_status_of_a_queued_job():
-    row = {"job_id": "12", "slurm_state": "PENDING", "slurm_reason": "Priority", "requeues": 2,
-           "requeue_limit_reached": False}  # fmt: skip
+    row = {
+        "job_id": "12",
+        "slurm_state": "PENDING",
+        "slurm_reason": "Priority",
+        "requeues": 2,
+        "requeue_limit_reached": False,
+    }
     assert slurm_cell(row) == "job 12 PENDING (Priority), requeued 2×"
-    assert slurm_cell({"job_id": "3", "slurm_state": None, "requeue_limit_reached": True}) == \
-        "job 3 gone, max_requeues reached"  # fmt: skip
+    assert (
+        slurm_cell({"job_id": "3", "slurm_state": None, "requeue_limit_reached": True})
+        == "job 3 gone, max_requeues reached"
+    )
     assert slurm_cell({"job_id": None}) == "-"
     # a requeued job is pending whatever the trainer last wrote; a job that is gone leaves an active run crashed
     assert runs.status_of({"status": "stopped"}, True, "PENDING") == runs.Status.PENDING
@@ -104,8 +138,10 @@ def test_slurm_print_writes_the_launch_script_without_touching_a_host(user_repo)
 def test_a_repeated_sigterm_is_one_stop_request_and_a_second_ctrl_c_exits():
     def after(*signals: str) -> subprocess.CompletedProcess:
         kills = "; ".join(f"os.kill(os.getpid(), signal.{name})" for name in signals)
-        code = ("import os, signal\nfrom enlace.train import StopSignal\n"
-                f"s = StopSignal(on_second=lambda name: None)\n{kills}\nprint('asked by', s.signame)")  # fmt: skip
+        code = (
+            "import os, signal\nfrom enlace.train import StopSignal\n"
+            f"s = StopSignal(on_second=lambda name: None)\n{kills}\nprint('asked by', s.signame)"
+        )
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
 
     # from slurmd, then from the batch step: still one request (finish the step, checkpoint)

@@ -17,8 +17,14 @@ from helpers import enlace, run_json
 
 def _start(project, name, *args):
     cmd = [sys.executable, "-m", "enlace", "train", name, "--root", str(project), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=project,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def _wait_for_step(run_dir, step, proc, timeout=60):
@@ -31,8 +37,11 @@ def _wait_for_step(run_dir, step, proc, timeout=60):
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
-DET = {"runtime": {"deterministic": True}, "training": {"max_steps": 100000, "log_every": 1, "eval_every": 0},
-       "checkpoint": {"every": 0}}  # fmt: skip
+DET = {
+    "runtime": {"deterministic": True},
+    "training": {"max_steps": 100000, "log_every": 1, "eval_every": 0},
+    "checkpoint": {"every": 0},
+}
 
 
 def test_sigterm_finishes_step_saves_and_resumes_exactly(project, tmp_path):
@@ -62,8 +71,12 @@ def test_sigterm_finishes_step_saves_and_resumes_exactly(project, tmp_path):
 
 def test_second_signal_exits_at_once_and_keeps_last_checkpoint(project):
     # Steps of ~0.1-0.3 s, so the second signal lands while the first is still being honoured.
-    write_run(project, "twice", **{**DET, "checkpoint": {"every": 2, "keep": 2}},
-              model={"d_model": 256, "n_layer": 4, "n_head": 4, "seq_len": 128, "dropout": 0.0})  # fmt: skip
+    write_run(
+        project,
+        "twice",
+        **{**DET, "checkpoint": {"every": 2, "keep": 2}},
+        model={"d_model": 256, "n_layer": 4, "n_head": 4, "seq_len": 128, "dropout": 0.0},
+    )
     run_dir = project / "runs" / "twice"
     proc = _start(project, "twice")
     _wait_for_step(run_dir, 5, proc)
@@ -82,10 +95,14 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_broken_latest(project):
     """Save every step with a model big enough that saving is most of the time, then kill -9 at
     random moments. After each kill, `latest` must name a complete checkpoint that loads and
     resumes (the next round resumes from it)."""
-    write_run(project, "crash", runtime={"deterministic": True},
-              model={"d_model": 128, "n_layer": 2, "n_head": 2, "seq_len": 32},
-              training={"max_steps": 100000, "log_every": 1, "eval_every": 0},
-              checkpoint={"every": 1, "keep": 2})  # fmt: skip
+    write_run(
+        project,
+        "crash",
+        runtime={"deterministic": True},
+        model={"d_model": 128, "n_layer": 2, "n_head": 2, "seq_len": 32},
+        training={"max_steps": 100000, "log_every": 1, "eval_every": 0},
+        checkpoint={"every": 1, "keep": 2},
+    )
     ckpts = project / "runs" / "crash" / "checkpoints"
     rng = random.Random(0)
     mid_write, last_step = 0, 0

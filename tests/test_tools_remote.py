@@ -14,8 +14,10 @@ def test_status_all_shows_every_host_and_a_down_one_as_a_row(sshd, user_repo, tm
         s.bind(("127.0.0.1", 0))
         dead_port = s.getsockname()[1]
     hosts = tmp_path / "hosts.yaml"
-    hosts.write_text((sshd.dir / "hosts.yaml").read_text()
-                     + f"  gone:\n    ssh: root@127.0.0.1:{dead_port}\n    connect_timeout: 2\n")  # fmt: skip
+    hosts.write_text(
+        (sshd.dir / "hosts.yaml").read_text()
+        + f"  gone:\n    ssh: root@127.0.0.1:{dead_port}\n    connect_timeout: 2\n"
+    )
     env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, env, "launch", "tiny", "--no-preflight", "--until", "3")
@@ -41,7 +43,9 @@ def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
         commits.append(_head(user_repo))
     assert sorted(p.name for p in trees.iterdir()) == sorted(commits)
     dry = remote(user_repo, sshd.env, "gc", "--dry-run")
-    assert f"would remove {trees / commits[1]}" in dry.stdout and sorted(p.name for p in trees.iterdir()) == sorted(commits)
+    assert f"would remove {trees / commits[1]}" in dry.stdout and sorted(p.name for p in trees.iterdir()) == sorted(
+        commits
+    )
     out = remote(user_repo, sshd.env, "gc")
     assert sorted(p.name for p in trees.iterdir()) == sorted([commits[0], commits[2]]), out.stdout + out.stderr
     assert "run long (running)" in out.stderr and "freed" in out.stderr
@@ -65,8 +69,11 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
     png = remote(user_repo, sshd.env, "plot", "tiny").stdout.strip()
     local = user_repo / "runs" / "tiny"
     assert png == str(local / "curves.png") and (local / "curves.png").stat().st_size > 10_000
-    assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == \
-        ["curves.png", "metrics.jsonl", "run.json"]  # only what plot needs came over  # fmt: skip
+    assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == [
+        "curves.png",
+        "metrics.jsonl",
+        "run.json",
+    ]  # only what plot needs came over
     server_run = server_dir(sshd, "testhost") / "runs" / "tiny"
     assert (local / "metrics.jsonl").read_bytes() == (server_run / "metrics.jsonl").read_bytes()
     for host in ("testhost", "local"):

@@ -9,8 +9,7 @@ from helpers import enlace, metrics, run_json
 
 
 def test_short_run_lowers_loss_and_leaves_a_complete_run_dir(project):
-    write_run(project, "tiny", training={"max_steps": 40, "eval_every": 20, "log_every": 5},
-              model={"dropout": 0.0})  # fmt: skip
+    write_run(project, "tiny", training={"max_steps": 40, "eval_every": 20, "log_every": 5}, model={"dropout": 0.0})
     out = enlace(project, "train", "tiny")
     run = project / "runs" / "tiny"
     for name in ("config.yaml", "run.json", "train.log", "metrics.jsonl", "checkpoints/latest"):

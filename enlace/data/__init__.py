@@ -9,7 +9,15 @@ from enlace.config import Config
 from enlace.data.bytestream import ByteStream, resolve_paths
 from enlace.data.shards import ShardStream, prepare_shards
 
-__all__ = ["ByteStream", "ShardStream", "build_stream", "data_files", "data_identity", "prepare_shards", "resolve_paths"]
+__all__ = [
+    "ByteStream",
+    "ShardStream",
+    "build_stream",
+    "data_files",
+    "data_identity",
+    "prepare_shards",
+    "resolve_paths",
+]
 
 FULL_HASH_LIMIT = 1 << 30  # corpora up to 1 GiB are hashed whole; larger ones by size + head/tail samples
 SAMPLE = 1 << 20

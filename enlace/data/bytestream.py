@@ -49,8 +49,10 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
         matches = sorted(Path(m) for m in glob.glob(expanded, recursive=True) if Path(m).is_file())
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
-            raise DataError(f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
-                            "put the corpus there, or fix the pattern in the data config")  # fmt: skip
+            raise DataError(
+                f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
+                "put the corpus there, or fix the pattern in the data config"
+            )
         files.extend(m for m in matches if m not in files)
     return files
 
@@ -58,8 +60,10 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
 def check_state(state: dict, kind: str, version: int, seed: int) -> None:
     """Refuse a data state from another kind of stream, format version or seed."""
     if state.get("kind") != kind or state.get("version") != version:
-        raise DataError(f"data state is {state.get('kind')} v{state.get('version')}, this stream is {kind} "
-                        f"v{version}: the checkpoint is from another data config")  # fmt: skip
+        raise DataError(
+            f"data state is {state.get('kind')} v{state.get('version')}, this stream is {kind} "
+            f"v{version}: the checkpoint is from another data config"
+        )
     if state["seed"] != seed:
         raise DataError(f"data state was drawn with seed {state['seed']}, this run uses {seed}")
 
@@ -90,8 +94,17 @@ class ConcatBytes:
 class ByteStream:
     VERSION = 1
 
-    def __init__(self, files: list[Path], seq_len: int, batch_size: int, split: str = "train",
-                 val_fraction: float = 0.05, seed: int = 0, rank: int = 0, world: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        files: list[Path],
+        seq_len: int,
+        batch_size: int,
+        split: str = "train",
+        val_fraction: float = 0.05,
+        seed: int = 0,
+        rank: int = 0,
+        world: int = 1,
+    ):
         self.data = ConcatBytes(files)
         self.seq_len, self.batch_size, self.split, self.seed = seq_len, batch_size, split, seed
         self.rank = rank
@@ -104,8 +117,10 @@ class ByteStream:
         else:
             raise ValueError(f"split must be train or val, not {split!r}")
         if self.hi - self.lo < seq_len + 1:
-            raise DataError(f"the {split} split has {self.hi - self.lo} bytes, fewer than seq_len + 1 = "
-                            f"{seq_len + 1}: add data, lower model.seq_len or change data.val_fraction")  # fmt: skip
+            raise DataError(
+                f"the {split} split has {self.hi - self.lo} bytes, fewer than seq_len + 1 = "
+                f"{seq_len + 1}: add data, lower model.seq_len or change data.val_fraction"
+            )
         self.position = 0  # batches drawn so far
 
     def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,8 +139,13 @@ class ByteStream:
         return batch
 
     def state_dict(self) -> dict:
-        return {"version": self.VERSION, "kind": "bytes", "position": self.position, "seed": self.seed,
-                "rank": self.rank}  # fmt: skip
+        return {
+            "version": self.VERSION,
+            "kind": "bytes",
+            "position": self.position,
+            "seed": self.seed,
+            "rank": self.rank,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         check_state(state, "bytes", self.VERSION, self.seed)

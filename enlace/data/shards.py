@@ -27,8 +27,7 @@ DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
 def _read_meta(shard_dir: Path) -> dict:
     meta_path = shard_dir / "meta.json"
     if not meta_path.is_file():
-        raise DataError(f"data.shard_dir: {shard_dir} has no meta.json — write it with "
-                        "`enlace prepare DATA --out DIR`")  # fmt: skip
+        raise DataError(f"data.shard_dir: {shard_dir} has no meta.json — write it with `enlace prepare DATA --out DIR`")
     meta = json.loads(meta_path.read_text())
     if meta.get("version") != 1 or meta.get("dtype") not in DTYPES:
         raise DataError(f"{meta_path}: unsupported shard format {meta.get('version')}/{meta.get('dtype')}")
@@ -42,8 +41,16 @@ if TYPE_CHECKING:
 class ShardStream:
     VERSION = 1
 
-    def __init__(self, shard_dir: Path, seq_len: int, batch_size: int, split: str = "train",
-                 seed: int = 0, rank: int = 0, world: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        shard_dir: Path,
+        seq_len: int,
+        batch_size: int,
+        split: str = "train",
+        seed: int = 0,
+        rank: int = 0,
+        world: int = 1,
+    ):
         meta = _read_meta(shard_dir)
         dtype = DTYPES[meta["dtype"]]
         self.shards = [np.memmap(shard_dir / name, dtype=dtype, mode="r") for name in meta[split]]
@@ -52,8 +59,10 @@ class ShardStream:
         self.chunk = batch_size * seq_len  # tokens one rank consumes per batch (+1 for the target)
         usable = [len(s) >= self.chunk * world + 1 for s in self.shards]
         if not any(usable):
-            raise DataError(f"{shard_dir}: no {split} shard holds {self.chunk * world + 1} tokens "
-                            "(batch_size * seq_len * world + 1); prepare larger shards or a smaller batch")  # fmt: skip
+            raise DataError(
+                f"{shard_dir}: no {split} shard holds {self.chunk * world + 1} tokens "
+                "(batch_size * seq_len * world + 1); prepare larger shards or a smaller batch"
+            )
         self.epoch, self.index, self.offset = 0, 0, 0
         self._order = self._order_for(0)
 
@@ -105,8 +114,15 @@ class ShardStream:
         raise AssertionError("unreachable")
 
     def state_dict(self) -> dict:
-        return {"version": self.VERSION, "kind": "shards", "epoch": self.epoch, "index": self.index,
-                "offset": self.offset, "seed": self.seed, "rank": self.rank}  # fmt: skip
+        return {
+            "version": self.VERSION,
+            "kind": "shards",
+            "epoch": self.epoch,
+            "index": self.index,
+            "offset": self.offset,
+            "seed": self.seed,
+            "rank": self.rank,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         check_state(state, "shards", self.VERSION, self.seed)
@@ -114,8 +130,14 @@ class ShardStream:
         self._order = self._order_for(self.epoch)
 
 
-def prepare_shards(files: list[Path], out: Path, shard_tokens: int = 1 << 24, dtype: str = "uint8",
-                   val_fraction: float = 0.05, progress=None) -> dict:  # fmt: skip
+def prepare_shards(
+    files: list[Path],
+    out: Path,
+    shard_tokens: int = 1 << 24,
+    dtype: str = "uint8",
+    val_fraction: float = 0.05,
+    progress=None,
+) -> dict:
     """Write `files` (concatenated bytes) as train/val shards into `out`, atomically.
 
     Returns the meta dict. `out` appears only once complete (written to a temp dir, then renamed).
