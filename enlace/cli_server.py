@@ -26,12 +26,12 @@ def _runs_root(root: Path | None) -> Path:
 @click.option("--json", "as_json", is_flag=True)
 def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
     """Status of the runs in runs/ (or one RUN_NAME); a run whose process vanished shows crashed."""
-    from enlace import runs, server
+    from enlace import runfiles, runs
 
     rows = (
-        [runs.observe(server.run_dir_of(_runs_root(root), run_name))]
+        [runs.observe(runfiles.run_dir_of(_runs_root(root), run_name))]
         if run_name
-        else server.all_status(_runs_root(root))
+        else runfiles.all_status(_runs_root(root))
     )
     if as_json:
         click.echo(json.dumps(rows))
@@ -66,9 +66,9 @@ def start_cmd(run_name: str, pyargs: tuple[str, ...], root: Path | None, as_json
 def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, as_json: bool) -> None:
     """Wait here, on the server, until that launch has logged its first step or ended; print its status
     row. Phases (building the model, resuming, ...) go to stderr as they change."""
-    from enlace import runs, server
+    from enlace import runfiles, runs
 
-    run_dir = server.run_dir_of(_runs_root(root), run_name)
+    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
     row = runs.wait_started(run_dir, launch_id, timeout, on_phase=lambda p: click.echo(f"  {p} ...", err=True))
     click.echo(json.dumps(row) if as_json else f"{run_name}: {row['status']} at step {row['step']}")
 
@@ -82,9 +82,9 @@ def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, a
 def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json: bool) -> None:
     """SIGTERM a detached run (it checkpoints and exits), wait up to --grace seconds. A run that is not
     running is left as it is (exit 0, says so)."""
-    from enlace import runs, server
+    from enlace import runfiles, runs
 
-    report = runs.stop(server.run_dir_of(_runs_root(root), run_name), grace, kill)
+    report = runs.stop(runfiles.run_dir_of(_runs_root(root), run_name), grace, kill)
     click.echo(
         json.dumps(report)
         if as_json
@@ -111,13 +111,13 @@ def logs_cmd(
 ) -> None:
     """Print RUN_NAME's train.log from a byte offset (raw bytes: the one verb whose stdout is not JSON).
     With -f, exit with the run's exit code once it has ended (0 finished/stopped, 8 crashed)."""
-    from enlace import server
+    from enlace import runfiles
 
-    run_dir = server.run_dir_of(_runs_root(root), run_name)
+    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
     if tail_offset is not None:
-        click.echo(json.dumps({"offset": server.tail_offset(run_dir, tail_offset)}))
+        click.echo(json.dumps({"offset": runfiles.tail_offset(run_dir, tail_offset)}))
         return
-    sys.exit(server.stream_log(run_dir, offset, follow))
+    sys.exit(runfiles.stream_log(run_dir, offset, follow))
 
 
 @click.command("gc")
@@ -150,9 +150,9 @@ def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the answer is always JSON.")
 def manifest_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
     """JSON: RUN_NAME's complete checkpoints (with MANIFEST sha256s) and run files, for fetch."""
-    from enlace import server
+    from enlace import runfiles
 
-    click.echo(json.dumps(server.manifest(server.run_dir_of(_runs_root(root), run_name))))
+    click.echo(json.dumps(runfiles.manifest(runfiles.run_dir_of(_runs_root(root), run_name))))
 
 
 @click.command("data-files")

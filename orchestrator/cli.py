@@ -1,6 +1,7 @@
 """`enlace-remote`: drive training on a GPU server over SSH (or on this machine: host `local`).
 
-Thin click commands over gitsync / ops / logs / fetch. Never imports torch.
+Thin click commands over ship / launch / status / logs / fetch (each verb lives in cli_run.py or
+cli_tools.py and is added here). Never imports torch.
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ def sync(remote: Remote, allow_dirty: bool, unsafe_skip_ignore_check: bool) -> N
 def verify(remote: Remote, run: str, for_launch: bool, overrides: tuple[str, ...]) -> None:
     """Check on the server that HEAD's tree has everything RUN needs (a checklist; exit 3 if not)."""
     from orchestrator.gitsync import local_checks
-    from orchestrator.ops import check_run_config
-    from orchestrator.ops import verify as do_verify
+    from orchestrator.ship import check_run_config
+    from orchestrator.ship import verify as do_verify
 
     check_run_config(remote.repo, run)
     sha = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit

@@ -11,18 +11,7 @@ import click
 from enlace.clitypes import Seconds
 from enlace.config import validate_run_name
 from enlace.exitcodes import VERDICT as VERDICT_EXIT
-from orchestrator.cliutil import HostOptionsCommand, Remote, allow_dirty_option, print_sync, set_option, with_remote
-
-
-def _prepare(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool, overrides=()) -> tuple[str, str]:
-    """sync + verify on one host; returns (commit, run_name). Raises if anything is missing there."""
-    from orchestrator import ops
-    from orchestrator.gitsync import sync
-
-    rep = sync(session, repo, allow_dirty)
-    print_sync(rep)
-    doc = ops.verify(session, rep.commit, run, for_launch, overrides)
-    return rep.commit, validate_run_name(doc["run_name"], "run_name")
+from orchestrator.cliutil import HostOptionsCommand, Remote, allow_dirty_option, set_option, with_remote
 
 
 @click.command(cls=HostOptionsCommand)
@@ -38,12 +27,13 @@ def preflight(
     """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
 
     Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable."""
-    from orchestrator import ops
+    from orchestrator import launch as stages
+    from orchestrator import ship
 
-    ops.check_run_config(remote.repo, run)
-    sha, run_name = _prepare(remote.session, remote.repo, run, allow_dirty, False, overrides)
-    extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else []) + ops.set_args(overrides)
-    report = ops.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra)
+    ship.check_run_config(remote.repo, run)
+    sha, run_name = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
+    extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else []) + ship.set_args(overrides)
+    report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra)
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
 
 
@@ -137,10 +127,11 @@ def launch(
     On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
     is an sbatch job (`srun torchrun` for --nodes/--gpus) that checkpoints and requeues itself
     before its time limit; launch shows why it is pending and waits for the first step."""
-    from orchestrator import ops
+    from orchestrator import choose, ship
+    from orchestrator import launch as stages
     from orchestrator.hosts import resolve_host
 
-    run = ops.check_run_config(remote.repo, ops.choose_run(remote.repo, remote.host, run))
+    run = ship.check_run_config(remote.repo, choose.choose_run(remote.repo, remote.host, run))
     spec = (
         _slurm_spec(remote, slurm, print_only, nodes, hosts, gpus)
         if slurm or print_only or nodes or remote.host.slurm
@@ -151,7 +142,7 @@ def launch(
         + (["--resume", resume] if resume != "latest" else [])
         + (["--allow-data-change"] if allow_data_change else [])
         + (["--allow-teacher-change"] if allow_teacher_change else [])
-        + ops.set_args(overrides)
+        + ship.set_args(overrides)
     )
     nproc = _nproc(gpus, spec)
     if print_only:
@@ -166,13 +157,13 @@ def launch(
     for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
         if hosts:
             click.echo(f"== {host.name}", err=True)
-        sha, run_name = _prepare(remote.session_for(host), remote.repo, run, allow_dirty, True, overrides)
+        sha, run_name = ship.ship(remote.session_for(host), remote.repo, run, allow_dirty, True, overrides)
     first = remote.session_for(targets[0])
-    if not ops.worth_launching(first, run_name, overrides):
+    if not stages.worth_launching(first, run_name, overrides):
         return
     if not no_preflight:
-        report = ops.remote_preflight(
-            first, sha, run, remote.repo, run_name, ["--steps", "5", *ops.set_args(overrides)]
+        report = stages.remote_preflight(
+            first, sha, run, remote.repo, run_name, ["--steps", "5", *ship.set_args(overrides)]
         )
         if report["verdict"] in VERDICT_EXIT and not force:
             click.echo(
@@ -183,8 +174,8 @@ def launch(
         from orchestrator.slurm import submit
 
         started = submit(first, sha, run_name, spec, nproc, ["-m", "enlace", "train", run, *train_args])
-        ops.remember_run(remote.repo, remote.host.name, run)
-        return _after_start(first, run_name, started, no_wait, follow)
+        choose.remember_run(remote.repo, remote.host.name, run)
+        return stages.wait_and_follow(first, run_name, started, no_wait, follow)
     started = None
     for rank, host in enumerate(targets):
         rdzv = (
@@ -192,25 +183,12 @@ def launch(
             if hosts
             else None
         )
-        doc = ops.start_detached(
-            remote.session_for(host), sha, run_name, ops.train_command(run, train_args, gpus, rdzv)
+        doc = stages.start_detached(
+            remote.session_for(host), sha, run_name, stages.train_command(run, train_args, gpus, rdzv)
         )
         started = started or doc
-        ops.remember_run(remote.repo, host.name, run)
-    _after_start(first, run_name, started, no_wait, follow)
-
-
-def _after_start(session, run_name: str, started: dict, no_wait: bool, follow: bool) -> None:
-    """Wait for the first step (the server decides; a pending Slurm job says why), then maybe follow."""
-    from orchestrator import ops
-    from orchestrator.logs import follow_log
-
-    if no_wait:
-        click.echo(f"not waiting: `enlace-remote status {run_name}` or `enlace-remote logs {run_name} -f`", err=True)
-        return
-    ops.wait_first_step(session, run_name, started)
-    if follow:
-        sys.exit(follow_log(session, run_name, started["log_offset"], follow=True))
+        choose.remember_run(remote.repo, host.name, run)
+    stages.wait_and_follow(first, run_name, started, no_wait, follow)
 
 
 def _slurm_spec(remote: Remote, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):
@@ -258,17 +236,17 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
     """The host's runs: status, step, loss, val bpb, tokens/s, elapsed, ETA, age of the last update,
     commit (`crashed` if the process vanished without a final status). --all: every host, one table;
     a host that does not answer is a row saying so."""
-    from orchestrator import ops
+    from orchestrator import status as table
 
     if everywhere:
         from orchestrator.hosts import list_hosts
 
-        rows = ops.status_everywhere(list_hosts(remote.repo), remote.session_for)
-        click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows, hosts=True))
+        rows = table.status_everywhere(list_hosts(remote.repo), remote.session_for)
+        click.echo(json.dumps(rows, indent=1) if as_json else table.format_status(rows, hosts=True))
         return
     args = ["runs", *([validate_run_name(run_name, "RUN_NAME")] if run_name else []), "--json"]
     rows = remote.session.enlace_json("latest", *args)
-    click.echo(json.dumps(rows, indent=1) if as_json else ops.format_status(rows) if rows else "no runs on this host")
+    click.echo(json.dumps(rows, indent=1) if as_json else table.format_status(rows) if rows else "no runs on this host")
 
 
 @click.command(cls=HostOptionsCommand)
@@ -322,10 +300,10 @@ def stop(remote: Remote, run_name: str, grace: float, kill: bool) -> None:
 def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:
     """Print RUN_NAME's train.log (default: the run last launched on the host); -f follows it across
     dropped connections (no line lost or repeated) and exits with the run's exit code."""
-    from orchestrator import ops
+    from orchestrator import choose
     from orchestrator.logs import follow_log, tail_start
 
-    run_name = ops.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     remote.session.enlace_json("latest", "runs", run_name)  # a clear error if absent
     offset = tail_start(remote.session, run_name, tail_lines) if tail_lines is not None else 0
     sys.exit(follow_log(remote.session, run_name, offset, follow, read_timeout))
@@ -345,10 +323,10 @@ def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, re
 def fetch(remote: Remote, run_name: str | None, which: str, dest: Path | None) -> None:
     """Pull complete checkpoints (verified against MANIFEST) and run.json, config.yaml,
     metrics.jsonl, train.log. Incremental and resumable; rsync when both ends have it, else SFTP."""
-    from orchestrator import ops
+    from orchestrator import choose
     from orchestrator.fetch import fetch as do_fetch
 
-    run_name = ops.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     rep = do_fetch(remote.session, run_name, dest or remote.repo / "runs" / run_name, which == "all")
     mib = rep["bytes"] / 2**20
     rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0

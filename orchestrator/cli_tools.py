@@ -31,9 +31,9 @@ def sample(
     seed: int,
 ) -> None:
     """Generate text from RUN_NAME's newest checkpoint on the server (on its GPU); print it here."""
-    from orchestrator import ops
+    from orchestrator import choose
 
-    run_name = ops.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     args = ["sample", run_name, "--bytes", str(n_bytes), "--temperature", str(temperature), "--seed", str(seed)]
     args += (["--prompt", prompt] if prompt is not None else []) + (["--top-k", str(top_k)] if top_k else [])
     rep = remote.session.enlace_json("latest", *args, timeout=3600)
@@ -54,10 +54,10 @@ def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: 
     """Fetch only metrics.jsonl and run.json of each run (incremental) into runs/RUN_NAME here, and draw
     them locally with `enlace plot` (matplotlib; nothing heavy runs on the server)."""
     from enlace.plot import plot as draw
-    from orchestrator import ops
+    from orchestrator import choose
     from orchestrator.fetch import fetch_run_files
 
-    names = list(run_names) or [ops.choose_run(remote.repo, remote.host, None, last_first=True)]
+    names = list(run_names) or [choose.choose_run(remote.repo, remote.host, None, last_first=True)]
     dirs = []
     for name in names:
         validate_run_name(name, "RUN")
@@ -97,9 +97,9 @@ def gc(remote: Remote, keep: int, dry_run: bool) -> None:
 def shell(remote: Remote, run_name: str | None, command: tuple[str, ...]) -> None:
     """An interactive shell in RUN_NAME's directory on the host (same host key, key and options as every
     other verb); `shell RUN -- CMD ARGS` runs one command there instead."""
-    from orchestrator import ops
+    from orchestrator import choose
 
-    run_name = ops.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     session = remote.session
     session.enlace_json("latest", "runs", run_name)  # a clear error for a run that is not there
     session.setup()

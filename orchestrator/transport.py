@@ -3,9 +3,10 @@
 `Transport.run(argv)` runs a command on the host and returns its stdout, stderr and exit code;
 `Transport.stream(argv, ...)` passes stdout and stderr bytes to two callbacks as they arrive. argv is
 shlex-joined into one command string (every element quoted; callers validate names first).
-`SSHTransport` uses fabric/paramiko with host keys checked against known_hosts (RejectPolicy:
-fabric's default AutoAddPolicy would accept unknown and changed keys silently), TCP_NODELAY and
-keepalive on, a timeout on every call. `LocalTransport` runs the same argv on this machine.
+`SSHTransport` is paramiko's SSHClient, used directly (README, Development: why not fabric), with host keys
+checked against known_hosts (RejectPolicy: unknown and changed keys are refused), TCP_NODELAY and
+keepalive on, a deadline on every command and one channel loop for `run` and `stream`.
+`LocalTransport` runs the same argv on this machine.
 
 Transient faults — a refused or timed-out connect, a handshake or auth *timeout* on a lossy network,
 a killed session — raise `Transient`; `run` retries them with bounded backoff (saying so on stderr),
@@ -44,6 +45,10 @@ class Result:
     stdout: str
     stderr: str
     exited: int
+
+
+class DeadlinePassed(Exception):
+    """A command ran past its timeout (not a connection fault: it is not retried)."""
 
 
 def backoff(attempt: int) -> float:
@@ -173,39 +178,34 @@ def fingerprint(key) -> str:
 class SSHTransport(Transport):
     def __init__(self, host: Host, accept_new_host_key: bool = False):
         self.host, self.accept_new = host, accept_new_host_key
-        self._conn = None
+        self._client = None
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks precede our own clean error
 
     # -- connection -------------------------------------------------------------------------
     def _connection(self):
-        if self._conn is not None and self._conn.is_connected:
-            return self._conn
+        """The SSHClient, connected (again, after a drop)."""
+        if self._client is not None and self._client.get_transport() and self._client.get_transport().is_active():
+            return self._client
         import paramiko
-        from fabric import Config, Connection
 
         h = self.host
-        kwargs = {
-            "key_filename": h.identity_files,
-            "look_for_keys": not h.identity_files,
-            "banner_timeout": h.connect_timeout,
-            "auth_timeout": h.connect_timeout,
-        }
-        conn = Connection(
-            h.hostname,
-            user=h.user,
-            port=h.port,
-            connect_timeout=h.connect_timeout,
-            connect_kwargs=kwargs,
-            config=Config(overrides={"load_ssh_configs": False}),
-        )
-        conn.client.get_host_keys().clear()
+        client = paramiko.SSHClient()
         if Path(h.known_hosts).is_file():
-            conn.client.load_host_keys(h.known_hosts)
+            client.load_host_keys(h.known_hosts)
         policy = AcceptNewHostKey(h.known_hosts) if self.accept_new else paramiko.RejectPolicy()
-        conn.client.set_missing_host_key_policy(policy)
+        client.set_missing_host_key_policy(policy)
         where = f"{h.name} ({h.hostname}:{h.port})"
         try:
-            conn.open()
+            client.connect(
+                h.hostname,
+                port=h.port,
+                username=h.user,
+                key_filename=h.identity_files or None,
+                look_for_keys=not h.identity_files,
+                timeout=h.connect_timeout,
+                banner_timeout=h.connect_timeout,
+                auth_timeout=h.connect_timeout,
+            )
         except paramiko.BadHostKeyException as e:
             raise UnreachableError(
                 f"{where}: the host key has CHANGED (the server now offers {e.key.get_name()} {fingerprint(e.key)}, "
@@ -238,11 +238,11 @@ class SSHTransport(Transport):
         except (TimeoutError, OSError, EOFError) as e:
             reason = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else (e.strerror or str(e))
             raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
-        transport = conn.client.get_transport()
+        transport = client.get_transport()
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # ≈45 → 13 ms per command
         transport.set_keepalive(15)
-        self._conn = conn
-        return conn
+        self._client = client
+        return client
 
     def _unknown_key_message(self, where: str) -> str:
         h = self.host
@@ -265,30 +265,30 @@ class SSHTransport(Transport):
         )
 
     def _dropped(self, e: BaseException, started: bool) -> Transient:
-        self._conn = None
+        self._client = None
         return Transient(f"{self.host.name}: connection lost ({str(e) or type(e).__name__})", started=started)
 
     # -- commands ---------------------------------------------------------------------------
     def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
-        import paramiko
-        from invoke.exceptions import CommandTimedOut
-
-        conn = self._connection()
+        out, err = bytearray(), bytearray()
         try:
-            r = conn.run(shlex.join(argv), hide=True, warn=True, timeout=timeout, in_stream=False)
-        except CommandTimedOut:
+            code = self._exec(argv, out.extend, err.extend, stall_timeout=timeout, deadline=time.monotonic() + timeout)
+        except DeadlinePassed:
             raise CommandFailed(self.host.name, short(argv), -1, f"timed out after {timeout}s") from None
-        except (EOFError, OSError, paramiko.SSHException) as e:
-            raise self._dropped(e, started=True) from None
-        if r.exited == -1:  # the session ended without an exit status: killed under us
-            raise self._dropped(ConnectionError("the session ended without an exit status"), started=True)
-        return Result(r.stdout, r.stderr, r.exited)
+        return Result(out.decode(errors="replace"), err.decode(errors="replace"), code)
 
     def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        return self._exec(argv, on_stdout, on_stderr, stall_timeout, deadline=None)
+
+    def _exec(
+        self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float, deadline: float | None
+    ) -> int:
+        """One command on its own channel: its bytes to the callbacks as they come; its exit code. A drop,
+        a kill or `stall_timeout` s without data raise Transient; passing `deadline` raises DeadlinePassed."""
         import paramiko
 
         try:
-            chan = self._connection().client.get_transport().open_session()
+            chan = self._connection().get_transport().open_session()
         except (EOFError, OSError, paramiko.SSHException) as e:  # the transport died under us
             raise self._dropped(e, started=False) from None
         try:
@@ -302,6 +302,8 @@ class SSHTransport(Transport):
                 if chan.recv_stderr_ready():
                     on_stderr(chan.recv_stderr(1 << 16))
                     got = True
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlinePassed
                 if got:
                     quiet_since = time.monotonic()
                     continue
@@ -313,7 +315,7 @@ class SSHTransport(Transport):
                     raise ConnectionError(f"no data for {stall_timeout:g}s")
                 select.select([chan], [], [], 0.2)  # the channel's fileno wakes us on stdout/stderr data or EOF
             status = chan.recv_exit_status()
-            if status == -1:
+            if status == -1:  # the session ended without an exit status: killed under us
                 raise ConnectionError("the session ended without an exit status")
             return status
         except (EOFError, OSError, paramiko.SSHException) as e:
@@ -357,7 +359,7 @@ class SSHTransport(Transport):
         import paramiko
 
         try:
-            return self._connection().sftp()
+            return self._connection().open_sftp()
         except paramiko.SSHException as e:
             raise UnreachableError(
                 f"{self.host.name}: the server offers no SFTP ({e}) and fetch needs rsync or SFTP — install rsync "
@@ -365,9 +367,9 @@ class SSHTransport(Transport):
             ) from None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 def connect(host: Host, accept_new_host_key: bool = False) -> Transport:

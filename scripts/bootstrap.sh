@@ -10,7 +10,7 @@ want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "bootstrap: creating .venv (torch CPU wheel, numpy, pyyaml, click, fabric, pytest)..." >&2
+echo "bootstrap: creating .venv (torch CPU wheel, numpy, pyyaml, click, paramiko, pytest)..." >&2
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 quiet_pip() {  # pip, without the warnings setuptools and odd pip configs print on every install;
   local log; log=$(mktemp)   # on failure its whole output is shown

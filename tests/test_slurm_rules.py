@@ -14,7 +14,7 @@ from remote_helpers import remote
 from conftest import REPO
 from enlace import runs
 from enlace.slurm import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_from, time_limit_s
-from orchestrator.ops import slurm_cell
+from orchestrator.status import slurm_cell
 
 
 @pytest.mark.parametrize(

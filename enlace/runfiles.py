@@ -1,6 +1,6 @@
-"""What the server-side verbs read: run directories by name, the status table, log streaming from a
-byte offset, and checkpoint manifests for fetch. Run state itself is enlace/runs.py's. None of them
-imports torch, so each answers in tens of milliseconds."""
+"""A run's files as the server verbs read them for the driver: run directories by name, the status
+table, train.log from a byte offset (followed), and checkpoint manifests for fetch. Run state itself
+is enlace/runs.py's. None of them imports torch, so each answers in tens of milliseconds."""
 
 from __future__ import annotations
 
