@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 from enlace import determinism
 from enlace.checkpoint import first_difference
 from enlace.config import Config
+from enlace.dist import Dist
 from enlace.distill import kd_loss
 from enlace.errors import CheckpointError, ConfigError
 from enlace.model import ByteGPT
@@ -28,25 +28,6 @@ from enlace.optim import build_optimizer, lr_at
 Batch = tuple[torch.Tensor, torch.Tensor]
 STATE_VERSION = 1
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass
-class Dist:
-    """Where this process sits in a torchrun job (rank 0 of 1 when not under torchrun)."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_env(cls) -> Dist:
-        return cls(
-            int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-        )
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
 
 @dataclass

@@ -26,6 +26,7 @@ import torch
 from enlace import engine
 from enlace.checkpoint import save_checkpoint
 from enlace.config import Config
+from enlace.dist import Dist
 from enlace.errors import EnlaceError
 from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
 
@@ -131,7 +132,8 @@ def _hours(seconds: float) -> str:
 def preflight(
     cfg: Config, steps: int = 10, memory_limit: int | None = None, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
-    """Measure `cfg`; returns the report (see README's preflight section for the fields)."""
+    """Measure `cfg`; returns the report (see README's preflight section for the fields): build the
+    model, measure steps/eval/save, reduce across ranks, project the run's time, give the verdict."""
     t = cfg.training
     report: dict[str, Any] = {
         "run_name": cfg.run_name,
@@ -142,17 +144,34 @@ def preflight(
         "measured_steps": steps,
     }
     reset_peak_rss()
-    dist = engine.Dist.from_env()
-    if dist.world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(
-            "nccl" if cfg.runtime.device != "cpu" and torch.cuda.is_available() else "gloo"
-        )
+    dist = Dist.from_env()
+    dist.init(cfg.runtime.device)
     parts = engine.build_parts(cfg, dist)
     dev = parts.device
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-    report["environment"] = {
+    report["environment"] = _environment(cfg, parts)
+    try:
+        m = _measure(cfg, parts, steps, MemoryWatch(dev, memory_limit), progress)
+    except OutOfMemory as e:
+        report.update(verdict="oom", oom_phase=e.phase, oom_detail=e.detail, memory=_memory(dev, memory_limit))
+        report["suggestion"] = (
+            f"out of memory in {e.phase} at batch_size {t.batch_size}: lower training.batch_size "
+            f"(e.g. {max(1, t.batch_size // 2)} with grad_accum {t.grad_accum * 2} keeps the "
+            "tokens per step), or run `enlace preflight RUN --max-batch` to find the largest that fits"
+        )
+        return report
+    m["memory"] = _memory(dev, memory_limit)
+    report.update(_across_ranks(dist, m))
+    report.update(_projection(cfg, m, dist.world))
+    report.update(_verdict(cfg, report, m))
+    return report
+
+
+def _environment(cfg: Config, parts: engine.Parts) -> dict[str, Any]:
+    dev = parts.device
+    return {
         "device": str(dev),
         "device_name": _device_name(dev),
         "torch": str(torch.__version__),
@@ -164,113 +183,124 @@ def preflight(
         "params": parts.raw_model.num_params(),
         "teacher_params": parts.teacher_info["params"] if parts.teacher_info else None,  # its memory and forward count
     }
-    watch = MemoryWatch(dev, memory_limit)
+
+
+def _measure(
+    cfg: Config, parts: engine.Parts, steps: int, watch: MemoryWatch, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """This rank's figures: step times after warm-up (s), fp16 skips, an eval batch, a checkpoint save.
+    Raises OutOfMemory naming the phase that did not fit."""
+    t, dev = cfg.training, parts.device
     data = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
     eval_data = SyntheticStream(t.eval_batch_size or t.batch_size, cfg.model.seq_len, cfg.runtime.seed + 1)
-    step_times, skipped, nonfinite, scale = [], [], 0, None
-    try:
-        for i in range(WARMUP_STEPS + steps):
-            label = "warm-up" if i < WARMUP_STEPS else "measure"
-            t0 = time.perf_counter()
-            result = engine.train_step(parts, i, data.next_batch, phase=watch)
-            loss = watch.run("optimizer step", result.loss.item)
-            _sync(dev)
-            dt = time.perf_counter() - t0
-            if i >= WARMUP_STEPS:
-                step_times.append(dt)
-                skipped.append(result.skipped)
-                nonfinite += not math.isfinite(loss)
-            scale = result.scale
-            progress(f"{label} step {i + 1}/{WARMUP_STEPS + steps}: {dt * 1000:.0f} ms, loss {loss:.3f}")
+    m: dict[str, Any] = {"step_times": [], "skipped": [], "nonfinite": 0, "scale": None}
+    for i in range(WARMUP_STEPS + steps):
+        label = "warm-up" if i < WARMUP_STEPS else "measure"
         t0 = time.perf_counter()
-        watch.run("eval", lambda: engine.evaluate(parts, eval_data, 1))
+        result = engine.train_step(parts, i, data.next_batch, phase=watch)
+        loss = watch.run("optimizer step", result.loss.item)
         _sync(dev)
-        eval_batch_s = time.perf_counter() - t0
-        progress(f"eval pass: {eval_batch_s * 1000:.0f} ms per batch")
-        with tempfile.TemporaryDirectory(prefix="enlace-preflight-") as tmp:
-            state = engine.capture_state(parts, [engine.rank_state(data)], {"step": 0, "tokens": 0}, "preflight")
-            t0 = time.perf_counter()
-            watch.run("save", lambda: save_checkpoint(Path(tmp), 0, state, keep=1))
-            save_s = time.perf_counter() - t0
-            ckpt_bytes = sum(f.stat().st_size for f in Path(tmp).glob("step-*/*"))
-        watch("done")
-        progress(f"checkpoint save: {save_s:.2f} s")
-    except OutOfMemory as e:
-        report.update(verdict="oom", oom_phase=e.phase, oom_detail=e.detail, memory=_memory(dev, memory_limit))
-        report["suggestion"] = (
-            f"out of memory in {e.phase} at batch_size {t.batch_size}: lower training.batch_size "
-            f"(e.g. {max(1, t.batch_size // 2)} with grad_accum {t.grad_accum * 2} keeps the "
-            "tokens per step), or run `enlace preflight RUN --max-batch` to find the largest that fits"
-        )
-        return report
+        dt = time.perf_counter() - t0
+        if i >= WARMUP_STEPS:
+            m["step_times"].append(dt)
+            m["skipped"].append(result.skipped)
+            m["nonfinite"] += not math.isfinite(loss)
+        m["scale"] = result.scale
+        progress(f"{label} step {i + 1}/{WARMUP_STEPS + steps}: {dt * 1000:.0f} ms, loss {loss:.3f}")
+    t0 = time.perf_counter()
+    watch.run("eval", lambda: engine.evaluate(parts, eval_data, 1))
+    _sync(dev)
+    m["eval_batch_s"] = time.perf_counter() - t0
+    progress(f"eval pass: {m['eval_batch_s'] * 1000:.0f} ms per batch")
+    with tempfile.TemporaryDirectory(prefix="enlace-preflight-") as tmp:
+        state = engine.capture_state(parts, [engine.rank_state(data)], {"step": 0, "tokens": 0}, "preflight")
+        t0 = time.perf_counter()
+        watch.run("save", lambda: save_checkpoint(Path(tmp), 0, state, keep=1))
+        m["save_s"] = time.perf_counter() - t0
+        m["ckpt_bytes"] = sum(f.stat().st_size for f in Path(tmp).glob("step-*/*"))
+    watch("done")
+    progress(f"checkpoint save: {m['save_s']:.2f} s")
+    return m
 
-    memory = _memory(dev, memory_limit)
-    if dist.world > 1:  # the slowest rank sets the pace, the fullest rank the memory verdict
-        everyone: list[Any] = [None] * dist.world
-        torch.distributed.all_gather_object(everyone, {"memory": memory, "step_times": step_times})
-        key = "peak_reserved_mib" if memory["kind"] == "cuda" else "peak_rss_mib"
-        memory = max((e["memory"] for e in everyone), key=lambda m: m[key])
-        step_times = [max(ts) for ts in zip(*(e["step_times"] for e in everyone))]
-        report["per_rank"] = [
-            {"rank": r, key: e["memory"][key], "median_step_s": round(statistics.median(e["step_times"]), 4)}
-            for r, e in enumerate(everyone)
-        ]
-    report["world"] = dist.world
+
+def _across_ranks(dist: Dist, m: dict[str, Any]) -> dict[str, Any]:
+    """Under DDP the slowest rank sets the pace, the fullest rank the memory verdict (updates `m`)."""
+    if dist.world == 1:
+        return {"world": 1}
+    everyone = dist.gather({"memory": m["memory"], "step_times": m["step_times"]})
+    key = "peak_reserved_mib" if m["memory"]["kind"] == "cuda" else "peak_rss_mib"
+    m["memory"] = max((e["memory"] for e in everyone), key=lambda mem: mem[key])
+    m["step_times"] = [max(ts) for ts in zip(*(e["step_times"] for e in everyone))]
+    per_rank = [
+        {"rank": r, key: e["memory"][key], "median_step_s": round(statistics.median(e["step_times"]), 4)}
+        for r, e in enumerate(everyone)
+    ]
+    return {"world": dist.world, "per_rank": per_rank}
+
+
+def _projection(cfg: Config, m: dict[str, Any], world: int) -> dict[str, Any]:
+    """Throughput, the time the rest of the run will take, memory, disk and fp16 figures."""
+    t, step_times = cfg.training, m["step_times"]
     median, p90 = statistics.median(step_times), sorted(step_times)[max(0, math.ceil(0.9 * len(step_times)) - 1)]
-    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world  # global
+    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * world  # global
     done = _resumes_at(cfg)  # a resumed run only has the rest to go
     todo = max(0, t.max_steps - done)
     n_evals = (todo // t.eval_every if t.eval_every else 0) + 1
     n_saves = (todo // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
-    total_s = todo * median + n_evals * t.eval_batches * eval_batch_s + n_saves * save_s
-    report["throughput"] = {
-        "median_step_s": round(median, 4),
-        "p90_step_s": round(p90, 4),
-        "tokens_per_step": tokens_per_step,
-        "tokens_per_s": round(tokens_per_step / median, 1),
-        "eval_batch_s": round(eval_batch_s, 4),
-        "checkpoint_save_s": round(save_s, 3),
-        "max_steps": t.max_steps,
-        "resumes_at": done,
-        "remaining_steps": todo,
-        "projected_s": round(total_s, 1),
-        "projected": _hours(total_s),
-    }
-    report["memory"] = memory
+    total_s = todo * median + n_evals * t.eval_batches * m["eval_batch_s"] + n_saves * m["save_s"]
     free = shutil.disk_usage(_existing(cfg.run_dir)).free
-    report["disk"] = {"checkpoint_mib": mib(ckpt_bytes), "free_mib": mib(free), "ok": free >= 2 * ckpt_bytes}
     fp16 = cfg.runtime.precision == "fp16"
-    skip_frac = sum(skipped) / len(skipped) if skipped else 0.0
-    report["fp16"] = {
-        "skip_rate": round(skip_frac, 3) if fp16 else "n/a",
-        "skips_after_calibration": sum(skipped) if fp16 else "n/a",
-        "final_scale": scale if fp16 else "n/a",
-        "nonfinite_losses": nonfinite if fp16 else "n/a",
+    skipped = m["skipped"]
+    return {
+        "throughput": {
+            "median_step_s": round(median, 4),
+            "p90_step_s": round(p90, 4),
+            "tokens_per_step": tokens_per_step,
+            "tokens_per_s": round(tokens_per_step / median, 1),
+            "eval_batch_s": round(m["eval_batch_s"], 4),
+            "checkpoint_save_s": round(m["save_s"], 3),
+            "max_steps": t.max_steps,
+            "resumes_at": done,
+            "remaining_steps": todo,
+            "projected_s": round(total_s, 1),
+            "projected": _hours(total_s),
+        },
+        "memory": m["memory"],
+        "disk": {"checkpoint_mib": mib(m["ckpt_bytes"]), "free_mib": mib(free), "ok": free >= 2 * m["ckpt_bytes"]},
+        "fp16": {
+            "skip_rate": round(sum(skipped) / len(skipped) if skipped else 0.0, 3) if fp16 else "n/a",
+            "skips_after_calibration": sum(skipped) if fp16 else "n/a",
+            "final_scale": m["scale"] if fp16 else "n/a",
+            "nonfinite_losses": m["nonfinite"] if fp16 else "n/a",
+        },
     }
-    mem = report["memory"]
-    if not report["disk"]["ok"]:
-        report["verdict"] = "no_space"
-        report["suggestion"] = (
-            f"a checkpoint takes {mib(ckpt_bytes)} MiB and the run needs room for two; "
-            f"{mib(free)} MiB are free where runs/ lives — free disk space first"
-        )
-    elif fp16 and (skip_frac > UNSTABLE_SKIP_FRACTION or nonfinite > len(step_times) // 2):
-        report["verdict"] = "unstable"
-        report["suggestion"] = (
-            f"fp16 skipped {sum(skipped)} of {len(skipped)} steps after calibration (scale now "
-            f"{scale:g}): lower runtime.fp16_init_scale or optim.learning_rate, or use bf16 on a "
-            "GPU that has it"
-        )
-    elif mem["headroom_pct"] < TIGHT_HEADROOM_PCT or mem["num_alloc_retries"] > 0:
-        report["verdict"] = "tight"
-        report["suggestion"] = (
-            f"only {mem['headroom_pct']}% memory headroom ({mem['num_alloc_retries']} allocator "
-            "retries): a longer sequence or eval spike may not fit — lower training.batch_size"
-        )
-    else:
-        report["verdict"] = "ok"
-        report["suggestion"] = ""
-    return report
+
+
+def _verdict(cfg: Config, report: dict[str, Any], m: dict[str, Any]) -> dict[str, str]:
+    """ok, tight, unstable (fp16) or no_space, with the suggestion that goes with it."""
+    mem, disk, skipped = report["memory"], report["disk"], m["skipped"]
+    skip_frac = sum(skipped) / len(skipped) if skipped else 0.0
+    if not disk["ok"]:
+        return {
+            "verdict": "no_space",
+            "suggestion": f"a checkpoint takes {disk['checkpoint_mib']} MiB and the run needs room for two; "
+            f"{disk['free_mib']} MiB are free where runs/ lives — free disk space first",
+        }
+    if cfg.runtime.precision == "fp16" and (
+        skip_frac > UNSTABLE_SKIP_FRACTION or m["nonfinite"] > len(m["step_times"]) // 2
+    ):
+        return {
+            "verdict": "unstable",
+            "suggestion": f"fp16 skipped {sum(skipped)} of {len(skipped)} steps after calibration (scale now "
+            f"{m['scale']:g}): lower runtime.fp16_init_scale or optim.learning_rate, or use bf16 on a GPU that has it",
+        }
+    if mem["headroom_pct"] < TIGHT_HEADROOM_PCT or mem["num_alloc_retries"] > 0:
+        return {
+            "verdict": "tight",
+            "suggestion": f"only {mem['headroom_pct']}% memory headroom ({mem['num_alloc_retries']} allocator "
+            "retries): a longer sequence or eval spike may not fit — lower training.batch_size",
+        }
+    return {"verdict": "ok", "suggestion": ""}
 
 
 def _resumes_at(cfg: Config) -> int:

@@ -17,7 +17,6 @@ import traceback
 from typing import Any
 
 import torch
-import torch.distributed as torch_dist
 
 from enlace import engine, runs
 from enlace.checkpoint import (
@@ -32,6 +31,7 @@ from enlace.checkpoint import (
 )
 from enlace.config import Config
 from enlace.data import build_stream, data_identity
+from enlace.dist import Dist
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.report import duration
 from enlace.rundir import RunDir
@@ -65,25 +65,7 @@ class StopSignal:
             signal.signal(s, handler)
 
 
-def _all_ranks_agree(flag: bool, dist: engine.Dist) -> bool:
-    """Under DDP every rank must stop at the same step: true if any rank saw a signal."""
-    if dist.world == 1:
-        return flag
-    t = torch.tensor([int(flag)])
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-def _gather_rank_states(stream, dist: engine.Dist) -> list[dict[str, Any]]:
-    mine = engine.rank_state(stream)
-    if dist.world == 1:
-        return [mine]
-    everyone: list[Any] = [None] * dist.world
-    torch_dist.all_gather_object(everyone, mine)
-    return everyone
-
-
-def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]:
+def _load_resume(cfg: Config, resume: str, dist: Dist) -> tuple[Any, Any]:
     """Rank 0 finds and loads the checkpoint; under DDP it is broadcast to the other ranks (which,
     on other hosts, have no checkpoints of their own: rank 0 alone writes them)."""
     ckpt = files = None
@@ -104,10 +86,7 @@ def _load_resume(cfg: Config, resume: str, dist: engine.Dist) -> tuple[Any, Any]
                 else "no older complete checkpoint: --resume none starts afresh"
             )
             raise CheckpointError(f"the newest checkpoint is unusable: {e.message} — {way}") from None
-    if dist.world > 1:
-        box = [ckpt, files]
-        torch_dist.broadcast_object_list(box, src=0)
-        ckpt, files = box
+    ckpt, files = dist.broadcast((ckpt, files))
     return ckpt, files  # on the CPU: load_state_dict moves weights and optimizer state to the device
 
 
@@ -115,17 +94,15 @@ def train(
     cfg: Config, resume: str = "latest", until: int | None = None, allow: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
     """Train `cfg` (resuming by default); returns the final run.json fields."""
-    dist = engine.Dist.from_env()
-    if dist.world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if torch.cuda.is_available() and cfg.runtime.device != "cpu" else "gloo")
+    dist = Dist.from_env()
+    dist.init(cfg.runtime.device)
     run = RunDir(cfg.run_dir, enabled=dist.is_main)
     stop = StopSignal(on_second=lambda name: run.update_status(status=Status.STOPPED, exit_code=128, signal=name))
     try:
         summary = _train(cfg, run, dist, stop, resume, until, allow)
-        if dist.world > 1:
-            # Every rank waits here until rank 0 has written its last checkpoint: a rank that
-            # tore gloo down while its peer was still busy died with SIGABRT (seen under load).
-            torch_dist.barrier()
+        # Every rank waits here until rank 0 has written its last checkpoint: a rank that
+        # tore gloo down while its peer was still busy died with SIGABRT (seen under load).
+        dist.barrier()
         return summary
     except EnlaceError as e:
         run.log(f"error: {e.message}")
@@ -138,8 +115,7 @@ def train(
     finally:
         stop.restore()
         run.close()
-        if dist.world > 1 and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+        dist.close()
 
 
 def _record_failure(run: RunDir, exit_code: int, error: str) -> None:
@@ -150,7 +126,7 @@ def _record_failure(run: RunDir, exit_code: int, error: str) -> None:
 
 
 def _train(
-    cfg: Config, run: RunDir, dist: engine.Dist, stop: StopSignal, resume: str, until: int | None, allow: frozenset[str]
+    cfg: Config, run: RunDir, dist: Dist, stop: StopSignal, resume: str, until: int | None, allow: frozenset[str]
 ):
     t = cfg.training
     commit = git_commit(cfg.root)
@@ -241,7 +217,7 @@ def _train(
     )  # plot marks resumes with it
 
     def checkpoint() -> str:
-        states = _gather_rank_states(train_stream, dist)
+        states = dist.gather(engine.rank_state(train_stream))
         if not dist.is_main:
             return ""
         path = save_checkpoint(
@@ -301,7 +277,7 @@ def _train(
         if t.eval_every and step % t.eval_every == 0:
             _eval(run, parts, val_stream, step)
             last_eval = step
-        if _all_ranks_agree(stop.signame is not None, dist):
+        if dist.any_rank(stop.signame is not None):
             run.log(f"{stop.signame or 'stop'} received: finishing at step {step}")
             checkpoint()
             run.update_status(status=Status.STOPPED, exit_code=0, step=step)
