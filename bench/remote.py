@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from remote_helpers import tiny_corpus  # noqa: E402
-from repocopy import commit_all, copy_worktree_repo  # noqa: E402
-from sshd import make_server  # noqa: E402
+from tests.support.remote import tiny_corpus  # noqa: E402
+from tests.support.repocopy import commit_all, copy_worktree_repo  # noqa: E402
+from tests.support.sshd import make_server  # noqa: E402
 
 CLI = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost"]
 

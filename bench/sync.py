@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 
-from repocopy import copy_worktree_repo  # noqa: E402
-from sshd import make_server  # noqa: E402
+from tests.support.repocopy import copy_worktree_repo  # noqa: E402
+from tests.support.sshd import make_server  # noqa: E402
 
 
 def sh(*args, env=None, cwd=None):

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 import yaml
+from support import REPO
+from support.configs import write_run
 
-from conftest import REPO, write_run
 from enlace.config import load_config
 from enlace.errors import ConfigError
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 from click.testing import CliRunner
+from support.configs import write_run
 
-from conftest import write_run
 from enlace.cli import main
 
 # (case id, sections merged over TINY, the key the message must name, a word of the fix or problem)

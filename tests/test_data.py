@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+from support import REPO
 
-from conftest import REPO
 from enlace.data import ByteStream, ShardStream, prepare_shards, resolve_paths
 from enlace.data.bytestream import DataError
 

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, write_run
+from support import REPO
+from support.cli import metrics, run_json
+from support.configs import write_run
+
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
-from helpers import metrics, run_json
 
 DET = {"runtime": {"deterministic": True}, "training": {"max_steps": 40, "log_every": 1, "eval_every": 4}}
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from remote_helpers import remote, server_dir, tiny_corpus
-
-from conftest import write_run
-from helpers import enlace, metrics, run_json
+from support.cli import enlace, metrics, run_json
+from support.configs import write_run
+from support.remote import remote, server_dir, tiny_corpus
 
 STUDENT = {
     "model": {"seq_len": 32, "n_layer": 1, "n_head": 2, "d_model": 16, "dropout": 0.0},
@@ -67,7 +66,7 @@ def test_missing_or_incomplete_teacher_is_one_line_exit_2(teacher, case):
 
 def test_verify_names_a_missing_teacher_before_launch(sshd, user_repo):
     write_run(user_repo, "stud", **{**STUDENT, "distill": {"teacher": "tiny"}}, data="tiny")
-    from repocopy import commit_all
+    from support.repocopy import commit_all
 
     commit_all(user_repo, "student")
     tiny_corpus(server_dir(sshd, "local"))

@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
-from remote_helpers import remote, server_dir, tiny_corpus, wait_until
-
-from conftest import REPO, write_run
-from helpers import enlace, run_json
+from support import REPO
+from support.cli import enlace, run_json
+from support.configs import write_run
+from support.remote import remote, server_dir, tiny_corpus, wait_until
 
 
 def _row(user_repo, sshd, host, run):
@@ -129,7 +129,7 @@ def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
 
 
 def test_fetch_without_sftp_is_a_clear_error(tmp_path, user_repo):
-    from sshd import make_server
+    from support.sshd import make_server
 
     srv = make_server(tmp_path, name="nosftp", sftp=False)
     try:
@@ -170,7 +170,7 @@ def test_fetch_all_retries_when_a_checkpoint_vanishes_mid_transfer(sshd, user_re
     from orchestrator.transport import connect
 
     write_run(user_repo, "many", checkpoint={"every": 2, "keep": 5}, training={"max_steps": 6, "eval_every": 0})
-    from repocopy import commit_all
+    from support.repocopy import commit_all
 
     commit_all(user_repo, "many")
     tiny_corpus(server_dir(sshd, "testhost"))
@@ -207,7 +207,7 @@ def test_killing_the_client_during_preflight_ends_the_servers_preflight(sshd, us
         model={"d_model": 768, "n_layer": 12, "n_head": 12, "seq_len": 256},
         training={"batch_size": 16},
     )
-    from repocopy import commit_all
+    from support.repocopy import commit_all
 
     commit_all(user_repo, "heavy")
     remote(user_repo, sshd.env, "sync", host=host)

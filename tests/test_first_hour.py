@@ -15,9 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from remote_helpers import tiny_corpus
-
-from conftest import REPO
+from support import REPO
+from support.remote import tiny_corpus
 
 WHEELS = Path("/opt/wheels")
 
@@ -44,7 +43,7 @@ def fresh_user():
 
 @pytest.mark.slow
 def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fresh_user):
-    from sshd import make_server
+    from support.sshd import make_server
 
     srv = make_server(tmp_path, name="fresh", own_homes=True)
     home = tmp_path / "laptop-home"  # the new user's own machine: a key and known_hosts, no enlace config

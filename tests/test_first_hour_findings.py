@@ -9,11 +9,10 @@ import subprocess
 import threading
 import time
 
-from remote_helpers import remote, server_dir, tiny_corpus
-from repocopy import commit_all
-
-from conftest import write_run
-from helpers import enlace, run_json
+from support.cli import enlace, run_json
+from support.configs import write_run
+from support.remote import remote, server_dir, tiny_corpus
+from support.repocopy import commit_all
 
 
 def _connections(sshd) -> int:
@@ -167,7 +166,7 @@ def test_host_key_messages_show_sha256_fingerprints(sshd, user_repo):
     (sshd.dir / "known_hosts").write_text("")
     out = remote(user_repo, sshd.env, "status", check=False)
     assert out.returncode == 4 and "The server offers ssh-ed25519 SHA256:" in out.stderr, out.stderr
-    from sshd import keygen
+    from support.sshd import keygen
 
     keygen(sshd.dir / "other_key")
     kind, key = (sshd.dir / "other_key.pub").read_text().split()[:2]
@@ -235,7 +234,7 @@ def test_ctrl_c_during_an_sftp_fetch_is_one_line(sshd, user_repo):
     import signal
     import sys
 
-    from conftest import REPO
+    from support import REPO
 
     cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost", "fetch"]
     client = subprocess.Popen(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from conftest import REPO
+from support import REPO
 
 SHIPPED = ("enlace", "configs", "scripts")
 

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import REPO
+from support import REPO
 
 
 @pytest.mark.slow

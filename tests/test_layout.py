@@ -9,7 +9,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import REPO
+from support import REPO
 
 PACKAGES = ("enlace", "orchestrator")
 

@@ -13,9 +13,10 @@ import time
 import uuid
 
 import pytest
-from remote_helpers import remote, tiny_corpus
+from support import REPO
+from support.configs import write_run
+from support.remote import remote, tiny_corpus
 
-from conftest import REPO, write_run
 from enlace import runs
 
 
@@ -62,7 +63,7 @@ def _steady_run(user_repo, name):
         checkpoint={"every": 500, "keep": 2},
         run_name=name,
     )
-    from repocopy import commit_all
+    from support.repocopy import commit_all
 
     commit_all(user_repo, name)
 
@@ -105,7 +106,7 @@ def lossy_netns():
 
 
 def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, lossy_netns):
-    from sshd import make_server
+    from support.sshd import make_server
 
     prefix = ["ip", "netns", "exec", lossy_netns]
     srv = make_server(tmp_path, name="lossy", prefix=prefix)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import write_run
-from helpers import enlace
+from support.cli import enlace
+from support.configs import write_run
 
 
 def _preflight(project, run, *args, check=False):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from remote_helpers import remote, tiny_corpus
+from support.remote import remote, tiny_corpus
 
 from enlace.checkpoint import load_checkpoint
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import time
 
-from remote_helpers import remote, tiny_corpus
-from sshd import make_server
-from test_remote_run import _trainers_under
+from support.procs import trainers_under
+from support.remote import remote, tiny_corpus
+from support.sshd import make_server
 
 from enlace.checkpoint import load_checkpoint
 
@@ -63,9 +63,9 @@ def test_two_hosts_one_run(tmp_path, user_repo):
         out = remote(user_repo, env, "stop", "long", host="h1")
         assert "stopped" in out.stdout
         deadline = time.time() + 60  # rank 1's torchrun on h2 ends once the ranks agreed to stop
-        while _trainers_under(tmp_path / "remote-h2", "long") and time.time() < deadline:
+        while trainers_under(tmp_path / "remote-h2", "long") and time.time() < deadline:
             time.sleep(0.2)
-        assert not _trainers_under(tmp_path / "remote-h2", "long")
+        assert not trainers_under(tmp_path / "remote-h2", "long")
         h2 = json.loads(remote(user_repo, env, "status", "long", "--json", host="h2").stdout)[0]
         assert not h2["alive"]
         remote(user_repo, env, "fetch", "long", host="h1")
@@ -74,6 +74,6 @@ def test_two_hosts_one_run(tmp_path, user_repo):
     finally:
         for s in servers:
             s.stop()
-        from conftest import kill_processes_under
+        from support.procs import kill_processes_under
 
         kill_processes_under(tmp_path)

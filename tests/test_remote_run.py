@@ -11,32 +11,13 @@ import sys
 import time
 
 import pytest
-from remote_helpers import remote, server_dir, tiny_corpus, wait_until
-
-from conftest import REPO
-from helpers import enlace
+from support import REPO
+from support.cli import enlace
+from support.remote import remote, server_dir, tiny_corpus, wait_until
 
 
 def _status(user_repo, sshd, host, run):
     return json.loads(remote(user_repo, sshd.env, "status", run, "--json", host=host).stdout)[0]
-
-
-def _trainers_under(path, run):
-    """Live trainer processes of `run` whose working directory is under `path` (this test's host)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-            if (
-                f"enlace train {run}".encode() in cmd
-                and state != "Z"
-                and os.readlink(f"/proc/{pid}/cwd").startswith(str(path))
-            ):
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def _popen_remote(user_repo, sshd, *args, host="testhost"):

@@ -12,9 +12,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from remote_helpers import remote
-
-from conftest import REPO
+from support import REPO
+from support.remote import remote
 
 
 def _remote_dir(sshd, host):
@@ -102,7 +101,7 @@ def test_unknown_host_key_refused_then_accepted(sshd, user_repo):
 
 
 def test_changed_host_key_refused_even_with_accept_new(sshd, user_repo, tmp_path):
-    from sshd import keygen
+    from support.sshd import keygen
 
     keygen(tmp_path / "other")
     kind, key = (tmp_path / "other.pub").read_text().split()[:2]

@@ -9,12 +9,12 @@ import json
 
 import pytest
 import torch
+from support.cli import enlace
+from support.configs import write_run
 
-from conftest import write_run
 from enlace import determinism
 from enlace.checkpoint import load_checkpoint, save_checkpoint
 from enlace.verify_resume import compare_states
-from helpers import enlace
 
 DET = {
     "runtime": {"deterministic": True},

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
+from support import REPO
 
-from conftest import REPO
 from enlace import exitcodes, runs
 from enlace.runs import Status
 

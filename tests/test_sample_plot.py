@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from conftest import write_run
-from helpers import enlace
+from support.cli import enlace
+from support.configs import write_run
 
 
 @pytest.fixture

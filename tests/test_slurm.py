@@ -17,10 +17,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from remote_helpers import remote, server_dir, tiny_corpus, wait_until
-from repocopy import commit_all
+from support import REPO
+from support.configs import TINY, write_run
+from support.procs import kill_processes_under
+from support.remote import remote, server_dir, tiny_corpus, wait_until
+from support.repocopy import commit_all
 
-from conftest import REPO, TINY, kill_processes_under, write_run
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
 
@@ -42,7 +44,7 @@ CLUSTER_HOST = """\
 
 @pytest.fixture(scope="module")
 def cluster():
-    from slurmcluster import SlurmCluster, missing
+    from support.slurmcluster import SlurmCluster, missing
 
     if missing():
         raise RuntimeError(
@@ -62,7 +64,7 @@ def cluster():
 def login(tmp_path, cluster):
     """The test sshd as the cluster's login node (its sessions see SLURM_CONF), and two Slurm hosts on it:
     `cluster` (max_requeues 5) and `cluster0` (max_requeues 0), sharing one remote_dir."""
-    from sshd import make_server
+    from support.sshd import make_server
 
     srv = make_server(tmp_path, session_env=cluster.env)
     with open(srv.env["ENLACE_HOSTS_FILE"], "a") as fh:

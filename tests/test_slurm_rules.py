@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from remote_helpers import remote
+from support import REPO
+from support.remote import remote
 
-from conftest import REPO
 from enlace import runs
 from enlace.slurm import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_from, time_limit_s
 from orchestrator.status import slurm_cell

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, write_run
+from support import REPO
+from support.cli import enlace, run_json
+from support.configs import write_run
+
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
-from helpers import enlace, run_json
 
 
 def _start(project, name, *args):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import socket
 
-from remote_helpers import remote, server_dir, tiny_corpus
-from repocopy import commit_all
+from support.remote import remote, server_dir, tiny_corpus
+from support.repocopy import commit_all
 
 
 def test_status_all_shows_every_host_and_a_down_one_as_a_row(sshd, user_repo, tmp_path):

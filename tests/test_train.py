@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import yaml
-
-from conftest import write_run
-from helpers import enlace, metrics, run_json
+from support.cli import enlace, metrics, run_json
+from support.configs import write_run
 
 
 def test_short_run_lowers_loss_and_leaves_a_complete_run_dir(project):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from . import REPO
 
 
 def enlace(root: Path, *args: str, check: bool = True, timeout: float = 300, env: dict | None = None):

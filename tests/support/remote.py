@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from . import REPO
+from .configs import write_tiny_corpus
 
 
 def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float = 300, host: str = "testhost"):
@@ -25,15 +26,7 @@ def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float
 
 def tiny_corpus(remote_dir: Path) -> None:
     """Put the tiny corpus into the host's shared data dir (data never travels by git)."""
-    import json
-    import sysconfig
-
-    corpus = remote_dir / "data" / "tiny"
-    corpus.mkdir(parents=True, exist_ok=True)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for i, src in enumerate(sorted((stdlib / "json").glob("*.py"))):
-        (corpus / f"{i:02d}-{src.stem}.txt").write_bytes(src.read_bytes())
-    (corpus / "zz.txt").write_text(json.__doc__ or "")
+    write_tiny_corpus(remote_dir / "data" / "tiny")
 
 
 def server_dir(sshd, host: str) -> Path:

@@ -7,7 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from . import REPO
+
 GIT_ID = ["-c", "user.email=t@enlace.invalid", "-c", "user.name=enlace tests"]
 
 
