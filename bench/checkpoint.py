@@ -29,14 +29,14 @@ from enlace.checkpoint import save_checkpoint
 
 def child_throughput(deterministic: bool, steps: int) -> None:
     cfg = smoke_config(f"runtime.deterministic={str(deterministic).lower()}")
-    parts = engine.build_parts(cfg)
+    setup = engine.build_setup(cfg)
     batches = fixed_batches(cfg, steps + 3)
     it = iter(batches)
     for step in range(3):
-        engine.train_step(parts, step, lambda: next(it))
+        engine.train_step(setup, step, lambda: next(it))
     t0 = time.perf_counter()
     for step in range(steps):
-        r = engine.train_step(parts, step, lambda: next(it))
+        r = engine.train_step(setup, step, lambda: next(it))
     r.loss.item()
     tokens = steps * cfg.training.batch_size * cfg.model.seq_len
     print(json.dumps({"tokens_per_s": tokens / (time.perf_counter() - t0), "threads": torch.get_num_threads()}))
@@ -52,11 +52,11 @@ def main() -> None:
         return child_throughput(args.child == "det", args.steps)
 
     cfg = smoke_config()
-    parts = engine.build_parts(cfg)
+    setup = engine.build_setup(cfg)
     batches = iter(fixed_batches(cfg, 3))
     for step in range(3):  # materialise the optimizer state
-        engine.train_step(parts, step, lambda: next(batches))
-    state = engine.capture_state(parts, [{"data": {}, "rng": {}}], {"step": 3, "tokens": 0}, "bench")
+        engine.train_step(setup, step, lambda: next(batches))
+    state = engine.capture_state(setup, [{"data": {}, "rng": {}}], {"step": 3, "tokens": 0}, "bench")
     t_raw, t_ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.reps):

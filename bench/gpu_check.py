@@ -71,19 +71,19 @@ def sync(device: torch.device) -> None:
 def train_steps(cfg, steps: int) -> tuple[dict[str, torch.Tensor], float]:
     """Build as train does, run `steps` optimizer steps on the real data stream; returns the final
     parameters and tokens/s over the steps after WARMUP (compile's warm-up excluded)."""
-    parts = engine.build_parts(cfg)
+    setup = engine.build_setup(cfg)
     stream = build_stream(cfg, "train", cfg.training.batch_size)
     tokens_per_step = cfg.training.batch_size * cfg.training.grad_accum * cfg.model.seq_len
     t0 = None
     for i in range(steps):
         if i == min(WARMUP, steps - 1):
-            sync(parts.device)
+            sync(setup.device)
             t0 = time.perf_counter()
-        engine.train_step(parts, i, stream.next_batch)
-    sync(parts.device)
+        engine.train_step(setup, i, stream.next_batch)
+    sync(setup.device)
     measured = steps - min(WARMUP, steps - 1)
     rate = measured * tokens_per_step / (time.perf_counter() - t0)
-    params = {k: v.detach().float().cpu().clone() for k, v in parts.raw_model.state_dict().items()}
+    params = {k: v.detach().float().cpu().clone() for k, v in setup.raw_model.state_dict().items()}
     return params, rate
 
 

@@ -36,11 +36,11 @@ def bare_loop(cfg, model, batches):
     return run
 
 
-def enlace_loop(parts, batches):
+def enlace_loop(setup, batches):
     def run(steps):
         it = iter(batches[:steps])
         for step in range(steps):
-            r = engine.train_step(parts, step, lambda: next(it))
+            r = engine.train_step(setup, step, lambda: next(it))
         return r.loss.item()
 
     return run
@@ -55,8 +55,8 @@ def timed(fn, steps):
 def child(mode: str, steps: int) -> None:
     cfg = smoke_config()
     batches = fixed_batches(cfg, steps)
-    parts = engine.build_parts(cfg)
-    fn = enlace_loop(parts, batches) if mode == "enlace" else bare_loop(cfg, parts.raw_model, batches)
+    setup = engine.build_setup(cfg)
+    fn = enlace_loop(setup, batches) if mode == "enlace" else bare_loop(cfg, setup.raw_model, batches)
     fn(steps)
     print(json.dumps({"peak_rss_mib": mib(peak_rss_bytes())}))
 
@@ -72,8 +72,8 @@ def main() -> None:
 
     cfg = smoke_config()
     batches = fixed_batches(cfg, args.steps)
-    parts = engine.build_parts(cfg)  # one model: both loops train the same weights in turn
-    bare, ours = bare_loop(cfg, parts.raw_model, batches), enlace_loop(parts, batches)
+    setup = engine.build_setup(cfg)  # one model: both loops train the same weights in turn
+    bare, ours = bare_loop(cfg, setup.raw_model, batches), enlace_loop(setup, batches)
     bare(3), ours(3)  # warm-up: optimizer state is created lazily
     t_bare, t_ours = [], []
     for _ in range(args.rounds):

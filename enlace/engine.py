@@ -1,6 +1,6 @@
 """Build once, use twice: the pieces `train` and `preflight` share.
 
-`build_parts` makes the model, optimizer, GradScaler, autocast and determinism settings from a
+`build_setup` makes the model, optimizer, GradScaler, autocast and determinism settings from a
 Config; `train_step` runs one optimizer step (with gradient accumulation) from any batch source;
 `evaluate` runs the fixed val batches; `capture_state` / `restore_state` move every piece of state
 into and out of a checkpoint.
@@ -31,7 +31,10 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
-class Parts:
+class TrainingSetup:
+    """What build_setup makes once and every step uses: the model (raw and as run), optimizer, scaler,
+    the settings it chose, and the distillation teacher if any."""
+
     cfg: Config
     device: torch.device
     dist: Dist
@@ -76,7 +79,7 @@ def resolve_device(cfg: Config, dist: Dist) -> torch.device:
     return torch.device("cuda", dist.local_rank)
 
 
-def build_parts(cfg: Config, dist: Dist | None = None) -> Parts:
+def build_setup(cfg: Config, dist: Dist | None = None) -> TrainingSetup:
     dist = dist or Dist()
     device = resolve_device(cfg, dist)
     if device.type == "cuda":
@@ -106,7 +109,7 @@ def build_parts(cfg: Config, dist: Dist | None = None) -> Parts:
         from enlace.distill import load_teacher
 
         teacher, teacher_info = load_teacher(cfg, device)
-    return Parts(cfg, device, dist, raw_model, model, optimizer, scaler, settings, teacher, teacher_info)
+    return TrainingSetup(cfg, device, dist, raw_model, model, optimizer, scaler, settings, teacher, teacher_info)
 
 
 def _no_phase(name: str) -> None:
@@ -114,31 +117,31 @@ def _no_phase(name: str) -> None:
 
 
 def train_step(
-    parts: Parts, step: int, next_batch: Callable[[], Batch], phase: Callable[[str], None] = _no_phase
+    setup: TrainingSetup, step: int, next_batch: Callable[[], Batch], phase: Callable[[str], None] = _no_phase
 ) -> StepResult:
     """One optimizer step: grad_accum micro-batches, clip, scaler step. `step` counts from 0.
 
     `phase(name)` is called as each phase starts ("forward", "backward", "optimizer step") and
     with "done" at the end: preflight uses it to say where memory ran out."""
-    cfg, model, opt, scaler = parts.cfg, parts.model, parts.optimizer, parts.scaler
+    cfg, model, opt, scaler = setup.cfg, setup.model, setup.optimizer, setup.scaler
     lr = lr_at(step, cfg.optim, cfg.training.max_steps)
     for group in opt.param_groups:
         group["lr"] = lr
     model.train()
     accum = cfg.training.grad_accum
-    total = torch.zeros((), device=parts.device)
-    terms = {k: torch.zeros((), device=parts.device) for k in (("ce", "kd") if parts.teacher is not None else ())}
+    total = torch.zeros((), device=setup.device)
+    terms = {k: torch.zeros((), device=setup.device) for k in (("ce", "kd") if setup.teacher is not None else ())}
     for micro in range(accum):
-        x, y = (t.to(parts.device, non_blocking=True) for t in next_batch())
+        x, y = (t.to(setup.device, non_blocking=True) for t in next_batch())
         # DDP: all-reduce gradients only on the last micro-step.
-        sync = contextlib.nullcontext() if micro == accum - 1 or parts.dist.world == 1 else model.no_sync()
+        sync = contextlib.nullcontext() if micro == accum - 1 or setup.dist.world == 1 else model.no_sync()
         with sync:
             phase("forward")
-            with parts.autocast():
+            with setup.autocast():
                 logits, loss = model(x, y)
-                if parts.teacher is not None:  # distillation: the teacher's forward, without gradients
+                if setup.teacher is not None:  # distillation: the teacher's forward, without gradients
                     with torch.no_grad():
-                        teacher_logits, _ = parts.teacher(x)
+                        teacher_logits, _ = setup.teacher(x)
                     kd = kd_loss(logits, teacher_logits, cfg.distill.temperature)
                     terms["ce"] += loss.detach() / accum
                     terms["kd"] += kd.detach() / accum
@@ -149,7 +152,7 @@ def train_step(
     phase("optimizer step")
     if cfg.optim.grad_clip > 0:
         scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(parts.raw_model.parameters(), cfg.optim.grad_clip)
+        torch.nn.utils.clip_grad_norm_(setup.raw_model.parameters(), cfg.optim.grad_clip)
     before = scaler.get_scale()
     scaler.step(opt)
     scaler.update()
@@ -160,16 +163,16 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(parts: Parts, val_stream, n_batches: int) -> dict[str, float]:
+def evaluate(setup: TrainingSetup, val_stream, n_batches: int) -> dict[str, float]:
     """Mean val loss over the fixed val batches 0..n-1 (same batches every eval), and bits per byte."""
-    parts.model.eval()
+    setup.model.eval()
     total = 0.0
     for k in range(n_batches):
-        x, y = (t.to(parts.device) for t in val_stream.batch_at(k))
-        with parts.autocast():
-            _, loss = parts.raw_model(x, y)
+        x, y = (t.to(setup.device) for t in val_stream.batch_at(k))
+        with setup.autocast():
+            _, loss = setup.raw_model(x, y)
         total += loss.item()
-    parts.model.train()
+    setup.model.train()
     val_loss = total / n_batches
     return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2)}
 
@@ -180,7 +183,7 @@ def rank_state(data_stream) -> dict[str, Any]:
 
 
 def capture_state(
-    parts: Parts,
+    setup: TrainingSetup,
     ranks: list[dict[str, Any]],
     progress: dict[str, int],
     commit: str,
@@ -193,25 +196,25 @@ def capture_state(
         "version": STATE_VERSION,
         "step": progress["step"],
         "tokens": progress["tokens"],
-        "scaler": parts.scaler.state_dict(),
+        "scaler": setup.scaler.state_dict(),
         "ranks": ranks,
-        "config": parts.cfg.to_dict(),
-        "fingerprint": parts.cfg.fingerprint_fields(),
+        "config": setup.cfg.to_dict(),
+        "fingerprint": setup.cfg.fingerprint_fields(),
         "commit": commit,
         "torch": str(torch.__version__),
         "threads": torch.get_num_threads(),
         "data": data_id,
-        "teacher": parts.teacher_info["identity"] if parts.teacher_info else None,
+        "teacher": setup.teacher_info["identity"] if setup.teacher_info else None,
     }
     return {
-        "model.pt": parts.raw_model.state_dict(),
-        "optimizer.pt": parts.optimizer.state_dict(),
+        "model.pt": setup.raw_model.state_dict(),
+        "optimizer.pt": setup.optimizer.state_dict(),
         "trainer.pt": trainer,
     }
 
 
 def check_compatible(
-    parts: Parts,
+    setup: TrainingSetup,
     trainer: dict[str, Any],
     where: str,
     data_id: dict[str, Any] | None = None,
@@ -223,7 +226,7 @@ def check_compatible(
     and the cosine schedule spans the new max_steps from here on."""
     if trainer.get("version") != STATE_VERSION:
         raise CheckpointError(f"{where}: trainer state v{trainer.get('version')}, expected v{STATE_VERSION}")
-    saved, current = dict(trainer["fingerprint"]), parts.cfg.fingerprint_fields()
+    saved, current = dict(trainer["fingerprint"]), setup.cfg.fingerprint_fields()
     if current["training.max_steps"] > trainer["step"]:
         saved["training.max_steps"] = current["training.max_steps"]
     diff = first_difference(saved, current)
@@ -246,21 +249,21 @@ def check_compatible(
             f"sha256 {data_id['sha256'][:12]} now): resuming would not reproduce the run — put the "
             "same data back, or resume on this data anyway with --allow-data-change"
         )
-    teacher = parts.teacher_info["identity"] if parts.teacher_info else None
+    teacher = setup.teacher_info["identity"] if setup.teacher_info else None
     if trainer.get("teacher") != teacher and not allow_teacher_change:
         then, now = (t[:12] if t else "none" for t in (trainer.get("teacher"), teacher))
         raise CheckpointError(
             f"{where}: the teacher changed: the checkpoint was distilled from teacher {then} (its "
-            f"MANIFEST's sha256), this run's teacher is {now} ({parts.cfg.distill.teacher or 'none'}) "
+            f"MANIFEST's sha256), this run's teacher is {now} ({setup.cfg.distill.teacher or 'none'}) "
             "— put the same teacher back, or continue with this one: --allow-teacher-change"
         )
-    if len(trainer["ranks"]) != parts.dist.world:
+    if len(trainer["ranks"]) != setup.dist.world:
         raise CheckpointError(
             f"{where}: saved by {len(trainer['ranks'])} processes, resuming with "
-            f"{parts.dist.world} — resume with the same number of GPUs/processes"
+            f"{setup.dist.world} — resume with the same number of GPUs/processes"
         )
     threads = torch.get_num_threads()
-    if parts.cfg.runtime.deterministic and trainer["threads"] != threads and parts.device.type == "cpu":
+    if setup.cfg.runtime.deterministic and trainer["threads"] != threads and setup.device.type == "cpu":
         raise CheckpointError(
             f"{where}: saved with {trainer['threads']} CPU threads, this process uses {threads}; "
             "deterministic resume needs the same — set runtime.threads accordingly"
@@ -268,7 +271,7 @@ def check_compatible(
 
 
 def restore_state(
-    parts: Parts,
+    setup: TrainingSetup,
     files: dict[str, Any],
     data_stream,
     where: str,
@@ -278,14 +281,14 @@ def restore_state(
     """Load model, optimizer, scaler, this rank's RNG and data position; returns the trainer record.
     `allow`: "data" and/or "teacher" may differ from the checkpoint's (said, not exact)."""
     trainer = files["trainer.pt"]
-    check_compatible(parts, trainer, where, data_id, "data" in allow, "teacher" in allow)
+    check_compatible(setup, trainer, where, data_id, "data" in allow, "teacher" in allow)
     try:
-        parts.raw_model.load_state_dict(files["model.pt"])
+        setup.raw_model.load_state_dict(files["model.pt"])
     except RuntimeError as e:
         raise CheckpointError(f"{where}: model weights do not fit this model: {str(e).splitlines()[0]}") from None
-    parts.optimizer.load_state_dict(files["optimizer.pt"])
-    parts.scaler.load_state_dict(trainer["scaler"])
-    mine = trainer["ranks"][parts.dist.rank]
+    setup.optimizer.load_state_dict(files["optimizer.pt"])
+    setup.scaler.load_state_dict(trainer["scaler"])
+    mine = trainer["ranks"][setup.dist.rank]
     data_stream.load_state_dict(mine["data"])
     determinism.set_rng_state(mine["rng"])
     return trainer

@@ -1,6 +1,6 @@
 """`enlace preflight RUN`: does the batch fit, how long will the run take, does fp16 hold?
 
-Builds model, optimizer, scaler, precision, compile and determinism through engine.build_parts —
+Builds model, optimizer, scaler, precision, compile and determinism through engine.build_setup —
 the functions `train` uses — and swaps only the data source for synthetic bytes of the configured
 shape. Phases: warm-up steps (optimizer state is created lazily; compile and cuDNN autotune happen
 early), measured steps, one eval pass at the eval batch size, one checkpoint save into a temp dir.
@@ -146,14 +146,14 @@ def preflight(
     reset_peak_rss()
     dist = Dist.from_env()
     dist.init(cfg.runtime.device)
-    parts = engine.build_parts(cfg, dist)
-    dev = parts.device
+    setup = engine.build_setup(cfg, dist)
+    dev = setup.device
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-    report["environment"] = _environment(cfg, parts)
+    report["environment"] = _environment(cfg, setup)
     try:
-        m = _measure(cfg, parts, steps, MemoryWatch(dev, memory_limit), progress)
+        m = _measure(cfg, setup, steps, MemoryWatch(dev, memory_limit), progress)
     except OutOfMemory as e:
         report.update(verdict="oom", oom_phase=e.phase, oom_detail=e.detail, memory=_memory(dev, memory_limit))
         report["suggestion"] = (
@@ -169,8 +169,8 @@ def preflight(
     return report
 
 
-def _environment(cfg: Config, parts: engine.Parts) -> dict[str, Any]:
-    dev = parts.device
+def _environment(cfg: Config, setup: engine.TrainingSetup) -> dict[str, Any]:
+    dev = setup.device
     return {
         "device": str(dev),
         "device_name": _device_name(dev),
@@ -180,24 +180,24 @@ def _environment(cfg: Config, parts: engine.Parts) -> dict[str, Any]:
         "compile": cfg.runtime.compile,
         "deterministic": cfg.runtime.deterministic,
         "threads": torch.get_num_threads(),
-        "params": parts.raw_model.num_params(),
-        "teacher_params": parts.teacher_info["params"] if parts.teacher_info else None,  # its memory and forward count
+        "params": setup.raw_model.num_params(),
+        "teacher_params": setup.teacher_info["params"] if setup.teacher_info else None,  # its memory and forward count
     }
 
 
 def _measure(
-    cfg: Config, parts: engine.Parts, steps: int, watch: MemoryWatch, progress: Callable[[str], None]
+    cfg: Config, setup: engine.TrainingSetup, steps: int, watch: MemoryWatch, progress: Callable[[str], None]
 ) -> dict[str, Any]:
     """This rank's figures: step times after warm-up (s), fp16 skips, an eval batch, a checkpoint save.
     Raises OutOfMemory naming the phase that did not fit."""
-    t, dev = cfg.training, parts.device
+    t, dev = cfg.training, setup.device
     data = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
     eval_data = SyntheticStream(t.eval_batch_size or t.batch_size, cfg.model.seq_len, cfg.runtime.seed + 1)
     m: dict[str, Any] = {"step_times": [], "skipped": [], "nonfinite": 0, "scale": None}
     for i in range(WARMUP_STEPS + steps):
         label = "warm-up" if i < WARMUP_STEPS else "measure"
         t0 = time.perf_counter()
-        result = engine.train_step(parts, i, data.next_batch, phase=watch)
+        result = engine.train_step(setup, i, data.next_batch, phase=watch)
         loss = watch.run("optimizer step", result.loss.item)
         _sync(dev)
         dt = time.perf_counter() - t0
@@ -208,12 +208,12 @@ def _measure(
         m["scale"] = result.scale
         progress(f"{label} step {i + 1}/{WARMUP_STEPS + steps}: {dt * 1000:.0f} ms, loss {loss:.3f}")
     t0 = time.perf_counter()
-    watch.run("eval", lambda: engine.evaluate(parts, eval_data, 1))
+    watch.run("eval", lambda: engine.evaluate(setup, eval_data, 1))
     _sync(dev)
     m["eval_batch_s"] = time.perf_counter() - t0
     progress(f"eval pass: {m['eval_batch_s'] * 1000:.0f} ms per batch")
     with tempfile.TemporaryDirectory(prefix="enlace-preflight-") as tmp:
-        state = engine.capture_state(parts, [engine.rank_state(data)], {"step": 0, "tokens": 0}, "preflight")
+        state = engine.capture_state(setup, [engine.rank_state(data)], {"step": 0, "tokens": 0}, "preflight")
         t0 = time.perf_counter()
         watch.run("save", lambda: save_checkpoint(Path(tmp), 0, state, keep=1))
         m["save_s"] = time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """`enlace train RUN`: the training loop, top to bottom.
 
-resolve config → run dir → build parts → resume from `latest` → loop:
+resolve config → run dir → build setup → resume from `latest` → loop:
     step → log every log_every → eval every eval_every → checkpoint every checkpoint.every
     → on SIGTERM/SIGINT: finish the step, checkpoint, status "stopped", exit 0
 → final eval + checkpoint → status "finished" (or "stopped" for --until)
@@ -149,9 +149,9 @@ def _train(
             data=None,
         )
 
-    parts = engine.build_parts(cfg, dist)
+    setup = engine.build_setup(cfg, dist)
     if dist.is_main:  # two more checkpoints must fit: one being written beside the newest
-        check_free_space(run.checkpoints, checkpoint_bytes(run.checkpoints, parts.settings["params"]))
+        check_free_space(run.checkpoints, checkpoint_bytes(run.checkpoints, setup.settings["params"]))
     run.phase("opening the data")
     data_id = data_identity(cfg)
     run.update_status(data=data_id)
@@ -161,12 +161,12 @@ def _train(
     run.phase("loading the checkpoint")
     ckpt, files = _load_resume(cfg, resume, dist)
     if ckpt is not None:
-        trainer = engine.restore_state(parts, files, train_stream, str(ckpt), data_id, allow)
+        trainer = engine.restore_state(setup, files, train_stream, str(ckpt), data_id, allow)
         progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
 
     target = min(until or t.max_steps, t.max_steps)
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world
-    s = parts.settings
+    s = setup.settings
     run.log(
         f"run {cfg.run_name} | commit {commit[:12]} | {s['params'] / 1e6:.2f}M params | {s['device']} "
         f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
@@ -174,8 +174,8 @@ def _train(
     )
     for warning in cfg.warnings:
         run.log(f"warning: {warning}")
-    if parts.teacher_info:
-        d, info = cfg.distill, parts.teacher_info
+    if setup.teacher_info:
+        d, info = cfg.distill, setup.teacher_info
         run.log(
             f"distilling from {info['checkpoint']} ({info['params'] / 1e6:.2f}M params, MANIFEST sha256 "
             f"{info['identity'][:12]}): alpha {d.alpha}, temperature {d.temperature}"
@@ -192,7 +192,7 @@ def _train(
             else f"starting from step 0 (--resume {resume})"
         )
         run.phase("evaluating the untrained model")
-        _eval(run, parts, val_stream, 0)  # the baseline the final eval is compared with
+        _eval(run, setup, val_stream, 0)  # the baseline the final eval is compared with
     if progress["step"] >= target:
         run.log(
             f"nothing to train: at step {progress['step']} of {t.max_steps}"
@@ -223,7 +223,7 @@ def _train(
         path = save_checkpoint(
             run.checkpoints,
             progress["step"],
-            engine.capture_state(parts, states, progress, commit, data_id),
+            engine.capture_state(setup, states, progress, commit, data_id),
             cfg.checkpoint.keep,
         )
         run.log(f"checkpoint {path.name} saved")
@@ -236,7 +236,7 @@ def _train(
     t_run = time.perf_counter()
     while progress["step"] < target:
         t0 = time.perf_counter()
-        result = engine.train_step(parts, progress["step"], train_stream.next_batch)
+        result = engine.train_step(setup, progress["step"], train_stream.next_batch)
         progress["step"] += 1
         progress["tokens"] += tokens_per_step
         step = progress["step"]
@@ -275,7 +275,7 @@ def _train(
             run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=progress["tokens"])
             interval_s, interval_tokens = 0.0, 0
         if t.eval_every and step % t.eval_every == 0:
-            _eval(run, parts, val_stream, step)
+            _eval(run, setup, val_stream, step)
             last_eval = step
         if dist.any_rank(stop.signame is not None):
             run.log(f"{stop.signame or 'stop'} received: finishing at step {step}")
@@ -288,7 +288,7 @@ def _train(
 
     step = progress["step"]
     if last_eval != step:
-        _eval(run, parts, val_stream, step)
+        _eval(run, setup, val_stream, step)
     if last_saved != step:
         checkpoint()
     status = Status.FINISHED if step >= t.max_steps else Status.STOPPED
@@ -298,8 +298,8 @@ def _train(
     return _summary(run, step, step_times, tokens_per_step, status)
 
 
-def _eval(run: RunDir, parts: engine.Parts, val_stream, step: int) -> None:
-    ev = engine.evaluate(parts, val_stream, parts.cfg.training.eval_batches)
+def _eval(run: RunDir, setup: engine.TrainingSetup, val_stream, step: int) -> None:
+    ev = engine.evaluate(setup, val_stream, setup.cfg.training.eval_batches)
     run.log(f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | val_bpb {ev['val_bpb']:.4f}")
     run.metric({"kind": "eval", "step": step, **ev})
     run.update_status(val_loss=ev["val_loss"], val_bpb=ev["val_bpb"])

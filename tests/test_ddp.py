@@ -12,12 +12,12 @@ import time
 
 from support import REPO
 from support.cli import metrics, run_json
-from support.configs import write_run
+from support.configs import DETERMINISTIC, write_run
 
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
 
-DET = {"runtime": {"deterministic": True}, "training": {"max_steps": 40, "log_every": 1, "eval_every": 4}}
+DDP_RUN = {**DETERMINISTIC, "training": {"max_steps": 40, "log_every": 1, "eval_every": 4}}
 
 
 def torchrun(project, *args, wait=True, nproc=2):
@@ -45,7 +45,7 @@ def torchrun(project, *args, wait=True, nproc=2):
 
 
 def test_two_ranks_train_rank0_writes_and_resume_is_exact(project, tmp_path):
-    write_run(project, "ddp", **DET)
+    write_run(project, "ddp", **DDP_RUN)
     torchrun(project, "ddp", "--until", "8", "--runs-dir", str(tmp_path / "straight"))
     torchrun(project, "ddp", "--until", "4", "--runs-dir", str(tmp_path / "resumed"))
     torchrun(project, "ddp", "--until", "8", "--runs-dir", str(tmp_path / "resumed"))
@@ -86,7 +86,7 @@ def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(project):
     write_run(
         project,
         "ddpstop",
-        **{**DET, "training": {"max_steps": 100000, "log_every": 1, "eval_every": 0}},
+        **{**DDP_RUN, "training": {"max_steps": 100000, "log_every": 1, "eval_every": 0}},
         checkpoint={"every": 0},
     )
     proc = torchrun(project, "ddpstop", wait=False)

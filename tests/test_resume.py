@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 from support.cli import enlace
-from support.configs import write_run
+from support.configs import DETERMINISTIC, write_run
 
 from enlace import determinism
 from enlace.checkpoint import load_checkpoint, save_checkpoint
 from enlace.verify_resume import compare_states
 
-DET = {
-    "runtime": {"deterministic": True},
+RESUME_RUN = {
+    **DETERMINISTIC,
     "model": {"dropout": 0.1},
     "training": {"grad_accum": 2, "eval_every": 3, "max_steps": 40},
 }
@@ -35,7 +35,7 @@ def test_verify_resume_is_identical(shard_project, variant):
     extra = {"data": "tinyshards"} if variant == "shards" else {}
     if variant == "fp16":  # autocast fp16 + GradScaler work on torch's CPU backend
         extra["runtime"] = {"deterministic": True, "precision": "fp16"}
-    write_run(shard_project, "det", **{**DET, **extra})
+    write_run(shard_project, "det", **{**RESUME_RUN, **extra})
     out = enlace(shard_project, "verify-resume", "det", "--steps", "12", "--json")
     report = json.loads(out.stdout)
     assert report["ok"] and report["identical"] and report["losses_identical"], report
@@ -62,7 +62,7 @@ def _final(runs, n):
 
 @pytest.mark.parametrize("dropped", ["none", "rng", "data"])
 def test_dropping_state_breaks_exactness(project, tmp_path, dropped):
-    write_run(project, "det", **DET)
+    write_run(project, "det", **RESUME_RUN)
     n = 5
     a, b = _run_pair(project, tmp_path, n)
 
@@ -83,7 +83,7 @@ def test_dropping_state_breaks_exactness(project, tmp_path, dropped):
 
 
 def test_checkpoint_loads_weights_only_and_holds_all_state(project, tmp_path):
-    write_run(project, "det", **DET)
+    write_run(project, "det", **RESUME_RUN)
     enlace(project, "train", "det", "--until", "3")
     ckpt = project / "runs" / "det" / "checkpoints" / "step-000003"
     for name in ("model.pt", "optimizer.pt", "trainer.pt"):
@@ -95,7 +95,7 @@ def test_checkpoint_loads_weights_only_and_holds_all_state(project, tmp_path):
 
 
 def test_resume_with_a_different_model_is_refused_naming_the_field(project):
-    write_run(project, "det", **DET)
+    write_run(project, "det", **RESUME_RUN)
     enlace(project, "train", "det", "--until", "2")
     out = enlace(project, "train", "det", "--set", "model.d_model=64", "--set", "model.n_head=2", check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from support import REPO
-from support.configs import TINY, write_run
+from support.configs import DETERMINISTIC, TINY, write_run
 from support.procs import kill_processes_under
 from support.remote import remote, server_dir, tiny_corpus, wait_until
 from support.repocopy import commit_all
@@ -171,7 +171,7 @@ def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, 
         user_repo,
         "det",
         run_name="det",
-        runtime={"deterministic": True},
+        **DETERMINISTIC,
         training={**TINY["training"], "max_steps": 3000, "log_every": 100, "eval_every": 0},
         checkpoint={"every": 1000, "keep": 2},
     )

@@ -11,7 +11,7 @@ import time
 
 from support import REPO
 from support.cli import enlace, run_json
-from support.configs import write_run
+from support.configs import DETERMINISTIC, write_run
 
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
@@ -39,15 +39,15 @@ def _wait_for_step(run_dir, step, proc, timeout=60):
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
-DET = {
-    "runtime": {"deterministic": True},
+ENDLESS_RUN = {
+    **DETERMINISTIC,
     "training": {"max_steps": 100000, "log_every": 1, "eval_every": 0},
     "checkpoint": {"every": 0},
 }
 
 
 def test_sigterm_finishes_step_saves_and_resumes_exactly(project, tmp_path):
-    write_run(project, "det", **DET)
+    write_run(project, "det", **ENDLESS_RUN)
     run_dir = project / "runs" / "det"
     proc = _start(project, "det")
     _wait_for_step(run_dir, 3, proc)
@@ -76,7 +76,7 @@ def test_second_signal_exits_at_once_and_keeps_last_checkpoint(project):
     write_run(
         project,
         "twice",
-        **{**DET, "checkpoint": {"every": 2, "keep": 2}},
+        **{**ENDLESS_RUN, "checkpoint": {"every": 2, "keep": 2}},
         model={"d_model": 256, "n_layer": 4, "n_head": 4, "seq_len": 128, "dropout": 0.0},
     )
     run_dir = project / "runs" / "twice"
