@@ -13,6 +13,7 @@ import time
 import pytest
 from support import REPO
 from support.cli import enlace
+from support.procs import trainers_under
 from support.remote import remote, server_dir, tiny_corpus, wait_until
 
 
@@ -117,7 +118,7 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     assert codes[0] == 0 and codes[1] != 0, codes
     again = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", check=False)
     assert again.returncode == 7 and "already running" in again.stderr and "step" in again.stderr
-    pids = subprocess.run(["pgrep", "-f", "enlace train long"], capture_output=True, text=True).stdout.split()
+    pids = trainers_under(sshd.dir.parent, "long")  # this test's trainers only (the machine may be shared)
     assert len(pids) == 1, pids
     remote(user_repo, sshd.env, "stop", "long")
     out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight")  # a stopped run resumes
