@@ -4,8 +4,10 @@
     train   run the trainer as a child (`srun torchrun` for several processes); its output is the
             job's output, which is the run's train.log
     signals USR1 (Slurm, signal_grace s before the time limit, to this step only: `B:`) and
-            SIGTERM (stop, scancel, preemption) → one SIGTERM to the trainer: it finishes its step,
-            checkpoints and exits 0
+            SIGTERM (stop, scancel, preemption) → one SIGTERM to the trainer once it has recorded
+            itself: it finishes its step, checkpoints and exits 0. The job script ignores USR1 until
+            the handler is in place, and a start with less than signal_grace + 60 s left counts as
+            signalled (Slurm may send it up to a minute early, possibly while it was ignored)
     end     after USR1, a run short of max_steps requeues its own job (`scontrol requeue`) until
             max_requeues is spent; after SIGTERM it never does (a stop stays stopped; a preempted
             or requeued job is put back in the queue by Slurm itself)
