@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.remote import make_repo  # noqa: E402
 from tests.support.remote import tiny_corpus  # noqa: E402
-from tests.support.repocopy import commit_all, copy_worktree_repo  # noqa: E402
 from tests.support.slurmcluster import SlurmCluster  # noqa: E402
 from tests.support.sshd import make_server  # noqa: E402
 
@@ -58,13 +58,7 @@ def main() -> None:
         )
     env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
     try:
-        repo = copy_worktree_repo(base / "repo", "bench")
-        (repo / "configs" / "data" / "tiny.yaml").write_text("kind: bytes\npaths: ['data/tiny/*.txt']\n")
-        (repo / "configs" / "runs" / "long.yaml").write_text(
-            "data: tiny\nprofile: cpu\nmodel: {seq_len: 32, n_layer: 2, n_head: 2, d_model: 32}\n"
-            "training: {batch_size: 4, max_steps: 1000000, log_every: 50, eval_every: 0}\ncheckpoint: {every: 0}\n"
-        )
-        commit_all(repo, "bench run")
+        repo = make_repo(base)  # the same repo and `long` run as bench/remote.py
         tiny_corpus(base / "remote")
         subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
         sha = subprocess.run(

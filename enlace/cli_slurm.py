@@ -54,19 +54,7 @@ def submit_cmd(
         "PYTHONPATH": str(project),
         "PYTHONUNBUFFERED": "1",
     }
-    job_args = [
-        run_name,
-        "--gpus",
-        str(gpus),
-        "--nodes",
-        str(spec.nodes),
-        "--max-requeues",
-        str(spec.max_requeues),
-        "--signal-grace",
-        str(spec.signal_grace),
-        "--",
-        *pyargs,
-    ]
+    job_args = slurm.job_step_args(spec, run_name, gpus, list(pyargs))
 
     def submit_job(launch_id: str) -> str:
         script = slurm.job_script(

@@ -187,6 +187,24 @@ def job_script(
     )
 
 
+def job_step_args(spec: SlurmSpec, run_name: str, gpus: int, pyargs: list[str]) -> list[str]:
+    """The arguments of `enlace slurm-job` (the batch step) for a run: one owner for both the submitted
+    script and the one `launch --slurm --print` shows."""
+    return [
+        run_name,
+        "--gpus",
+        str(gpus),
+        "--nodes",
+        str(spec.nodes),
+        "--max-requeues",
+        str(spec.max_requeues),
+        "--signal-grace",
+        str(spec.signal_grace),
+        "--",
+        *pyargs,
+    ]
+
+
 # -- the job's state --------------------------------------------------------------------------
 
 _cache: dict[str, tuple[float, dict[str, Any]]] = {}

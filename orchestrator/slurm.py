@@ -10,7 +10,7 @@ import shlex
 
 import click
 
-from enlace.slurm import SlurmSpec, sbatch_lines
+from enlace.slurm import SlurmSpec, job_step_args, sbatch_lines
 from orchestrator.session import Session
 
 
@@ -55,21 +55,7 @@ def print_script(spec: SlurmSpec, run: str, run_name: str, gpus: int, train_args
         "-m",
         "enlace",
         "slurm-job",
-        run_name,
-        "--gpus",
-        str(gpus),
-        "--nodes",
-        str(spec.nodes),
-        "--max-requeues",
-        str(spec.max_requeues),
-        "--signal-grace",
-        str(spec.signal_grace),
-        "--",
-        "-m",
-        "enlace",
-        "train",
-        run,
-        *train_args,
+        *job_step_args(spec, run_name, gpus, ["-m", "enlace", "train", run, *train_args]),
     ]
     return "\n".join(
         [
