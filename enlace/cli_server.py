@@ -1,5 +1,5 @@
 """`enlace` verbs for the driver (enlace-remote) on the server: runs, start, wait, stop, logs,
-manifest, data-files. With --json each answers exactly one JSON document on stdout — errors too,
+fetch-serve, data-files. With --json each answers exactly one JSON document on stdout — errors too,
 as {"ok": false, "error", "exit_code"} — and progress on stderr; `logs` streams the raw log bytes."""
 
 from __future__ import annotations
@@ -144,15 +144,17 @@ def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
         click.echo(f"{'would remove' if dry_run else 'removed'} {e['path']} ({e['bytes'] / 2**20:.1f} MiB)")
 
 
-@click.command("manifest")
+@click.command("fetch-serve", hidden=True)
 @click.argument("run_name")
 @root_option
-@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the answer is always JSON.")
-def manifest_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
-    """JSON: RUN_NAME's complete checkpoints (with MANIFEST sha256s) and run files, for fetch."""
-    from enlace import runfiles
+@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the offer is always JSON.")
+def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
+    """For fetch: offer RUN_NAME's complete checkpoints and run files (one JSON line), read which
+    files the driver wants from stdin, send them (enlace/fetchserve.py has the wire)."""
+    from enlace import fetchserve, runfiles
 
-    click.echo(json.dumps(runfiles.manifest(runfiles.run_dir_of(_runs_root(root), run_name))))
+    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
+    fetchserve.serve(run_dir, sys.stdin.buffer, sys.stdout.buffer)
 
 
 @click.command("data-files")
@@ -174,4 +176,4 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_j
     click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
 
 
-COMMANDS = (runs_cmd, start_cmd, wait_cmd, stop_cmd, logs_cmd, gc_cmd, manifest_cmd, data_files_cmd)
+COMMANDS = (runs_cmd, start_cmd, wait_cmd, stop_cmd, logs_cmd, gc_cmd, fetch_serve_cmd, data_files_cmd)

@@ -1,22 +1,19 @@
 """A run's files as the server verbs read them for the driver: run directories by name, the status
-table, train.log from a byte offset (followed), and checkpoint manifests for fetch. Run state itself
-is enlace/runs.py's. None of them imports torch, so each answers in tens of milliseconds."""
+table and train.log from a byte offset (followed). Run state itself is enlace/runs.py's; what fetch
+is offered, enlace/fetchserve.py's. None of them imports torch, so each answers in tens of milliseconds."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from enlace import exitcodes, runs
-from enlace.checkpoint import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
 from enlace.config import validate_run_name
 from enlace.errors import EnlaceError
 
-RUN_FILES = ("run.json", "config.yaml", "metrics.jsonl", "train.log", "preflight.json")
 # A quiet log (long eval, compile warm-up) still sends a newline on stderr this often (env: tests).
 HEARTBEAT_S = float(os.environ.get("ENLACE_HEARTBEAT_S", "15"))
 
@@ -43,31 +40,6 @@ def all_status(runs_root: Path) -> list[dict[str, Any]]:
         return []
     dirs = sorted(p for p in runs_root.iterdir() if p.is_dir() and not p.name.startswith("."))
     return [runs.observe(d) for d in dirs if (d / "run.json").exists()]
-
-
-def manifest(run_dir: Path) -> dict[str, Any]:
-    """What fetch may pull: complete checkpoints with their MANIFEST entries, and the run files."""
-    ckpts = []
-    for ckpt in complete_checkpoints(run_dir / "checkpoints"):
-        m = read_manifest(ckpt)
-        ckpts.append(
-            {
-                "name": ckpt.name,
-                "step": m["step"],
-                "files": m["files"],
-                "manifest_bytes": (ckpt / MANIFEST).stat().st_size,
-            }
-        )
-    files = {n: (run_dir / n).stat().st_size for n in RUN_FILES if (run_dir / n).is_file()}
-    latest = latest_checkpoint(run_dir / "checkpoints")
-    return {
-        "run_name": run_dir.name,
-        "run_dir": str(run_dir.resolve()),
-        "checkpoints": ckpts,
-        "files": files,
-        "latest": latest.name if latest else None,
-        "rsync": shutil.which("rsync") is not None,
-    }
 
 
 def tail_offset(run_dir: Path, lines: int) -> int:

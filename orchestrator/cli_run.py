@@ -322,7 +322,8 @@ def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, re
 @with_remote
 def fetch(remote: Remote, run_name: str | None, which: str, dest: Path | None) -> None:
     """Pull complete checkpoints (verified against MANIFEST) and run.json, config.yaml,
-    metrics.jsonl, train.log. Incremental and resumable; rsync when both ends have it, else SFTP."""
+    metrics.jsonl, train.log. Incremental and resumable, over the one SSH connection (neither rsync
+    nor SFTP needed); each file is hashed as it arrives."""
     from orchestrator import choose
     from orchestrator.fetch import fetch as do_fetch
 

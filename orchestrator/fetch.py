@@ -1,47 +1,51 @@
 """`fetch [RUN]`: pull complete checkpoints back, verified, incrementally, resumably.
 
     local runs/<run>/.partial-fetch/       one transfer's staging area, kept across interruptions
-                                           (rsync --partial, or SFTP appending to a short file)
     local runs/<run>/checkpoints/step-N/   appears only once every file matched the sha256 in the
                                            server's MANIFEST (then renamed in from staging)
-Only checkpoints with a MANIFEST are listed by the server. Every remote name is checked before it
-becomes a local path: nothing can land outside the destination. One rsync (one SSH connection)
-carries the checkpoints and the run files together.
+
+The whole fetch is one conversation with `enlace fetch-serve` on the server (enlace/fetchserve.py has
+the wire) over the host's one SSH connection: it offers the complete checkpoints and run files, we ask
+for what is missing here (a short staging file resumes from its end when its bytes still match), and
+each file is hashed as it arrives, so verification costs no second pass. A dropped connection is
+retried from where it stopped. Every remote name is checked before it becomes a local path: nothing
+can land outside the destination.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import click
 
-from enlace.checkpoint import sha256_file
-from orchestrator.errors import RemoteError, UsageError
+from enlace.fetchserve import FRAME
+from orchestrator.errors import RemoteError, Transient, UsageError
 from orchestrator.session import Session
-from orchestrator.transport import die_with_us
+from orchestrator.transport import backoff
 
 CKPT_NAME = re.compile(r"step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 STAGING = ".partial-fetch"
+STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
+RETRY_S = 90.0  # keep reconnecting a dropped fetch for this long
 
 
 class CorruptCheckpoint(RemoteError):
     pass
 
 
-class Vanished(RemoteError):
-    """rsync exit 24 (files vanished while it copied them) or 23 with only missing files (gone before)."""
+class Interrupted(RemoteError):
+    exit_code = 130
 
 
 def _safe(name: str, pattern: re.Pattern, what: str) -> str:
@@ -58,92 +62,253 @@ def _already_here(final: Path, files: dict) -> bool:
         return False
 
 
-def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool, attempts: int = 3) -> dict:
-    """Fetch; when a checkpoint vanished on the server mid-transfer (pruned by a live run: rsync exit
-    24), ask for the manifest again and fetch the new set."""
-    for attempt in range(attempts):
-        try:
-            return _fetch_once(session, run_name, dest, all_checkpoints)
-        except Vanished as e:
-            if attempt == attempts - 1:
-                raise RemoteError(
-                    f"fetch {run_name}: files kept vanishing on the server during the transfer "
-                    f"(a live run pruning checkpoints): {e.message}"
-                ) from None
-            click.echo(f"fetch: {e.message}; asking the server for its checkpoints again", err=True)
-    raise AssertionError("unreachable")
-
-
-def _fetch_once(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict:
-    m = session.enlace_json("latest", "manifest", run_name)
-    if not m["checkpoints"]:
-        raise UsageError(
-            f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
-            "— wait for the first checkpoint.every steps, or stop the run to make it save"
-        )
-    wanted = m["checkpoints"] if all_checkpoints else [c for c in m["checkpoints"] if c["name"] == m["latest"]]
+def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict[str, Any]:
+    """Fetch RUN's newest (or every) complete checkpoint and its run files into `dest`."""
     root = dest.resolve()
-    _claim(root, session.host.name, m["run_dir"], run_name)
-    (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-    staging = root / STAGING
-    todo, sizes = [], {}
-    report = {"run_name": run_name, "dest": str(root), "fetched": [], "skipped": [], "bytes": 0}
-    for ck in wanted or m["checkpoints"][-1:]:
-        name = _safe(ck["name"], CKPT_NAME, "checkpoint")
-        if _already_here(root / "checkpoints" / name, ck["files"]):
-            report["skipped"].append(name)
-            continue
-        todo.append(ck)
-        for fname, entry in {**ck["files"], "MANIFEST": {"bytes": ck["manifest_bytes"]}}.items():
-            sizes[f"checkpoints/{name}/{_safe(fname, FILE_NAME, 'file')}"] = entry["bytes"]
-    for fname, size in m["files"].items():
-        sizes[_safe(fname, FILE_NAME, "file")] = size
-    use_rsync = _use_rsync(m)
-    report["method"] = "rsync" if use_rsync else ("copy" if session.host.local else "sftp")
+
+    def plan(offer: dict[str, Any]) -> dict[str, str | None]:
+        if not offer["checkpoints"]:
+            raise UsageError(
+                f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
+                "— wait for the first checkpoint.every steps, or stop the run to make it save"
+            )
+        _claim(root, session.host.name, offer["run_dir"], run_name)
+        listed = offer["checkpoints"]
+        wanted = listed if all_checkpoints else [c for c in listed if c["name"] == offer["latest"]] or listed[-1:]
+        want: dict[str, str | None] = {}  # path → its sha256 (None: a run file, taken as it is now)
+        for ck in wanted:
+            name = _safe(ck["name"], CKPT_NAME, "checkpoint")
+            if _already_here(root / "checkpoints" / name, ck["files"]):
+                continue
+            for fname, entry in ck["files"].items():
+                want[f"checkpoints/{name}/{_safe(fname, FILE_NAME, 'file')}"] = entry["sha256"]
+            want[f"checkpoints/{name}/MANIFEST"] = None
+        for fname in offer["files"]:
+            want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
+        return want
+
     t0 = time.perf_counter()
-    _transfer(session, m["run_dir"], sizes, staging, use_rsync, whole=set(m["files"]))
-    for ck in todo:
-        partial = staging / "checkpoints" / ck["name"]
-        _verify(partial, ck["files"], ck["name"])
+    offer, want, got = _converse(session, run_name, root / STAGING, plan)
+    (root / "checkpoints").mkdir(parents=True, exist_ok=True)
+    report = {"run_name": run_name, "dest": str(root), "fetched": [], "skipped": [], "bytes": got, "method": "ssh"}
+    for ck in offer["checkpoints"]:
         final = root / "checkpoints" / ck["name"]
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(partial, final)
-        report["fetched"].append(ck["name"])
-        report["bytes"] += sum(e["bytes"] for e in ck["files"].values())
-    latest = m["latest"] if (root / "checkpoints" / str(m["latest"])).is_dir() else None
-    if latest:
+        partial = root / STAGING / "checkpoints" / ck["name"]
+        if f"checkpoints/{ck['name']}/MANIFEST" in want:  # each file arrived and matched its sha256
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(partial, final)
+            report["fetched"].append(ck["name"])
+        elif _already_here(final, ck["files"]):
+            report["skipped"].append(ck["name"])
+    if offer["latest"] and (root / "checkpoints" / offer["latest"]).is_dir():
         tmp = root / "checkpoints" / ".latest.tmp"
-        tmp.write_text(latest + "\n")
+        tmp.write_text(offer["latest"] + "\n")
         os.replace(tmp, root / "checkpoints" / "latest")
-    for fname in m["files"]:
-        os.replace(staging / fname, root / fname)
-    shutil.rmtree(staging, ignore_errors=True)
+    for fname in offer["files"]:
+        os.replace(root / STAGING / fname, root / fname)
+    shutil.rmtree(root / STAGING, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
     return report
 
 
-def _use_rsync(manifest: dict) -> bool:
-    """rsync when both ends have it; ENLACE_FETCH_NO_RSYNC=1 forces the SFTP fallback (tests, odd hosts)."""
-    return bool(shutil.which("rsync")) and manifest.get("rsync", False) and not os.environ.get("ENLACE_FETCH_NO_RSYNC")
+def _seed(root: Path, name: str) -> str:
+    """Start a run file's staging copy from the one fetched before: when its bytes are still the start
+    of the server's file (metrics.jsonl and train.log only grow), only the rest travels."""
+    if (root / name).is_file() and not (root / STAGING / name).exists():
+        (root / STAGING).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, root / STAGING / name)
+    return name
 
 
 def fetch_run_files(session: Session, run_name: str, dest: Path, names: tuple[str, ...]) -> list[str]:
-    """Only some run files (e.g. metrics.jsonl and run.json for `plot`): the local copies seed the
-    transfer, so rsync sends what was appended since. Returns the names fetched."""
-    m = session.enlace_json("latest", "manifest", run_name)
+    """Only some run files (e.g. metrics.jsonl and run.json for `plot`). A local copy whose bytes are
+    still the start of the server's file is only extended (_seed). Returns the names fetched."""
     root = dest.resolve()
-    _claim(root, session.host.name, m["run_dir"], run_name)
-    sizes = {_safe(n, FILE_NAME, "file"): m["files"][n] for n in names if n in m["files"]}
-    staging = root / STAGING
-    staging.mkdir(parents=True, exist_ok=True)
-    for name in sizes:
-        if (root / name).is_file():
-            shutil.copy2(root / name, staging / name)
-    _transfer(session, m["run_dir"], sizes, staging, _use_rsync(m), whole=set(sizes))
-    for name in sizes:
-        os.replace(staging / name, root / name)
-    return list(sizes)
+
+    def plan(offer: dict[str, Any]) -> dict[str, str | None]:
+        _claim(root, session.host.name, offer["run_dir"], run_name)
+        return {_seed(root, _safe(n, FILE_NAME, "file")): None for n in names if n in offer["files"]}
+
+    offer, _, _ = _converse(session, run_name, root / STAGING, plan)
+    fetched = [n for n in names if n in offer["files"]]
+    for name in fetched:
+        os.replace(root / STAGING / name, root / name)
+    return fetched
+
+
+def _converse(session: Session, run_name: str, staging: Path, plan) -> tuple[dict[str, Any], dict, int]:
+    """One fetch-serve conversation (again after a dropped connection, resuming, for up to RETRY_S):
+    the offer, what was fetched and how many bytes arrived. `plan(offer)` says which paths to fetch ({path: sha256 or
+    None}); each lands in staging/path, verified when it has a sha256."""
+    interrupted = threading.Event()
+
+    def on_sigint(signum, frame):
+        if interrupted.is_set():
+            os._exit(130)  # a second Ctrl-C: at once
+        interrupted.set()
+
+    def tick() -> None:
+        if interrupted.is_set():
+            raise Interrupted(f"fetch interrupted: what arrived stays in {staging}; rerun fetch to resume")
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    deadline, attempt = time.monotonic() + RETRY_S, 0
+    try:
+        while True:
+            try:
+                return _converse_once(session, run_name, staging, plan, tick)
+            except Transient as e:
+                if time.monotonic() > deadline:
+                    raise
+                delay = backoff(attempt)
+                attempt += 1
+                click.echo(f"fetch: {e.message}; resuming in {delay:g}s", err=True)
+                time.sleep(delay)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _converse_once(session: Session, run_name: str, staging: Path, plan, tick) -> tuple[dict[str, Any], dict, int]:
+    argv = session.enlace_argv("latest", "fetch-serve", run_name, "--json")
+    with session.transport.duplex(argv, STALL_S, tick) as wire:
+        reader = _Reader(wire)
+        line = reader.readline()
+        offer = _answer(session, wire, line)
+        want = plan(offer)
+        request, hashers = [], {}
+        for rel in want:
+            local = staging / rel
+            local.parent.mkdir(parents=True, exist_ok=True)
+            have = local.stat().st_size if local.is_file() else 0
+            hashers[rel] = _prefix_hash(local, have)
+            request.append([rel, have, hashers[rel].hexdigest()])
+        wire.write(json.dumps({"send": request}).encode() + b"\n")
+        got = 0
+        with _progress(sum(_size(offer, rel) for rel in want)) as bar:
+            for rel, offset, _ in request:
+                hashers[rel], n = _receive(reader, staging / rel, offset, hashers[rel], bar)
+                got += n
+        code, err = wire.finish()
+        if code != 0:
+            raise RemoteError(f"fetch from {session.host.name}: the server side exited {code}: {err.strip()[-500:]}")
+    for rel, sha in want.items():
+        if sha is not None and hashers[rel].hexdigest() != sha:
+            (staging / rel).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
+            raise CorruptCheckpoint(
+                f"{rel}: sha256 does not match the server's MANIFEST — not installed. If this repeats, the "
+                "file is corrupt on the server; fetch an older checkpoint with --all"
+            )
+    return offer, want, got
+
+
+def _answer(session: Session, wire, line: bytes) -> dict[str, Any]:
+    """The offer, or the server's refusal raised as the error it names."""
+    try:
+        doc = json.loads(line)
+        if doc.get("ok") is not False:
+            return doc
+    except json.JSONDecodeError:
+        pass
+    code, err = wire.finish()
+    return session.answer("enlace fetch-serve", line.decode(errors="replace"), err, code, (0,))
+
+
+def _size(offer: dict[str, Any], rel: str) -> int:
+    if rel in offer["files"]:
+        return offer["files"][rel]
+    _, name, fname = rel.split("/")
+    ck = next(c for c in offer["checkpoints"] if c["name"] == name)
+    return ck["manifest_bytes"] if fname == "MANIFEST" else ck["files"][fname]["bytes"]
+
+
+def _prefix_hash(path: Path, count: int):
+    h = hashlib.sha256()
+    if count:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h
+
+
+def _receive(reader: _Reader, local: Path, offset: int, hasher, bar):
+    """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0),
+    hashed as it arrives. Returns the file's sha256 object and the bytes received."""
+    start, count = FRAME.unpack(reader.exactly(FRAME.size))
+    if start != offset:  # the server's file is not what we hold the start of: take it whole
+        hasher = hashlib.sha256()
+    bar.update(start)
+    left = count
+    with open(local, "r+b" if local.exists() else "wb") as fh:
+        fh.seek(start)
+        fh.truncate()
+        while left:
+            chunk = reader.some(min(left, 1 << 20))
+            fh.write(chunk)
+            hasher.update(chunk)
+            bar.update(len(chunk))
+            left -= len(chunk)
+    return hasher, count
+
+
+class _Reader:
+    """Lines and exact byte counts from a duplex's stdout."""
+
+    def __init__(self, wire):
+        self.wire, self.buf = wire, bytearray()
+
+    def _fill(self) -> None:
+        chunk = self.wire.read(1 << 20)
+        if not chunk:
+            raise RemoteError("fetch: the server side ended in mid-transfer")
+        self.buf.extend(chunk)
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.buf:
+            chunk = self.wire.read(1 << 16)
+            if not chunk:
+                line, self.buf = bytes(self.buf), bytearray()
+                return line
+            self.buf.extend(chunk)
+        i = self.buf.index(b"\n") + 1
+        line, self.buf = bytes(self.buf[:i]), self.buf[i:]
+        return line
+
+    def some(self, n: int) -> bytes:
+        """Between 1 and n bytes."""
+        if not self.buf:
+            chunk = self.wire.read(n)
+            if not chunk:
+                raise RemoteError("fetch: the server side ended in mid-transfer")
+            return chunk
+        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
+        return out
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
+        return out
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _progress(total: int):
+    """A progress bar on a terminal; nothing in logs and pipes."""
+    if not sys.stderr.isatty():
+        return _NoBar()
+    return click.progressbar(
+        length=total, label="fetch", show_eta=True, show_percent=True, file=click.get_text_stream("stderr")
+    )
 
 
 ORIGIN = ".enlace-origin.json"
@@ -170,119 +335,3 @@ def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
         )
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(origin) + "\n")
-
-
-def _verify(partial: Path, files: dict, name: str) -> None:
-    """sha256 of every file against MANIFEST (in threads: hashlib releases the GIL)."""
-    names = list(files)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        got = list(pool.map(lambda f: sha256_file(partial / f) if (partial / f).is_file() else None, names))
-    for fname, digest in zip(names, got):
-        if digest != files[fname]["sha256"]:
-            (partial / fname).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
-            raise CorruptCheckpoint(
-                f"{name}/{fname}: sha256 does not match the server's MANIFEST — not installed. "
-                "If this repeats, the file is corrupt on the server; fetch an older checkpoint "
-                "with --all"
-            )
-
-
-def _transfer(
-    session: Session, remote_dir: str, sizes: dict[str, int], into: Path, use_rsync: bool, whole: set[str]
-) -> None:
-    """Copy run_dir-relative paths `sizes` into `into`, keeping partial checkpoint files for a rerun;
-    the run files in `whole` (the server rewrites them) are never resumed by appending."""
-    into.mkdir(parents=True, exist_ok=True)
-    if use_rsync:
-        return _rsync(session, remote_dir, list(sizes), into)
-    for rel in sizes:
-        (into / rel).parent.mkdir(parents=True, exist_ok=True)
-    if session.host.local:
-        for rel in sizes:
-            shutil.copyfile(Path(remote_dir) / rel, into / rel)
-        return None
-    return _sftp(session, remote_dir, sizes, into, whole)
-
-
-def _rsync(session: Session, remote_dir: str, paths: list[str], into: Path) -> None:
-    t = session.transport
-    argv = ["rsync", "-t", "--relative", "--partial", "--inplace", "--files-from=-"]
-    if sys.stderr.isatty():  # a progress line for people; none in logs and pipes
-        argv.append("--info=progress2")
-    if t.ssh_argv():
-        argv += ["-e", shlex.join(t.ssh_argv())]
-    argv += [t.remote_path(remote_dir.rstrip("/") + "/"), str(into) + "/"]
-    # progress (carriage returns) to stderr: stdout stays clean when piped; rsync dies with us
-    p = subprocess.run(
-        argv,
-        input="\n".join(paths) + "\n",
-        text=True,
-        stdout=sys.stderr,
-        stderr=subprocess.PIPE,
-        preexec_fn=die_with_us,
-    )
-    errors = [line for line in p.stderr.splitlines() if line.startswith("rsync: ")]
-    gone = errors and all("No such file or directory" in line for line in errors)
-    if p.returncode == 24 or (p.returncode == 23 and gone):  # vanished during, or before, the transfer
-        raise Vanished(f"{len(errors) or 'some'} file(s) vanished on the server")
-    if p.returncode != 0:
-        raise RemoteError(f"rsync from {session.host.name} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
-
-
-def _sftp(session: Session, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str]) -> None:
-    """SFTP fallback with a progress bar; resumes a short checkpoint file (immutable on the server, and
-    verified against MANIFEST afterwards) by appending from its size; run files are fetched whole."""
-    sftp = session.transport.sftp()
-    threading.excepthook = _quiet_prefetch_threads
-    # Ctrl-C sets a flag that the copy loop checks between chunks: a KeyboardInterrupt raised inside
-    # paramiko's reads leaves its threads and locks half way (a hang, or chained tracebacks).
-    # A second Ctrl-C exits at once.
-    interrupted = threading.Event()
-
-    def on_sigint(signum, frame):
-        if interrupted.is_set():
-            os._exit(130)
-        interrupted.set()
-
-    old = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        _sftp_files(sftp, remote_dir, sizes, into, whole, interrupted)
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-class Interrupted(RemoteError):
-    exit_code = 130
-
-
-def _quiet_prefetch_threads(args) -> None:
-    """paramiko's prefetch threads fail when the connection goes (Ctrl-C, a drop); the transfer itself
-    reports that in the main thread, so their tracebacks are noise. Other threads: as usual."""
-    if "prefetch" not in getattr(args.thread, "name", ""):
-        threading.__excepthook__(args)
-
-
-def _sftp_files(
-    sftp, remote_dir: str, sizes: dict[str, int], into: Path, whole: set[str], interrupted: threading.Event
-) -> None:
-    with click.progressbar(
-        length=sum(sizes.values()),
-        label="fetch (sftp)",
-        show_eta=True,
-        show_percent=True,
-        file=click.get_text_stream("stderr"),
-    ) as bar:
-        for rel in sizes:
-            local = into / rel
-            if rel in whole:
-                local.unlink(missing_ok=True)
-            have = local.stat().st_size if local.exists() else 0
-            bar.update(have)
-            with sftp.open(f"{remote_dir}/{rel}", "rb") as rf, open(local, "ab") as lf:
-                rf.seek(have)
-                rf.prefetch(sizes[rel])  # pipelined requests from the current offset
-                while chunk := rf.read(32768):  # paramiko's own chunk size: larger reads are slower
-                    lf.write(chunk)
-                    bar.update(len(chunk))
-                    if interrupted.is_set():
-                        raise Interrupted(f"fetch interrupted: what arrived stays in {into}; rerun fetch to resume")

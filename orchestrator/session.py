@@ -38,7 +38,7 @@ class Session:
     def call_json(self, verb: str, *args: str, timeout: float = 300, ok_codes: tuple[int, ...] = (0,)) -> Any:
         """A remote.sh verb's one JSON answer."""
         r = self.transport.run(self.argv(verb, *args), timeout=timeout, check=False)
-        return self._answer(f"remote.sh {verb}", r.stdout, r.stderr, r.exited, ok_codes)
+        return self.answer(f"remote.sh {verb}", r.stdout, r.stderr, r.exited, ok_codes)
 
     def enlace_json(
         self, sha: str, *args: str, timeout: float = 600, ok_codes: tuple[int, ...] = (0,), idempotent: bool = True
@@ -47,7 +47,7 @@ class Session:
         r = self.transport.run(
             self.enlace_argv(sha, *_with_json(args)), timeout=timeout, check=False, idempotent=idempotent
         )
-        return self._answer(f"enlace {args[0]}", r.stdout, r.stderr, r.exited, ok_codes)
+        return self.answer(f"enlace {args[0]}", r.stdout, r.stderr, r.exited, ok_codes)
 
     def stream_json(
         self,
@@ -84,9 +84,9 @@ class Session:
                     on_progress(text)
 
         code = self.transport.stream(argv, out.extend, on_stderr, stall_timeout)
-        return self._answer(what, out.decode(errors="replace"), err.decode(errors="replace"), code, ok_codes)
+        return self.answer(what, out.decode(errors="replace"), err.decode(errors="replace"), code, ok_codes)
 
-    def _answer(self, what: str, stdout: str, stderr: str, exited: int, ok_codes: tuple[int, ...]) -> Any:
+    def answer(self, what: str, stdout: str, stderr: str, exited: int, ok_codes: tuple[int, ...]) -> Any:
         """The protocol: stdout is exactly one JSON document. {"ok": false, "error": ...} is a refusal,
         raised with the server's exit code; anything else on stdout is a failure shown with its output."""
         try:

@@ -6,18 +6,17 @@ shlex-joined into one command string (every element quoted; callers validate nam
 `SSHTransport` is paramiko's SSHClient, used directly (README, Development: why not fabric), with host keys
 checked against known_hosts (RejectPolicy: unknown and changed keys are refused), TCP_NODELAY and
 keepalive on, a deadline on every command and one channel loop for `run` and `stream`.
-`LocalTransport` runs the same argv on this machine.
+`LocalTransport` runs the same argv on this machine. `Transport.duplex(argv)` starts a command to
+talk to both ways (orchestrator/duplex.py: a channel of the same connection, or a local process).
 
 Transient faults — a refused or timed-out connect, a handshake or auth *timeout* on a lossy network,
 a killed session — raise `Transient`; `run` retries them with bounded backoff (saying so on stderr),
-a rejected key or password never. git and rsync use the system `ssh` with the same host, port,
+a rejected key or password never. git uses the system `ssh` with the same host, port,
 identity and strict checking.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
 import select
@@ -29,11 +28,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError
+from orchestrator.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
 from orchestrator.hosts import Host, ssh_config_file
+
+if TYPE_CHECKING:
+    from orchestrator.duplex import Duplex
 
 BACKOFF_S = (0.5, 1, 2, 4, 8, 10)
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -88,12 +92,16 @@ class Transport:
         side when it closes). Raises Transient when the connection drops or stalls."""
         raise NotImplementedError
 
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]) -> Duplex:
+        """Start argv for a conversation: we write its stdin and read its stdout (fetch's wire)."""
+        raise NotImplementedError
+
     def ssh_argv(self) -> list[str]:
-        """The system ssh command (for git/rsync -e), or [] for the local host."""
+        """The system ssh command (for git, `shell`), or [] for the local host."""
         return []
 
     def remote_path(self, path: str) -> str:
-        """How git/rsync address `path` on the host."""
+        """How git and ssh address `path` on the host."""
         return path
 
     def close(self) -> None:
@@ -106,7 +114,7 @@ class Transport:
 
 
 def die_with_us() -> None:
-    """preexec_fn for local helpers (rsync, git): the kernel SIGTERMs them when enlace-remote dies,
+    """preexec_fn for local helpers (git): the kernel SIGTERMs them when enlace-remote dies,
     even by SIGKILL, so none goes on writing into a staging dir nobody will read."""
     import ctypes
     import signal
@@ -154,25 +162,10 @@ class LocalTransport(Transport):
                 if p.poll() is None:
                     p.kill()
 
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]) -> Duplex:
+        from orchestrator.duplex import ProcessDuplex
 
-class AcceptNewHostKey:
-    """paramiko policy for --accept-new-host-key: trust an *unknown* host and record it in
-    known_hosts. A changed key never reaches a policy: paramiko raises BadHostKeyException."""
-
-    def __init__(self, known_hosts: str):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        path = Path(self.known_hosts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as fh:
-            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
-def fingerprint(key) -> str:
-    """`SHA256:...` as `ssh-keygen -l` prints it."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+        return ProcessDuplex(argv, stall_timeout, tick)
 
 
 class SSHTransport(Transport):
@@ -222,7 +215,7 @@ class SSHTransport(Transport):
             ) from None
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
-                raise UnreachableError(self._unknown_key_message(where)) from None
+                raise UnreachableError(unknown_key_message(h, where)) from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
             where_from = (
@@ -243,26 +236,6 @@ class SSHTransport(Transport):
         transport.set_keepalive(15)
         self._client = client
         return client
-
-    def _unknown_key_message(self, where: str) -> str:
-        h = self.host
-        offered = ""
-        try:  # what the server offers, so the user can compare it with the fingerprint they were given
-            import paramiko
-
-            with socket.create_connection((h.hostname, h.port), timeout=h.connect_timeout) as sock:
-                t = paramiko.Transport(sock)
-                t.start_client(timeout=h.connect_timeout)
-                key = t.get_remote_server_key()
-                offered = f" The server offers {key.get_name()} {fingerprint(key)}."
-                t.close()
-        except Exception:  # the fingerprint is a courtesy: the refusal stands without it
-            pass
-        return (
-            f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
-            f"fingerprint, then trust it with: ssh-keyscan -p {h.port} {h.hostname} >> "
-            f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)"
-        )
 
     def _dropped(self, e: BaseException, started: bool) -> Transient:
         self._client = None
@@ -323,7 +296,12 @@ class SSHTransport(Transport):
         finally:
             chan.close()
 
-    # -- git / rsync ------------------------------------------------------------------------
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]) -> Duplex:
+        from orchestrator.duplex import ChannelDuplex
+
+        return ChannelDuplex(self, argv, stall_timeout, tick)
+
+    # -- git / ssh ---------------------------------------------------------------------------
     def ssh_argv(self) -> list[str]:
         h = self.host
         argv = [
@@ -354,17 +332,6 @@ class SSHTransport(Transport):
     def git_url(self, path: str) -> str:
         user = f"{self.host.user}@" if self.host.user else ""
         return f"ssh://{user}{self.host.hostname}:{self.host.port}{path}"
-
-    def sftp(self):
-        import paramiko
-
-        try:
-            return self._connection().open_sftp()
-        except paramiko.SSHException as e:
-            raise UnreachableError(
-                f"{self.host.name}: the server offers no SFTP ({e}) and fetch needs rsync or SFTP — install rsync "
-                "on the server, or enable `Subsystem sftp internal-sftp` in its sshd_config"
-            ) from None
 
     def close(self) -> None:
         if self._client is not None:

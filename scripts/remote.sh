@@ -74,8 +74,7 @@ case $VERB in
     [ -d "$RD/repo.git" ] || git init -q --bare "$RD/repo.git"
     have=false
     if [ $# -ge 1 ]; then check_sha "$1"; [ -f "$RD/trees/$1/.enlace-ready" ] && have=true; fi
-    rsync=false; command -v rsync >/dev/null && rsync=true
-    json_out ok:json true remote_dir "$RD" have_tree:json "$have" rsync:json "$rsync"
+    json_out ok:json true remote_dir "$RD" have_tree:json "$have"
     ;;
   checkout)
     sha=$1; check_sha "$sha"

@@ -224,11 +224,13 @@ def test_runs_table_rounds_loss(project):
     assert "finished" in out and len(loss.split(".")[1]) == 4, out
 
 
-def test_ctrl_c_during_an_sftp_fetch_is_one_line(sshd, user_repo):
+def test_ctrl_c_during_a_fetch_is_one_line(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "-f")
-    with open(server_dir(sshd, "testhost") / "runs" / "tiny" / "train.log", "ab") as fh:  # a long log: seconds of SFTP
+    with open(
+        server_dir(sshd, "testhost") / "runs" / "tiny" / "train.log", "ab"
+    ) as fh:  # a long log: seconds of transfer
         fh.truncate(fh.seek(0, 2) + 400 * 2**20)
     import os
     import signal
@@ -244,7 +246,7 @@ def test_ctrl_c_during_an_sftp_fetch_is_one_line(sshd, user_repo):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env, "ENLACE_FETCH_NO_RSYNC": "1"},
+        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env},
     )
     staging = user_repo / "runs" / "tiny" / ".partial-fetch" / "train.log"
     deadline = time.time() + 120

@@ -78,7 +78,7 @@ def test_each_entry_point_holds_every_verb_on_its_own():
         "wait",
         "stop",
         "logs",
-        "manifest",
+        "fetch-serve",
         "submit",
         "slurm-job",
         "on-node",

@@ -105,7 +105,8 @@ def test_logs_follow_survives_killed_ssh_sessions_exactly(sshd, user_repo):
         kills += sshd.kill_sessions() > 0
     remote(user_repo, sshd.env, "stop", "long")
     out, err = follower.communicate(timeout=120)
-    assert kills >= 3 and err.decode().count("connection lost") >= 3, err.decode()
+    # a kill lands mid-command ("connection lost") or, under load, mid-handshake: each is one reconnect
+    assert kills >= 3 and err.decode().count("reconnecting in") >= 3, err.decode()
     assert out == (server_dir(sshd, "testhost") / "runs" / "long" / "train.log").read_bytes()
     assert follower.returncode == 0  # the run's own exit status: stopped cleanly
 
@@ -130,9 +131,8 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     assert "crashed" in remote(user_repo, sshd.env, "status").stdout
 
 
-@pytest.mark.parametrize("method", ["rsync", "sftp"])
-def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_repo, method):
-    env = {**sshd.env, **({"ENLACE_FETCH_NO_RSYNC": "1"} if method == "sftp" else {})}
+def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_repo):
+    env = sshd.env
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "tiny", "-f")
@@ -142,10 +142,13 @@ def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_r
     partial.mkdir(parents=True)
     data = (server_ckpt / "optimizer.pt").read_bytes()
     (partial / "optimizer.pt").write_bytes(data[: len(data) // 3])
+    (partial / "model.pt").write_bytes(b"not the start of model.pt")  # taken again whole
     assert not (user_repo / "runs" / "tiny" / "checkpoints" / "step-000030").exists()
     out = remote(user_repo, env, "fetch", "tiny")
-    assert f"{method})" in out.stdout
-    assert (user_repo / "runs" / "tiny" / "checkpoints" / "step-000030" / "optimizer.pt").read_bytes() == data
+    assert "ssh)" in out.stdout
+    fetched = user_repo / "runs" / "tiny" / "checkpoints" / "step-000030"
+    assert (fetched / "optimizer.pt").read_bytes() == data
+    assert (fetched / "model.pt").read_bytes() == (server_ckpt / "model.pt").read_bytes()
     assert not partial.exists()
     # A corrupted file on the server is detected and not installed.
     dest = user_repo / "elsewhere"

@@ -96,7 +96,7 @@ def test_server_verbs_answer_one_json_document_even_for_errors(tmp_path):
     for args in (
         ["runs", "--json"],
         ["runs", "nope", "--json"],
-        ["manifest", "nope", "--json"],
+        ["fetch-serve", "nope", "--json"],
         ["stop", "nope", "--grace", "nan", "--json"],
         ["check-config", "nope", "--json"],
     ):

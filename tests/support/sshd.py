@@ -1,7 +1,7 @@
 """A real OpenSSH server on 127.0.0.1 for the tests (see shared/notes/real-sshd-in-tests.md).
 
 Generated host and client keys, a known_hosts and an ssh_config alias `testhost`, and a hosts.yaml
-that points enlace-remote at them. No mocks: paramiko, git and rsync talk to this sshd."""
+that points enlace-remote at them. No mocks: paramiko and git talk to this sshd."""
 
 from __future__ import annotations
 

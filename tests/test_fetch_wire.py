@@ -1,0 +1,93 @@
+"""The server half of fetch (enlace/fetchserve.py) on real files, without sshd: what it offers, how it
+resumes, what it refuses, and that a checkpoint pruned mid-fetch is still served whole."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+
+import pytest
+
+from enlace.checkpoint import save_checkpoint
+from enlace.fetchserve import FRAME, BadRequest, serve
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "runs" / "r"
+    for step in (2, 4):
+        save_checkpoint(d / "checkpoints", step, {"model.pt": bytes(range(256)) * (100 + step)}, keep=5)
+    (d / "checkpoints" / "step-000006").mkdir()  # being written: no MANIFEST, never offered
+    (d / "run.json").write_text('{"status": "running"}\n')
+    (d / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    return d
+
+
+def converse(run_dir, tmp_path, send):
+    """Run serve() with `send` as the request; returns the offer and [(start, bytes)] per file."""
+    out_path = tmp_path / "wire.out"
+    with open(out_path, "w+b") as out:
+        serve(run_dir, io.BytesIO(json.dumps({"send": send}).encode() + b"\n"), out)
+    data = out_path.read_bytes()
+    line, rest = data.split(b"\n", 1)
+    frames = []
+    while rest:
+        start, count = FRAME.unpack(rest[: FRAME.size])
+        frames.append((start, rest[FRAME.size : FRAME.size + count]))
+        rest = rest[FRAME.size + count :]
+    return json.loads(line), frames
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_offer_lists_complete_checkpoints_and_run_files(run_dir, tmp_path):
+    offer, frames = converse(run_dir, tmp_path, [])
+    assert [c["name"] for c in offer["checkpoints"]] == ["step-000002", "step-000004"]
+    assert offer["latest"] == "step-000004" and frames == []
+    assert offer["files"] == {"run.json": 22, "metrics.jsonl": 24}
+    model = run_dir / "checkpoints" / "step-000004" / "model.pt"
+    assert offer["checkpoints"][1]["files"]["model.pt"] == {
+        "sha256": sha(model.read_bytes()),
+        "bytes": model.stat().st_size,
+    }
+
+
+def test_a_file_resumes_only_when_the_driver_holds_its_true_start(run_dir, tmp_path):
+    model = (run_dir / "checkpoints" / "step-000004" / "model.pt").read_bytes()
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    send = [
+        ["checkpoints/step-000004/model.pt", 1000, sha(model[:1000])],  # a true prefix: the rest only
+        ["metrics.jsonl", 5, sha(b"wrong")],  # not the server's bytes: the whole file again
+        ["run.json", 0, sha(b"")],
+    ]
+    _, frames = converse(run_dir, tmp_path, send)
+    assert frames == [(1000, model[1000:]), (0, metrics), (0, (run_dir / "run.json").read_bytes())]
+
+
+def test_a_checkpoint_pruned_after_the_offer_is_still_served_whole(run_dir, tmp_path):
+    model = (run_dir / "checkpoints" / "step-000002" / "model.pt").read_bytes()
+
+    class PruneThenAsk(io.BytesIO):
+        def readline(self, *args):  # the live run prunes step-000002 between the offer and the request
+            shutil.rmtree(run_dir / "checkpoints" / "step-000002")
+            return super().readline(*args)
+
+    request = json.dumps({"send": [["checkpoints/step-000002/model.pt", 0, sha(b"")]]}).encode() + b"\n"
+    with open(tmp_path / "wire.out", "w+b") as out:
+        serve(run_dir, PruneThenAsk(request), out)
+    assert not (run_dir / "checkpoints" / "step-000002").exists()
+    assert (tmp_path / "wire.out").read_bytes().endswith(FRAME.pack(0, len(model)) + model)
+
+
+@pytest.mark.parametrize(
+    "path", ["../../../etc/passwd", "checkpoints/step-000006/model.pt", "checkpoints/step-000002/../../run.json"]
+)
+def test_nothing_off_the_offer_is_served(run_dir, tmp_path, path):
+    with pytest.raises(BadRequest, match="not on offer"):
+        converse(run_dir, tmp_path, [["run.json", 0, sha(b"")], [path, 0, sha(b"")]])
+    offer_line = (tmp_path / "wire.out").read_bytes()
+    assert offer_line.count(b"\n") == 1 and offer_line.endswith(b"\n")  # the offer, and not one byte more
