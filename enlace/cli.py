@@ -305,7 +305,6 @@ def parse_size(text: str | None) -> int | None:
 @click.option(
     "--max-batch", is_flag=True, help="Also find the largest batch_size that fits (doubling, then bisection)."
 )
-@click.option("--probe", is_flag=True, hidden=True, help="Internal: one --max-batch probe; writes nothing.")
 def preflight_cmd(
     run: str,
     steps: int,
@@ -314,7 +313,6 @@ def preflight_cmd(
     as_json: bool,
     memory_limit: str | None,
     max_batch: bool,
-    probe: bool,
 ) -> None:
     """Answer in a minute: does RUN's batch fit, how long will it take, does fp16 hold?
 
@@ -322,25 +320,26 @@ def preflight_cmd(
     of the configured shape (no corpus needed): 3 warm-up steps, --steps measured steps, one eval
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6).
     Writes runs/RUN_NAME/preflight.json."""
-    from enlace.preflight import find_max_batch, preflight
+    from enlace.preflight import find_max_batch, preflight, start_probe_server
     from enlace.report import format_report
     from enlace.rundir import atomic_write
 
     limit = parse_size(memory_limit)
     cfg = load_config(run, overrides, root)
-    quiet = probe or os.environ.get("RANK", "0") != "0"
+    quiet = os.environ.get("RANK", "0") != "0"
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"  {msg}", err=True))
+    if max_batch:
+        start_probe_server(cfg)
     say(f"preflight {cfg.run_name}: building the model as train does, synthetic batches")
     report = preflight(cfg, steps, limit, say)
     if max_batch:
-        report["max_batch"] = find_max_batch(run, list(overrides), cfg.root, cfg.training.batch_size, limit, say)
+        report["max_batch"] = find_max_batch(cfg, run, list(overrides), limit, report, say)
         if report["verdict"] == "oom" and report["max_batch"]["batch_size"]:
             report["suggestion"] += f"; the largest that fits is {report['max_batch']['batch_size']}"
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone reports
         return
-    if not probe:
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")
     click.echo(json.dumps(report, indent=1) if as_json else format_report(report))
     sys.exit(exitcodes.VERDICT.get(report["verdict"], exitcodes.OK))
 

@@ -8,13 +8,10 @@ early), measured steps, one eval pass at the eval batch size, one checkpoint sav
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,7 +22,7 @@ import torch
 
 from enlace import engine
 from enlace.checkpoint import save_checkpoint
-from enlace.config import Config
+from enlace.config import Config, load_config
 from enlace.dist import Dist
 from enlace.errors import EnlaceError
 from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
@@ -130,7 +127,10 @@ def _hours(seconds: float) -> str:
 
 
 def preflight(
-    cfg: Config, steps: int = 10, memory_limit: int | None = None, progress: Callable[[str], None] = lambda s: None
+    cfg: Config,
+    steps: int = 10,
+    memory_limit: int | None = None,
+    progress: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
     """Measure `cfg`; returns the report (see README's preflight section for the fields): build the
     model, measure steps/eval/save, reduce across ranks, project the run's time, give the verdict."""
@@ -317,64 +317,116 @@ def _existing(path: Path) -> Path:
     return path
 
 
+PROBE_MODULES = ["torch", "enlace.config", "enlace.preflight"]
+
+
+def start_probe_server(cfg: Config) -> None:
+    """On CPU, start the process --max-batch probes fork from now (it imports torch while this one
+    measures). A fork of a process that has run torch's OpenMP threads hangs, so the probes fork from
+    this clean one, never from us."""
+    if _probes_fork(cfg):
+        import multiprocessing as mp
+        from multiprocessing import forkserver
+
+        mp.get_context("forkserver").set_forkserver_preload(PROBE_MODULES)
+        forkserver.ensure_running()
+
+
+def _probes_fork(cfg: Config) -> bool:
+    return not cfg.runtime.device.startswith("cuda") and not (
+        cfg.runtime.device == "auto" and torch.cuda.is_available()
+    )
+
+
+def _probe_in_child(run: str, overrides: list[str], root: Path, memory_limit: int | None, conn) -> None:
+    try:
+        conn.send(preflight(load_config(run, overrides, root), 1, memory_limit))
+    except EnlaceError as e:
+        conn.send({"error": e.message})
+    except Exception as e:
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+    conn.close()
+
+
+def probe(cfg: Config, run: str, overrides: list[str], memory_limit: int | None) -> dict[str, Any]:
+    """One --max-batch probe: preflight of `overrides` with its warm-up and 1 measured step. On CPU in a
+    child forked from the probe server (torch already imported: the probe costs its steps, not an
+    interpreter), so its allocator and peak RSS are its own and the kernel's OOM killer takes only it.
+    On CUDA in this process (CUDA cannot be forked), the cache emptied after it."""
+    if not _probes_fork(cfg):
+        rep = preflight(load_config(run, overrides, cfg.root), 1, memory_limit)
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        return rep
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PROBE_MODULES)
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_probe_in_child, args=(run, overrides, cfg.root, memory_limit, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        rep = recv.recv()
+    except EOFError:  # died without an answer
+        rep = None
+    child.join()
+    if rep is None:
+        if child.exitcode is not None and child.exitcode < 0:
+            return {"verdict": "oom"}  # killed by a signal: the kernel's OOM killer
+        rep = {"error": f"the probe exited {child.exitcode} without an answer"}
+    return rep
+
+
 def find_max_batch(
+    cfg: Config,
     run: str,
     overrides: list[str],
-    root: Path,
-    start: int,
     memory_limit: int | None,
+    measured: dict[str, Any],
     progress: Callable[[str], None],
     cap: int = 4096,
 ) -> dict[str, Any]:
-    """Largest batch_size that fits: doubling from `start`, then bisection. Each probe is a fresh
-    `enlace preflight --probe` process, so one probe's allocator state never skews the next."""
+    """Largest batch_size that fits: doubling from the configured one (`measured`: its preflight
+    report, not probed again), then bisection (see probe) — to 1 below 64, to a multiple of 8 above
+    (what kernels like; a 217 instead of 216 is not worth another probe)."""
+    t0 = time.perf_counter()
 
-    def probe(b: int) -> dict[str, Any]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "enlace",
-            "preflight",
-            run,
-            "--root",
-            str(root),
-            "--json",
-            "--probe",
-            "--steps",
-            "2",
-            *[a for o in [*overrides, f"training.batch_size={b}"] for a in ("--set", o)],
-        ]
-        if memory_limit:
-            cmd += ["--memory-limit", str(memory_limit)]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        try:
-            rep = json.loads(out.stdout)
-        except json.JSONDecodeError:
-            if out.returncode >= 0:  # not an OOM but a failure (config, import): say so, do not guess
-                raise EnlaceError(
-                    f"--max-batch probe at batch_size {b} failed: "
-                    f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}"
-                ) from None
-            rep = {"verdict": "oom"}  # killed by a signal: the kernel's OOM killer
-        fits = rep["verdict"] != "oom"
-        progress(f"max-batch probe: batch_size {b} {'fits' if fits else 'does not fit'}")
-        return rep if fits else {}
+    def fits(b: int) -> dict[str, Any]:
+        rep = probe(cfg, run, [*overrides, f"training.batch_size={b}"], memory_limit)
+        if "error" in rep:  # not an OOM but a failure (config, import): say so, do not guess
+            raise EnlaceError(f"--max-batch probe at batch_size {b} failed: {rep['error']}")
+        ok = rep["verdict"] != "oom"
+        progress(f"max-batch probe: batch_size {b} {'fits' if ok else 'does not fit'}")
+        return rep if ok else {}
 
-    good, good_rep, bad = 0, {}, None
-    b = max(1, start)
-    while b <= cap:  # doubling
-        rep = probe(b)
+    b0 = cfg.training.batch_size
+    good, good_rep, bad = (0, {}, b0) if measured["verdict"] == "oom" else (b0, measured, None)
+    probes = 0
+    b = b0 * 2
+    while bad is None and b <= cap:  # doubling
+        rep, probes = fits(b), probes + 1
         if not rep:
             bad = b
             break
         good, good_rep, b = b, rep, b * 2
-    lo, hi = good, bad  # if even `start` failed, good is 0: bisect below it
-    while hi is not None and hi - lo > 1:  # bisection between the last fit and the first failure
-        mid = (lo + hi) // 2
-        rep = probe(mid)
+    lo, hi = good, bad  # if even the configured batch failed, good is 0: bisect below it
+    while hi is not None and hi - lo > (step := 8 if lo >= 64 else 1):  # bisection
+        mid = (lo + hi) // 2 // step * step
+        if mid <= lo:
+            break
+        rep, probes = fits(mid), probes + 1
         if rep:
             lo, good_rep = mid, rep
         else:
             hi = mid
     tps = good_rep.get("throughput", {}).get("tokens_per_s", 0.0) if good_rep else 0.0
-    return {"batch_size": lo, "first_failing": hi, "tokens_per_s": tps}
+    return {
+        "batch_size": lo,
+        "first_failing": hi,
+        "tokens_per_s": tps,
+        "probes": probes,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
