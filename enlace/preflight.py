@@ -389,9 +389,13 @@ def find_max_batch(
     progress: Callable[[str], None],
     cap: int = 4096,
 ) -> dict[str, Any]:
-    """Largest batch_size that fits: doubling from the configured one (`measured`: its preflight
-    report, not probed again), then bisection (see probe) — to 1 below 64, to a multiple of 8 above
-    (what kernels like; a 217 instead of 216 is not worth another probe)."""
+    """Largest batch_size that fits, to 1 below 64 and to a multiple of 8 above (what kernels like; a
+    217 instead of 216 is not worth another probe). `measured` is the configured batch's preflight
+    report (not probed again). Each probe (see probe) aims where the two largest fitting batches'
+    peaks, extrapolated, reach the memory cap (weights and optimizer state are fixed, activations
+    grow per sample), bounded by doubling and by the largest fit and smallest failure so far; after
+    a wrong aim it bisects once. Near the boundary the probes are the expensive ones: aiming spares
+    most of them."""
     t0 = time.perf_counter()
 
     def fits(b: int) -> dict[str, Any]:
@@ -403,25 +407,19 @@ def find_max_batch(
         return rep if ok else {}
 
     b0 = cfg.training.batch_size
-    good, good_rep, bad = (0, {}, b0) if measured["verdict"] == "oom" else (b0, measured, None)
-    probes = 0
-    b = b0 * 2
-    while bad is None and b <= cap:  # doubling
+    lo, hi, good_rep, fitted, probes, last = 0, b0, {}, [], 0, "plain"
+    if measured["verdict"] != "oom":
+        lo, hi, good_rep, fitted = b0, None, measured, [(b0, _peak_mib(measured))]
+    total_mib = measured["memory"]["total_mib"]
+    while (lo < cap) if hi is None else (hi - lo > _resolution(lo)):
+        b, kind = _next_probe(lo, hi, fitted, total_mib, cap, last)
         rep, probes = fits(b), probes + 1
-        if not rep:
-            bad = b
-            break
-        good, good_rep, b = b, rep, b * 2
-    lo, hi = good, bad  # if even the configured batch failed, good is 0: bisect below it
-    while hi is not None and hi - lo > (step := 8 if lo >= 64 else 1):  # bisection
-        mid = (lo + hi) // 2 // step * step
-        if mid <= lo:
-            break
-        rep, probes = fits(mid), probes + 1
         if rep:
-            lo, good_rep = mid, rep
+            lo, good_rep = b, rep
+            fitted.append((b, _peak_mib(rep)))
         else:
-            hi = mid
+            hi = b
+        last = kind if rep else "plain"  # an aimed fit is confirmed one step up; a miss bisects once
     tps = good_rep.get("throughput", {}).get("tokens_per_s", 0.0) if good_rep else 0.0
     return {
         "batch_size": lo,
@@ -430,3 +428,32 @@ def find_max_batch(
         "probes": probes,
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def _peak_mib(report: dict[str, Any]) -> float:
+    mem = report["memory"]
+    return mem["peak_reserved_mib"] if mem["kind"] == "cuda" else mem["peak_rss_mib"]
+
+
+def _resolution(lo: int) -> int:
+    return 8 if lo >= 64 else 1
+
+
+def _next_probe(
+    lo: int, hi: int | None, fitted: list[tuple[int, float]], total_mib: float, cap: int, last: str
+) -> tuple[int, str]:
+    """The next batch to probe, strictly between lo (fits) and hi (does not; None: none failed yet),
+    and what kind of probe it is: "confirm" one step above an aimed fit, "aimed" where the two
+    largest fits' peaks extrapolate to the cap, else "plain" doubling or bisection."""
+    top = min(2 * lo, cap) if hi is None else hi - 1
+    if last == "aimed":
+        return min(lo + _resolution(lo), top), "confirm"
+    if last != "confirm" and len(fitted) >= 2:
+        (b1, m1), (b2, m2) = sorted(fitted)[-2:]
+        per_sample = (m2 - m1) / (b2 - b1)
+        if per_sample > 0:
+            guess = int(b2 + (total_mib - m2) / per_sample)
+            guess -= guess % _resolution(guess)
+            if lo < guess <= top:
+                return guess, "aimed"
+    return (top if hi is None else (lo + hi) // 2), "plain"
