@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support import REPO
 from support.cli import metrics, run_json
 from support.configs import DETERMINISTIC, write_run
@@ -45,6 +46,7 @@ def torchrun(project, *args, wait=True, nproc=2):
     return out
 
 
+@pytest.mark.slow
 def test_two_ranks_train_rank0_writes_and_resume_is_exact(project, tmp_path):
     write_run(project, "ddp", **DDP_RUN)
     torchrun(project, "ddp", "--until", "8", "--runs-dir", str(tmp_path / "straight"))
@@ -83,6 +85,7 @@ def test_two_ranks_train_rank0_writes_and_resume_is_exact(project, tmp_path):
     assert one.returncode == 2 and "saved by 2 processes, resuming with 1" in one.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(project):
     write_run(
         project,
@@ -109,6 +112,7 @@ def test_sigterm_to_torchrun_stops_every_rank_with_one_checkpoint(project):
     assert trainers_under(project, "ddpstop") == []  # all gone (this test's only: another run may share the machine)
 
 
+@pytest.mark.slow
 def test_preflight_under_torchrun_reports_worst_rank_and_global_throughput(project):
     write_run(project, "ddppf")
     cmd = [

@@ -25,6 +25,7 @@ def teacher(project):
     return project
 
 
+@pytest.mark.slow
 def test_distillation_resumes_exactly_and_logs_both_terms(teacher):
     write_run(teacher, "stud", **STUDENT)
     out = enlace(teacher, "verify-resume", "stud", "--steps", "8", "--json")
@@ -39,6 +40,7 @@ def test_distillation_resumes_exactly_and_logs_both_terms(teacher):
     assert rep["environment"]["teacher_params"] > rep["environment"]["params"]  # the teacher is built and counted
 
 
+@pytest.mark.slow
 def test_a_changed_teacher_is_refused_on_resume(teacher):
     write_run(teacher, "stud", **STUDENT)
     enlace(teacher, "train", "stud", "--until", "4")
@@ -49,6 +51,7 @@ def test_a_changed_teacher_is_refused_on_resume(teacher):
     assert run_json(teacher / "runs" / "stud")["status"] == "finished"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "incomplete"])
 def test_missing_or_incomplete_teacher_is_one_line_exit_2(teacher, case):
     if case == "incomplete":
@@ -74,6 +77,7 @@ def test_verify_names_a_missing_teacher_before_launch(sshd, user_repo):
     assert out.returncode == 3 and "distill.teacher" in out.stderr and "enlace train tiny" in out.stderr
 
 
+@pytest.mark.slow
 def test_generate_writes_shards_a_run_trains_on_and_is_seeded(teacher):
     for name in ("gen-a", "gen-b"):
         enlace(

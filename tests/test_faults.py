@@ -34,6 +34,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_checkpoint_fails_the_run_clearly_and_relaunch_refuses(project, small_disk):
     write_run(project, "full", checkpoint={"every": 2, "keep": 10}, training={"max_steps": 200, "eval_every": 0})
     # ≈0.4 MiB a checkpoint: two fit (train checks that before it starts), the third cannot
@@ -61,6 +62,7 @@ def _three_checkpoints(project, name="ck"):
     return project / "runs" / name / "checkpoints"
 
 
+@pytest.mark.slow
 def test_broken_manifests_are_named_and_a_lost_history_is_said(project):
     ckpts = _three_checkpoints(project)
     (ckpts / "step-000006" / "MANIFEST").write_text("{}")
@@ -79,6 +81,7 @@ def test_broken_manifests_are_named_and_a_lost_history_is_said(project):
     assert "no complete checkpoint: starting from step 0" in out.stdout
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_names_the_previous_one_and_resume_path_continues(project):
     ckpts = _three_checkpoints(project)
     model = ckpts / "step-000006" / "model.pt"
@@ -116,6 +119,7 @@ def test_a_git_repo_that_is_not_an_enlace_checkout_is_named(sshd, tmp_path):
 # -- the driver against a real sshd ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
@@ -127,6 +131,7 @@ def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
     assert "last complete checkpoint step-0000" in out.stderr
 
 
+@pytest.mark.slow
 def test_fetch_needs_neither_sftp_nor_rsync(tmp_path, user_repo):
     """fetch is one `enlace fetch-serve` conversation on the SSH connection: a server without SFTP
     (and the driver never runs rsync for it) still hands back the checkpoint, byte for byte."""
@@ -147,6 +152,7 @@ def test_fetch_needs_neither_sftp_nor_rsync(tmp_path, user_repo):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_an_interrupted_fetch_never_appends_to_rewritten_run_files(sshd, user_repo):
     """An interrupted fetch left a short run.json and train.log; the server rewrote both since."""
     env = sshd.env

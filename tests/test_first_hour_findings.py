@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 from support.cli import enlace, run_json
 from support.configs import write_run
 from support.remote import remote, server_dir, tiny_corpus
@@ -89,6 +90,7 @@ def test_set_passes_through_launch_and_is_recorded(sshd, user_repo):
     )
 
 
+@pytest.mark.slow
 def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", host="local")
@@ -104,6 +106,7 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
 
 
+@pytest.mark.slow
 def test_running_run_is_refused_before_preflight(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "local"))
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
@@ -114,6 +117,7 @@ def test_running_run_is_refused_before_preflight(sshd, user_repo):
     assert "is not running (stopped" in again.stdout
 
 
+@pytest.mark.slow
 def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
     for host in ("testhost", "local"):
         tiny_corpus(server_dir(sshd, host))
@@ -137,6 +141,7 @@ def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
     )
 
 
+@pytest.mark.slow
 def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
     write_run(
         user_repo,
@@ -188,6 +193,7 @@ def test_a_server_that_speaks_no_ssh_gives_one_clean_error(sshd, user_repo, tmp_
     assert out.stderr.count("Error:") == 1
 
 
+@pytest.mark.slow
 def test_fetch_progress_stays_off_stdout(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
@@ -196,6 +202,7 @@ def test_fetch_progress_stays_off_stdout(sshd, user_repo):
     assert "\r" not in out.stdout and out.stdout.count("\n") == 1 and "fetched (step-000030)" in out.stdout
 
 
+@pytest.mark.slow
 def test_resume_on_different_data_is_refused_with_the_override(project):
     write_run(project, "d", training={"max_steps": 4, "eval_every": 0}, checkpoint={"every": 2})
     enlace(project, "train", "d", "--until", "2")
@@ -208,6 +215,7 @@ def test_resume_on_different_data_is_refused_with_the_override(project):
     assert run_json(project / "runs" / "d")["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_preflight_of_a_resumed_run_projects_the_remaining_steps(project):
     write_run(project, "half", training={"max_steps": 40, "eval_every": 0}, checkpoint={"every": 10})
     enlace(project, "train", "half", "--until", "30")
@@ -224,6 +232,7 @@ def test_runs_table_rounds_loss(project):
     assert "finished" in out and len(loss.split(".")[1]) == 4, out
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_fetch_is_one_line(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from support import REPO
 
 PACKAGES = ("enlace", "orchestrator")
@@ -53,6 +54,7 @@ def test_no_module_level_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     def imports(name: str) -> tuple[str, int, str]:
         r = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=REPO, capture_output=True, text=True)

@@ -68,6 +68,7 @@ def _steady_run(user_repo, name):
     commit_all(user_repo, name)
 
 
+@pytest.mark.slow
 def test_logs_follow_over_10_sshd_restarts_and_10_killed_sessions_is_exact(sshd, user_repo):
     rd = sshd.dir.parent / "remote-testhost"
     tiny_corpus(rd)
@@ -105,6 +106,7 @@ def lossy_netns():
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+@pytest.mark.slow
 def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, lossy_netns):
     from support.sshd import make_server
 

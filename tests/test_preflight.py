@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support.cli import enlace
 from support.configs import write_run
 
@@ -14,6 +15,7 @@ def _preflight(project, run, *args, check=False):
     return out, json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_report_has_every_figure_and_needs_no_corpus(project):
     (project / "configs" / "data" / "absent.yaml").write_text("kind: bytes\npaths: ['data/not-here/*.txt']\n")
     write_run(project, "pf", data="absent")
@@ -61,6 +63,7 @@ def test_fp16_with_sane_scale_is_not_unstable(project):
     assert out.returncode == 0 and rep["fp16"]["skip_rate"] == 0.0
 
 
+@pytest.mark.slow
 def test_max_batch_finds_the_boundary(project):
     write_run(project, "mb", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 4})
     out, rep = _preflight(project, "mb", "--memory-limit", "700MiB", "--max-batch")

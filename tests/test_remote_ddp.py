@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from support.remote import remote, tiny_corpus
 
 from enlace.checkpoint import load_checkpoint
 
 
+@pytest.mark.slow
 def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     rd = sshd.dir.parent / "remote-testhost"
     tiny_corpus(rd)

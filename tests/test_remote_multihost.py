@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from support.procs import trainers_under
 from support.remote import remote, tiny_corpus
 from support.sshd import make_server
@@ -22,6 +23,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_hosts_one_run(tmp_path, user_repo):
     servers = [make_server(tmp_path, name) for name in ("h1", "h2")]
     try:

@@ -33,6 +33,7 @@ def _popen_remote(user_repo, sshd, *args, host="testhost"):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["testhost", "local"])
 def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_path, host):
     tiny_corpus(server_dir(sshd, host))
@@ -75,6 +76,7 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
     assert "resumed from" in res.stdout and "step-000030" in res.stdout
 
 
+@pytest.mark.slow
 def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     client = _popen_remote(user_repo, sshd, "launch", "long", "--no-preflight", "--follow")
@@ -95,6 +97,7 @@ def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo)
     assert st["status"] == "stopped" and st["latest_checkpoint"] == f"step-{st['step']:06d}"
 
 
+@pytest.mark.slow
 def test_logs_follow_survives_killed_ssh_sessions_exactly(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight")
@@ -111,6 +114,7 @@ def test_logs_follow_survives_killed_ssh_sessions_exactly(sshd, user_repo):
     assert follower.returncode == 0  # the run's own exit status: stopped cleanly
 
 
+@pytest.mark.slow
 def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "sync")
@@ -131,6 +135,7 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     assert "crashed" in remote(user_repo, sshd.env, "status").stdout
 
 
+@pytest.mark.slow
 def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_repo):
     env = sshd.env
     tiny_corpus(server_dir(sshd, "testhost"))
@@ -160,6 +165,7 @@ def test_fetch_resumes_after_interruption_and_refuses_corrupt_files(sshd, user_r
     assert not (dest / "checkpoints" / "step-000030").exists()
 
 
+@pytest.mark.slow
 def test_bad_run_names_and_missing_checkpoints_are_clear(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2")

@@ -30,6 +30,7 @@ def shard_project(project):
     return project
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["bytes", "shards", "fp16"])
 def test_verify_resume_is_identical(shard_project, variant):
     extra = {"data": "tinyshards"} if variant == "shards" else {}
@@ -60,6 +61,7 @@ def _final(runs, n):
     return load_checkpoint(runs / "det" / "checkpoints" / f"step-{n:06d}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropped", ["none", "rng", "data"])
 def test_dropping_state_breaks_exactness(project, tmp_path, dropped):
     write_run(project, "det", **RESUME_RUN)
@@ -94,6 +96,7 @@ def test_checkpoint_loads_weights_only_and_holds_all_state(project, tmp_path):
     assert trainer["threads"] == 1 and trainer["step"] == 3
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_model_is_refused_naming_the_field(project):
     write_run(project, "det", **RESUME_RUN)
     enlace(project, "train", "det", "--until", "2")
@@ -102,6 +105,7 @@ def test_resume_with_a_different_model_is_refused_naming_the_field(project):
     assert "model.d_model=32" in out.stderr and "64" in out.stderr and "--resume none" in out.stderr
 
 
+@pytest.mark.slow
 def test_keep_bounds_checkpoints_and_resume_flag(project):
     write_run(project, "keep", checkpoint={"every": 1, "keep": 2}, training={"max_steps": 6})
     out = enlace(project, "train", "keep")

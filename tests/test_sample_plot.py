@@ -23,6 +23,7 @@ def _sample(project, *args):
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_sample_is_seeded_honours_the_prompt_and_never_breaks_on_bytes(trained, tmp_path):
     a = _sample(trained, "s", "--bytes", "80", "--seed", "3", "--prompt", "def main(")
     b = _sample(trained, "s", "--bytes", "80", "--seed", "3", "--prompt", "def main(")
@@ -49,6 +50,7 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
     assert out.returncode == 2 and "MANIFEST" in out.stderr
 
 
+@pytest.mark.slow
 def test_plot_one_run_and_two_overlaid(trained):
     import matplotlib.image as mpimg
 

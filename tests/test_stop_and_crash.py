@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support import REPO
 from support.cli import enlace, run_json
 from support.configs import DETERMINISTIC, write_run
@@ -46,6 +47,7 @@ ENDLESS_RUN = {
 }
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_step_saves_and_resumes_exactly(project, tmp_path):
     write_run(project, "det", **ENDLESS_RUN)
     run_dir = project / "runs" / "det"
@@ -71,6 +73,7 @@ def test_sigterm_finishes_step_saves_and_resumes_exactly(project, tmp_path):
     assert compare_states(a, b)["identical"]
 
 
+@pytest.mark.slow
 def test_second_signal_exits_at_once_and_keeps_last_checkpoint(project):
     # Steps of ~0.1-0.3 s, so the second signal lands while the first is still being honoured.
     write_run(
@@ -93,6 +96,7 @@ def test_second_signal_exits_at_once_and_keeps_last_checkpoint(project):
     enlace(project, "train", "twice", "--until", str(int(ckpt.name[5:]) + 1))
 
 
+@pytest.mark.slow
 def test_kill_9_during_checkpoint_writes_never_leaves_a_broken_latest(project):
     """Save every step with a model big enough that saving is most of the time, then kill -9 at
     random moments. After each kill, `latest` must name a complete checkpoint that loads and

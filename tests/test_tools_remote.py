@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import socket
 
+import pytest
 from support.remote import remote, server_dir, tiny_corpus
 from support.repocopy import commit_all
 
 
+@pytest.mark.slow
 def test_status_all_shows_every_host_and_a_down_one_as_a_row(sshd, user_repo, tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -31,6 +33,7 @@ def test_status_all_shows_every_host_and_a_down_one_as_a_row(sshd, user_repo, tm
     assert {r["host"] for r in rows} == {"local", "testhost", "gone"}
 
 
+@pytest.mark.slow
 def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     trees = server_dir(sshd, "testhost") / "trees"
@@ -59,6 +62,7 @@ def _head(repo) -> str:
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
+@pytest.mark.slow
 def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from support.cli import enlace, metrics, run_json
 from support.configs import write_run
@@ -28,6 +29,7 @@ def test_short_run_lowers_loss_and_leaves_a_complete_run_dir(project):
     assert summary["peak_rss_mib"] > 100 and summary["tokens_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_finished_run_restarted_does_nothing_more(project):
     write_run(project, "again", training={"max_steps": 6})
     enlace(project, "train", "again")
