@@ -3,6 +3,8 @@ its stdin and read its stdout as a byte stream (fetch's wire, enlace/fetchserve.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import select
 import shlex
@@ -12,8 +14,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import Transient
-from orchestrator.transport import short
+from orchestrator.errors import Transient, UnreachableError
+from orchestrator.transport import die_with_us, short
+
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ from Python 3.10 on Linux; spelled out for older builds
 
 if TYPE_CHECKING:
     from orchestrator.transport import SSHTransport
@@ -61,14 +65,22 @@ class Duplex:
 
 
 class ProcessDuplex(Duplex):
-    """A local process (the `local` host)."""
+    """A local process (the `local` host). Its own session (our Ctrl-C is ours to handle), dying with us,
+    its stdout a 1 MiB pipe (the default 64 KiB measured 1.3x slower for fetch)."""
 
-    def __init__(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
-        super().__init__(short(argv), stall_timeout, tick)
+    def __init__(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], what: str = ""):
+        super().__init__(what or short(argv), stall_timeout, tick)
         self.err = tempfile.TemporaryFile()
         self.p = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, start_new_session=True
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            start_new_session=True,
+            preexec_fn=die_with_us,  # noqa: PLW1509 - prctl only; git and the trainer's helpers do the same
         )
+        with contextlib.suppress(OSError):  # over /proc/sys/fs/pipe-max-size: the default pipe still works
+            fcntl.fcntl(self.p.stdout.fileno(), F_SETPIPE_SZ, 1 << 20)
 
     def _read_slice(self, n: int) -> bytes | None:
         ready, _, _ = select.select([self.p.stdout], [], [], self.SLICE_S)
@@ -92,8 +104,37 @@ class ProcessDuplex(Duplex):
             f.close()
 
 
+class SystemSSHDuplex(ProcessDuplex):
+    """A command over the system ssh client (same host key file, key and options as git's): OpenSSH's
+    C crypto runs on its own core while we hash and write, measured 0.67 s for 200 MiB against 0.79 to
+    0.98 s over paramiko's channel (its per-packet Python). AES-GCM first (AES-NI), the rest of the
+    client's defaults after it. The command's connection is its own: a verb using it opens no other."""
+
+    def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
+        self.host = transport.host.name
+        ssh = [
+            *transport.ssh_argv(),
+            "-o",
+            "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com",
+            "-o",
+            "ServerAliveInterval=15",
+            transport.remote_path("").rstrip(":"),
+            shlex.join(argv),
+        ]
+        super().__init__(ssh, stall_timeout, tick, what=short(argv))
+
+    def finish(self) -> tuple[int, str]:
+        code, err = super().finish()
+        if code == 255:  # ssh's own failure, not the command's
+            reason = err.strip().splitlines()[-1] if err.strip() else "ssh exited 255"
+            if "Permission denied" in err or "Host key verification failed" in err:
+                raise UnreachableError(f"{self.host}: {reason}")
+            raise Transient(f"{self.host}: {reason}", started=True)
+        return code, err
+
+
 class ChannelDuplex(Duplex):
-    """A command on its own channel of the host's one connection."""
+    """A command on its own channel of the host's paramiko connection (when there is no ssh client)."""
 
     def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
         import paramiko

@@ -297,8 +297,12 @@ class SSHTransport(Transport):
             chan.close()
 
     def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]) -> Duplex:
-        from orchestrator.duplex import ChannelDuplex
+        import shutil
 
+        from orchestrator.duplex import ChannelDuplex, SystemSSHDuplex
+
+        if shutil.which("ssh"):
+            return SystemSSHDuplex(self, argv, stall_timeout, tick)
         return ChannelDuplex(self, argv, stall_timeout, tick)
 
     # -- git / ssh ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,47 @@ def test_fetch_needs_neither_sftp_nor_rsync(tmp_path, user_repo):
             assert (here / f.name).read_bytes() == f.read_bytes(), f.name
     finally:
         srv.stop()
+
+
+@pytest.mark.slow
+def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo, monkeypatch):
+    """No `ssh` binary here (a bare container, Windows without OpenSSH): the same conversation runs on a
+    channel of paramiko's connection, and resumes a partial file the same way."""
+    from orchestrator import duplex
+    from orchestrator.fetch import fetch
+    from orchestrator.hosts import resolve_host
+    from orchestrator.session import Session
+    from orchestrator.transport import connect
+
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "tiny", "-f")
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "ssh" else real_which(name, *a, **k))
+    used = []
+    monkeypatch.setattr(
+        duplex.ChannelDuplex, "finish", lambda self, f=duplex.ChannelDuplex.finish: used.append(1) or f(self)
+    )
+    server = server_dir(sshd, "testhost") / "runs" / "tiny" / "checkpoints" / "step-000030"
+    partial = user_repo / "runs" / "tiny" / ".partial-fetch" / "checkpoints" / "step-000030"
+    partial.mkdir(parents=True)
+    (partial / "model.pt").write_bytes((server / "model.pt").read_bytes()[:1000])
+    session = Session(connect(resolve_host("testhost", user_repo)), user_repo)
+    try:
+        rep = fetch(session, "tiny", user_repo / "runs" / "tiny", all_checkpoints=False)
+    finally:
+        session.close()
+    assert used and rep["fetched"] == ["step-000030"]
+    here = user_repo / "runs" / "tiny" / "checkpoints" / "step-000030"
+    for f in server.iterdir():
+        assert (here / f.name).read_bytes() == f.read_bytes(), f.name
+    from enlace.fetchserve import RUN_FILES
+
+    run_files = [server.parent.parent / n for n in RUN_FILES if (server.parent.parent / n).is_file()]
+    sent = sum(f.stat().st_size for f in [*server.iterdir(), *run_files])
+    assert rep["bytes"] == sent - 1000  # model.pt resumed after its first 1000 bytes
 
 
 @pytest.mark.slow
