@@ -32,16 +32,21 @@ from enlace import engine
 from enlace.sysinfo import mib, peak_rss_bytes
 
 
+def plain_update(loss, model, opt) -> None:
+    """backward, clip to 1.0, AdamW step, free the grads: what both plain loops do after the forward."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def bare_loop(cfg, model, batches):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
 
     def run(steps):
         for x, y in batches[:steps]:
             _, loss = model(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            plain_update(loss, model, opt)
         return loss.item()
 
     return run
@@ -117,10 +122,7 @@ def nano_loop(cfg, train_bin: Path):
                 group["lr"] = lr
             x, y = get_batch()
             loss = model(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            plain_update(loss, model, opt)
         return loss.item()
 
     return run
