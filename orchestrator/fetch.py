@@ -139,8 +139,8 @@ def fetch_run_files(session: Session, run_name: str, dest: Path, names: tuple[st
 
 def _converse(session: Session, run_name: str, staging: Path, plan) -> tuple[dict[str, Any], dict, int]:
     """One fetch-serve conversation (again after a dropped connection, resuming, for up to RETRY_S):
-    the offer, what was fetched and how many bytes arrived. `plan(offer)` says which paths to fetch ({path: sha256 or
-    None}); each lands in staging/path, verified when it has a sha256."""
+    the offer, what was fetched and how many bytes arrived. `plan(offer)` says which paths to fetch
+    ({path: sha256 or None}); each lands in staging/path, verified when it has a sha256."""
     interrupted = threading.Event()
 
     def on_sigint(signum, frame):
