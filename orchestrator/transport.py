@@ -229,7 +229,8 @@ class SSHTransport(Transport):
                 "--ssh USER@HOST"
             ) from None
         except (TimeoutError, OSError, EOFError) as e:
-            reason = "timed out" if isinstance(e, (socket.timeout, TimeoutError)) else (e.strerror or str(e))
+            timed_out = isinstance(e, (socket.timeout, TimeoutError))  # EOFError (a banner cut off) has no strerror
+            reason = "timed out" if timed_out else (getattr(e, "strerror", None) or str(e) or type(e).__name__)
             raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
         transport = client.get_transport()
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # ≈45 → 13 ms per command

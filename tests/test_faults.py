@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -129,7 +130,7 @@ def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
     out = remote(user_repo, sshd.env, "logs", "long", "-f", host="local", check=False)
     assert out.returncode == 8, (out.returncode, out.stderr)
     assert "long crashed" in out.stderr and "last logged step" in out.stderr
-    assert "last complete checkpoint step-0000" in out.stderr
+    assert re.search(r"last complete checkpoint step-\d{6} ", out.stderr), out.stderr  # how far it got: load decides
 
 
 @pytest.mark.slow
