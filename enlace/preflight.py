@@ -325,17 +325,24 @@ def start_probe_server(cfg: Config) -> None:
     measures). A fork of a process that has run torch's OpenMP threads hangs, so the probes fork from
     this clean one, never from us."""
     if _probes_fork(cfg):
-        import multiprocessing as mp
         from multiprocessing import forkserver
 
-        mp.get_context("forkserver").set_forkserver_preload(PROBE_MODULES)
+        _probe_context()
         forkserver.ensure_running()
 
 
+def _probe_context():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PROBE_MODULES)
+    return ctx
+
+
 def _probes_fork(cfg: Config) -> bool:
-    return not cfg.runtime.device.startswith("cuda") and not (
-        cfg.runtime.device == "auto" and torch.cuda.is_available()
-    )
+    from enlace.sample import pick_device
+
+    return pick_device(cfg.runtime.device).type == "cpu"
 
 
 def _probe_in_child(run: str, overrides: list[str], root: Path, memory_limit: int | None, conn) -> None:
@@ -360,10 +367,7 @@ def probe(cfg: Config, run: str, overrides: list[str], memory_limit: int | None)
         gc.collect()
         torch.cuda.empty_cache()
         return rep
-    import multiprocessing as mp
-
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PROBE_MODULES)
+    ctx = _probe_context()
     recv, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_probe_in_child, args=(run, overrides, cfg.root, memory_limit, send), daemon=True)
     child.start()

@@ -136,7 +136,7 @@ def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
 @pytest.mark.slow
 def test_fetch_needs_neither_sftp_nor_rsync(tmp_path, user_repo):
     """fetch is one `enlace fetch-serve` conversation on the SSH connection: a server without SFTP
-    (and the driver never runs rsync for it) still hands back the checkpoint, byte for byte."""
+    still hands back the checkpoint, byte for byte (nothing in enlace runs rsync any more)."""
     from support.sshd import make_server
 
     srv = make_server(tmp_path, name="nosftp", sftp=False)
