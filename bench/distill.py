@@ -1,7 +1,7 @@
 """Distillation on the smoke corpus: does the teacher help, and what does its forward cost?
 
-    teacher  = smoke-cpu, trained here (250 steps)
-    student  = distill-cpu (half smoke-cpu's width and depth), the same steps, with and without the
+    teacher  = smoke-cpu, trained here as shipped (750 steps)
+    student  = distill-cpu (half smoke-cpu's depth), its own 250 steps, with and without the
                teacher (alpha 0.5, T 2) — same seed, same data, same schedule
 
 Prints both students' final val bpb and the difference, and the distilled student's median step
