@@ -227,12 +227,43 @@ def _port(value: Any, name: str) -> int:
 
 
 def _ssh_config_lookup(alias: str) -> dict[str, Any]:
+    """What the ssh config file sets for `alias`, keys lowercased, identityfile a list, hostname always
+    (as paramiko's SSHConfig.lookup answers). Asked of the ssh client when there is one, so Include,
+    Match and the rest resolve as for every ssh and git call, and no command pays paramiko's import
+    (0.12 s) to start: the settings where `ssh -G` with the file differs from `ssh -G` without it."""
     path = ssh_config_file()
     if not path.is_file():
         return {}
-    import paramiko  # imported here: `enlace-remote --help` must start fast
+    mine, bare = _ssh_G(alias, str(path)), _ssh_G(alias, os.devnull)
+    if mine and bare:
+        found = {k: v if k == "identityfile" else v[0] for k, v in mine.items() if v != bare.get(k)}
+        return {**found, "hostname": mine["hostname"][0]}
+    import paramiko  # no ssh client (or it refused the file): paramiko's reading of it
 
     return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
+
+
+def _ssh_G(alias: str, config: str) -> dict[str, list[str]] | None:
+    """`ssh -G`: the client's resolved settings for `alias` under `config`, key -> values in order."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["ssh", "-G", "-F", config, "--", alias],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    settings: dict[str, list[str]] = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        settings.setdefault(key, []).append(value)
+    return settings if "hostname" in settings else None
 
 
 def list_hosts(repo: Path) -> list[Host]:

@@ -61,6 +61,33 @@ def test_hosts_add_merges_and_duplicate_keys_are_refused(sshd, user_repo, tmp_pa
     assert out.returncode == 2 and "not a TCP port" in out.stderr
 
 
+def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
+    """Host settings come from `ssh -G` (what every ssh and git call will use), matching paramiko's
+    reading on what both understand, and following an Include, which paramiko's reader cannot."""
+    import paramiko
+
+    from orchestrator.hosts import resolve_host
+
+    (tmp_path / "more").write_text("Host inc\n  HostName 10.1.2.3\n  User carol\n  Port 2200\n")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Include {tmp_path}/more\nHost box\n  HostName 127.0.0.1\n  Port 2222\n  User alice\n"
+        f"  IdentityFile /keys/box\n  UserKnownHostsFile {tmp_path}/kh\nHost *.lab\n  User bob\n"
+    )
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(cfg))
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "none.yaml"))
+    fields = ("hostname", "user", "port", "identity_files", "known_hosts", "configured")
+    reader = paramiko.SSHConfig.from_path(str(cfg))
+    for alias in ("box", "gpu.lab", "plain.example.org"):
+        h = resolve_host(alias, tmp_path)
+        want = reader.lookup(alias)
+        assert (h.hostname, h.user, h.port) == (want["hostname"], want.get("user"), int(want.get("port", 22)))
+        assert h.identity_files == want.get("identityfile", []) and h.configured == (alias != "plain.example.org")
+        assert h.known_hosts == str(tmp_path / "kh") if alias == "box" else h.known_hosts.endswith(".ssh/known_hosts")
+    inc = resolve_host("inc", tmp_path)
+    assert [getattr(inc, f) for f in fields[:3]] == ["10.1.2.3", "carol", 2200] and inc.configured
+
+
 def test_unwritable_remote_dir_is_explained(sshd, user_repo, tmp_path):
     hosts = tmp_path / "h.yaml"
     hosts.write_text("hosts:\n  testhost: {remote_dir: /proc/enlace, connect_timeout: 5}\n")
