@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # The test command (README, CI): bootstrap .venv, then pytest. Extra arguments go to pytest.
 # The SSH tests need /usr/sbin/sshd and git (Debian: openssh-server git).
+# Tests run on min(cores, 4) pytest-xdist workers (the Slurm tests share one: --dist loadgroup);
+# ENLACE_TEST_WORKERS=0 runs them one at a time in this process, and an -n of your own wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-exec .venv/bin/python -m pytest "$@"
+workers=${ENLACE_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+parallel=(-n "$workers" --dist loadgroup)
+for arg in "$@"; do
+  case "$arg" in -n | -n* | --numprocesses*) parallel=() ;; esac
+done
+[ "$workers" = 0 ] && parallel=()
+exec .venv/bin/python -m pytest "${parallel[@]}" "$@"

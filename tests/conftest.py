@@ -17,14 +17,23 @@ from support.sshd import make_server
 TINY_DATA = "kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n"
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
+def make_project(root: Path) -> Path:
     """A project root: the repo's configs/ plus data/tiny/*.txt (a few hundred KB of real text)."""
-    root = tmp_path / "proj"
     shutil.copytree(REPO / "configs", root / "configs")
     write_tiny_corpus(root / "data" / "tiny")
     (root / "configs" / "data" / "tiny.yaml").write_text(TINY_DATA)
     return root
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path / "proj")
+
+
+@pytest.fixture(scope="module")
+def module_project(tmp_path_factory) -> Path:
+    """One project for a module's tests that share what they train (each test adds its own runs)."""
+    return make_project(tmp_path_factory.mktemp("module") / "proj")
 
 
 @pytest.fixture

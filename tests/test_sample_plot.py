@@ -8,14 +8,17 @@ import pytest
 from support.cli import enlace
 from support.configs import write_run
 
+pytestmark = pytest.mark.xdist_group("sample_plot")  # one worker trains `trained` once for both tests
 
-@pytest.fixture
-def trained(project):
-    """A tiny run trained to step 10, stopped, then resumed to 20 (a resume point to mark)."""
-    write_run(project, "s", training={"max_steps": 20, "eval_every": 5}, checkpoint={"every": 5, "keep": 5})
-    enlace(project, "train", "s", "--until", "10")
-    enlace(project, "train", "s")
-    return project
+
+@pytest.fixture(scope="module")
+def trained(module_project):
+    """A tiny run trained to step 10, stopped, then resumed to 20 (a resume point to mark), shared
+    by the tests here: they only add runs and files of their own."""
+    write_run(module_project, "s", training={"max_steps": 20, "eval_every": 5}, checkpoint={"every": 5, "keep": 5})
+    enlace(module_project, "train", "s", "--until", "10")
+    enlace(module_project, "train", "s")
+    return module_project
 
 
 def _sample(project, *args):
