@@ -17,6 +17,12 @@ from support.sshd import make_server
 TINY_DATA = "kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `longest` tests first (a stable sort: the rest keep their order). Seen with 2 workers beside
+    a CPU hog: the 4-min sample-quality test, collected late, ran alone for its last 15 min."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)
+
+
 def make_project(root: Path) -> Path:
     """A project root: the repo's configs/ plus data/tiny/*.txt (a few hundred KB of real text)."""
     shutil.copytree(REPO / "configs", root / "configs")

@@ -12,6 +12,7 @@ from support import REPO
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
     p = subprocess.run(

@@ -64,6 +64,7 @@ def test_fp16_with_sane_scale_is_not_unstable(project):
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_max_batch_finds_the_boundary(project):
     write_run(project, "mb", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 4})
     out, rep = _preflight(project, "mb", "--memory-limit", "700MiB", "--max-batch")

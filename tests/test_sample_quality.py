@@ -34,6 +34,7 @@ def test_the_bar_tells_python_from_noise():
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_smoke_cpu_samples_python_and_its_step_0_weights_do_not(project, tmp_path):
     import torch
 

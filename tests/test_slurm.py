@@ -26,7 +26,7 @@ from support.repocopy import commit_all
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one cluster: one worker
+pytestmark = [pytest.mark.slow, pytest.mark.longest, pytest.mark.xdist_group("slurm")]  # one cluster: one worker
 
 CLUSTER_HOST = """\
   {name}:

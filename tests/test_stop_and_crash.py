@@ -97,6 +97,7 @@ def test_second_signal_exits_at_once_and_keeps_last_checkpoint(project):
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_kill_9_during_checkpoint_writes_never_leaves_a_broken_latest(project):
     """Save every step with a model big enough that saving is most of the time, then kill -9 at
     random moments. After each kill, `latest` must name a complete checkpoint that loads and
