@@ -150,7 +150,8 @@ def generate_cmd(
     import tempfile
 
     from enlace.data import prepare_shards
-    from enlace.sample import find_checkpoint, generate_streams, load_model, pick_device
+    from enlace.engine import pick_device
+    from enlace.sample import find_checkpoint, generate_streams, load_model
 
     dev = pick_device(device)
     model, trainer = load_model(find_checkpoint(_run_or_dir(teacher, root)), dev)

@@ -60,6 +60,13 @@ class StepResult:
     terms: dict[str, torch.Tensor] = field(default_factory=dict)  # distillation: "ce" and "kd", as `loss`
 
 
+def pick_device(want: str) -> torch.device:
+    """runtime.device (or a --device option) as a device type: auto is the GPU when one is visible."""
+    if want == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(want)
+
+
 def resolve_device(cfg: Config, dist: Dist) -> torch.device:
     want = cfg.runtime.device
     if want == "cuda" and not torch.cuda.is_available():
@@ -69,7 +76,7 @@ def resolve_device(cfg: Config, dist: Dist) -> torch.device:
             "is cuda but no CUDA device is visible here",
             "run it on the GPU server, or --set runtime.device=cpu",
         )
-    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+    if pick_device(want).type == "cpu":
         if cfg.runtime.precision == "fp16" and want == "auto":
             cfg.warnings.append(
                 f"{cfg.origin('runtime.precision')}: runtime.precision: fp16 on CPU (no GPU here) "

@@ -340,9 +340,7 @@ def _probe_context():
 
 
 def _probes_fork(cfg: Config) -> bool:
-    from enlace.sample import pick_device
-
-    return pick_device(cfg.runtime.device).type == "cpu"
+    return engine.pick_device(cfg.runtime.device).type == "cpu"
 
 
 def _probe_in_child(run: str, overrides: list[str], root: Path, memory_limit: int | None, conn) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.config import ModelConfig
+from enlace.engine import pick_device
 from enlace.errors import CheckpointError
 from enlace.model import ByteGPT
 
@@ -71,13 +72,6 @@ def generate_streams(
 
 def generate(model: ByteGPT, prompt: bytes, n_bytes: int, temperature: float, top_k: int | None, seed: int) -> bytes:
     return generate_streams(model, prompt, 1, n_bytes, temperature, top_k, seed)[0]
-
-
-def pick_device(device: str) -> torch.device:
-    """auto: the GPU when there is one, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def sample(

@@ -234,7 +234,7 @@ def _ssh_config_lookup(alias: str) -> dict[str, Any]:
     path = ssh_config_file()
     if not path.is_file():
         return {}
-    mine, bare = _ssh_G(alias, str(path)), _ssh_G(alias, os.devnull)
+    mine, bare = _ssh_client_settings(alias, str(path)), _ssh_client_settings(alias, os.devnull)
     if mine and bare:
         found = {k: v if k == "identityfile" else v[0] for k, v in mine.items() if v != bare.get(k)}
         return {**found, "hostname": mine["hostname"][0]}
@@ -243,7 +243,7 @@ def _ssh_config_lookup(alias: str) -> dict[str, Any]:
     return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
 
 
-def _ssh_G(alias: str, config: str) -> dict[str, list[str]] | None:
+def _ssh_client_settings(alias: str, config: str) -> dict[str, list[str]] | None:
     """`ssh -G`: the client's resolved settings for `alias` under `config`, key -> values in order."""
     import subprocess
 

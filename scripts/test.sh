@@ -9,7 +9,7 @@ scripts/bootstrap.sh
 workers=${ENLACE_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
 parallel=(-n "$workers" --dist loadgroup)
 for arg in "$@"; do
-  case "$arg" in -n | -n* | --numprocesses*) parallel=() ;; esac
+  case "$arg" in -n* | --numprocesses*) parallel=() ;; esac
 done
 [ "$workers" = 0 ] && parallel=()
 exec .venv/bin/python -m pytest "${parallel[@]}" "$@"
