@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 
 import click
-import yaml
 
 from enlace import cli_server, cli_slurm, cli_tools, exitcodes
 from enlace.clitypes import root_option, set_option
-from enlace.config import load_config
 
 
 @click.group(
@@ -75,6 +73,7 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2).
 
     RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
+    from enlace.config import load_config
     from enlace.errors import ConfigError
 
     try:
@@ -103,6 +102,8 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
             )
         )
     else:
+        import yaml
+
         click.echo(f"# {cfg.files['run']} (profile {cfg.files['profile']}, data {cfg.files['data']})")
         click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
 
@@ -157,6 +158,7 @@ def train(
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second Ctrl-C exits
     at once, the last complete checkpoint intact; a repeated SIGTERM is the same request).
     RUN is a file stem in configs/runs/ or a path."""
+    from enlace.config import load_config
     from enlace.train import train as run_training
 
     cfg = load_config(run, overrides, root)
@@ -184,8 +186,9 @@ def prepare(data: str, out: Path, dtype: str, shard_tokens: int, val_fraction: f
 
     Use the shards with a data config of `kind: shards` and `shard_dir: OUT`. OUT appears only
     once complete."""
-    from enlace.config import find_root, load_data_config
+    from enlace.config import load_data_config
     from enlace.data import prepare_shards, resolve_paths
+    from enlace.names import find_root
 
     root = find_root(root)
     data_cfg = load_data_config(data, root)
@@ -229,6 +232,7 @@ def verify_resume_cmd(
     (in a temporary runs dir); compares every parameter, optimizer tensor and scaler value by bytes
     and the logged losses after N/2. Exit 0 only when identical. Use a deterministic config
     (e.g. smoke-cpu-deterministic): without it, kernels may legitimately differ run to run."""
+    from enlace.config import load_config
     from enlace.verify_resume import verify_resume
 
     cfg = load_config(run, overrides, root)
@@ -320,6 +324,7 @@ def preflight_cmd(
     of the configured shape (no corpus needed): 3 warm-up steps, --steps measured steps, one eval
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6).
     Writes runs/RUN_NAME/preflight.json."""
+    from enlace.config import load_config
     from enlace.preflight import find_max_batch, preflight, start_probe_server
     from enlace.report import format_report
     from enlace.rundir import atomic_write

@@ -13,7 +13,7 @@ import click
 
 from enlace import exitcodes
 from enlace.clitypes import Seconds, root_option, set_option
-from enlace.config import find_root, load_config
+from enlace.names import find_root
 
 
 def _runs_root(root: Path | None) -> Path:
@@ -49,7 +49,7 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
 def start_cmd(run_name: str, pyargs: tuple[str, ...], root: Path | None, as_json: bool) -> None:
     """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME, unless it is running (exit 7)."""
     from enlace import runs
-    from enlace.config import validate_run_name
+    from enlace.names import validate_run_name
 
     validate_run_name(run_name, "RUN_NAME")
     project = find_root(root)
@@ -164,6 +164,7 @@ def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
     """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
+    from enlace.config import load_config
     from enlace.data import data_files
     from enlace.errors import EnlaceError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import root_option
-from enlace.config import find_root, validate_run_name
+from enlace.names import find_root, validate_run_name
 
 spec_option = click.option(
     "--slurm", "spec_json", required=True, metavar="JSON", help="The host's Slurm settings (hosts.yaml), as JSON."

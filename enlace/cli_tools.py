@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import root_option
-from enlace.config import find_root
+from enlace.names import find_root
 
 METRIC_CHOICES = ("loss", "val_bpb", "lr", "tokens_per_s")
 
@@ -19,7 +19,7 @@ def _run_or_dir(target: str, root: Path | None) -> Path:
     path = Path(target)
     if path.is_dir():
         return path
-    from enlace.config import validate_run_name
+    from enlace.names import validate_run_name
 
     validate_run_name(target, "RUN")
     return find_root(root) / "runs" / target

@@ -17,8 +17,6 @@ import difflib
 import hashlib
 import json
 import math
-import os
-import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +25,8 @@ from typing import Any, Literal
 import yaml
 
 from enlace.errors import ConfigError
+from enlace.names import find_root, validate_run_name
 from enlace.yamlio import read_yaml
-
-RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit"
 
 
 @dataclass
@@ -168,26 +164,6 @@ class Config:
 
 # ---------------------------------------------------------------------------------------------
 # Loading
-
-
-def validate_run_name(name: str, source: str = "run_name") -> str:
-    if not isinstance(name, str) or not RUN_NAME_RE.fullmatch(name):
-        raise ConfigError(source, "run_name", f"{name!r} is not a valid name", RUN_NAME_RULE)
-    return name
-
-
-def find_root(start: Path | None = None) -> Path:
-    """The nearest directory at or above `start` that holds configs/runs/ (else `start`).
-
-    Without `start`, ENLACE_ROOT (set by scripts/remote.sh to the checked-out tree) wins: a tree
-    on the server must never borrow configs from a directory above it."""
-    if start is None and os.environ.get("ENLACE_ROOT"):
-        return Path(os.environ["ENLACE_ROOT"]).resolve()
-    start = (start or Path.cwd()).resolve()
-    for d in (start, *start.parents):
-        if (d / "configs" / "runs").is_dir():
-            return d
-    return start
 
 
 def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Path:

@@ -40,7 +40,7 @@ def teacher_checkpoint(cfg: Config) -> Path:
                 "name a checkpoint dir with a MANIFEST, or a run name",
             )
         return path
-    from enlace.config import RUN_NAME_RE
+    from enlace.names import RUN_NAME_RE
 
     if not RUN_NAME_RE.fullmatch(ref):
         raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")

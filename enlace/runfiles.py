@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from enlace import exitcodes, runs
-from enlace.config import validate_run_name
 from enlace.errors import EnlaceError
+from enlace.names import validate_run_name
 
 # A quiet log (long eval, compile warm-up) still sends a newline on stderr this often (env: tests).
 HEARTBEAT_S = float(os.environ.get("ENLACE_HEARTBEAT_S", "15"))

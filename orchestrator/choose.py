@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from enlace.config import validate_run_name
+from enlace.names import validate_run_name
 from orchestrator.errors import UsageError
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import Seconds
-from enlace.config import validate_run_name
 from enlace.exitcodes import VERDICT as VERDICT_EXIT
+from enlace.names import validate_run_name
 from orchestrator.cliutil import HostOptionsCommand, Remote, allow_dirty_option, set_option, with_remote
 
 

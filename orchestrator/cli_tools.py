@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from enlace.config import validate_run_name
+from enlace.names import validate_run_name
 from orchestrator.cliutil import HostOptionsCommand, Remote, with_remote
 
 

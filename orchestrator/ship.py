@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from enlace.config import validate_run_name
+from enlace.names import validate_run_name
 from orchestrator.cliutil import print_sync
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.session import Session

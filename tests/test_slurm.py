@@ -254,6 +254,7 @@ def test_a_job_failing_on_the_node_is_failed_with_its_log_tail(login, user_repo)
     )
     assert out.returncode == 2, out.stderr
     assert "no CUDA device is visible here" in out.stderr and "tiny failed" in out.stderr, out.stderr
+
     def status_row():
         return json.loads(remote(user_repo, login.env, "status", "tiny", "--json", host="cluster").stdout)[0]
 

@@ -1,0 +1,34 @@
+"""What a run may be called and where runs live: the run-name rule (the driver and the server both
+validate with it) and the project root. Standard library only, so that the light verbs (fetch-serve,
+runs, logs) and the driver's start-up do not pay for the config machinery (yaml, dataclasses)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from enlace.errors import ConfigError
+
+RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit"
+
+
+def validate_run_name(name: str, source: str = "run_name") -> str:
+    if not isinstance(name, str) or not RUN_NAME_RE.fullmatch(name):
+        raise ConfigError(source, "run_name", f"{name!r} is not a valid name", RUN_NAME_RULE)
+    return name
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above `start` that holds configs/runs/ (else `start`).
+
+    Without `start`, ENLACE_ROOT (set by scripts/remote.sh to the checked-out tree) wins: a tree
+    on the server must never borrow configs from a directory above it."""
+    if start is None and os.environ.get("ENLACE_ROOT"):
+        return Path(os.environ["ENLACE_ROOT"]).resolve()
+    start = (start or Path.cwd()).resolve()
+    for d in (start, *start.parents):
+        if (d / "configs" / "runs").is_dir():
+            return d
+    return start
