@@ -3,6 +3,7 @@ tests/support/ (pytest's pythonpath is tests/, see pyproject.toml)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,15 @@ from support.repocopy import commit_all, copy_worktree_repo
 from support.sshd import make_server
 
 TINY_DATA = "kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With N xdist workers on C cores, each worker's torch (and every trainer it starts, here or
+    through the test sshd) gets C // N threads: N processes each spinning C OpenMP threads on C cores
+    wait on one another. An OMP_NUM_THREADS of your own wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -65,6 +65,8 @@ class SSHServer:
             self.port = port or _free_port()
             sftp = "Subsystem sftp internal-sftp" if self.sftp else ""
             env = {**({} if self.own_homes else {"HOME": f"{self.dir}/home"}), **self.session_env}
+            if "OMP_NUM_THREADS" in os.environ:  # the test run's thread budget (conftest) holds on the server too
+                env.setdefault("OMP_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
             setenv = f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}" if env else ""
             keys = ".ssh/authorized_keys" if self.own_homes else f"{self.dir}/authorized_keys"
             (self.dir / "sshd_config").write_text(
