@@ -1,6 +1,7 @@
 """What a run may be called and where runs live: the run-name rule (the driver and the server both
-validate with it) and the project root. Standard library only, so that the light verbs (fetch-serve,
-runs, logs) and the driver's start-up do not pay for the config machinery (yaml, dataclasses)."""
+validate with it) and the project root. Kept apart from enlace.config so that the light verbs
+(fetch-serve, runs, logs) and the driver's start-up do not pay for the config machinery (yaml,
+dataclasses, the config rules)."""
 
 from __future__ import annotations
 

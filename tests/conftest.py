@@ -18,7 +18,7 @@ from support.sshd import make_server
 TINY_DATA = "kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n"
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_configure() -> None:
     """With N xdist workers on C cores, each worker's torch (and every trainer it starts, here or
     through the test sshd) gets C // N threads: N processes each spinning C OpenMP threads on C cores
     wait on one another. An OMP_NUM_THREADS of your own wins."""

@@ -238,7 +238,7 @@ def test_max_requeues_reached_leaves_the_run_stopped_with_a_checkpoint(login, us
     load_checkpoint(latest_checkpoint(server_dir(login, "cluster") / "runs" / "capped" / "checkpoints"))
 
 
-def test_a_job_failing_on_the_node_is_failed_with_its_log_tail(login, user_repo):
+def test_a_job_failing_on_the_node_is_failed_with_its_log_tail(login, user_repo, cluster):
     tiny_corpus(server_dir(login, "cluster"))
     # The login node accepts device cuda (it has no GPU to check against); the CPU-only node refuses it.
     out = remote(
@@ -254,16 +254,12 @@ def test_a_job_failing_on_the_node_is_failed_with_its_log_tail(login, user_repo)
     )
     assert out.returncode == 2, out.stderr
     assert "no CUDA device is visible here" in out.stderr and "tiny failed" in out.stderr, out.stderr
-
-    def status_row():
-        return json.loads(remote(user_repo, login.env, "status", "tiny", "--json", host="cluster").stdout)[0]
-
-    # The run is failed as soon as the trainer says so; Slurm lists the job as RUNNING until its
-    # batch script has exited, which under load can take a few seconds more.
-    row = status_row()
-    assert row["status"] == "failed" and "no CUDA device" in row["error"], row
-    wait_until(lambda: status_row()["slurm_state"] == "FAILED", 120, "Slurm to list the job as FAILED")
-    assert status_row()["status"] == "failed"
+    # launch reports the failure from run.json; Slurm lists the job RUNNING until its batch script
+    # has exited, which under load can take a few seconds more
+    job = run_json(login, "tiny")["job_id"]
+    wait_until(lambda: cluster.job_state(job) == "FAILED", 120, "Slurm to list the job as FAILED")
+    row = json.loads(remote(user_repo, login.env, "status", "tiny", "--json", host="cluster").stdout)[0]
+    assert row["status"] == "failed" and row["slurm_state"] == "FAILED" and "no CUDA device" in row["error"]
 
 
 def test_preflight_on_a_compute_node_then_srun_torchrun_with_two_ranks(login, user_repo):
