@@ -62,8 +62,8 @@ def backoff(attempt: int) -> float:
 class Transport:
     host: Host
     retry_s: float = 90.0  # how long `run` keeps retrying transient faults once the host has answered
-    first_attempts: int = 3  # a host that never answered in this invocation: likely down or misnamed
-    answered: bool = False
+    first_attempts: int = 3  # a host never reached in this invocation: likely down or misnamed
+    answered: bool = False  # set once a connection was made (the host is there and takes us)
 
     def run(self, argv: list[str], timeout: float = 120, check: bool = True, idempotent: bool = True) -> Result:
         """Run argv; transient faults are retried for up to retry_s (first_attempts tries while the host has
@@ -235,7 +235,7 @@ class SSHTransport(Transport):
         transport = client.get_transport()
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # ≈45 → 13 ms per command
         transport.set_keepalive(15)
-        self._client = client
+        self._client, self.answered = client, True  # sessions cut after this are a network's, not a typo's
         return client
 
     def _dropped(self, e: BaseException, started: bool) -> Transient:

@@ -150,3 +150,24 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
         assert out.join() == (rd / "runs" / "steady" / "train.log").read_bytes()
     finally:
         srv.stop()
+
+
+def test_a_host_that_took_us_is_retried_past_the_first_attempts(sshd, user_repo, tmp_path, monkeypatch):
+    """Three tries is the budget for a host never reached (down, or a typo). One that completed a
+    handshake is there: sessions it drops are retried for the whole retry window. Seen under load:
+    `logs -f` gave up when sessions were killed three times before its first command had answered."""
+    from orchestrator.hosts import resolve_host
+    from orchestrator.transport import connect
+
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    count = tmp_path / "tries"
+    count.write_text("0")
+    # each try counts itself; the first three cut their own SSH session (kill the sshd process serving it)
+    script = f'n=$(cat {count}); echo $((n + 1)) > {count}; [ "$n" -ge 3 ] && echo answered || kill -9 $PPID'
+    transport = connect(resolve_host("testhost", user_repo))
+    try:
+        result = transport.run(["sh", "-c", script])
+    finally:
+        transport.close()
+    assert result.stdout.strip() == "answered" and count.read_text().strip() == "4"

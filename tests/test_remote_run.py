@@ -108,8 +108,10 @@ def test_logs_follow_survives_killed_ssh_sessions_exactly(sshd, user_repo):
         kills += sshd.kill_sessions() > 0
     remote(user_repo, sshd.env, "stop", "long")
     out, err = follower.communicate(timeout=120)
-    # a kill lands mid-command ("connection lost") or, under load, mid-handshake: each is one reconnect
-    assert kills >= 3 and err.decode().count("reconnecting in") >= 3, err.decode()
+    # a kill lands mid-stream ("reconnecting in"), or, under load, still in the follower's first commands
+    # or mid-handshake ("retrying in"): each is one reconnect
+    told = err.decode()
+    assert kills >= 3 and told.count("reconnecting in") + told.count("retrying in") >= 3, told
     assert out == (server_dir(sshd, "testhost") / "runs" / "long" / "train.log").read_bytes()
     assert follower.returncode == 0  # the run's own exit status: stopped cleanly
 
