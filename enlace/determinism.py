@@ -31,13 +31,26 @@ def configure(rt: RuntimeConfig, device: torch.device) -> dict:
     threads = rt.threads or (1 if rt.deterministic and device.type == "cpu" else 0)
     if threads:
         torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(rt.deterministic)
+    _use_deterministic_algorithms(rt.deterministic)
     torch.backends.cudnn.deterministic = rt.deterministic
     torch.backends.cudnn.benchmark = not rt.deterministic
     torch.backends.cuda.matmul.allow_tf32 = not rt.deterministic
     torch.backends.cudnn.allow_tf32 = not rt.deterministic
     seed_everything(rt.seed)
     return {"deterministic": rt.deterministic, "threads": torch.get_num_threads(), "seed": rt.seed}
+
+
+def _use_deterministic_algorithms(mode: bool) -> None:
+    """torch.use_deterministic_algorithms, without its import of torch._inductor (1.3 s of CPU at every
+    trainer start, measured here) to set a flag only torch.compile reads: deterministic runs refuse
+    compile (config_rules), and a non-deterministic one leaves the default, off."""
+    if torch.are_deterministic_algorithms_enabled() == mode:
+        return
+    set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if set_flag is None:  # a torch without the private setter: the public call, import and all
+        torch.use_deterministic_algorithms(mode)
+    else:
+        set_flag(mode, warn_only=False)
 
 
 def rng_state() -> dict:

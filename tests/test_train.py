@@ -52,3 +52,23 @@ def test_cuda_profile_on_a_cpu_machine_says_how_to_fix(project):
     out = enlace(project, "train", "gpu", check=False)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--set runtime.device=cpu" in out.stderr
+
+
+def test_deterministic_mode_is_switched_on_and_off_without_importing_the_compiler():
+    """determinism.configure sets torch's deterministic flag both ways; it does so without
+    torch.use_deterministic_algorithms's import of torch._inductor (≈1.3 s at every trainer start)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from enlace import determinism\n"
+        "from enlace.config import RuntimeConfig\n"
+        "cpu = torch.device('cpu')\n"
+        "determinism.configure(RuntimeConfig(deterministic=True), cpu)\n"
+        "on = torch.are_deterministic_algorithms_enabled()\n"
+        "determinism.configure(RuntimeConfig(deterministic=False), cpu)\n"
+        "print(on, torch.are_deterministic_algorithms_enabled(), 'torch._inductor' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False", "False"], out.stdout + out.stderr
