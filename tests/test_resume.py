@@ -43,12 +43,9 @@ def test_verify_resume_is_identical(shard_project, variant):
     assert report["tensors"] > 30 and report["losses_compared"] == 6
 
 
-def _run_pair(project, tmp_path, n):
-    """Straight 2n steps in A; n steps in B. Returns the two runs dirs."""
-    a, b = tmp_path / "A", tmp_path / "B"
-    enlace(project, "train", "det", "--runs-dir", str(a), "--until", str(2 * n), "--set", "training.log_every=1")
-    enlace(project, "train", "det", "--runs-dir", str(b), "--until", str(n), "--set", "training.log_every=1")
-    return a, b
+def _train(project, runs, until, fresh):
+    args = ("train", "det", "--runs-dir", str(runs), "--until", str(until), "--set", "training.log_every=1")
+    enlace(project, *args, fresh=fresh)
 
 
 def _tamper(ckpt, edit):
@@ -65,8 +62,10 @@ def _final(runs, n):
 @pytest.mark.parametrize("dropped", ["none", "rng", "data"])
 def test_dropping_state_breaks_exactness(project, tmp_path, dropped):
     write_run(project, "det", **RESUME_RUN)
-    n = 5
-    a, b = _run_pair(project, tmp_path, n)
+    n, a, b = 5, tmp_path / "A", tmp_path / "B"
+    fresh = dropped == "none"  # three new interpreters (own hash seeds): the claim is across processes
+    _train(project, a, 2 * n, fresh)  # straight
+    _train(project, b, n, fresh)
 
     def fresh_rng(rank):
         determinism.seed_everything(1337)
@@ -77,7 +76,7 @@ def test_dropping_state_breaks_exactness(project, tmp_path, dropped):
 
     if dropped != "none":
         _tamper(b / "det" / "checkpoints" / f"step-{n:06d}", fresh_rng if dropped == "rng" else fresh_data)
-    enlace(project, "train", "det", "--runs-dir", str(b), "--until", str(2 * n), "--set", "training.log_every=1")
+    _train(project, b, 2 * n, fresh)  # resumed
     report = compare_states(_final(a, 2 * n), _final(b, 2 * n))
     assert report["identical"] is (dropped == "none"), report
     if dropped != "none":

@@ -5,35 +5,28 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 from support import REPO
 from support.cli import enlace, run_json
 from support.configs import DETERMINISTIC, write_run
+from support.forkserver import start_enlace
 
 from enlace.checkpoint import latest_checkpoint, load_checkpoint
 from enlace.verify_resume import compare_states
 
 
 def _start(project, name, *args):
-    cmd = [sys.executable, "-m", "enlace", "train", name, "--root", str(project), *args]
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=project,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    """`enlace train` in the background, its stdout and stderr as one text (`.output()`)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return start_enlace(["train", name, "--root", str(project), *args], project, env, merge_stderr=True)
 
 
 def _wait_for_step(run_dir, step, proc, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.output()[0]
         if run_json(run_dir).get("step", 0) >= step if (run_dir / "run.json").exists() else False:
             return
         time.sleep(0.02)
@@ -117,7 +110,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_broken_latest(project):
         proc = _start(project, "crash")
         deadline = time.time() + 60
         while latest_checkpoint(ckpts) is None or int(latest_checkpoint(ckpts).name[5:]) <= last_step:
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() else "slow"
+            assert proc.poll() is None and time.time() < deadline, proc.output()[0] if proc.poll() else "slow"
             time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 0.3))
         proc.kill()

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from . import REPO
+from .forkserver import run_enlace
 
 
-def enlace(root: Path, *args: str, check: bool = True, timeout: float = 300, env: dict | None = None):
-    cmd = [sys.executable, "-m", "enlace", *args, "--root", str(root)]
+def enlace(
+    root: Path, *args: str, check: bool = True, timeout: float = 300, env: dict | None = None, fresh: bool = False
+):
+    """`python -m enlace ARGS --root ROOT`, run from ROOT: a fork of a process with torch imported
+    (support/forkserver.py), or with `fresh` a new interpreter."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=timeout, env=full_env)
+    out = run_enlace([*args, "--root", str(root)], root, full_env, timeout, fresh)
     if check and out.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out
