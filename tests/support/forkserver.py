@@ -31,6 +31,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from orchestrator.transport import die_with_us
+
 from . import REPO
 
 PRELOAD = ("torch", "torch._dynamo", "enlace.cli", "enlace.train", "enlace.preflight", "enlace.sample")
@@ -109,6 +111,7 @@ class _Client:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,
+            preexec_fn=die_with_us,  # noqa: PLW1509 - prctl only: a worker killed outright leaves no server
         )
         ready = self.proc.stdout.readline().strip()
         if ready != "ready":
