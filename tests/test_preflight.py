@@ -69,7 +69,8 @@ def test_max_batch_finds_the_boundary(project):
     write_run(project, "mb", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 4})
     out, rep = _preflight(project, "mb", "--memory-limit", "700MiB", "--max-batch")
     mb = rep["max_batch"]
-    step = 8 if mb["batch_size"] >= 64 else 1  # the search's resolution
+    step = mb["resolution"]  # 1 below 64, then a power of two from 8 within 1/16 of the batch
+    assert step == 1 if mb["batch_size"] < 64 else 8 <= step <= max(8, mb["batch_size"] // 16), mb
     assert mb["batch_size"] >= 4 and mb["batch_size"] < mb["first_failing"] <= mb["batch_size"] + step, mb
     assert mb["tokens_per_s"] > 0 and mb["probes"] >= 2
     limit = ("--memory-limit", "700MiB", "--steps", "1")  # the probes' own settings
