@@ -307,7 +307,9 @@ def parse_size(text: str | None) -> int | None:
     "does not fit is found; default: the machine's memory.",
 )
 @click.option(
-    "--max-batch", is_flag=True, help="Also find the largest batch_size that fits (doubling, then aimed probes; exact below 64, within 3-6 % above)."
+    "--max-batch",
+    is_flag=True,
+    help="Also find the largest batch_size that fits (doubling, then aimed probes; exact below 64, within 3-6 % above).",
 )
 def preflight_cmd(
     run: str,
