@@ -1,7 +1,7 @@
 """Distillation on the smoke corpus: does the teacher help, and what does its forward cost?
 
-    teacher  = smoke-cpu, trained here as shipped (750 steps)
-    student  = distill-cpu (half smoke-cpu's depth), its own 250 steps, with and without the
+    teacher  = smoke-cpu, trained here as shipped (500 steps)
+    student  = distill-cpu (two of smoke-cpu's three layers), its own 250 steps, with and without the
                teacher (alpha 0.5, T 2) — same seed, same data, same schedule
 
 Prints both students' final val bpb and the difference, and the distilled student's median step
