@@ -151,6 +151,10 @@ def _server() -> _Client:
     return _started[-1]
 
 
+def _enlace_argv(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "enlace", *args]
+
+
 def _warm_server(env: dict) -> _Client | None:
     """The warm server, where a fork of it can stand for a fresh `python -m enlace` under `env`."""
     if os.environ.get("ENLACE_TEST_FORKSERVER", "1") == "0":
@@ -162,7 +166,7 @@ def _warm_server(env: dict) -> _Client | None:
 def start_enlace(args: list[str], cwd: Path, env: dict, merge_stderr: bool = False) -> Forked | Fresh:
     """`python -m enlace ARGS` started in `cwd` under `env`, not waited for: a Forked, or a Fresh
     interpreter where a fork cannot stand for one. Both say what it wrote with .output()."""
-    cmd = [sys.executable, "-m", "enlace", *args]
+    cmd = _enlace_argv(args)
     server = _warm_server(env)
     if server is not None:
         return server.start(cmd, cwd, env, merge_stderr)
@@ -172,7 +176,7 @@ def start_enlace(args: list[str], cwd: Path, env: dict, merge_stderr: bool = Fal
 
 def run_enlace(args: list[str], cwd: Path, env: dict, timeout: float, fresh: bool) -> subprocess.CompletedProcess:
     """`python -m enlace ARGS` in `cwd` under `env`, to its end (a new interpreter with `fresh`)."""
-    cmd = [sys.executable, "-m", "enlace", *args]
+    cmd = _enlace_argv(args)
     server = None if fresh else _warm_server(env)
     if server is None:
         return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
