@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -101,24 +102,30 @@ def spawn(repo: Path, env: dict, log: Path, *args: str, host: str = "cluster") -
     )
 
 
-def pause_until_limit_signal(srv, name: str, start: int) -> None:
-    """Hold the trainer (SIGSTOP) once it is training, until the batch step logs Slurm's USR1 (start `start`
-    of the job); then let it go: it gets the batch step's SIGTERM and checkpoints."""
-    wait_until(
-        lambda: (
-            run_json(srv, name).get("status") == "running"
-            and run_json(srv, name).get("requeues") == start - 1
-            and run_json(srv, name).get("step", 0) > 0
-        ),
-        180,
-        f"{name} training (start {start})",
-    )
-    pid = run_json(srv, name)["pid"]
-    os.kill(pid, signal.SIGSTOP)
+def training(srv, name: str, start: int) -> bool:
+    """Whether start `start` of the run's job (1: the first, 2: after one requeue) has trained a step."""
+    state = run_json(srv, name)
+    return state.get("status") == "running" and state.get("requeues") == start - 1 and state.get("step", 0) > 0
+
+
+def pause_until_limit_signal(srv, *names: str, start: int) -> None:
+    """Hold the runs' trainers (SIGSTOP) once they are training, until each batch step has logged Slurm's USR1
+    (start `start` of its job); then let them go: they get the batch step's SIGTERM and checkpoint. Runs
+    launched together wait out one time limit together."""
+    for name in names:
+        wait_until(partial(training, srv, name, start), 180, f"{name} training (start {start})")
+    pids = [run_json(srv, name)["pid"] for name in names]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: train_log(srv, name).count("time limit is near") >= start, 150, "Slurm's USR1")
+        wait_until(
+            lambda: all(train_log(srv, name).count("time limit is near") >= start for name in names),
+            150,
+            "Slurm's USR1",
+        )
     finally:
-        os.kill(pid, signal.SIGCONT)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def test_pending_then_running_logs_stop_scancel_fetch(login, user_repo, cluster, tmp_path):
@@ -164,7 +171,10 @@ def test_pending_then_running_logs_stop_scancel_fetch(login, user_repo, cluster,
     assert int(ckpt.name[5:]) > before  # the SIGTERM checkpoint
 
 
-def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, cluster, tmp_path):
+def test_time_limit_requeues_and_resumes_exactly_and_max_requeues_stops_the_run(login, user_repo, cluster, tmp_path):
+    """Two runs wait out one time limit together (Slurm's clock is most of this test's time): `det` on
+    `cluster` (max_requeues 5) requeues itself and, preempted once more, finishes bit for bit equal to an
+    uninterrupted run; `capped` on `cluster0` (max_requeues 0) stops with a checkpoint instead."""
     rd = server_dir(login, "cluster")
     tiny_corpus(rd)
     write_run(
@@ -175,7 +185,14 @@ def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, 
         training={**TINY["training"], "max_steps": 3000, "log_every": 100, "eval_every": 0},
         checkpoint={"every": 1000, "keep": 2},
     )
-    commit_all(user_repo, "det run")
+    write_run(
+        user_repo,
+        "capped",
+        run_name="capped",
+        training={**TINY["training"], "max_steps": 100000, "log_every": 100, "eval_every": 0},
+        checkpoint={"every": 0, "keep": 2},
+    )
+    commit_all(user_repo, "det and capped runs")
     remote(user_repo, login.env, "launch", "det", "--no-preflight", "--no-wait", host="cluster")
     sha = subprocess.run(
         ["git", "-C", str(user_repo), "rev-parse", "HEAD"], capture_output=True, text=True
@@ -189,17 +206,12 @@ def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, 
         stderr=subprocess.PIPE,
     )
 
-    pause_until_limit_signal(login, "det", start=1)  # the time limit: checkpoint, requeue itself
+    remote(user_repo, login.env, "launch", "capped", "--no-preflight", host="cluster0")
+    pause_until_limit_signal(login, "det", "capped", start=1)  # the time limit: checkpoint, requeue (or not)
+    wait_until(lambda: run_json(login, "capped").get("requeue_limit_reached"), 120, "max_requeues reached")
+    capped_job = run_json(login, "capped")["job_id"]
     job = run_json(login, "det")["job_id"]
-    wait_until(
-        lambda: (
-            run_json(login, "det").get("requeues") == 1
-            and run_json(login, "det").get("status") == "running"
-            and run_json(login, "det").get("step", 0) > 0
-        ),
-        180,
-        "the requeued job training",
-    )
+    wait_until(partial(training, login, "det", 2), 180, "the requeued job training")
     pid = run_json(login, "det")["pid"]
     os.kill(pid, signal.SIGSTOP)  # a preemption while it trains: Slurm sends SIGCONT + SIGTERM, then requeues
     cluster.run("scontrol", "requeue", job)
@@ -216,26 +228,11 @@ def test_time_limit_and_preemption_requeue_and_resume_exactly(login, user_repo, 
     out = remote(user_repo, login.env, "status", "det", host="cluster").stdout
     assert "finished" in out and "requeued" in out, out
 
-
-def test_max_requeues_reached_leaves_the_run_stopped_with_a_checkpoint(login, user_repo, cluster):
-    tiny_corpus(server_dir(login, "cluster"))
-    write_run(
-        user_repo,
-        "capped",
-        run_name="capped",
-        training={**TINY["training"], "max_steps": 100000, "log_every": 100, "eval_every": 0},
-        checkpoint={"every": 0, "keep": 2},
-    )
-    commit_all(user_repo, "capped run")
-    remote(user_repo, login.env, "launch", "capped", "--no-preflight", host="cluster0")
-    pause_until_limit_signal(login, "capped", start=1)
-    wait_until(lambda: run_json(login, "capped").get("requeue_limit_reached"), 120, "max_requeues reached")
-    job = run_json(login, "capped")["job_id"]
-    wait_until(lambda: cluster.job_state(job) == "COMPLETED", 120, "the job to end without a requeue")
+    wait_until(lambda: cluster.job_state(capped_job) == "COMPLETED", 120, "capped's job to end without a requeue")
     out = remote(user_repo, login.env, "status", "capped", host="cluster0").stdout
     assert "stopped" in out and "max_requeues reached" in out, out
     assert "max_requeues (0) reached" in train_log(login, "capped")
-    load_checkpoint(latest_checkpoint(server_dir(login, "cluster") / "runs" / "capped" / "checkpoints"))
+    load_checkpoint(latest_checkpoint(rd / "runs" / "capped" / "checkpoints"))
 
 
 def test_a_job_failing_on_the_node_is_failed_with_its_log_tail(login, user_repo, cluster):
