@@ -15,6 +15,7 @@ import uuid
 import pytest
 from support import REPO
 from support.configs import write_run
+from support.procs import Throttle
 from support.remote import remote, tiny_corpus
 
 from enlace import runs
@@ -76,14 +77,15 @@ def test_logs_follow_over_10_sshd_restarts_and_10_killed_sessions_is_exact(sshd,
     remote(user_repo, sshd.env, "launch", "steady", "--no-preflight")
     follower = _client(user_repo, sshd.env, "testhost", "logs", "steady", "-f", "--read-timeout", "5")
     out, err = Reader(follower.stdout), Reader(follower.stderr)
-    out.grows()
-    for i in range(10):
-        sshd.restart(down_s=1 + i % 3)  # 1, 2, 3 s down
-        out.grows()  # reconnected and streaming again before the next fault
     kills = 0
-    for _ in range(10):
-        kills += sshd.kill_sessions() > 0
+    with Throttle(runs.read(rd / "runs" / "steady")["pid"]):
         out.grows()
+        for i in range(10):
+            sshd.restart(down_s=1 + i % 3)  # 1, 2, 3 s down
+            out.grows()  # reconnected and streaming again before the next fault
+        for _ in range(10):
+            kills += sshd.kill_sessions() > 0
+            out.grows()
     rep = runs.stop(rd / "runs" / "steady", grace=60, kill=False)  # on the server, beside the driver
     assert rep["status"] == "stopped"
     assert follower.wait(timeout=300) == 0, err.join().decode()[-3000:]
@@ -136,9 +138,10 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
         subprocess.run([*prefix, *drop], check=True)
         follower = _client(user_repo, srv.env, "lossy", "logs", "steady", "-f", "--read-timeout", "5", prefix=prefix)
         out, err = Reader(follower.stdout), Reader(follower.stderr)
-        for _ in range(20):  # about 20 stretches of streaming through the lossy link
-            out.grows(timeout=120)
-            time.sleep(0.5)
+        with Throttle(runs.read(rd / "runs" / "steady")["pid"]):
+            for _ in range(20):  # about 20 stretches of streaming through the lossy link
+                out.grows(timeout=120)
+                time.sleep(0.5)
         rep = runs.stop(rd / "runs" / "steady", grace=60, kill=False)
         assert rep["status"] == "stopped"
         assert follower.wait(timeout=600) == 0, err.join().decode()[-3000:]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 from pathlib import Path
 
 
@@ -33,3 +35,34 @@ def kill_processes_under(path: Path) -> None:
                 os.kill(int(pid), signal.SIGKILL)
         except OSError:
             pass
+
+
+class Throttle:
+    """Lets a process run `on_s` of every `period_s` and holds it stopped (SIGSTOP) in between, until the
+    `with` block ends. For a trainer whose only part in a test is to keep its log growing: it spends a
+    tenth of a core instead of a whole one, which the rest of the suite gets. A pause cannot change what a
+    run writes (the Slurm tests pause trainers for the same reason)."""
+
+    def __init__(self, pid: int, on_s: float = 0.05, period_s: float = 0.5):
+        self.pid, self.on_s, self.off_s = pid, on_s, period_s - on_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._cycle, daemon=True)
+
+    def _cycle(self) -> None:
+        try:
+            while not self._done.wait(self.on_s):
+                os.kill(self.pid, signal.SIGSTOP)
+                self._done.wait(self.off_s)
+                os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> Throttle:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
