@@ -146,6 +146,18 @@ def timed(fn, steps):
     return time.perf_counter() - t0
 
 
+def paired_ratio(a, b, steps: int, rounds: int) -> tuple[float, float, float]:
+    """Throughput of b over a: the median, over rounds, of time(a) / time(b) for one block of `steps` each,
+    run back to back, alternating which goes first. On this shared machine the same loop's block time
+    drifted by 30 % within a run; a pair's two blocks see the same load. Also the median seconds of each."""
+    t_a, t_b = [], []
+    for r in range(rounds):
+        for fn, acc in ((a, t_a), (b, t_b)) if r % 2 == 0 else ((b, t_b), (a, t_a)):
+            acc.append(timed(fn, steps))
+    ratio = statistics.median(x / y for x, y in zip(t_a, t_b))
+    return ratio, statistics.median(t_a), statistics.median(t_b)
+
+
 def child(mode: str, steps: int) -> None:
     cfg = smoke_config()
     batches = fixed_batches(cfg, steps)
@@ -158,7 +170,7 @@ def child(mode: str, steps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=8)  # 4 rounds swung 0.93-1.02 on the loaded machine
+    ap.add_argument("--rounds", type=int, default=12)  # 4 rounds swung 0.93-1.02 on the loaded machine
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
@@ -169,12 +181,8 @@ def main() -> None:
     setup = engine.build_setup(cfg)  # one model: both loops train the same weights in turn
     bare, ours = bare_loop(cfg, setup.raw_model, batches), enlace_loop(setup, batches)
     bare(3), ours(3)  # warm-up: optimizer state is created lazily
-    t_bare, t_ours = [], []
-    for _ in range(args.rounds):
-        t_bare.append(timed(bare, args.steps))
-        t_ours.append(timed(ours, args.steps))
+    ratio, t_bare, t_ours = paired_ratio(bare, ours, args.steps, args.rounds)
     tokens = args.steps * cfg.training.batch_size * cfg.model.seq_len
-    tps_bare, tps_ours = tokens / statistics.median(t_bare), tokens / statistics.median(t_ours)
     mem = {
         m: json.loads(
             subprocess.run(
@@ -187,9 +195,9 @@ def main() -> None:
         for m in ("bare", "enlace")
     }
     print(f"smoke-cpu model, {torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds")
-    print(f"  bare PyTorch loop : {tps_bare:9.0f} tokens/s   peak RSS {mem['bare']:7.1f} MiB")
-    print(f"  enlace train_step : {tps_ours:9.0f} tokens/s   peak RSS {mem['enlace']:7.1f} MiB")
-    print(f"  throughput ratio enlace/bare = {tps_ours / tps_bare:.3f}  (goal >= 0.98)")
+    print(f"  bare PyTorch loop : {tokens / t_bare:9.0f} tokens/s   peak RSS {mem['bare']:7.1f} MiB")
+    print(f"  enlace train_step : {tokens / t_ours:9.0f} tokens/s   peak RSS {mem['enlace']:7.1f} MiB")
+    print(f"  throughput ratio enlace/bare = {ratio:.3f}  (goal >= 0.98; median of {args.rounds} paired blocks)")
     print(f"  peak RSS ratio   enlace/bare = {mem['enlace'] / mem['bare']:.3f}  (goal <= 1.00)")
     against_nanogpt_style(cfg, args.steps, args.rounds, tokens)
 
@@ -209,15 +217,11 @@ def against_nanogpt_style(cfg, steps: int, rounds: int, tokens: int) -> None:
         setup = engine.build_setup(cfg)
         ours = enlace_stream_loop(setup, build_stream(cfg, "train", cfg.training.batch_size))
         nano(3), ours(3)
-        t_nano, t_ours = [], []
-        for _ in range(rounds):
-            t_nano.append(timed(nano, steps))
-            t_ours.append(timed(ours, steps))
-    tps_nano, tps_ours = tokens / statistics.median(t_nano), tokens / statistics.median(t_ours)
+        ratio, t_nano, t_ours = paired_ratio(nano, ours, steps, rounds)
     print(f"same bytes ({sum(f.stat().st_size for f in files)} B: the smoke corpus, {len(files)} files):")
-    print(f"  nanoGPT-style loop : {tps_nano:9.0f} tokens/s")
-    print(f"  enlace stream+step : {tps_ours:9.0f} tokens/s")
-    print(f"  throughput ratio enlace/nanoGPT-style = {tps_ours / tps_nano:.3f}  (goal >= 0.95)")
+    print(f"  nanoGPT-style loop : {tokens / t_nano:9.0f} tokens/s")
+    print(f"  enlace stream+step : {tokens / t_ours:9.0f} tokens/s")
+    print(f"  throughput ratio enlace/nanoGPT-style = {ratio:.3f}  (goal >= 0.95; median of {rounds} paired blocks)")
 
 
 if __name__ == "__main__":
