@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.cli import enlace, run_json
 from support.configs import write_run
+from support.procs import Throttle
 from support.remote import remote, server_dir, tiny_corpus
 from support.repocopy import commit_all
 
@@ -188,8 +189,9 @@ def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
             out=remote(user_repo, env, "logs", "quiet", "-f", "--read-timeout", "3", host="local", check=False)
         )
     )
-    follower.start()
-    time.sleep(8)  # the run is silent all along: longer than the read timeout, twice over
+    with Throttle(run_json(server_dir(sshd, "local") / "runs" / "quiet")["pid"]):  # silent: it need not spin
+        follower.start()
+        time.sleep(8)  # the run is silent all along: longer than the read timeout, twice over
     remote(user_repo, sshd.env, "stop", "quiet", host="local")
     follower.join(timeout=120)
     assert result["out"].returncode == 0 and "connection lost" not in result["out"].stderr, result["out"].stderr
