@@ -2,8 +2,8 @@
 # The test command (README, CI): bootstrap .venv, then pytest. Extra arguments go to pytest.
 # The SSH tests need /usr/sbin/sshd and git (Debian: openssh-server git).
 # Tests run on min(cores + 1, 4) pytest-xdist workers (the Slurm tests share one: --dist loadgroup; the
-# extra worker runs while others wait on Slurm's clock or a network fault: 2 cores, 3 workers: 7 min 16 s,
-# 2 workers: 9 min 4 s); ENLACE_TEST_WORKERS=0 runs them one at a time in this process, and an -n of your own wins.
+# extra worker runs while another waits on Slurm's clock or a network fault; figures in README.md);
+# ENLACE_TEST_WORKERS=0 runs them one at a time in this process, and an -n of your own wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
