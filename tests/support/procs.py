@@ -41,7 +41,7 @@ class Throttle:
     """Lets a process run `on_s` of every `period_s` and holds it stopped (SIGSTOP) in between, until the
     `with` block ends. For a trainer whose only part in a test is to keep its log growing: it spends a
     tenth of a core instead of a whole one, which the rest of the suite gets. A pause cannot change what a
-    run writes (the Slurm tests pause trainers for the same reason)."""
+    run writes (the Slurm tests pause trainers too, to wait for Slurm's signals)."""
 
     def __init__(self, pid: int, on_s: float = 0.05, period_s: float = 0.5):
         self.pid, self.on_s, self.off_s = pid, on_s, period_s - on_s
