@@ -4,56 +4,17 @@ What the user reads must equal train.log byte for byte, and the exit code must b
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
-import threading
 import time
 import uuid
 
 import pytest
-from support import REPO
 from support.configs import write_run
 from support.procs import Throttle
-from support.remote import remote, tiny_corpus
+from support.remote import PipeReader, popen_remote, remote, tiny_corpus
 
 from enlace import runs
-
-
-def _client(user_repo, env, host, *args, prefix=()):
-    cmd = [*prefix, sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
-    return subprocess.Popen(
-        cmd,
-        cwd=user_repo,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
-    )
-
-
-class Reader:
-    """Collects a pipe's bytes in a thread, so the test can see progress without consuming it."""
-
-    def __init__(self, pipe):
-        self.data = bytearray()
-        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
-        self._thread.start()
-
-    def _read(self, pipe):
-        while chunk := pipe.read1(1 << 16):
-            self.data.extend(chunk)
-
-    def grows(self, timeout=60) -> None:
-        start, deadline = len(self.data), time.time() + timeout
-        while len(self.data) == start:
-            assert time.time() < deadline, "no new log bytes arrived"
-            time.sleep(0.05)
-
-    def join(self):
-        self._thread.join(timeout=60)
-        return bytes(self.data)
 
 
 def _steady_run(user_repo, name):
@@ -75,8 +36,8 @@ def test_logs_follow_over_10_sshd_restarts_and_10_killed_sessions_is_exact(sshd,
     tiny_corpus(rd)
     _steady_run(user_repo, "steady")
     remote(user_repo, sshd.env, "launch", "steady", "--no-preflight")
-    follower = _client(user_repo, sshd.env, "testhost", "logs", "steady", "-f", "--read-timeout", "5")
-    out, err = Reader(follower.stdout), Reader(follower.stderr)
+    follower = popen_remote(user_repo, sshd.env, "logs", "steady", "-f", "--read-timeout", "5")
+    out, err = PipeReader(follower.stdout), PipeReader(follower.stderr)
     kills = 0
     with Throttle(runs.read(rd / "runs" / "steady")["pid"]):
         out.grows()
@@ -118,7 +79,7 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
         rd = tmp_path / "remote-lossy"
         tiny_corpus(rd)
         _steady_run(user_repo, "steady")
-        launch = _client(user_repo, srv.env, "lossy", "launch", "steady", "--no-preflight", prefix=prefix)
+        launch = popen_remote(user_repo, srv.env, "launch", "steady", "--no-preflight", host="lossy", prefix=prefix)
         assert launch.wait(timeout=300) == 0, launch.stderr.read().decode()
         drop = [
             "iptables",
@@ -136,8 +97,10 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
             "DROP",
         ]
         subprocess.run([*prefix, *drop], check=True)
-        follower = _client(user_repo, srv.env, "lossy", "logs", "steady", "-f", "--read-timeout", "5", prefix=prefix)
-        out, err = Reader(follower.stdout), Reader(follower.stderr)
+        follower = popen_remote(
+            user_repo, srv.env, "logs", "steady", "-f", "--read-timeout", "5", host="lossy", prefix=prefix
+        )
+        out, err = PipeReader(follower.stdout), PipeReader(follower.stderr)
         # The trainer runs at full speed here (no Throttle): the drop count below needs its traffic.
         # Throttled, one run beside a CPU hog saw 19 drops.
         for _ in range(20):  # about 20 stretches of streaming through the lossy link

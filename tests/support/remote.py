@@ -5,14 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from . import REPO
 from .configs import write_tiny_corpus
 
 
+def _argv(host: str, args: tuple[str, ...]) -> list[str]:
+    return [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+
+
 def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float = 300, host: str = "testhost"):
-    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    cmd = _argv(host, args)
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}
     out = subprocess.run(
         cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full, stdin=subprocess.DEVNULL
@@ -22,6 +28,45 @@ def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float
             f"enlace-remote {' '.join(args)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         )
     return out
+
+
+def popen_remote(repo: Path, env: dict, *args: str, host: str = "testhost", prefix: tuple[str, ...] = ()):
+    """`enlace-remote ARGS` left running (stdout and stderr piped); `prefix` runs it under another
+    command (e.g. `ip netns exec NS`)."""
+    return subprocess.Popen(
+        [*prefix, *_argv(host, args)],
+        cwd=repo,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
+
+
+class PipeReader:
+    """Collects a pipe's bytes in a thread, so the test can see progress without consuming it."""
+
+    def __init__(self, pipe):
+        self.data = bytearray()
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe):
+        while chunk := pipe.read1(1 << 16):
+            self.data.extend(chunk)
+
+    def text(self) -> str:
+        return bytes(self.data).decode(errors="replace")
+
+    def grows(self, timeout=60) -> None:
+        start, deadline = len(self.data), time.time() + timeout
+        while len(self.data) == start:
+            assert time.time() < deadline, "no new bytes arrived"
+            time.sleep(0.05)
+
+    def join(self):
+        self._thread.join(timeout=60)
+        return bytes(self.data)
 
 
 def tiny_corpus(remote_dir: Path) -> None:
@@ -36,8 +81,6 @@ def server_dir(sshd, host: str) -> Path:
 
 def wait_until(cond, timeout: float = 120, what: str = "condition") -> None:
     """Poll `cond` until true; fail naming `what` after `timeout` seconds (an event, never a fixed sleep)."""
-    import time
-
     deadline = time.time() + timeout
     while time.time() < deadline:
         if cond():
