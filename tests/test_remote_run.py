@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 from support.cli import enlace
@@ -71,7 +70,7 @@ def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo)
     client.wait()
     wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["step"] >= 3, what="steps after the client died")
     follower = popen_remote(user_repo, sshd.env, "logs", "long", "-f")
-    time.sleep(1.5)
+    PipeReader(follower.stdout).grows()  # streaming
     follower.kill()  # mid-logs -f
     follower.wait()
     step = _status(user_repo, sshd, "testhost", "long")["step"]
