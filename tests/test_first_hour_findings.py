@@ -14,7 +14,7 @@ import pytest
 from support.cli import enlace, run_json
 from support.configs import write_run
 from support.procs import Throttle
-from support.remote import remote, server_dir, tiny_corpus
+from support.remote import popen_remote, remote, server_dir, tiny_corpus
 from support.repocopy import commit_all
 
 
@@ -172,6 +172,9 @@ def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
 
 @pytest.mark.slow
 def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
+    """Over SSH (the `local` host has no connection to lose, so no read timeout: it could not fail there),
+    a run silent for longer than the read timeout, twice over, keeps its one connection: the server's
+    heartbeats (ENLACE_HEARTBEAT_S, set in every SSH session) tell a quiet run from a dead link."""
     write_run(
         user_repo,
         "quiet",
@@ -180,21 +183,16 @@ def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
         run_name="quiet",
     )
     commit_all(user_repo, "quiet")
-    tiny_corpus(server_dir(sshd, "local"))
-    remote(user_repo, sshd.env, "launch", "quiet", "--no-preflight", host="local")
-    env = {**sshd.env, "ENLACE_HEARTBEAT_S": "1"}
-    result = {}
-    follower = threading.Thread(
-        target=lambda: result.update(
-            out=remote(user_repo, env, "logs", "quiet", "-f", "--read-timeout", "3", host="local", check=False)
-        )
-    )
-    with Throttle(run_json(server_dir(sshd, "local") / "runs" / "quiet")["pid"]):  # silent: it need not spin
-        follower.start()
+    sshd.session_env["ENLACE_HEARTBEAT_S"] = "1"
+    sshd.restart(down_s=0)
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "quiet", "--no-preflight")
+    with Throttle(run_json(server_dir(sshd, "testhost") / "runs" / "quiet")["pid"]):  # silent: it need not spin
+        follower = popen_remote(user_repo, sshd.env, "logs", "quiet", "-f", "--read-timeout", "3")
         time.sleep(8)  # the run is silent all along: longer than the read timeout, twice over
-    remote(user_repo, sshd.env, "stop", "quiet", host="local")
-    follower.join(timeout=120)
-    assert result["out"].returncode == 0 and "connection lost" not in result["out"].stderr, result["out"].stderr
+    remote(user_repo, sshd.env, "stop", "quiet")
+    _, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0 and b"connection lost" not in err, err.decode()
 
 
 def test_host_key_messages_show_sha256_fingerprints(sshd, user_repo):

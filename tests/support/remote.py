@@ -13,13 +13,14 @@ from . import REPO
 from .configs import write_tiny_corpus
 
 
-def _argv(host: str, args: tuple[str, ...]) -> list[str]:
-    return [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+def _command(host: str, args: tuple[str, ...], env: dict) -> tuple[list[str], dict]:
+    """enlace-remote's argv and environment: this checkout's code, the test's hosts and keys."""
+    argv = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    return argv, {**os.environ, "PYTHONPATH": str(REPO), **env}
 
 
 def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float = 300, host: str = "testhost"):
-    cmd = _argv(host, args)
-    full = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    cmd, full = _command(host, args, env)
     out = subprocess.run(
         cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full, stdin=subprocess.DEVNULL
     )
@@ -33,13 +34,9 @@ def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float
 def popen_remote(repo: Path, env: dict, *args: str, host: str = "testhost", prefix: tuple[str, ...] = ()):
     """`enlace-remote ARGS` left running (stdout and stderr piped); `prefix` runs it under another
     command (e.g. `ip netns exec NS`)."""
+    cmd, full = _command(host, args, env)
     return subprocess.Popen(
-        [*prefix, *_argv(host, args)],
-        cwd=repo,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        [*prefix, *cmd], cwd=repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full
     )
 
 
