@@ -5,7 +5,8 @@
 2. log latency: a line appended to the server's train.log → printed by `logs -f` here
    (median and p95 over N lines);
 3. fetch throughput of a ~200 MiB checkpoint vs plain `rsync` and `scp` of the same files (ratio),
-   median of --reps alternated runs (a fresh destination each time, CLI start included).
+   median of --reps alternated runs (a fresh destination each time, CLI start included); also fetch
+   on a machine without an ssh client (PATH holds only git): the same wire over paramiko's channel.
 
     python bench/remote.py [--lines 40] [--mib 200] [--reps 3] [--only fetch]
 """
@@ -146,13 +147,17 @@ def fetch_vs_rsync(srv, env: dict, repo: Path, rd: Path, base: Path, mib: int, r
     n = mib * 2**20 // 4 // 4
     save_checkpoint(big.parent, 999999, {f"part{i}.pt": torch.rand(n) for i in range(4)}, keep=5)
     size = sum(f.stat().st_size for f in big.iterdir()) / 2**20
-    fetch_t, rsync_t, scp_t = [], [], []
+    fetch_t, fallback_t, rsync_t, scp_t = [], [], [], []
     ssh = ["ssh", "-F", str(srv.dir / "ssh_config"), "-o", "BatchMode=yes"]
+    no_ssh = without_ssh_client(env, base)
     for rep in range(reps):
-        dest = base / f"fetch-{rep}"
-        t0 = time.perf_counter()
-        subprocess.run([*CLI, "fetch", "long", "--dest", str(dest)], env=env, cwd=repo, check=True, capture_output=True)
-        fetch_t.append(time.perf_counter() - t0)
+        for times, run_env, dest in ((fetch_t, env, base / f"fetch-{rep}"), (fallback_t, no_ssh, base / f"pm-{rep}")):
+            t0 = time.perf_counter()
+            subprocess.run(
+                [*CLI, "fetch", "long", "--dest", str(dest)], env=run_env, cwd=repo, check=True, capture_output=True
+            )
+            times.append(time.perf_counter() - t0)
+            shutil.rmtree(dest)
         t0 = time.perf_counter()
         subprocess.run(
             ["rsync", "-a", "-e", " ".join(ssh), f"testhost:{big}/", str(base / f"rsync-{rep}") + "/"], check=True
@@ -164,13 +169,23 @@ def fetch_vs_rsync(srv, env: dict, repo: Path, rd: Path, base: Path, mib: int, r
             check=True,
         )
         scp_t.append(time.perf_counter() - t0)
-        for d in (dest, base / f"rsync-{rep}", base / f"scp-{rep}"):
+        for d in (base / f"rsync-{rep}", base / f"scp-{rep}"):
             shutil.rmtree(d, ignore_errors=True)  # the page cache, not the disk, should be the limit
-    f, r, s = (statistics.median(x) for x in (fetch_t, rsync_t, scp_t))
+    f, p, r, s = (statistics.median(x) for x in (fetch_t, fallback_t, rsync_t, scp_t))
     print(f"fetch of a {size:.0f} MiB checkpoint, median of {reps}:")
     print(f"  enlace-remote fetch : {f:5.2f} s  {size / f:6.0f} MiB/s  (incl. sha256 verify, CLI start)")
     print(f"  plain rsync         : {r:5.2f} s  {size / r:6.0f} MiB/s   ratio fetch/rsync = {r / f:.2f}x (goal >= 0.9)")
     print(f"  plain scp           : {s:5.2f} s  {size / s:6.0f} MiB/s   ratio fetch/scp   = {s / f:.2f}x")
+    print(f"  fetch, no ssh client: {p:5.2f} s  {size / p:6.0f} MiB/s   ratio vs rsync    = {r / p:.2f}x (goal >= 0.8)")
+
+
+def without_ssh_client(env: dict, base: Path) -> dict:
+    """env with a PATH that holds only git (enlace-remote finds the repo with it): no `ssh`, so fetch
+    runs its wire over a channel of paramiko's connection, as on a machine without OpenSSH's client."""
+    bin_dir = base / "no-ssh-bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").symlink_to(shutil.which("git"))
+    return {**env, "PATH": str(bin_dir)}
 
 
 if __name__ == "__main__":
