@@ -195,6 +195,7 @@ def main() -> None:
         for m in ("bare", "enlace")
     }
     print(f"smoke-cpu model, {torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds")
+    print("  (tokens/s: each loop's median block; the ratio: the median of the paired blocks' ratios)")
     print(f"  bare PyTorch loop : {tokens / t_bare:9.0f} tokens/s   peak RSS {mem['bare']:7.1f} MiB")
     print(f"  enlace train_step : {tokens / t_ours:9.0f} tokens/s   peak RSS {mem['enlace']:7.1f} MiB")
     print(f"  throughput ratio enlace/bare = {ratio:.3f}  (goal >= 0.98; median of {args.rounds} paired blocks)")
