@@ -198,6 +198,7 @@ class SSHTransport(Transport):
                 timeout=h.connect_timeout,
                 banner_timeout=h.connect_timeout,
                 auth_timeout=h.connect_timeout,
+                transport_factory=_gcm_first,
             )
         except paramiko.BadHostKeyException as e:
             raise UnreachableError(
@@ -342,6 +343,19 @@ class SSHTransport(Transport):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _gcm_first(sock, **kwargs):
+    """paramiko's Transport, offering AES-GCM first where this paramiko has it (from 3.5 on), the rest
+    of its list after: one AEAD call per packet instead of AES-CTR plus a separate HMAC. Measured for
+    200 MiB through a channel on loopback: 0.48-0.56 s against 0.76-0.85 s (bench/remote.py prints
+    what fetch gains: the fallback without an ssh client runs on this connection)."""
+    import paramiko
+
+    transport = paramiko.Transport(sock, **kwargs)
+    opts = transport.get_security_options()
+    opts.ciphers = sorted(opts.ciphers, key=lambda name: "-gcm@" not in name)  # stable: the rest keep their order
+    return transport
 
 
 def connect(host: Host, accept_new_host_key: bool = False) -> Transport:

@@ -182,9 +182,11 @@ def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo
     session = Session(connect(resolve_host("testhost", user_repo)), user_repo)
     try:
         rep = fetch(session, "tiny", user_repo / "runs" / "tiny", all_checkpoints=False)
+        cipher = session.transport._connection().get_transport().remote_cipher
     finally:
         session.close()
     assert used and rep["fetched"] == ["step-000030"]
+    assert cipher == "aes128-gcm@openssh.com"  # offered first: the AEAD that made this path 1.1x faster
     here = user_repo / "runs" / "tiny" / "checkpoints" / "step-000030"
     for f in server.iterdir():
         assert (here / f.name).read_bytes() == f.read_bytes(), f.name
