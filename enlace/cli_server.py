@@ -105,9 +105,24 @@ def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json
     metavar="N",
     help="Only print (as JSON) the byte offset where the last N lines start.",
 )
+@click.option(
+    "--heartbeat-s",
+    type=click.FloatRange(min=0.1),
+    default=15.0,
+    envvar="ENLACE_HEARTBEAT_S",
+    show_default=True,
+    help="With -f: a newline on stderr after this many quiet seconds, so the driver tells a quiet run "
+    "from a dead connection (env ENLACE_HEARTBEAT_S).",
+)
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="With --tail-offset: accepted (always JSON).")
 def logs_cmd(
-    run_name: str, root: Path | None, offset: int, follow: bool, tail_offset: int | None, as_json: bool
+    run_name: str,
+    root: Path | None,
+    offset: int,
+    follow: bool,
+    tail_offset: int | None,
+    heartbeat_s: float,
+    as_json: bool,
 ) -> None:
     """Print RUN_NAME's train.log from a byte offset (raw bytes: the one verb whose stdout is not JSON).
     With -f, exit with the run's exit code once it has ended (0 finished/stopped, 8 crashed)."""
@@ -117,7 +132,7 @@ def logs_cmd(
     if tail_offset is not None:
         click.echo(json.dumps({"offset": runfiles.tail_offset(run_dir, tail_offset)}))
         return
-    sys.exit(runfiles.stream_log(run_dir, offset, follow))
+    sys.exit(runfiles.stream_log(run_dir, offset, follow, heartbeat_s))
 
 
 @click.command("gc")

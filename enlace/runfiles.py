@@ -4,7 +4,6 @@ is offered, enlace/fetchserve.py's. None of them imports torch, so each answers 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,9 +12,6 @@ from typing import Any
 from enlace import exitcodes, runs
 from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
-
-# A quiet log (long eval, compile warm-up) still sends a newline on stderr this often (env: tests).
-HEARTBEAT_S = float(os.environ.get("ENLACE_HEARTBEAT_S", "15"))
 
 
 class NoSuchRun(EnlaceError):
@@ -57,10 +53,11 @@ def tail_offset(run_dir: Path, lines: int) -> int:
     return pos + 1
 
 
-def stream_log(run_dir: Path, offset: int, follow: bool, poll: float = 0.05) -> int:
+def stream_log(run_dir: Path, offset: int, follow: bool, heartbeat_s: float = 15.0, poll: float = 0.05) -> int:
     """Write train.log from byte `offset` to stdout; with `follow`, until the run has ended and the file
     is drained (then the run's exit code, from runs.exit_code_of). A newline goes to stderr after
-    HEARTBEAT_S quiet seconds, so the driver can tell a quiet run from a dead connection."""
+    `heartbeat_s` quiet seconds (a long eval, a compile warm-up), so the driver can tell a quiet run from
+    a dead connection."""
     out = sys.stdout.buffer
     path = run_dir / "train.log"
     last_data = time.monotonic()
@@ -82,7 +79,7 @@ def stream_log(run_dir: Path, offset: int, follow: bool, poll: float = 0.05) -> 
             return 0
         if ended:
             return runs.exit_code_of(runs.observe(run_dir))
-        if time.monotonic() - last_data > HEARTBEAT_S:
+        if time.monotonic() - last_data > heartbeat_s:
             sys.stderr.write("\n")
             sys.stderr.flush()
             last_data = time.monotonic()
