@@ -4,10 +4,9 @@ for GPUs, which this machine does not have); status, stop, logs and fetch work u
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from support.remote import remote, tiny_corpus
+from support.remote import keeps_stepping, remote, tiny_corpus
 
 from enlace.checkpoint import load_checkpoint
 
@@ -18,7 +17,7 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     tiny_corpus(rd)
     out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--gpus", "2")
     assert "no complete checkpoint: starting from step 0" in out.stderr
-    time.sleep(2)
+    keeps_stepping(rd / "runs" / "long")
     st = json.loads(remote(user_repo, sshd.env, "status", "long", "--json").stdout)[0]
     assert st["status"] == "running" and st["alive"]
     out = remote(user_repo, sshd.env, "stop", "long")

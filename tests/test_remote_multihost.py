@@ -9,7 +9,7 @@ import time
 
 import pytest
 from support.procs import trainers_under
-from support.remote import remote, tiny_corpus
+from support.remote import keeps_stepping, remote, tiny_corpus
 from support.sshd import make_server
 
 from enlace.checkpoint import load_checkpoint
@@ -57,7 +57,7 @@ def test_two_hosts_one_run(tmp_path, user_repo):
             host="h1",
         )
         assert "launched long on h1" in out.stderr and "launched long on h2" in out.stderr
-        time.sleep(2)
+        keeps_stepping(tmp_path / "remote-h1" / "runs" / "long")
         st = json.loads(remote(user_repo, env, "status", "long", "--json", host="h1").stdout)[0]
         assert st["status"] == "running"
         log = remote(user_repo, env, "logs", "long", host="h1").stdout

@@ -76,6 +76,14 @@ def server_dir(sshd, host: str) -> Path:
     return sshd.dir.parent / f"remote-{host}"
 
 
+def keeps_stepping(run_dir: Path, steps: int = 2, timeout: float = 120) -> None:
+    """Wait until the run's run.json shows `steps` more steps than now (it is alive and training)."""
+    from enlace import runs
+
+    start = runs.read(run_dir).get("step", 0)
+    wait_until(lambda: runs.read(run_dir).get("step", 0) >= start + steps, timeout, f"{run_dir.name} to step on")
+
+
 def wait_until(cond, timeout: float = 120, what: str = "condition") -> None:
     """Poll `cond` until true; fail naming `what` after `timeout` seconds (an event, never a fixed sleep)."""
     deadline = time.time() + timeout
