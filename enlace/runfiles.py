@@ -53,7 +53,7 @@ def tail_offset(run_dir: Path, lines: int) -> int:
     return pos + 1
 
 
-def stream_log(run_dir: Path, offset: int, follow: bool, heartbeat_s: float = 15.0, poll: float = 0.05) -> int:
+def stream_log(run_dir: Path, offset: int, follow: bool, heartbeat_s: float, poll: float = 0.05) -> int:
     """Write train.log from byte `offset` to stdout; with `follow`, until the run has ended and the file
     is drained (then the run's exit code, from runs.exit_code_of). A newline goes to stderr after
     `heartbeat_s` quiet seconds (a long eval, a compile warm-up), so the driver can tell a quiet run from

@@ -186,7 +186,7 @@ def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo
     finally:
         session.close()
     assert used and rep["fetched"] == ["step-000030"]
-    assert cipher == "aes128-gcm@openssh.com"  # offered first: the AEAD that made this path 1.1x faster
+    assert cipher == "aes128-gcm@openssh.com"  # offered first: 0.59x -> 0.69x rsync on this path
     here = user_repo / "runs" / "tiny" / "checkpoints" / "step-000030"
     for f in server.iterdir():
         assert (here / f.name).read_bytes() == f.read_bytes(), f.name

@@ -23,14 +23,19 @@ def _start(project, name, *args):
     return start_enlace(["train", name, "--root", str(project), *args], project, env, merge_stderr=True)
 
 
-def _wait_for_step(run_dir, step, proc, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def _wait_while_alive(proc, deadline: float, cond, poll_s: float, what: str) -> None:
+    """Poll `cond` until true; fail if the trainer exits first (with its output) or past `deadline`."""
+    while not cond():
         assert proc.poll() is None, proc.output()[0]
-        if run_json(run_dir).get("step", 0) >= step if (run_dir / "run.json").exists() else False:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"no step {step} within {timeout}s")
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)
+
+
+def _wait_for_step(run_dir, step, proc, timeout=60):
+    def reached() -> bool:
+        return (run_dir / "run.json").exists() and run_json(run_dir).get("step", 0) >= step
+
+    _wait_while_alive(proc, time.time() + timeout, reached, poll_s=0.02, what=f"step {step}")
 
 
 ENDLESS_RUN = {
@@ -107,21 +112,24 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_broken_latest(project):
     ckpts = project / "runs" / "crash" / "checkpoints"
     rng = random.Random(0)
     mid_write, last_step = 0, 0
+
+    def saving() -> bool:  # a save's temp dir exists: a kill now lands mid-write
+        return any(p.name.startswith(".tmp-") for p in ckpts.iterdir())
+
+    def newer_checkpoint(than: int) -> bool:
+        return (ck := latest_checkpoint(ckpts)) is not None and int(ck.name[5:]) > than
+
     for round_ in range(20):
         proc = _start(project, "crash")
         deadline = time.time() + 60
-        while latest_checkpoint(ckpts) is None or int(latest_checkpoint(ckpts).name[5:]) <= last_step:
-            assert proc.poll() is None and time.time() < deadline, proc.output()[0] if proc.poll() else "slow"
-            time.sleep(0.01)
+        _wait_while_alive(proc, deadline, lambda last=last_step: newer_checkpoint(last), 0.01, "a new checkpoint")
         if round_ % 2:
             time.sleep(rng.uniform(0.0, 0.3))
         else:
-            while not any(p.name.startswith(".tmp-") for p in ckpts.iterdir()):
-                assert proc.poll() is None and time.time() < deadline, proc.output()[0] if proc.poll() else "slow"
-                time.sleep(0.001)
+            _wait_while_alive(proc, deadline, saving, 0.001, "a save to begin")
         proc.kill()
         proc.wait()
-        mid_write += any(p.name.startswith(".tmp-") for p in ckpts.iterdir())
+        mid_write += saving()
         latest = latest_checkpoint(ckpts)
         files = load_checkpoint(latest)  # verified against MANIFEST, weights_only
         assert files["trainer.pt"]["step"] == int(latest.name[5:])
