@@ -65,6 +65,7 @@ class Host:
     pip_args: list[str] = field(default_factory=list)  # for `python: venv`: e.g. --index-url URL, --find-links DIR
     slurm: SlurmSpec | None = None  # `scheduler: slurm`: a login node; runs go through sbatch
     configured: bool = True  # False: NAME was in no hosts file (taken as an ssh alias or user@host)
+    ciphers: str | None = None  # the Ciphers line ~/.ssh/config gives it, if any
     known: tuple[str, ...] = ()  # the host names the files define (for messages)
 
     @property
@@ -163,6 +164,7 @@ def resolve_host(name: str, repo: Path) -> Host:
         pip_args=_pip_args(entry.get("pip_args"), name),
         slurm=_scheduler(entry, name),
         configured=name in table or bool(set(cfg) - {"hostname"}),
+        ciphers=cfg.get("ciphers"),
         known=("local", *sorted(n for n in table if n != "local")),
     )
 

