@@ -236,7 +236,7 @@ def _ssh_config_lookup(alias: str) -> dict[str, Any]:
     path = ssh_config_file()
     if not path.is_file():
         return {}
-    mine, bare = _ssh_client_settings(alias, str(path)), _ssh_client_settings(alias, os.devnull)
+    mine, bare = _ssh_client_settings(alias, str(path), os.devnull)
     if mine and bare:
         found = {k: v if k == "identityfile" else v[0] for k, v in mine.items() if v != bare.get(k)}
         return {**found, "hostname": mine["hostname"][0]}
@@ -245,27 +245,39 @@ def _ssh_config_lookup(alias: str) -> dict[str, Any]:
     return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
 
 
-def _ssh_client_settings(alias: str, config: str) -> dict[str, list[str]] | None:
-    """`ssh -G`: the client's resolved settings for `alias` under `config`, key -> values in order."""
+def _ssh_client_settings(alias: str, *configs: str) -> list[dict[str, list[str]] | None]:
+    """`ssh -G` per config file, run side by side: the client's resolved settings for `alias` under
+    each, key -> values in order (None where there is no ssh client or it refused the file)."""
     import subprocess
 
+    def settings(out: str) -> dict[str, list[str]] | None:
+        found: dict[str, list[str]] = {}
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            found.setdefault(key, []).append(value)
+        return found if "hostname" in found else None
+
+    procs: list[subprocess.Popen] = []
     try:
-        out = subprocess.run(
-            ["ssh", "-G", "-F", config, "--", alias],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    settings: dict[str, list[str]] = {}
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition(" ")
-        settings.setdefault(key, []).append(value)
-    return settings if "hostname" in settings else None
+        for config in configs:
+            argv = ["ssh", "-G", "-F", config, "--", alias]
+            pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
+            procs.append(subprocess.Popen(argv, text=True, **pipes))
+    except OSError:  # no ssh client
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+        return [None] * len(configs)
+    answers = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=10)
+            answers.append(settings(out) if proc.returncode == 0 else None)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            answers.append(None)
+    return answers
 
 
 def list_hosts(repo: Path) -> list[Host]:

@@ -74,7 +74,7 @@ def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
     cfg = tmp_path / "ssh_config"
     cfg.write_text(
         f"Include {tmp_path}/more\nHost box\n  HostName 127.0.0.1\n  Port 2222\n  User alice\n"
-        f"  IdentityFile /keys/box\n  UserKnownHostsFile {tmp_path}/kh\nHost *.lab\n  User bob\n"
+        f"  IdentityFile /keys/box\n  UserKnownHostsFile {tmp_path}/kh\n  Ciphers aes256-ctr\nHost *.lab\n  User bob\n"
     )
     monkeypatch.setenv("ENLACE_SSH_CONFIG", str(cfg))
     monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "none.yaml"))
@@ -86,8 +86,12 @@ def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
         assert h.identity_files == want.get("identityfile", []) and h.configured == (alias != "plain.example.org")
         default_known = str(Path("~/.ssh/known_hosts").expanduser())
         assert h.known_hosts == (str(tmp_path / "kh") if alias == "box" else default_known)
+        assert h.ciphers == ("aes256-ctr" if alias == "box" else None)
     inc = resolve_host("inc", tmp_path)
     assert (inc.hostname, inc.user, inc.port, inc.configured) == ("10.1.2.3", "carol", 2200, True)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-ssh-client-here"))  # then paramiko reads the file
+    box = resolve_host("box", tmp_path)
+    assert (box.hostname, box.user, box.port, box.ciphers) == ("127.0.0.1", "alice", 2222, "aes256-ctr")
 
 
 def test_unwritable_remote_dir_is_explained(sshd, user_repo, tmp_path):
