@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import Transient, UnreachableError
+from orchestrator.sshlib import load_paramiko
 from orchestrator.transport import die_with_us, short
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ from Python 3.10 on Linux; spelled out for older builds
@@ -135,7 +136,7 @@ class ChannelDuplex(Duplex):
     """A command on its own channel of the host's paramiko connection (when there is no ssh client)."""
 
     def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
-        import paramiko
+        paramiko = load_paramiko()
 
         super().__init__(short(argv), stall_timeout, tick)
         self.transport = transport
@@ -147,7 +148,7 @@ class ChannelDuplex(Duplex):
             raise transport._dropped(e, started=False) from None
 
     def _read_slice(self, n: int) -> bytes | None:
-        import paramiko
+        paramiko = load_paramiko()
 
         try:
             return self.chan.recv(n)
@@ -157,7 +158,7 @@ class ChannelDuplex(Duplex):
             raise self.transport._dropped(e, started=True) from None
 
     def write(self, data: bytes) -> None:
-        import paramiko
+        paramiko = load_paramiko()
 
         try:
             self.chan.sendall(data)

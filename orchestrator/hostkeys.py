@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 from orchestrator.hosts import Host
+from orchestrator.sshlib import load_paramiko
 
 
 class AcceptNewHostKey:
@@ -35,7 +36,7 @@ def fingerprint(key) -> str:
 def unknown_key_message(h: Host, where: str) -> str:
     offered = ""
     try:  # what the server offers, so the user can compare it with the fingerprint they were given
-        import paramiko
+        paramiko = load_paramiko()
 
         with socket.create_connection((h.hostname, h.port), timeout=h.connect_timeout) as sock:
             t = paramiko.Transport(sock)

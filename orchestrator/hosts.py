@@ -240,9 +240,9 @@ def _ssh_config_lookup(alias: str) -> dict[str, Any]:
     if mine and bare:
         found = {k: v if k == "identityfile" else v[0] for k, v in mine.items() if v != bare.get(k)}
         return {**found, "hostname": mine["hostname"][0]}
-    import paramiko  # no ssh client (or it refused the file): paramiko's reading of it
+    from orchestrator.sshlib import read_ssh_config  # no ssh client (or it refused the file)
 
-    return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
+    return read_ssh_config(path, alias)
 
 
 def _ssh_client_settings(alias: str, *configs: str) -> list[dict[str, list[str]] | None]:

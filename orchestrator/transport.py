@@ -35,6 +35,7 @@ import click
 from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError
 from orchestrator.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
 from orchestrator.hosts import Host, ssh_config_file
+from orchestrator.sshlib import load_paramiko
 
 if TYPE_CHECKING:
     from orchestrator.duplex import Duplex
@@ -179,7 +180,7 @@ class SSHTransport(Transport):
         """The SSHClient, connected (again, after a drop)."""
         if self._client is not None and self._client.get_transport() and self._client.get_transport().is_active():
             return self._client
-        import paramiko
+        paramiko = load_paramiko()
 
         h = self.host
         client = paramiko.SSHClient()
@@ -260,7 +261,7 @@ class SSHTransport(Transport):
     ) -> int:
         """One command on its own channel: its bytes to the callbacks as they come; its exit code. A drop,
         a kill or `stall_timeout` s without data raise Transient; passing `deadline` raises DeadlinePassed."""
-        import paramiko
+        paramiko = load_paramiko()
 
         try:
             chan = self._connection().get_transport().open_session()
@@ -367,7 +368,7 @@ def _gcm_first(sock, **kwargs):
     of its list after: one AEAD call per packet instead of AES-CTR plus a separate HMAC. Measured for
     200 MiB through a channel on loopback: 0.48-0.56 s against 0.76-0.85 s (bench/remote.py prints
     what fetch gains: the fallback without an ssh client runs on this connection)."""
-    import paramiko
+    paramiko = load_paramiko()
 
     transport = paramiko.Transport(sock, **kwargs)
     opts = transport.get_security_options()
