@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def read_ssh_config(path: Path, alias: str) -> dict:
     paramiko = load_paramiko()
     text = path.read_text(errors="replace")
     if paramiko.config.invoke is None and "exec" in text.lower():
-        import invoke  # paramiko runs `Match exec` commands with it
+        with contextlib.suppress(ImportError):  # older paramiko has it as an extra: then its own error names it
+            import invoke  # paramiko runs `Match exec` commands with it
 
-        paramiko.config.invoke = invoke
+            paramiko.config.invoke = invoke
     return dict(paramiko.SSHConfig.from_text(text).lookup(alias))
