@@ -327,7 +327,8 @@ def preflight_cmd(
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6).
     Writes runs/RUN_NAME/preflight.json."""
     from enlace.config import load_config
-    from enlace.preflight import find_max_batch, preflight, start_probe_server
+    from enlace.maxbatch import find_max_batch, start_probe_server
+    from enlace.preflight import preflight
     from enlace.report import format_report
     from enlace.rundir import atomic_write
 
