@@ -136,33 +136,28 @@ class ChannelDuplex(Duplex):
     """A command on its own channel of the host's paramiko connection (when there is no ssh client)."""
 
     def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
-        paramiko = load_paramiko()
-
         super().__init__(short(argv), stall_timeout, tick)
         self.transport = transport
+        self.dropped = (EOFError, OSError, load_paramiko().SSHException)  # the connection went away
         try:  # paramiko's default 2 MiB window: a 16 MiB one measured 1.5-3x slower (its buffer copies)
             self.chan = transport._connection().get_transport().open_session()
             self.chan.settimeout(self.SLICE_S)
             self.chan.exec_command(shlex.join(argv))
-        except (EOFError, OSError, paramiko.SSHException) as e:
+        except self.dropped as e:
             raise transport._dropped(e, started=False) from None
 
     def _read_slice(self, n: int) -> bytes | None:
-        paramiko = load_paramiko()
-
         try:
             return self.chan.recv(n)
         except TimeoutError:
             return None
-        except (EOFError, OSError, paramiko.SSHException) as e:
+        except self.dropped as e:
             raise self.transport._dropped(e, started=True) from None
 
     def write(self, data: bytes) -> None:
-        paramiko = load_paramiko()
-
         try:
             self.chan.sendall(data)
-        except (EOFError, OSError, paramiko.SSHException) as e:
+        except self.dropped as e:
             raise self.transport._dropped(e, started=True) from None
 
     def finish(self) -> tuple[int, str]:
