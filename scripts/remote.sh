@@ -33,14 +33,18 @@ die() { json_out ok:json false error "$1"; exit "${2:-$EXIT_VERIFY}"; }
 [ $# -ge 2 ] || { echo "usage: remote.sh REMOTE_DIR VERB [ARGS...]" >&2; exit $EXIT_USAGE; }
 RD=$1; VERB=$2; shift 2
 case $RD in "~") RD=$HOME ;; "~/"*) RD="$HOME/${RD#\~/}" ;; esac
-mkdir -p "$RD" 2>/dev/null || die "cannot create remote_dir $RD on the server (permission denied?) — set remote_dir: in hosts.yaml to a directory you can write, e.g. ~/enlace" $EXIT_USAGE
+[ -d "$RD" ] || mkdir -p "$RD" 2>/dev/null || die "cannot create remote_dir $RD on the server (permission denied?) — set remote_dir: in hosts.yaml to a directory you can write, e.g. ~/enlace" $EXIT_USAGE
 RD=$(cd "$RD" && pwd)
 
 check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1" $EXIT_USAGE; }
-newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer)
-  local t; t=$(ls -1t "$RD"/trees/*/.enlace-ready 2>/dev/null | head -n 1)
-  [ -n "$t" ] || return 1
-  basename "$(dirname "$t")"
+newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer);
+  local t newest=""  # bash builtins only: every driver command that names no commit starts here
+  for t in "$RD"/trees/*/.enlace-ready; do
+    [ -f "$t" ] && { [ -z "$newest" ] || [ "$t" -nt "$newest" ]; } && newest=$t
+  done
+  [ -n "$newest" ] || return 1
+  newest=${newest%/.enlace-ready}
+  echo "${newest##*/}"
 }
 
 resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (status 1 if there is none)

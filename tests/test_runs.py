@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -123,3 +124,29 @@ def test_remote_sh_writes_json_with_any_remote_dir(tmp_path):
     )
     doc = json.loads(out.stdout)
     assert out.returncode == exitcodes.USAGE and "nothing has been synced" in doc["error"] and '"' in doc["error"]
+
+
+def test_remote_sh_latest_is_the_most_recently_checked_out_tree(tmp_path):
+    """`enlace latest ...` (status, logs, fetch name no commit) runs in the tree whose checkout finished
+    last, by .enlace-ready's mtime, not by name; a checkout still in progress (.tmp-*) is not a tree."""
+    rd = tmp_path / "rd"
+    shas = {"old": "a" * 40, "new": "f" * 40, "tmp": ".tmp-" + "b" * 40}
+    for age, sha in enumerate(reversed(shas.values())):  # tmp newest, then new, old oldest
+        tree = rd / "trees" / sha
+        (tree / "enlace").mkdir(parents=True)
+        (tree / "enlace" / "__main__.py").write_text("import os; print(os.environ['ENLACE_COMMIT'])\n")
+        (tree / ".enlace-ready").touch()
+        os.utime(tree / ".enlace-ready", (1e9 - age, 1e9 - age))
+
+    def latest() -> str:
+        out = subprocess.run(
+            ["bash", str(REPO / "scripts" / "remote.sh"), str(rd), "enlace", "latest", sys.executable],
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert latest() == shas["new"]
+    os.utime(rd / "trees" / shas["old"] / ".enlace-ready", (2e9, 2e9))  # old checked out again, later
+    assert latest() == shas["old"]
