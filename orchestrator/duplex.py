@@ -19,6 +19,7 @@ from orchestrator.sshlib import load_paramiko
 from orchestrator.transport import die_with_us, short
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ from Python 3.10 on Linux; spelled out for older builds
+PIPE_BYTES = 1 << 20  # a local process's stdout pipe, and the most one read of it asks for
 
 if TYPE_CHECKING:
     from orchestrator.transport import SSHTransport
@@ -35,7 +36,7 @@ class Duplex:
         self.what, self.stall_timeout, self.tick = what, stall_timeout, tick
 
     def read(self, n: int) -> bytes:
-        """Up to n bytes of stdout; b"" at its end."""
+        """Up to n bytes of stdout (what has arrived, so often fewer); b"" at its end."""
         quiet_since = time.monotonic()
         while True:
             self.tick()
@@ -81,11 +82,12 @@ class ProcessDuplex(Duplex):
             preexec_fn=die_with_us,  # noqa: PLW1509 - prctl only; git and the trainer's helpers do the same
         )
         with contextlib.suppress(OSError):  # over /proc/sys/fs/pipe-max-size: the default pipe still works
-            fcntl.fcntl(self.p.stdout.fileno(), F_SETPIPE_SZ, 1 << 20)
+            fcntl.fcntl(self.p.stdout.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
 
     def _read_slice(self, n: int) -> bytes | None:
         ready, _, _ = select.select([self.p.stdout], [], [], self.SLICE_S)
-        return os.read(self.p.stdout.fileno(), n) if ready else None
+        # os.read allocates all it asks for: never more than the pipe holds
+        return os.read(self.p.stdout.fileno(), min(n, PIPE_BYTES)) if ready else None
 
     def write(self, data: bytes) -> None:
         self.p.stdin.write(data)
@@ -147,8 +149,8 @@ class ChannelDuplex(Duplex):
             raise transport._dropped(e, started=False) from None
 
     def _read_slice(self, n: int) -> bytes | None:
-        try:
-            return self.chan.recv(n)
+        try:  # all paramiko's buffer holds, up to n: a capped read leaves a remainder it moves, and more
+            return self.chan.recv(n)  # reads send more window adjusts (200 MiB: 818 -> 721 reads, 397 -> 340)
         except TimeoutError:
             return None
         except self.dropped as e:

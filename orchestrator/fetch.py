@@ -243,7 +243,7 @@ def _receive(reader: _Reader, local: Path, offset: int, hasher, bar):
         fh.seek(start)
         fh.truncate()
         while left:
-            chunk = reader.some(min(left, 1 << 20))
+            chunk = reader.some(left)  # what has arrived, up to the frame's end
             fh.write(chunk)
             hasher.update(chunk)
             bar.update(len(chunk))
