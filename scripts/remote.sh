@@ -37,8 +37,8 @@ case $RD in "~") RD=$HOME ;; "~/"*) RD="$HOME/${RD#\~/}" ;; esac
 RD=$(cd "$RD" && pwd)
 
 check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1" $EXIT_USAGE; }
-newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer);
-  local t newest=""  # bash builtins only: every driver command that names no commit starts here
+newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer),
+  local t newest=""  # by bash builtins alone: every driver command that names no commit asks for it
   for t in "$RD"/trees/*/.enlace-ready; do
     [ -f "$t" ] && { [ -z "$newest" ] || [ "$t" -nt "$newest" ]; } && newest=$t
   done
