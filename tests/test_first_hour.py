@@ -39,6 +39,7 @@ def fresh_user():
     finally:
         subprocess.run(["pkill", "-KILL", "-u", name], check=False)
         subprocess.run(["userdel", "-r", "-f", name], capture_output=True, check=False)
+        shutil.rmtree(f"/tmp/torchinductor_{name}", ignore_errors=True)  # torch's per-user dir; userdel keeps it
 
 
 @pytest.mark.slow
