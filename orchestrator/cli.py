@@ -6,8 +6,11 @@ cli_tools.py and is added here). Never imports torch.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -169,12 +172,29 @@ def run_main() -> None:
     """Console entry point: user errors print one message and exit with their code; Ctrl-C one line."""
     try:
         main(standalone_mode=True)
+        code: object = 0
+    except SystemExit as e:
+        code = e.code
     except RemoteError as e:  # raised outside click's handling (e.g. during close)
         click.echo(f"Error: {e.format_message()}", err=True)
-        sys.exit(e.exit_code)
+        code = e.exit_code
     except KeyboardInterrupt:  # e.g. during close: no chained tracebacks, ever
         click.echo("\ninterrupted", err=True)
-        sys.exit(130)
+        code = 130
+    _leave(code)
+
+
+def _leave(code: object) -> NoReturn:
+    """Exit without tearing the interpreter down. By now every command has closed its files, processes
+    and connections; what is left (clearing each module, paramiko's atexit join of its threads) took
+    8-30 ms of every driver command, e.g. a 200 MiB fetch 0.665 -> 0.647 s (medians of 13 alternated)."""
+    if code is not None and not isinstance(code, int):  # sys.exit("text"): Python prints it, exits 1
+        click.echo(code, err=True)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) or a closed stream
+            stream.flush()
+    os._exit(code or 0)
 
 
 for module in (cli_run, cli_tools):  # they import nothing from here: `enlace-remote` holds every verb

@@ -19,8 +19,11 @@ def load_paramiko():
             import paramiko
         finally:
             del sys.modules["invoke"]
+    import logging  # loaded by paramiko
+
     import paramiko
 
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks precede our own clean error
     return paramiko
 
 

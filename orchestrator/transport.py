@@ -17,7 +17,6 @@ identity and strict checking.
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import selectors
@@ -173,7 +172,6 @@ class SSHTransport(Transport):
     def __init__(self, host: Host, accept_new_host_key: bool = False):
         self.host, self.accept_new = host, accept_new_host_key
         self._client = None
-        logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its tracebacks precede our own clean error
 
     # -- connection -------------------------------------------------------------------------
     def _connection(self):
