@@ -272,10 +272,16 @@ def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dic
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**env, "ENLACE_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"},
+            env={**torchrun_env(run_dir), **env, "ENLACE_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"},
         )
         update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
     return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}
+
+
+def torchrun_env(run_dir: Path) -> dict[str, str]:
+    """torchrun's --log-dir (it reads PET_LOG_DIR; the user's own setting wins) inside the run dir:
+    without one, each torchrun makes a /tmp/torchelastic_* directory that nothing removes."""
+    return {"PET_LOG_DIR": str(run_dir.resolve() / "torchrun")}
 
 
 def submit(run_dir: Path, submit_job) -> dict[str, Any]:

@@ -98,7 +98,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     argv = [sys.executable, *train]
     if gpus > 1 or nodes > 1:
         argv = distributed_argv(sys.executable, train, gpus, nodes, job_id, run_dir / "train.log")
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={**runs.torchrun_env(run_dir), **os.environ})
     sent = False
     while (code := child.poll()) is None:
         # One SIGTERM, and only once the trainer has recorded itself (its handler is in place by then):

@@ -28,6 +28,7 @@ def torchrun(project, *args, wait=True, nproc=2):
         "-m",
         "torch.distributed.run",
         "--standalone",
+        f"--log-dir={project / 'torchrun'}",  # not a /tmp/torchelastic_* left behind
         f"--nproc-per-node={nproc}",
         "-m",
         "enlace",
@@ -120,6 +121,7 @@ def test_preflight_under_torchrun_reports_worst_rank_and_global_throughput(proje
         "-m",
         "torch.distributed.run",
         "--standalone",
+        f"--log-dir={project / 'torchrun'}",  # not a /tmp/torchelastic_* left behind
         "--nproc-per-node=2",
         "-m",
         "enlace",

@@ -269,3 +269,4 @@ def test_preflight_on_a_compute_node_then_srun_torchrun_with_two_ranks(login, us
     assert "world 2" in log and log.count("run tiny |") == 1  # one log, written by rank 0 only
     files = load_checkpoint(latest_checkpoint(server_dir(login, "cluster") / "runs" / "tiny" / "checkpoints"))
     assert len(files["trainer.pt"]["ranks"]) == 2
+    assert (server_dir(login, "cluster") / "runs" / "tiny" / "torchrun").is_dir()  # not /tmp/torchelastic_*
