@@ -240,8 +240,11 @@ def _receive(reader: _Reader, local: Path, offset: int, hasher, bar):
     bar.update(start)
     left = count
     with open(local, "r+b" if local.exists() else "wb") as fh:
+        # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to
+        # disk when it is closed (auto_da_alloc), and the fetch's last rmdir then waited 20-60 ms for it
+        if fh.seek(0, os.SEEK_END) > start:
+            fh.truncate(start)
         fh.seek(start)
-        fh.truncate()
         while left:
             chunk = reader.some(left)  # what has arrived, up to the frame's end
             fh.write(chunk)
