@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from enlace import exitcodes
 from enlace.cli import main
 
 
@@ -12,16 +13,19 @@ def run() -> None:
     """User errors print one line (no traceback) and exit with their code; with --json the same error is
     also the one JSON document on stdout, so the driver never has to parse stderr."""
     try:
-        code = main(standalone_mode=False)
+        result = main(standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except SystemExit as e:
+        code = e.code
     except click.ClickException as e:
         if "--json" in sys.argv[1:]:
             print(json.dumps({"ok": False, "error": e.format_message(), "exit_code": e.exit_code}), flush=True)
         e.show()
-        sys.exit(e.exit_code)
+        code = e.exit_code
     except click.Abort:
         click.echo("Aborted.", err=True)
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+        code = 130
+    exitcodes.leave(code)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,11 @@ cli_tools.py and is added here). Never imports torch.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
+from enlace.exitcodes import leave
 from orchestrator import cli_run, cli_tools
 from orchestrator.cliutil import HOST_ENV, HostOptionsGroup, Remote, print_sync, set_option, with_remote
 from orchestrator.errors import EXIT_CODES_HELP, RemoteError
@@ -181,20 +178,7 @@ def run_main() -> None:
     except KeyboardInterrupt:  # e.g. during close: no chained tracebacks, ever
         click.echo("\ninterrupted", err=True)
         code = 130
-    _leave(code)
-
-
-def _leave(code: object) -> NoReturn:
-    """Exit without tearing the interpreter down. By now every command has closed its files, processes
-    and connections; what is left (clearing each module, paramiko's atexit join of its threads) took
-    8-30 ms of every driver command, e.g. a 200 MiB fetch 0.665 -> 0.647 s (medians of 13 alternated)."""
-    if code is not None and not isinstance(code, int):  # sys.exit("text"): Python prints it, exits 1
-        click.echo(code, err=True)
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) or a closed stream
-            stream.flush()
-    os._exit(code or 0)
+    leave(code)  # every verb has closed its files, processes and connections by now
 
 
 for module in (cli_run, cli_tools):  # they import nothing from here: `enlace-remote` holds every verb

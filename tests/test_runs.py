@@ -32,6 +32,24 @@ def test_exit_codes_are_one_table_used_by_every_part():
     assert for_exit_code(exitcodes.CRASHED, "x").exit_code == exitcodes.CRASHED
 
 
+@pytest.mark.parametrize(
+    ("code", "imports", "rc", "hook_ran"),
+    [(3, "", 3, False), (None, "", 0, False), ("why", "", 1, False), (3, "import torch", 3, True)],
+)
+def test_leave_flushes_and_skips_teardown_unless_torch_is_loaded(code, imports, rc, hook_ran):
+    """Both CLIs end in exitcodes.leave: output and exit code as with sys.exit; the interpreter's teardown
+    (here: an atexit hook) skipped, except in a process that loaded torch, whose hooks must run."""
+    script = (
+        f"import atexit, sys\n{imports}\nfrom enlace.exitcodes import leave\n"
+        "atexit.register(lambda: print('teardown', file=sys.stderr))\n"
+        f"print('out', end=''); print('err', end='', file=sys.stderr); leave({code!r})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == rc and out.stdout == "out", out
+    assert out.stderr.startswith("err") and ("why" in out.stderr) == (code == "why")
+    assert ("teardown" in out.stderr) == hook_ran, out.stderr
+
+
 def test_liveness_is_pid_and_start_time_never_argv(tmp_path):
     # A live process whose argv says "enlace train" but that is not the recorded process: not the run.
     impostor = subprocess.Popen(["bash", "-c", "exec -a 'python -m enlace train x' sleep 60"])
