@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +68,8 @@ class Host:
     slurm: SlurmSpec | None = None  # `scheduler: slurm`: a login node; runs go through sbatch
     configured: bool = True  # False: NAME was in no hosts file (taken as an ssh alias or user@host)
     ciphers: str | None = None  # the Ciphers line ~/.ssh/config gives it, if any
+    proxy_jump: str | None = None  # ~/.ssh/config's ProxyJump for it: [user@]host[:port] hops, comma-separated
+    proxy_command: str | None = None  # ~/.ssh/config's ProxyCommand for it, tokens (%h, %p, ...) unexpanded
     known: tuple[str, ...] = ()  # the host names the files define (for messages)
 
     @property
@@ -76,7 +80,12 @@ class Host:
     def describe(self) -> str:
         if self.local:
             return f"local (this machine, {self.remote_dir})"
-        return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port} ({self.remote_dir})"
+        return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}{self.via} ({self.remote_dir})"
+
+    @property
+    def via(self) -> str:
+        """How ~/.ssh/config reaches it, for messages: ` via HOP,...`, ` via ProxyCommand`, or nothing."""
+        return f" via {self.proxy_jump}" if self.proxy_jump else " via ProxyCommand" if self.proxy_command else ""
 
 
 def user_hosts_file() -> Path:
@@ -165,8 +174,58 @@ def resolve_host(name: str, repo: Path) -> Host:
         slurm=_scheduler(entry, name),
         configured=name in table or bool(set(cfg) - {"hostname"}),
         ciphers=cfg.get("ciphers"),
+        proxy_jump=_unless_none(cfg.get("proxyjump")),
+        proxy_command=_unless_none(cfg.get("proxycommand")),
         known=("local", *sorted(n for n in table if n != "local")),
     )
+
+
+def _unless_none(value: str | None) -> str | None:
+    return None if value is None or value.lower() == "none" else value
+
+
+JUMP_RE = re.compile(r"(?:(?P<user>[^@:/\s]+)@)?(?P<host>[A-Za-z0-9._-]+)(?::(?P<port>\d+))?")
+
+
+def proxy_command(host: Host, ssh_options: list[str]) -> str | None:
+    """The command line that carries a connection to `host` when ~/.ssh/config reaches it through another
+    (for paramiko, which has no ProxyJump and does not expand tokens), run by /bin/sh as ssh runs it:
+    ProxyCommand with %h %p %r %% expanded, or `ssh -W HOST:PORT` through ProxyJump's hops. None: direct."""
+    shell = _shell_command(host, ssh_options)
+    return shlex.join(["/bin/sh", "-c", f"exec {shell}"]) if shell else None
+
+
+def _shell_command(host: Host, ssh_options: list[str]) -> str | None:
+    if host.proxy_command:
+
+        def token(m: re.Match) -> str:
+            values = {"h": host.hostname, "p": str(host.port), "r": host.user or _local_user(), "%": "%"}
+            if m.group(1) not in values:
+                raise UsageError(
+                    f"host {host.name}: ProxyCommand {host.proxy_command!r}: enlace expands %h, %p, %r and %%, not "
+                    f"%{m.group(1)} — spell it out in ~/.ssh/config"
+                )
+            return values[m.group(1)]
+
+        return re.sub(r"%(.)", token, host.proxy_command)
+    if not host.proxy_jump:
+        return None
+    if not shutil.which("ssh"):
+        raise UsageError(f"host {host.name}: its ProxyJump ({host.proxy_jump}) needs OpenSSH's ssh client on PATH")
+    *via, last = [hop.strip() for hop in host.proxy_jump.split(",")]
+    m = JUMP_RE.fullmatch(last)
+    if not m:
+        raise UsageError(f"host {host.name}: ProxyJump {host.proxy_jump!r}: cannot read {last!r} as [user@]host[:port]")
+    first = ["-J", ",".join(via)] if via else []  # the hops before the last, as ssh itself would take them
+    port = ["-p", m.group("port")] if m.group("port") else []
+    dest = f"{m.group('user')}@{m.group('host')}" if m.group("user") else m.group("host")
+    return shlex.join(["ssh", *ssh_options, *first, *port, "-W", f"{host.hostname}:{host.port}", "--", dest])
+
+
+def _local_user() -> str:
+    import getpass
+
+    return getpass.getuser()
 
 
 def _scheduler(entry: dict[str, Any], name: str) -> SlurmSpec | None:

@@ -1,0 +1,71 @@
+"""A server reached through another (ProxyJump or ProxyCommand in ~/.ssh/config, as at many clusters):
+enlace-remote names the HostName, so it must carry the proxy itself, on each of its paths — git (sync),
+paramiko's connection (launch, logs, status) and the ssh client (fetch). The test sshd is its own jump
+host: `ssh -W` from it to itself."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from support.remote import remote, tiny_corpus
+
+from orchestrator.errors import UsageError
+from orchestrator.hosts import Host, proxy_command
+
+
+def _sessionless_connections(sshd) -> int:
+    """Connections that authenticated and opened no session: what a jump hop looks like to sshd."""
+    log = (sshd.dir / "sshd.log").read_text()
+    accepted = set(re.findall(r"Accepted publickey for \S+ from \S+ port (\d+)", log))
+    with_session = set(re.findall(r"Starting session: .* port (\d+) id", log))
+    return len(accepted - with_session)
+
+
+@pytest.mark.slow
+def test_sync_launch_logs_fetch_go_through_proxyjump_and_proxycommand(sshd, user_repo, tmp_path):
+    d, marker = sshd.dir, tmp_path / "proxied"
+    target = (
+        f"  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n  IdentityFile {d}/client_key\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {d}/known_hosts\n"
+    )
+    with open(d / "ssh_config", "a") as cfg:
+        cfg.write(f"Host viajump\n{target}  ProxyJump testhost\n")
+        cfg.write(
+            f"Host viacmd\n{target}  ProxyCommand sh -c 'echo %h:%p >> {marker}; exec ssh -F {d}/ssh_config -W %h:%p testhost'\n"
+        )
+    with open(d / "hosts.yaml", "a") as hosts:
+        for name in ("viajump", "viacmd"):
+            hosts.write(f"  {name}:\n    remote_dir: {tmp_path}/remote-{name}\n    python: {sys.executable}\n")
+    listing = remote(user_repo, sshd.env, "hosts").stdout
+    assert "127.0.0.1:" in listing and "via testhost" in listing and "via ProxyCommand" in listing, listing
+    for host in ("viajump", "viacmd"):
+        tiny_corpus(tmp_path / f"remote-{host}")
+        before = _sessionless_connections(sshd)
+        remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", host=host)  # git push, then paramiko
+        remote(user_repo, sshd.env, "logs", "tiny", "-f", host=host)
+        remote(user_repo, sshd.env, "fetch", "tiny", "--dest", str(tmp_path / f"fetched-{host}"), host=host)
+        assert (tmp_path / f"fetched-{host}" / "checkpoints" / "latest").is_file()
+        jumps = _sessionless_connections(sshd) - before  # git's ssh, launch's and logs' paramiko, fetch's ssh
+        assert jumps >= 4, jumps
+        if host == "viacmd":  # the ProxyCommand ran for each of them, its tokens expanded
+            lines = marker.read_text().splitlines()
+            assert len(lines) == jumps and set(lines) == {f"127.0.0.1:{sshd.port}"}, lines
+
+
+def test_proxy_commands_for_paramiko_expand_tokens_and_name_what_they_cannot(tmp_path):
+    host = Host("gpu", False, "~/enlace", "venv", hostname="10.0.0.5", user="alice", port=2222)
+    assert proxy_command(host, []) is None
+    host.proxy_command = "ssh -W %h:%p -l %r bastion # 100%%"
+    assert proxy_command(host, []) == "/bin/sh -c 'exec ssh -W 10.0.0.5:2222 -l alice bastion # 100%'"
+    host.proxy_command = "connect %d"
+    with pytest.raises(UsageError, match="not %d"):
+        proxy_command(host, [])
+    host.proxy_command, host.proxy_jump = None, "hop1,bob@hop2:2200"
+    assert proxy_command(host, ["-F", "cfg"]) == (
+        "/bin/sh -c 'exec ssh -F cfg -J hop1 -p 2200 -W 10.0.0.5:2222 -- bob@hop2'"
+    )
+    host.proxy_jump = "bad hop"
+    with pytest.raises(UsageError, match="cannot read"):
+        proxy_command(host, [])
