@@ -49,8 +49,8 @@ def _size(path: Path) -> int:
 
 def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
     """What gc would remove and why the rest stays."""
-    trees = sorted(
-        (p for p in (remote_dir / "trees").iterdir() if (p / ".enlace-ready").exists()),
+    trees = sorted(  # not a .tmp- checkout: it is ready only an instant before its rename to trees/<sha>
+        (p for p in (remote_dir / "trees").iterdir() if not p.name.startswith(".") and (p / ".enlace-ready").exists()),
         key=lambda p: (p / ".enlace-ready").stat().st_mtime,
         reverse=True,
     )  # newest first

@@ -86,3 +86,14 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
             remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2", host=host)
         out = remote(user_repo, sshd.env, "shell", "tiny", "--", "pwd", host=host)
         assert out.stdout.strip().endswith("/runs/tiny"), out.stdout + out.stderr
+
+
+def test_gc_plans_around_a_checkout_in_progress(tmp_path):
+    """A checkout being made (trees/.tmp-SHA-PID, ready an instant before its rename) is never gc's to remove."""
+    from enlace.gc import plan
+
+    for name in ("a" * 40, f".tmp-{'b' * 40}-123"):
+        (tmp_path / "trees" / name).mkdir(parents=True)
+        (tmp_path / "trees" / name / ".enlace-ready").touch()
+    (tmp_path / "runs").mkdir()
+    assert [e["path"] for e in plan(tmp_path, keep=0)["remove"]] == [str(tmp_path / "trees" / ("a" * 40))]
