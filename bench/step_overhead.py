@@ -7,7 +7,11 @@
    enlace reading the same bytes through its data stream: a regression in enlace's model, data
    path or step shows here even when (1) does not. Goal: ratio >= 0.95 (it was ≈1.0).
 
-    python bench/step_overhead.py [--steps 30] [--rounds 8]
+3. what enlace's step adds in absolute terms: per-step time of both loops on a model so small (and on one
+   thread) that the step is all overhead. The ratio in (1) moves by several % between runs on this
+   machine; this figure, in µs, is what a regression of the step itself would move.
+
+    python bench/step_overhead.py [--steps 30] [--rounds 12]
 """
 
 from __future__ import annotations
@@ -201,6 +205,7 @@ def main() -> None:
     print(f"  throughput ratio enlace/bare = {ratio:.3f}  (goal >= 0.98; median of {args.rounds} paired blocks)")
     print(f"  peak RSS ratio   enlace/bare = {mem['enlace'] / mem['bare']:.3f}  (goal <= 1.00)")
     against_nanogpt_style(cfg, args.steps, args.rounds, tokens)
+    added_per_step()
 
 
 def against_nanogpt_style(cfg, steps: int, rounds: int, tokens: int) -> None:
@@ -223,6 +228,29 @@ def against_nanogpt_style(cfg, steps: int, rounds: int, tokens: int) -> None:
     print(f"  nanoGPT-style loop : {tokens / t_nano:9.0f} tokens/s")
     print(f"  enlace stream+step : {tokens / t_ours:9.0f} tokens/s")
     print(f"  throughput ratio enlace/nanoGPT-style = {ratio:.3f}  (goal >= 0.95; median of {rounds} paired blocks)")
+
+
+def added_per_step(steps: int = 200, rounds: int = 20) -> None:
+    tiny = smoke_config(
+        "model.d_model=8", "model.n_layer=1", "model.n_head=1", "model.seq_len=8", "training.batch_size=1"
+    )
+    batches = fixed_batches(tiny, steps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        setup = engine.build_setup(tiny)
+        bare, ours = bare_loop(tiny, setup.raw_model, batches), enlace_loop(setup, batches)
+        bare(5), ours(5)
+        _, t_bare, t_ours = paired_ratio(bare, ours, steps, rounds)
+    finally:
+        torch.set_num_threads(threads)
+    added_us = (t_ours - t_bare) / steps * 1e6
+    print(
+        f"what enlace's step adds (a {setup.settings['params']}-parameter model, 1 thread, {rounds} x {steps} steps):"
+    )
+    print(
+        f"  bare {t_bare / steps * 1e6:.0f} us/step, enlace {t_ours / steps * 1e6:.0f} us/step: {added_us:+.0f} us per step"
+    )
 
 
 if __name__ == "__main__":
