@@ -153,6 +153,7 @@ def train_step(
                     terms["ce"] += loss.detach() / accum
                     terms["kd"] += kd.detach() / accum
                     loss = (1 - cfg.distill.alpha) * loss + cfg.distill.alpha * kd
+            del logits  # (B, T, V): backward does not need it; held, it sat beside backward's own peak
             phase("backward")
             scaler.scale(loss / accum).backward()
         total += loss.detach() / accum

@@ -72,3 +72,28 @@ def test_deterministic_mode_is_switched_on_and_off_without_importing_the_compile
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False", "False"], out.stdout + out.stderr
+
+
+def test_train_step_frees_the_logits_before_backward(project):
+    """backward does not need the (B, T, V) logits: train_step drops them before it starts, so they
+    do not sit beside backward's own peak (on a GPU, the step's peak memory)."""
+    import weakref
+
+    import torch
+
+    from enlace import engine
+    from enlace.config import load_config
+
+    write_run(project, "step")
+    setup = engine.build_setup(load_config("step", [], root=project))
+    logits = []  # a weak reference to each forward's logits
+    setup.model.register_forward_hook(lambda _module, _args, out: logits.append(weakref.ref(out[0])))
+    alive = {}
+
+    def phase(name):
+        if logits:  # "forward" is announced before the forward runs
+            alive[name] = logits[-1]() is not None
+
+    x = torch.randint(0, 256, (2, 8))
+    engine.train_step(setup, 0, lambda: (x, x), phase)
+    assert alive == {"backward": False, "optimizer step": False, "done": False}
