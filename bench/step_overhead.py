@@ -13,7 +13,7 @@ The two loops take turns step by step (A B B A ...), each step timed; a ratio is
 pairs of neighbouring steps, of time(baseline step) / time(enlace step). Timing blocks of 30 steps
 instead read 0.92-1.02 between runs of unchanged code on this 2-core VM: the host stalls steps now and
 then, some by 0.5-1.3 s, and a block's time carries every stall in it; a stall moves one pair of steps
-here, and the median drops it. Step by step it read 0.993-1.014 in eight runs, idle and beside a hog.
+here, and the median drops it. Step by step it read 0.993-1.034 in 21 runs, idle and beside a hog.
 
     python bench/step_overhead.py [--steps 360]
 """
