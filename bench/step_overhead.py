@@ -69,6 +69,11 @@ def enlace_loop(setup, next_batch):
     return step
 
 
+def both_loops(setup, batches):
+    """The bare loop and enlace's over the same model, step i of each on batches[i % len]."""
+    return bare_loop(setup.raw_model, batches), enlace_loop(setup, lambda i: batches[i % len(batches)])
+
+
 class NanoBlock(nn.Module):
     """Pre-LayerNorm block, nanoGPT's layout: fused c_attn, flash (SDPA) attention, 4x GELU MLP."""
 
@@ -156,7 +161,7 @@ def child(mode: str, steps: int) -> None:
     cfg = smoke_config()
     batches = fixed_batches(cfg, steps)
     setup = engine.build_setup(cfg)
-    step = enlace_loop(setup, lambda i: batches[i]) if mode == "enlace" else bare_loop(setup.raw_model, batches)
+    step = both_loops(setup, batches)[mode == "enlace"]
     reset_peak_rss()
     before = peak_rss_bytes()  # just reset: the current RSS, torch and the model loaded
     for i in range(steps):
@@ -197,7 +202,7 @@ def main() -> None:
     cfg = smoke_config()
     batches = fixed_batches(cfg, 30)
     setup = engine.build_setup(cfg)  # one model: both loops train the same weights in turn
-    bare, ours = bare_loop(setup.raw_model, batches), enlace_loop(setup, lambda i: batches[i % len(batches)])
+    bare, ours = both_loops(setup, batches)
     warm(bare, ours)
     ratio, t_bare, t_ours, totals = interleaved(bare, ours, args.steps)
     tokens = cfg.training.batch_size * cfg.model.seq_len  # per step
@@ -253,7 +258,7 @@ def added_per_step(steps: int = 4000) -> None:
     torch.set_num_threads(1)
     try:
         setup = engine.build_setup(tiny)
-        bare, ours = bare_loop(setup.raw_model, batches), enlace_loop(setup, lambda i: batches[i % len(batches)])
+        bare, ours = both_loops(setup, batches)
         warm(bare, ours)
         _, t_bare, t_ours, _ = interleaved(bare, ours, steps)
     finally:

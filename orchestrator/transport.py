@@ -242,14 +242,7 @@ class SSHTransport(Transport):
 
     def _proxy(self, paramiko):
         """What ~/.ssh/config reaches the host through (ProxyCommand, ProxyJump) as a pipe; None: direct."""
-        options = [
-            *self._config_option(),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"ConnectTimeout={int(self.host.connect_timeout)}",
-        ]
-        command = proxy_command(self.host, options)
+        command = proxy_command(self.host, self._client_options())
         return paramiko.ProxyCommand(command) if command else None
 
     def _dropped(self, e: BaseException, started: bool) -> Transient:
@@ -325,20 +318,16 @@ class SSHTransport(Transport):
         h = self.host
         argv = [
             "ssh",
-            "-o",
-            "BatchMode=yes",
+            *self._client_options(),
             "-o",
             f"UserKnownHostsFile={h.known_hosts}",
             "-o",
             "StrictHostKeyChecking=yes",
             "-o",
-            f"ConnectTimeout={int(h.connect_timeout)}",
-            "-o",
             f"Ciphers={h.ciphers or SSH_CIPHERS}",
             "-p",
             str(h.port),
         ]
-        argv += self._config_option()
         if h.proxy_command:  # we name the HostName, so ssh would not apply the alias's own block
             argv += ["-o", f"ProxyCommand={h.proxy_command}"]
         elif h.proxy_jump:
@@ -349,10 +338,12 @@ class SSHTransport(Transport):
             argv += ["-i", key]
         return argv
 
-    @staticmethod
-    def _config_option() -> list[str]:
+    def _client_options(self) -> list[str]:
+        """What every ssh the driver starts carries, to the host or to a hop on the way there: no prompts,
+        the host's connect timeout, and the user's ssh config (or none)."""
         cfg = ssh_config_file()
-        return ["-F", str(cfg) if cfg.is_file() else "/dev/null"]
+        timeout = f"ConnectTimeout={int(self.host.connect_timeout)}"
+        return ["-o", "BatchMode=yes", "-o", timeout, "-F", str(cfg) if cfg.is_file() else "/dev/null"]
 
     def remote_path(self, path: str) -> str:
         user = f"{self.host.user}@" if self.host.user else ""
