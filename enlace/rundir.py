@@ -47,6 +47,11 @@ class RunDir:
         if self.enabled:
             runs.update(self.path, **fields)
 
+    def enter(self, status: runs.Status, **fields: Any) -> None:
+        """Move to an active status (starting, running) unless a stop has been recorded meanwhile."""
+        if self.enabled:
+            runs.transition(self.path, status, runs.UNLESS_STOPPING, **fields)
+
     def phase(self, text: str) -> None:
         """What the trainer is doing before its first step (shown by `enlace-remote launch`)."""
         if self.enabled:

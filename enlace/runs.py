@@ -47,6 +47,8 @@ class Status(str, enum.Enum):
 
 ACTIVE = frozenset({Status.PENDING, Status.STARTING, Status.RUNNING, Status.STOPPING})
 ENDED_CLEANLY = frozenset({Status.STOPPED, Status.FINISHED})
+UNLESS_STOPPING = frozenset(Status) - {Status.STOPPING}  # the trainer's own starting/running never undoes a stop
+STOPPABLE = frozenset({Status.STARTING, Status.RUNNING})  # what `stop` moves to STOPPING (compare-and-set)
 
 
 class AlreadyRunning(EnlaceError):
@@ -117,9 +119,24 @@ def update(run_dir: Path, **fields: Any) -> dict[str, Any]:
     return state
 
 
-def record_self(run_dir: Path, **fields: Any) -> None:
-    """The trainer (rank 0) records itself: its pid and start time identify the run from now on."""
-    update(run_dir, pid=os.getpid(), pid_start=proc_start(os.getpid()), **fields)
+def transition(run_dir: Path, to: Status, only_from: frozenset[Status], **fields: Any) -> bool:
+    """Compare-and-set under run.json's lock: the status becomes `to` only if the recorded one is in
+    `only_from` (the other `fields` are written either way). True if the status changed. A second
+    `stop` cannot overwrite the trainer's `stopped` with `stopping`, nor the trainer's `running` a stop."""
+    with _locked(run_dir):
+        state = read(run_dir)
+        changed = _recorded(state) in only_from
+        state.update({k: (v.value if isinstance(v, Status) else v) for k, v in fields.items()}, updated_at=time.time())
+        if changed:
+            state["status"] = to.value
+        atomic_write(run_dir / "run.json", json.dumps(state, indent=1) + "\n")
+    return changed
+
+
+def record_self(run_dir: Path, status: Status, **fields: Any) -> None:
+    """The trainer (rank 0) records itself: its pid and start time identify the run from now on. A stop
+    that came first stays recorded (the trainer then stops at its first step)."""
+    transition(run_dir, status, UNLESS_STOPPING, pid=os.getpid(), pid_start=proc_start(os.getpid()), **fields)
 
 
 # -- what a run is doing -----------------------------------------------------------------------
@@ -133,13 +150,18 @@ def alive(state: dict[str, Any]) -> bool:
     )
 
 
+def _recorded(state: dict[str, Any]) -> Status:
+    """The status run.json records; none (or an unknown one) reads as crashed."""
+    try:
+        return Status(state.get("status", "crashed"))
+    except ValueError:
+        return Status.CRASHED
+
+
 def status_of(state: dict[str, Any], is_alive: bool, job_state: str | None = None) -> Status:
     """The recorded status, except that an active run whose processes (or Slurm job) are gone has
     crashed, and a run whose Slurm job is queued is pending."""
-    try:
-        recorded = Status(state.get("status", "crashed"))
-    except ValueError:
-        recorded = Status.CRASHED
+    recorded = _recorded(state)
     if job_state in slurm.QUEUED_STATES:
         return Status.PENDING
     if recorded in ACTIVE and not is_alive:
@@ -339,9 +361,11 @@ def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
         pid, start_time = st["launcher_pid"], st["launcher_start"]
     else:
         pid, start_time = st["pid"], st["pid_start"]
-    update(run_dir, status=Status.STOPPING)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+    # Only a starting or running run is asked to stop; a stop already under way (stopping) or a trainer
+    # that has just written its final status is waited for, not signalled again.
+    if transition(run_dir, Status.STOPPING, STOPPABLE):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     killed = not _wait(lambda: proc_alive(pid, start_time), grace) and kill
     if killed:
         with contextlib.suppress(ProcessLookupError):
@@ -361,8 +385,8 @@ def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str,
         update(run_dir, status=Status.STOPPED, phase="cancelled while pending")
         _wait(live, 60)
         return _stop_report(run_dir, observe(run_dir), was_running=True, killed=False)
-    update(run_dir, status=Status.STOPPING)
-    slurm.cancel(job_id, "TERM")
+    if transition(run_dir, Status.STOPPING, STOPPABLE):
+        slurm.cancel(job_id, "TERM")
     killed = not _wait(live, grace) and kill
     if killed:
         slurm.cancel(job_id)

@@ -199,8 +199,8 @@ def _train(
             + (f" (--until {until})" if until else "")
             + " — raise training.max_steps to train further"
         )
-    run.update_status(
-        status=Status.RUNNING,
+    run.enter(
+        Status.RUNNING,
         phase="training",
         step=progress["step"],
         resumed_from=ckpt.name if ckpt else None,

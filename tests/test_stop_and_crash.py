@@ -137,3 +137,55 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_broken_latest(project):
             load_checkpoint(ckpts / (ckpts / "latest").read_text().strip())  # what it names is complete
         last_step = files["trainer.pt"]["step"]
     assert mid_write >= 5, f"only {mid_write} of 20 kills landed during a checkpoint write"
+
+
+def test_stop_never_overwrites_a_final_status_nor_signals_twice(tmp_path):
+    """Compare-and-set: a run that has already written `stopped` (its process still exiting) or that a
+    first stop is stopping gets no second SIGTERM, and its status is left as the trainer wrote it."""
+    import subprocess
+
+    from enlace import runs
+    from enlace.runs import Status
+
+    for recorded in (Status.STOPPED, Status.STOPPING):
+        run_dir = tmp_path / recorded.value
+        proc = subprocess.Popen(["sleep", "60"])  # stands in for a trainer that is still exiting
+        try:
+            runs.update(run_dir, status=recorded, pid=proc.pid, pid_start=runs.proc_start(proc.pid))
+            report = runs.stop(run_dir, grace=0.3, kill=False)
+            assert proc.poll() is None, "a second stop signalled the process again"
+            assert runs.read(run_dir)["status"] == recorded.value
+            assert report["was_running"] and not report["stopped"]
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_five_double_stops_in_a_row_end_stopped_with_the_checkpoint_named(project):
+    """Two `enlace stop` 0.3 s apart, five times over: each time the run ends `stopped` (never `stopping`
+    or `crashed`) and both stops name the checkpoint it wrote."""
+    import json
+    import subprocess
+    import sys
+
+    write_run(project, "endless", **ENDLESS_RUN)
+    run_dir = project / "runs" / "endless"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    stop = [sys.executable, "-m", "enlace", "stop", "endless", "--root", str(project), "--json", "--grace", "120"]
+    for attempt in range(5):
+        before = run_json(run_dir)["step"] if (run_dir / "run.json").exists() else 0
+        proc = _start(project, "endless")
+        _wait_for_step(run_dir, before + 2, proc)
+        first = subprocess.Popen(stop, stdout=subprocess.PIPE, text=True, env=env, cwd=project)
+        time.sleep(0.3)  # the gap between the two stops the fault was found with, not a wait for an event
+        second = subprocess.Popen(stop, stdout=subprocess.PIPE, text=True, env=env, cwd=project)
+        reports = [json.loads(p.communicate(timeout=180)[0]) for p in (first, second)]
+        proc.wait(timeout=60)
+        state = run_json(run_dir)
+        assert state["status"] == "stopped" and state["exit_code"] == 0, (attempt, state)
+        named = f"step-{state['step']:06d}"
+        assert latest_checkpoint(run_dir / "checkpoints").name == named
+        for report in reports:
+            assert report["status"] == "stopped" and report["latest_checkpoint"] == named, (attempt, reports)
+        assert "crashed" not in proc.output()[0]
