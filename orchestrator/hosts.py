@@ -29,26 +29,9 @@ import yaml
 
 from enlace.slurm import KEYS as SLURM_KEYS
 from enlace.slurm import SlurmSpec, spec_from
+from orchestrator import hostfile
 from orchestrator.errors import UsageError
-
-TARGET_RE = re.compile(
-    r"(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?"
-)
-HOST_KEYS = {
-    "ssh",
-    "remote_dir",
-    "python",
-    "default_run",
-    "identity_file",
-    "known_hosts",
-    "connect_timeout",
-    "user",
-    "port",
-    "pip_args",
-    "scheduler",
-    *SLURM_KEYS,
-}
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+from orchestrator.hostfile import NAME_RE, TARGET_RE
 
 
 @dataclass
@@ -96,38 +79,12 @@ def ssh_config_file() -> Path:
     return Path(os.environ.get("ENLACE_SSH_CONFIG") or "~/.ssh/config").expanduser()
 
 
-def _load(path: Path) -> dict[str, Any]:
-    from enlace.yamlio import DuplicateKey, load_yaml_unique
-
-    if not path.is_file():
-        return {}
-    try:
-        data = load_yaml_unique(path.read_text()) or {}
-    except DuplicateKey as e:
-        raise UsageError(
-            f"{path}: line {e.again}: {e.key!r} is given twice (first at line {e.first}); YAML would keep "
-            f"only the last and silently drop the first — merge them into one `{e.key}:` entry"
-        ) from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: not valid YAML ({e.__class__.__name__}) — fix the syntax") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected `defaults:` and `hosts:` mappings at the top level")
-    for key in data:
-        if key not in ("defaults", "hosts"):
-            raise UsageError(f"{path}: unknown key {key!r} — the file has `defaults:` and `hosts:`")
-    for name, entry in {"defaults": data.get("defaults") or {}, **(data.get("hosts") or {})}.items():
-        for key in entry or {}:
-            if key not in HOST_KEYS:
-                raise UsageError(f"{path}: {name}.{key}: unknown key — valid: {', '.join(sorted(HOST_KEYS))}")
-    return data
-
-
 def load_host_table(repo: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(defaults, hosts) merged from the repo's configs/hosts.yaml and the user's file."""
     defaults: dict[str, Any] = {}
     hosts: dict[str, dict[str, Any]] = {}
     for path in (repo / "configs" / "hosts.yaml", user_hosts_file()):
-        data = _load(path)
+        data = hostfile.load(path)
         defaults.update(data.get("defaults") or {})
         for name, entry in (data.get("hosts") or {}).items():
             hosts.setdefault(name, {}).update(entry or {})
@@ -149,14 +106,22 @@ def resolve_host(name: str, repo: Path) -> Host:
             slurm=_scheduler(table.get("local", {}), "local"),
         )
     target = entry.get("ssh") or name
+    if name not in table:  # --host NAME is itself the target: checked before any connection
+        try:
+            hostfile.check_target(name)
+        except ValueError as e:
+            raise UsageError(f"--host {name!r}: {e.args[0]} — {e.args[1]}") from None
     m = TARGET_RE.fullmatch(target)
-    if not m:
-        raise UsageError(f"host {name!r}: {target!r} is neither an ~/.ssh/config alias nor user@host[:port]")
     alias = m.group("host")
     cfg = _ssh_config_lookup(alias)
-    port = _port(m.group("port") or entry.get("port") or cfg.get("port") or 22, name)
+    port = _port(next(p for p in (m.group("port"), entry.get("port"), cfg.get("port"), 22) if p is not None), name)
     identity = entry.get("identity_file")
     identities = [identity] if identity else cfg.get("identityfile", [])
+    if identity and not Path(identity).expanduser().is_file():
+        raise UsageError(
+            f"host {name}: identity_file {identity}: no such file — give the path of your SSH private key "
+            "(e.g. ~/.ssh/id_ed25519), or leave identity_file out to use ssh-agent and ~/.ssh/id_*"
+        )
     known = entry.get("known_hosts") or (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
     return Host(
         name=name,
@@ -168,7 +133,7 @@ def resolve_host(name: str, repo: Path) -> Host:
         port=port,
         identity_files=[str(Path(p).expanduser()) for p in identities],
         known_hosts=str(Path(known).expanduser()),
-        connect_timeout=float(entry.get("connect_timeout", 10)),
+        connect_timeout=float(entry.get("connect_timeout") or 10),
         default_run=entry.get("default_run"),
         pip_args=_pip_args(entry.get("pip_args"), name),
         slurm=_scheduler(entry, name),
@@ -242,13 +207,7 @@ def _scheduler(entry: dict[str, Any], name: str) -> SlurmSpec | None:
 
 
 def _pip_args(value: Any, name: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return value.split()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UsageError(f"host {name}: pip_args must be a list of strings, e.g. [--index-url, https://...]")
-    return value
+    return list(value or [])  # its shape was checked when the file was read (hostfile)
 
 
 def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
@@ -256,15 +215,18 @@ def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     the host's resulting entry."""
     if not NAME_RE.fullmatch(name) or name == "local":
         raise UsageError(f"host name {name!r}: use 1-64 characters of [A-Za-z0-9._-] (and not `local`)")
-    m = TARGET_RE.fullmatch(entry.get("ssh") or "")
-    if not m:
-        raise UsageError(f"--ssh {entry.get('ssh')!r}: expected USER@HOST[:PORT] or an ~/.ssh/config alias")
-    if m.group("port"):
-        _port(m.group("port"), name)
+    given = {k: v for k, v in entry.items() if v not in (None, [])}
+    option = {"ssh": "--ssh", "remote_dir": "--remote-dir", "python": "--python", "pip_args": "--pip-arg"}
+    for key, value in given.items():  # the option's value must pass the file's own schema
+        try:
+            hostfile.CHECKS[key](value)
+        except ValueError as e:
+            flag = option.get(key, "--" + key.replace("_", "-"))
+            raise UsageError(f"{flag} {value!r}: {e.args[0]} — {e.args[1]}") from None
     path = user_hosts_file()
-    data = _load(path)  # refuses a broken or duplicated file instead of appending to it
+    data = hostfile.load(path)  # refuses a broken or duplicated file instead of appending to it
     hosts = data.get("hosts") or {}
-    hosts[name] = {**(hosts.get(name) or {}), **{k: v for k, v in entry.items() if v not in (None, [])}}
+    hosts[name] = {**(hosts.get(name) or {}), **given}
     data["hosts"] = hosts
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

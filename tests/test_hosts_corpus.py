@@ -1,0 +1,104 @@
+"""Malformed hosts files and `--host` values: each is refused with exit 2 and one line naming the file,
+the host and the key (or the option) and the fix — never a traceback, never a connection attempt."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli import main
+
+# (case id, the hosts file's bytes, words the one line must hold)
+CASES = [
+    ("ssh-int", b"hosts:\n  gpu: {ssh: 42}\n", ["hosts.gpu.ssh", "user@host"]),
+    ("not-utf8", b"hosts:\n  gpu: {remote_dir: /d\xff\xfe}\n", ["not UTF-8", "UTF-8"]),
+    ("hosts-list", b"hosts:\n  - gpu\n  - box\n", ["hosts", "not a mapping"]),
+    ("timeout-overflow", b"hosts:\n  gpu: {connect_timeout: 1e400}\n", ["hosts.gpu.connect_timeout", "seconds"]),
+    ("timeout-inf", b"hosts:\n  gpu: {connect_timeout: .inf}\n", ["hosts.gpu.connect_timeout", "out of range"]),
+    ("timeout-nan", b"hosts:\n  gpu: {connect_timeout: .nan}\n", ["hosts.gpu.connect_timeout", "out of range"]),
+    ("timeout-negative", b"hosts:\n  gpu: {connect_timeout: -5}\n", ["hosts.gpu.connect_timeout", "1 to 600"]),
+    ("timeout-zero", b"hosts:\n  gpu: {connect_timeout: 0}\n", ["hosts.gpu.connect_timeout", "1 to 600"]),
+    ("remote-dir-list", b"hosts:\n  gpu: {remote_dir: [a, b]}\n", ["hosts.gpu.remote_dir", "absolute path"]),
+    ("remote-dir-dash", b"hosts:\n  gpu: {remote_dir: -rf}\n", ["hosts.gpu.remote_dir", "starts with `-`"]),
+    ("remote-dir-tilde-user", b"hosts:\n  gpu: {remote_dir: ~root/x}\n", ["hosts.gpu.remote_dir", "~user"]),
+    ("remote-dir-newline", b'hosts:\n  gpu: {remote_dir: "a\\nb"}\n', ["hosts.gpu.remote_dir", "control character"]),
+    ("remote-dir-empty", b'hosts:\n  gpu: {remote_dir: ""}\n', ["hosts.gpu.remote_dir", "not a text"]),
+    ("python-number", b"hosts:\n  gpu: {python: 3.11}\n", ["hosts.gpu.python", "venv"]),
+    ("python-dash", b"hosts:\n  gpu: {python: -c}\n", ["hosts.gpu.python", "starts with `-`"]),
+    ("port-zero", b"hosts:\n  gpu: {ssh: a@b, port: 0}\n", ["hosts.gpu.port", "1 to 65535"]),
+    ("port-big", b"hosts:\n  gpu: {ssh: a@b, port: 70000}\n", ["hosts.gpu.port", "1 to 65535"]),
+    ("port-bool", b"hosts:\n  gpu: {ssh: a@b, port: true}\n", ["hosts.gpu.port", "TCP port"]),
+    ("port-in-target", b"hosts:\n  gpu: {ssh: 'a@b:99999'}\n", ["hosts.gpu.ssh", "TCP port"]),
+    ("host-as-string", b"hosts:\n  gpu: alice@gpu1\n", ["hosts.gpu", "not a mapping"]),
+    ("host-as-list", b"hosts:\n  gpu: [1, 2]\n", ["hosts.gpu", "not a mapping"]),
+    ("defaults-number", b"defaults: 5\n", ["defaults", "not a mapping"]),
+    ("pip-args-string", b"hosts:\n  gpu: {pip_args: --index-url x}\n", ["hosts.gpu.pip_args", "one pip argument"]),
+    ("pip-args-ints", b"hosts:\n  gpu: {pip_args: [1, 2]}\n", ["hosts.gpu.pip_args", "list"]),
+    ("top-level-list", b"- gpu\n", ["top level"]),
+    ("unknown-top-key", b"host:\n  gpu: {}\n", ["unknown key 'host'", "defaults:"]),
+    ("unknown-host-key", b"hosts:\n  gpu: {remotedir: /x}\n", ["hosts.gpu.remotedir", "unknown key"]),
+    ("default-run-path", b"hosts:\n  gpu: {default_run: ../x}\n", ["hosts.gpu.default_run", "run name"]),
+    ("user-space", b"hosts:\n  gpu: {user: a b}\n", ["hosts.gpu.user", "user name"]),
+    ("scheduler-unknown", b"hosts:\n  gpu: {scheduler: pbs}\n", ["hosts.gpu.scheduler", "slurm"]),
+    ("ssh-empty-user", b"hosts:\n  gpu: {ssh: 'alice@'}\n", ["hosts.gpu.ssh", "user@host"]),
+    ("ssh-dots", b"hosts:\n  gpu: {ssh: ..}\n", ["hosts.gpu.ssh", "user@host"]),
+    ("known-hosts-int", b"hosts:\n  gpu: {known_hosts: 5}\n", ["hosts.gpu.known_hosts", "file path"]),
+    ("host-name-space", b"hosts:\n  'gpu one': {ssh: a@b}\n", ["'gpu one'", "host name"]),
+    ("slurm-key-without-scheduler", b"hosts:\n  gpu: {ssh: a@b, partition: gpu}\n", ["partition", "scheduler: slurm"]),
+    ("slurm-time-word", b"hosts:\n  gpu: {ssh: a@b, scheduler: slurm, time: forever}\n", ["time", "Slurm's time"]),
+    ("duplicate-key", b"hosts:\n  gpu: {ssh: a@b}\n  gpu: {ssh: c@d}\n", ["given twice", "line"]),
+    ("not-yaml", b"hosts: [unclosed\n", ["not valid YAML"]),
+    (
+        "identity-file-missing",
+        b"hosts:\n  gpu: {ssh: a@b, identity_file: /nonexistent/key}\n",
+        ["identity_file", "no such file"],
+    ),
+]
+
+
+def _one_line_error(result, words: list[str]) -> None:
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.parametrize(("case", "content", "words"), CASES, ids=[c[0] for c in CASES])
+def test_malformed_hosts_file_is_one_line_exit_2(tmp_path, monkeypatch, case, content, words):
+    path = tmp_path / "hosts.yaml"
+    path.write_bytes(content)
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    result = CliRunner().invoke(main, ["--host", "gpu", "hosts"])
+    _one_line_error(result, words)
+    # the file's own keys name the file; the merged entry's (Slurm keys, a missing key file) name the host
+    assert str(path) in result.output or "host gpu:" in result.output
+
+
+@pytest.mark.parametrize(
+    ("host", "words"),
+    [
+        ("..", ["--host '..'", "user@host"]),
+        ("a..b", ["--host 'a..b'", "user@host"]),
+        ("-oProxyCommand=touch x", ["--host", "user@host"]),
+        ("alice@", ["--host 'alice@'"]),
+        ("gpu:0", ["--host 'gpu:0'", "TCP port"]),
+        ("gpu\nx", ["--host", "user@host"]),
+    ],
+)
+def test_bad_host_option_is_refused_before_any_connection(tmp_path, monkeypatch, host, words):
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    result = CliRunner().invoke(main, ["--host", host, "status"])
+    _one_line_error(result, words)
+
+
+def test_hosts_add_checks_its_options_with_the_file_schema(tmp_path, monkeypatch):
+    path = tmp_path / "hosts.yaml"
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
+    result = CliRunner().invoke(main, ["hosts", "add", "gpu", "--ssh", "a@b", "--remote-dir", "-x"])
+    _one_line_error(result, ["--remote-dir '-x'", "starts with `-`"])
+    assert not path.exists()  # nothing half-written
