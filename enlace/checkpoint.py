@@ -132,6 +132,28 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def skipped_latest(ckpt_root: Path) -> str | None:
+    """When `latest` names a checkpoint that is not complete (MANIFEST gone or empty, the directory
+    emptied or removed): one line saying what resuming does instead and how many steps it costs. None
+    when `latest` is complete or absent."""
+    try:
+        name = (ckpt_root / "latest").read_text().strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    m = STEP_RE.fullmatch(name)
+    if not m:
+        return None
+    named = ckpt_root / name
+    problem = manifest_problem(named) if named.is_dir() else f"{named}: missing — "
+    if problem is None:
+        return None
+    reason = problem.removeprefix(f"{named}: ").split(" — ")[0].strip()
+    fallback = latest_checkpoint(ckpt_root)
+    start = int(STEP_RE.fullmatch(fallback.name).group(1)) if fallback else 0
+    where = f"resuming from {fallback.name}" if fallback else "no complete checkpoint is left: starting from step 0"
+    return f"{name} is incomplete ({reason}): {where}; {int(m.group(1)) - start} steps will be trained again"
+
+
 def remove_stale_temps(ckpt_root: Path) -> None:
     """Temp dirs left by a save that was killed; they were never visible as checkpoints."""
     if ckpt_root.is_dir():
@@ -154,7 +176,7 @@ def check_free_space(ckpt_root: Path, need_each: int, count: int = 2) -> None:
     free = shutil.disk_usage(ckpt_root).free
     if free < need_each * count:
         raise NoSpaceError(
-            f"{ckpt_root}: {free / 2**20:.1f} MiB free, but {count} checkpoints need "
+            f"{ckpt_root.resolve()}: {free / 2**20:.1f} MiB free, but {count} checkpoints need "
             f"≈{need_each * count / 2**20:.1f} MiB (≈{need_each / 2**20:.1f} MiB each) — free disk "
             "space on the server (old runs, trees, venvs) or lower checkpoint.keep"
         )
@@ -179,7 +201,7 @@ def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int
         free = shutil.disk_usage(ckpt_root).free
         raise NoSpaceError(
             f"No space left on device while saving {final.name} (needs ≈{need / 2**20:.1f} MiB, "
-            f"{free / 2**20:.1f} MiB free on {ckpt_root}) — free disk space, then relaunch: the run "
+            f"{free / 2**20:.1f} MiB free on {ckpt_root.resolve()}) — free disk space, then relaunch: the run "
             "resumes from its last complete checkpoint"
         ) from None
 

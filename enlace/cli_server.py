@@ -29,7 +29,7 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
     from enlace import runfiles, runs
 
     rows = (
-        [runs.observe(runfiles.run_dir_of(_runs_root(root), run_name))]
+        [runs.observe(runfiles.launched_run_dir(_runs_root(root), run_name))]
         if run_name
         else runfiles.all_status(_runs_root(root))
     )

@@ -31,6 +31,15 @@ def run_dir_of(runs_root: Path, name: str) -> Path:
     return d
 
 
+def launched_run_dir(runs_root: Path, name: str) -> Path:
+    """run_dir_of, for a run that has been launched: one only preflighted (a preflight.json, no run.json)
+    has no status to show, and reading it as `crashed at 0/None` would say something that never happened."""
+    d = run_dir_of(runs_root, name)
+    if not (d / "run.json").exists():
+        raise NoSuchRun(f"{name} has not been launched on this host (only preflighted) — enlace-remote launch {name}")
+    return d
+
+
 def all_status(runs_root: Path) -> list[dict[str, Any]]:
     if not runs_root.is_dir():
         return []

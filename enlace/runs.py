@@ -178,7 +178,7 @@ def job_of(state: dict[str, Any]) -> dict[str, Any]:
 
 def observe(run_dir: Path) -> dict[str, Any]:
     """One row of `status`: run.json with liveness applied and the newest complete checkpoint."""
-    from enlace.checkpoint import latest_checkpoint
+    from enlace.checkpoint import latest_checkpoint, skipped_latest
 
     st = read(run_dir)
     is_alive = alive(st)
@@ -210,6 +210,7 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "error": st.get("error"),
         "resumed_from": st.get("resumed_from"),
         "latest_checkpoint": latest.name if latest else None,
+        "checkpoint_warning": skipped_latest(run_dir / "checkpoints"),
         "launch_id": st.get("launch_id"),
         "updated_at": st.get("updated_at"),
         "job_id": job.get("job_id"),
@@ -229,6 +230,20 @@ def exit_code_of(row: dict[str, Any]) -> int:
         return exitcodes.CRASHED
     code = row.get("exit_code")
     return code if isinstance(code, int) and code not in (0, exitcodes.CRASHED) else exitcodes.FAILED
+
+
+def describe_live(row: dict[str, Any]) -> str:
+    """What a live run is doing, in a few words: `running, step 24 of 500, pid 4242`, `starting: building
+    the model`, `pending, Slurm job 3`. Only what is known (no `pid None`, no `step 0/None`)."""
+    if row["status"] in (Status.STARTING, Status.PENDING) and row.get("phase"):
+        what = f"{row['status']}: {row['phase']}"
+    else:
+        what = row["status"]
+        if row.get("step") and row.get("max_steps"):
+            what += f", step {row['step']} of {row['max_steps']}"
+    if row.get("job_id"):
+        return f"{what}, Slurm job {row['job_id']}"
+    return f"{what}, pid {row['pid']}" if row.get("pid") else what
 
 
 def ended_message(row: dict[str, Any]) -> str:
@@ -255,11 +270,7 @@ def launching(run_dir: Path):
     with _locked(run_dir.parent, blocking=False, name=f".{run_dir.name}.launch-lock"):
         row = observe(run_dir)
         if row["alive"]:
-            where = f"Slurm job {row['job_id']}" if row.get("job_id") else f"pid {row['pid']}"
-            raise AlreadyRunning(
-                f"{run_dir.name} is already running ({where}, step {row['step']}/"
-                f"{row['max_steps']}, status {row['status']})"
-            )
+            raise AlreadyRunning(f"{run_dir.name} is already running ({describe_live(row)})")
         log = run_dir / "train.log"
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"

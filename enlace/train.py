@@ -28,6 +28,7 @@ from enlace.checkpoint import (
     remove_stale_temps,
     resolve_resume,
     save_checkpoint,
+    skipped_latest,
 )
 from enlace.config import Config
 from enlace.data import build_stream, data_identity
@@ -63,6 +64,9 @@ class StopSignal:
     def restore(self) -> None:
         for s, handler in self._old.items():
             signal.signal(s, handler)
+
+
+RESUME_HINT = "to resume from another checkpoint: --resume checkpoints/step-N (or --resume none to start afresh)"
 
 
 def _load_resume(cfg: Config, resume: str, dist: Dist) -> tuple[Any, Any]:
@@ -183,7 +187,9 @@ def _train(
     if ckpt is not None:
         shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
         run.log(f"resumed from {shown} at step {progress['step']} ({progress['tokens']} tokens seen)")
-    else:
+    if resume == "latest" and (skipped := skipped_latest(run.checkpoints)):
+        run.log(f"warning: {skipped} — {RESUME_HINT}")
+    if ckpt is None:
         for problem in incomplete_checkpoints(run.checkpoints) if resume == "latest" else ():
             run.log(f"ignored (not a complete checkpoint): {problem}")
         run.log(

@@ -24,11 +24,22 @@ def remember_run(repo: Path, host: str, run: str) -> None:
     path.write_text(json.dumps(table, indent=1) + "\n")
 
 
+def run_argument(run: str) -> str:
+    """RUN as the user typed it: a config stem (a run name), never a path — with the way to a path's stem."""
+    if "/" in run or run.endswith((".yaml", ".yml")):
+        raise UsageError(
+            f"{run!r}: enlace-remote takes a run config's stem, not a path — the server reads configs/runs/"
+            f"RUN.yaml from the synced commit: put the file in configs/runs/, commit it, and launch "
+            f"{Path(run).stem!r}"
+        )
+    return validate_run_name(run, "RUN")
+
+
 def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> str:
     """RUN as given; else the host's default_run, then the last run launched there from this repo (for
     launch); with `last_first` (logs, fetch: what you just launched) the other way round."""
     if run:
-        return validate_run_name(run, "RUN")
+        return run_argument(run)
     path = _last_runs_file(repo)
     last = json.loads(path.read_text()).get(host.name) if path.exists() else None
     choices = [

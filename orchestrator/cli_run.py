@@ -246,7 +246,8 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
         return
     args = ["runs", *([validate_run_name(run_name, "RUN_NAME")] if run_name else []), "--json"]
     rows = remote.session.enlace_json("latest", *args)
-    click.echo(json.dumps(rows, indent=1) if as_json else table.format_status(rows) if rows else "no runs on this host")
+    text = table.format_status(rows, full=bool(run_name)) if rows else "no runs on this host"
+    click.echo(json.dumps(rows, indent=1) if as_json else text)
 
 
 @click.command(cls=HostOptionsCommand)

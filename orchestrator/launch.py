@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from enlace.exitcodes import VERDICT
-from enlace.runs import ended_message, exit_code_of
+from enlace.runs import describe_live, ended_message, exit_code_of
 from orchestrator.errors import AlreadyRunning, RemoteError, for_exit_code
 from orchestrator.session import Session
 
@@ -49,6 +49,12 @@ def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
     if not rows:
         return True
     row = rows[0]
+    if row.get("checkpoint_warning"):
+        click.echo(
+            f"warning: {row['checkpoint_warning']} — to resume from another checkpoint: enlace-remote launch "
+            f"{run_name} --resume checkpoints/step-N (or --resume none to start afresh)",
+            err=True,
+        )
     if row["alive"]:
         raise AlreadyRunning(_running_message(session, row))
     extends = any(o.startswith("training.max_steps=") for o in overrides)
@@ -67,8 +73,8 @@ def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
 def _running_message(session: Session, row: dict) -> str:
     name = row["run_name"]
     return (
-        f"{name} is already running on {session.host.name} (pid {row['pid']}, step {row['step']}/"
-        f"{row['max_steps']}, status {row['status']}) — `enlace-remote stop {name}` first, or follow it with "
+        f"{name} is already running on {session.host.name} ({describe_live(row)}) — `enlace-remote stop {name}` "
+        "first, or follow it with "
         f"`enlace-remote logs {name} -f`"
     )
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from enlace.names import validate_run_name
+from orchestrator.choose import run_argument
 from orchestrator.cliutil import print_sync
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.session import Session
@@ -18,7 +19,7 @@ def check_run_config(repo: Path, run: str) -> str:
     connection, with the closest names."""
     import difflib
 
-    validate_run_name(run, "RUN")
+    run_argument(run)
     have = sorted(p.stem for p in (repo / "configs" / "runs").glob("*.yaml"))
     if run not in have:
         close = difflib.get_close_matches(run, have, n=1, cutoff=0.6)

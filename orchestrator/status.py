@@ -7,9 +7,13 @@ import time
 from enlace.report import duration
 from orchestrator.errors import RemoteError
 
+DETAIL_WIDTH = 100  # a detail line (a run's error, a skipped checkpoint) is cut here in the table
 
-def format_status(rows: list[dict], hosts: bool = False) -> str:
-    """The status table; with `hosts`, rows carry a "host" (and a host that did not answer, an "error")."""
+
+def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> str:
+    """The status table; with `hosts`, rows carry a "host", and a host that did not answer is a row with a
+    "host_error". A run's error and checkpoint warning go on a detail line under its row (cut to
+    DETAIL_WIDTH unless `full`), so the STATUS column keeps its width."""
     now = time.time()
     jobs = any(r.get("job_id") for r in rows)
     head = (
@@ -26,17 +30,18 @@ def format_status(rows: list[dict], hosts: bool = False) -> str:
         "COMMIT",
         *(("SLURM",) if jobs else ()),
     )
-    table = [head]
+    table, details = [head], [[]]
     for r in rows:
         lead = (r["host"],) if hosts else ()
-        if r.get("error"):
-            table.append((*lead, "-", r["error"]))
+        if r.get("host_error"):
+            table.append((*lead, "-", r["host_error"]))
+            details.append([])
             continue
         table.append(
             (
                 *lead,
                 r["run_name"],
-                r["status"],
+                r["status"] + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
                 f"{r['step']}/{r['max_steps']}",
                 f"{r['loss']:.4f}" if r["loss"] is not None else "-",
                 f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
@@ -48,8 +53,29 @@ def format_status(rows: list[dict], hosts: bool = False) -> str:
                 *((slurm_cell(r),) if jobs else ()),
             )
         )
-    widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+        details.append(_details(r, full))
+    widths = [max(len(str(row[i])) for row in table if len(row) == len(head)) for i in range(len(head))]
+    lines = []
+    for row, extra in zip(table, details):
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines += extra
+    return "\n".join(lines)
+
+
+def _details(row: dict, full: bool) -> list[str]:
+    """The lines under a run's row: why it failed, a skipped checkpoint."""
+    found = []
+    if row.get("error") and row["status"] in ("failed", "stopped", "crashed"):
+        found.append(f"error: {row['error']}")
+    if row.get("checkpoint_warning"):
+        found.append(f"warning: {row['checkpoint_warning']}")
+    out = []
+    for text in found:
+        text = " ".join(text.split())  # one line, whatever the error held
+        if not full and len(text) > DETAIL_WIDTH:
+            text = text[: DETAIL_WIDTH - 1] + f"… (enlace-remote status {row['run_name']}: all of it)"
+        out.append(f"    └ {text}")
+    return out
 
 
 def slurm_cell(row: dict) -> str:
@@ -77,9 +103,9 @@ def status_everywhere(hosts: list, session_for) -> list[dict]:
         except RemoteError as e:
             text = e.format_message().splitlines()[0]
             if "nothing has been synced" in text:
-                return [{"host": host.name, "error": "no runs (nothing synced there yet)"}]
-            return [{"host": host.name, "error": f"unreachable: {text.removeprefix('on ' + host.name + ': ')}"}]
-        return [{"host": host.name, **r} for r in rows] or [{"host": host.name, "error": "no runs"}]
+                return [{"host": host.name, "host_error": "no runs (nothing synced there yet)"}]
+            return [{"host": host.name, "host_error": f"unreachable: {text.removeprefix('on ' + host.name + ': ')}"}]
+        return [{"host": host.name, **r} for r in rows] or [{"host": host.name, "host_error": "no runs"}]
 
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         return [row for rows in pool.map(ask, hosts) for row in rows]

@@ -28,13 +28,17 @@ json_out() {  # KEY VALUE ...: one JSON object; a KEY ending in :json takes VALU
 a = sys.argv[1:]
 print(json.dumps({k.removesuffix(":json"): json.loads(v) if k.endswith(":json") else v for k, v in zip(a[::2], a[1::2])}))' "$@"
 }
-die() { json_out ok:json false error "$1"; exit "${2:-$EXIT_VERIFY}"; }
+die() { local code=${2:-$EXIT_VERIFY}; json_out ok:json false error "$1" exit_code:json "$code"; exit "$code"; }
 
 [ $# -ge 2 ] || { echo "usage: remote.sh REMOTE_DIR VERB [ARGS...]" >&2; exit $EXIT_USAGE; }
 RD=$1; VERB=$2; shift 2
-case $RD in "~") RD=$HOME ;; "~/"*) RD="$HOME/${RD#\~/}" ;; esac
-[ -d "$RD" ] || mkdir -p "$RD" 2>/dev/null || die "cannot create remote_dir $RD on the server (permission denied?) — set remote_dir: in hosts.yaml to a directory you can write, e.g. ~/enlace" $EXIT_USAGE
-RD=$(cd "$RD" && pwd)
+case $RD in
+  "~") RD=$HOME ;;
+  "~/"*) RD="$HOME/${RD#\~/}" ;;
+  "~"* | -* | "" | *$'\n'*) die "remote_dir ${RD@Q}: use an absolute path, ~ or ~/DIR" $EXIT_USAGE ;;
+esac
+[ -d "$RD" ] || mkdir -p -- "$RD" 2>/dev/null || die "cannot create remote_dir $RD on the server (permission denied?) — set remote_dir: in hosts.yaml to a directory you can write, e.g. ~/enlace" $EXIT_USAGE
+RD=$(cd -- "$RD" && pwd)
 
 check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1" $EXIT_USAGE; }
 newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer),

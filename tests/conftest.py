@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,17 @@ def user_repo(tmp_path: Path, repo_template: Path) -> Path:
     )
     commit_all(repo, "tiny and long runs")
     return repo
+
+
+@pytest.fixture
+def fresh_user():
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("creating a fresh unix account needs root and useradd")
+    name = f"enl{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-p", "*", name], check=True)  # "*": no password, not locked
+    try:
+        yield name
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        subprocess.run(["userdel", "-r", "-f", name], capture_output=True, check=False)
+        shutil.rmtree(f"/tmp/torchinductor_{name}", ignore_errors=True)  # torch's per-user dir; userdel keeps it

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support import REPO
@@ -94,6 +95,58 @@ def test_corrupt_newest_checkpoint_names_the_previous_one_and_resume_path_contin
     out = enlace(project, "train", "ck", "--resume", "checkpoints/step-000004")
     assert "resumed from checkpoints/step-000004 at step 4" in out.stdout
     assert run_json(project / "runs" / "ck")["status"] == "finished"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["manifest-deleted", "manifest-empty", "files-removed", "dir-removed"])
+def test_an_incomplete_newest_checkpoint_is_said_in_status_and_train_log(project, damage):
+    """`latest` names step-000006 but it is not complete: resuming from step-000004 costs 2 steps, and
+    status and train.log say so, with --resume offered — never a silent step back."""
+    from enlace import runs
+
+    ckpts = _three_checkpoints(project)
+    newest = ckpts / "step-000006"
+    if damage == "manifest-deleted":
+        (newest / "MANIFEST").unlink()
+    elif damage == "manifest-empty":
+        (newest / "MANIFEST").write_text("{}")
+    elif damage == "files-removed":
+        for f in newest.iterdir():
+            f.unlink()
+    else:
+        shutil.rmtree(newest)
+    said = "step-000006 is incomplete ({}): resuming from step-000004; 2 steps will be trained again"
+    reason = {
+        "manifest-deleted": "no MANIFEST",
+        "manifest-empty": "MANIFEST has format version None; this enlace reads v1",
+        "files-removed": "no MANIFEST",
+        "dir-removed": "missing",
+    }[damage]
+    assert runs.observe(project / "runs" / "ck")["checkpoint_warning"] == said.format(reason)
+    out = enlace(project, "train", "ck")
+    assert "resumed from checkpoints/step-000004 at step 4" in out.stdout
+    assert f"warning: {said.format(reason)} — to resume from another checkpoint: --resume" in out.stdout
+    log = (project / "runs" / "ck" / "train.log").read_text()
+    assert said.format(reason) in log
+    assert runs.observe(project / "runs" / "ck")["checkpoint_warning"] is None  # step-000006 written anew
+
+
+def test_status_table_puts_a_runs_error_on_a_detail_line_and_host_errors_in_host_rows():
+    from orchestrator.status import format_status
+
+    base = {"step": 3, "max_steps": 10, "loss": None, "tokens_per_s": None, "elapsed_s": None, "eta_s": None}
+    base |= {"updated_at": None, "commit": "abc"}
+    rows = [
+        {"host": "gpu1", "run_name": "smoke", "status": "failed", "error": "ConfigError: " + "x" * 250, **base},
+        {"host": "gpu2", "host_error": "unreachable: connection refused"},
+    ]
+    lines = format_status(rows, hosts=True).splitlines()
+    assert lines[1].split()[:3] == ["gpu1", "smoke", "failed"]
+    assert lines[2].strip().startswith("└ error: ConfigError: xxx") and "enlace-remote status smoke" in lines[2]
+    assert len(lines[2]) < 180 and max(len(line) for line in lines[:2]) < 120
+    assert lines[3].split()[:3] == ["gpu2", "-", "unreachable:"]
+    full = format_status(rows[:1], hosts=True, full=True)
+    assert "x" * 250 in full
 
 
 # -- the driver: input refused before any I/O ----------------------------------------------------
@@ -315,3 +368,99 @@ time.sleep(120)
     from enlace.runs import proc_start
 
     wait_until(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")
+
+
+@pytest.mark.slow
+def test_the_fixtures_session_kill_cuts_a_non_root_accounts_connection(tmp_path, fresh_user):
+    """For a non-root account sshd keeps a second, unprivileged process per connection; the fixture's kill
+    must end that too, or a test of reconnects passes with none."""
+    from support.remote import wait_until
+    from support.sshd import make_server
+
+    srv = make_server(tmp_path, name="fresh", own_homes=True)
+    try:
+        ssh_dir = Path(f"/home/{fresh_user}/.ssh")
+        ssh_dir.mkdir(mode=0o700)
+        shutil.copy(srv.dir / "client_key.pub", ssh_dir / "authorized_keys")
+        subprocess.run(["chown", "-R", f"{fresh_user}:", str(ssh_dir)], check=True)
+        client = subprocess.Popen(
+            ["ssh", "-F", str(srv.dir / "ssh_config"), "-l", fresh_user, "fresh", "echo up; exec sleep 120"],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert client.stdout.readline().strip() == "up"  # the session is live
+        wait_until(lambda: "@notty" in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout)
+        assert srv.kill_sessions() == 1
+        assert client.wait(timeout=60) != 0  # the connection dropped: ssh ended without the command's status
+    finally:
+        srv.stop()
+
+
+# -- names and messages (no sshd: refused before any I/O) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["launch", "tiny", "--set", "run_name=$(touch /tmp/x)"], ["run_name='$(touch /tmp/x)'", "not a valid name"]),
+        (["preflight", "tiny", "--set", "run_name=a b"], ["run_name='a b'"]),
+        (["launch", "tiny", "--set", "training.max_steps"], ["SECTION.KEY=VALUE"]),
+        (["launch", "/path/x.yaml"], ["run config's stem, not a path", "launch 'x'"]),
+        (["launch", "configs/runs/smoke-cpu.yaml"], ["stem, not a path", "launch 'smoke-cpu'"]),
+    ],
+)
+def test_names_are_refused_where_they_are_given(tmp_path, monkeypatch, args, words):
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(main, ["--host", "local", *args])
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.output, result.output
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("remote_dir", ["-x", "~root/x", "a\nb", ""])
+def test_remote_sh_refuses_a_remote_dir_it_would_misread(tmp_path, remote_dir):
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "remote.sh"), remote_dir, "setup"], capture_output=True, text=True, cwd=tmp_path
+    )
+    doc = json.loads(out.stdout)
+    assert out.returncode == 2 and doc["exit_code"] == 2 and "absolute path, ~ or ~/DIR" in doc["error"]
+    assert list(tmp_path.iterdir()) == []  # nothing created, no option read
+
+
+def test_a_live_run_is_described_by_what_is_known():
+    from enlace.runs import describe_live
+
+    starting = {"status": "starting", "phase": "building the model", "pid": None, "step": 0, "max_steps": None}
+    assert describe_live(starting) == "starting: building the model"
+    running = {"status": "running", "phase": "training", "pid": 42, "step": 24, "max_steps": 500}
+    assert describe_live(running) == "running, step 24 of 500, pid 42"
+
+
+def test_a_run_that_was_only_preflighted_has_no_status_to_misread(tmp_path):
+    from enlace import runfiles
+
+    (tmp_path / "runs" / "pre").mkdir(parents=True)
+    (tmp_path / "runs" / "pre" / "preflight.json").write_text("{}")
+    with pytest.raises(runfiles.NoSuchRun, match="has not been launched on this host"):
+        runfiles.launched_run_dir(tmp_path / "runs", "pre")
+    assert runfiles.all_status(tmp_path / "runs") == []
+
+
+def test_disk_messages_name_the_real_path_not_the_trees_symlink(tmp_path):
+    from enlace.checkpoint import check_free_space
+    from enlace.errors import NoSpaceError
+
+    (tmp_path / "remote" / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "runs").symlink_to(tmp_path / "remote" / "runs")
+    with pytest.raises(NoSpaceError) as e:
+        check_free_space(tmp_path / "tree" / "runs" / "r" / "checkpoints", need_each=1 << 60)
+    assert str(tmp_path / "remote" / "runs" / "r" / "checkpoints") in e.value.message
+    assert str(tmp_path / "tree") not in e.value.message

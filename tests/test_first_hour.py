@@ -11,7 +11,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -26,20 +25,6 @@ def readme_commands() -> list[str]:
     section = text.split("## On a GPU server", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
-
-
-@pytest.fixture
-def fresh_user():
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("creating a fresh unix account needs root and useradd")
-    name = f"enl{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-p", "*", name], check=True)  # "*": no password, not locked
-    try:
-        yield name
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-        subprocess.run(["userdel", "-r", "-f", name], capture_output=True, check=False)
-        shutil.rmtree(f"/tmp/torchinductor_{name}", ignore_errors=True)  # torch's per-user dir; userdel keeps it
 
 
 @pytest.mark.slow

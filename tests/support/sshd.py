@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -88,13 +87,26 @@ class SSHServer:
         raise RuntimeError(f"sshd did not start: {(self.dir / 'sshd.log').read_text()[-2000:]}")
 
     def kill_sessions(self) -> int:
-        """End every live SSH session (the per-connection sshd children), not the listener."""
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return len(pids)
+        """End every live SSH session, not the listener: each connection's sshd processes, all of them. For
+        a non-root account a connection is two (`sshd: USER [priv]` and its unprivileged child
+        `sshd: USER@notty`, which carries the connection); killing only the listener's direct children left
+        the second alive and the connection working. The user's own commands get what a dropped connection
+        gives them (EOF, SIGHUP), not a SIGKILL. Returns how many connections were cut."""
+        import psutil
+
+        try:
+            connections = psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return 0
+        for conn in connections:
+            tree = [conn]
+            with contextlib.suppress(psutil.NoSuchProcess):
+                tree += conn.children(recursive=True)
+            for proc in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if proc.name() == "sshd" or proc is conn:
+                        proc.kill()
+        return len(connections)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
