@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from enlace import exitcodes
+from enlace import contract
 from enlace.cli import main
 
 
@@ -19,13 +19,14 @@ def run() -> None:
         code = e.code
     except click.ClickException as e:
         if "--json" in sys.argv[1:]:
-            print(json.dumps({"ok": False, "error": e.format_message(), "exit_code": e.exit_code}), flush=True)
+            doc = contract.error_doc(e.format_message(), e.exit_code, getattr(e, "kind", None))
+            print(json.dumps(doc), flush=True)
         e.show()
         code = e.exit_code
     except click.Abort:
         click.echo("Aborted.", err=True)
         code = 130
-    exitcodes.leave(code)
+    contract.leave(code)
 
 
 if __name__ == "__main__":

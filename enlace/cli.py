@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 
-from enlace import cli_server, cli_slurm, cli_tools, exitcodes
+from enlace import cli_server, cli_slurm, cli_tools, contract
 from enlace.clitypes import root_option, set_option
 
 
 @click.group(
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=exitcodes.help_text()
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=contract.help_text()
 )
 @click.version_option(package_name="enlace")
 @click.option(
@@ -74,15 +74,15 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
 
     RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
     from enlace.config import load_config
+    from enlace.config_rules import check_environment
     from enlace.errors import ConfigError
 
     try:
         cfg = load_config(run, overrides, root)
+        check_environment(cfg)
     except ConfigError as e:
         if as_json:
-            click.echo(
-                json.dumps({"ok": False, "error": e.message, "exit_code": e.exit_code, "file": e.source, "key": e.key})
-            )
+            click.echo(json.dumps(contract.error_doc(e.message, e.exit_code, e.kind, file=e.source, key=e.key)))
             sys.exit(e.exit_code)
         raise
     for warning in cfg.warnings:
@@ -159,9 +159,11 @@ def train(
     at once, the last complete checkpoint intact; a repeated SIGTERM is the same request).
     RUN is a file stem in configs/runs/ or a path."""
     from enlace.config import load_config
+    from enlace.config_rules import check_environment
     from enlace.train import train as run_training
 
     cfg = load_config(run, overrides, root)
+    check_environment(cfg)
     cfg.runs_root = runs_dir
     allow = frozenset(name for name, ok in (("data", allow_data_change), ("teacher", allow_teacher_change)) if ok)
     run_training(cfg, resume=resume, until=until, allow=allow)
@@ -233,9 +235,11 @@ def verify_resume_cmd(
     and the logged losses after N/2. Exit 0 only when identical. Use a deterministic config
     (e.g. smoke-cpu-deterministic): without it, kernels may legitimately differ run to run."""
     from enlace.config import load_config
+    from enlace.config_rules import check_environment
     from enlace.verify_resume import verify_resume
 
     cfg = load_config(run, overrides, root)
+    check_environment(cfg)
     if not cfg.runtime.deterministic and not as_json:
         click.echo(f"note: {cfg.run_name} is not deterministic; a difference may be kernel noise", err=True)
     report = verify_resume(cfg, run, list(overrides), steps, keep)
@@ -327,6 +331,7 @@ def preflight_cmd(
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6).
     Writes runs/RUN_NAME/preflight.json."""
     from enlace.config import load_config
+    from enlace.config_rules import check_environment
     from enlace.maxbatch import find_max_batch, start_probe_server
     from enlace.preflight import preflight
     from enlace.report import format_report
@@ -334,6 +339,7 @@ def preflight_cmd(
 
     limit = parse_size(memory_limit)
     cfg = load_config(run, overrides, root)
+    check_environment(cfg)
     quiet = os.environ.get("RANK", "0") != "0"
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"  {msg}", err=True))
     if max_batch:
@@ -349,7 +355,7 @@ def preflight_cmd(
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")
     click.echo(json.dumps(report, indent=1) if as_json else format_report(report))
-    sys.exit(exitcodes.VERDICT.get(report["verdict"], exitcodes.OK))
+    sys.exit(contract.VERDICT.get(report["verdict"], contract.OK))
 
 
 # The driver's server verbs, the Slurm verbs and the tools live in their own modules (which import

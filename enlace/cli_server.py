@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from enlace import exitcodes
+from enlace import contract
 from enlace.clitypes import Seconds, root_option, set_option
 from enlace.names import find_root
 
@@ -187,8 +187,8 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_j
     try:
         files = data_files(cfg)
     except EnlaceError as e:
-        click.echo(json.dumps({"ok": False, "error": e.message, "files": []}) if as_json else e.message)
-        sys.exit(exitcodes.VERIFY)
+        click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
+        sys.exit(contract.VERIFY)
     click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
+from enlace.contract import run_name_of
 from enlace.errors import ConfigError
 from enlace.names import find_root, validate_run_name
 from enlace.yamlio import read_yaml
@@ -287,7 +288,9 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
 
     data_ref, data_src = pick("data", None)
     profile_ref, profile_src = pick("profile", None)
-    run_name, name_src = pick("run_name", run_path.stem)
+    run_name, given_by = run_name_of(run_layer, run_path.stem, sets)  # the contract's rule, as the driver reads it
+    sets.pop("run_name", None)
+    name_src = "--set" if given_by == "--set" else run_src
     if data_ref is None:
         raise ConfigError(run_src, "data", "missing", "name a file in configs/data/, e.g. data: smoke")
     if profile_ref is None:

@@ -114,9 +114,6 @@ def check_combinations(cfg: Config) -> None:
             )
         if cfg.distill.temperature <= 0:
             refuse("distill.temperature", f"must be above 0, got {cfg.distill.temperature}", "typical: 1 to 4")
-        from enlace.distill import teacher_checkpoint
-
-        teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, here, before anything runs
     params, need = estimate_train_bytes(cfg)
     if need > MAX_TRAIN_BYTES:
         biggest = max(
@@ -133,6 +130,16 @@ def check_combinations(cfg: Config) -> None:
             f"{src('runtime.precision')}: runtime.precision: fp16 on CPU is ≈20x slower than fp32 "
             "here (no fp16 kernels); use bf16 or fp32 on CPU"
         )
+
+
+def check_environment(cfg: Config) -> None:
+    """What a valid config needs of the machine it will run on: the teacher checkpoint exists and is complete.
+    Checked where the run starts (check-config and verify on the server, train, preflight), never when a
+    config is only loaded: the driver's machine has none of the server's checkpoints."""
+    if cfg.distill.teacher:
+        from enlace.distill import teacher_checkpoint
+
+        teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, before anything runs
 
 
 def _value(cfg: Config, key: str):

@@ -1,25 +1,36 @@
-"""User-facing errors: one line, a fix, an exit code; click prints them without a traceback."""
+"""User-facing errors of both halves: one line, a fix, an exit code (from the contract); click prints them
+without a traceback. EnlaceError is the one base: the driver's errors (orchestrator/errors.py) derive from
+it. Light (click only): the driver imports it."""
 
 from __future__ import annotations
 
 import click
 
-from enlace import exitcodes
+from enlace import contract
 
 
 class EnlaceError(click.ClickException):
     """An error the user can fix; `str()` is the whole message."""
 
-    exit_code = exitcodes.FAILED
+    exit_code = contract.FAILED
+    kind = contract.ErrorKind.OTHER  # what the driver acts on (the error document's `kind`)
 
     def format_message(self) -> str:
         return self.message
 
 
+class AlreadyRunning(EnlaceError):
+    """The run is alive (or another launch of it is in progress): both halves raise this one class."""
+
+    exit_code = contract.ALREADY_RUNNING
+    kind = contract.ErrorKind.ALREADY_RUNNING
+
+
 class ConfigError(EnlaceError):
     """A config file, key or value is wrong. Message names the file, the key and the fix."""
 
-    exit_code = exitcodes.USAGE
+    exit_code = contract.USAGE
+    kind = contract.ErrorKind.CONFIG
 
     def __init__(self, source: str, key: str, problem: str, fix: str = ""):
         self.source, self.key, self.problem, self.fix = source, key, problem, fix
@@ -33,10 +44,12 @@ class ConfigError(EnlaceError):
 class CheckpointError(EnlaceError):
     """A checkpoint is incomplete, corrupt or belongs to a different run."""
 
-    exit_code = exitcodes.USAGE
+    exit_code = contract.USAGE
+    kind = contract.ErrorKind.CHECKPOINT
 
 
 class NoSpaceError(EnlaceError):
     """Not enough free disk for the run's checkpoints (checked before training, and on ENOSPC)."""
 
-    exit_code = exitcodes.NO_SPACE
+    exit_code = contract.NO_SPACE
+    kind = contract.ErrorKind.NO_SPACE

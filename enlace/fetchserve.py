@@ -24,15 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from enlace.checkpoint import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
+from enlace.contract import FRAME, RUN_FILES
 from enlace.errors import CheckpointError, EnlaceError
-
-RUN_FILES = ("run.json", "config.yaml", "metrics.jsonl", "train.log", "preflight.json")
-FRAME = struct.Struct(">QQ")  # before each file's bytes: where they start in the file, how many
 
 
 class BadRequest(EnlaceError):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from enlace import runs
+from enlace.contract import Status
 
 
 def remote_dir_of(tree: Path) -> Path:
@@ -58,7 +59,7 @@ def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
     for run_dir in sorted((remote_dir / "runs").glob("*/run.json")):
         row = runs.observe(run_dir.parent)
         commit = row.get("commit") or ""
-        if row["status"] != runs.Status.FINISHED and commit:
+        if row["status"] != Status.FINISHED and commit:
             needed.setdefault(commit, f"run {row['run_name']} ({row['status']})")
     for tree in trees[:keep]:
         needed.setdefault(tree.name, "among the newest synced")

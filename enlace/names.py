@@ -1,18 +1,15 @@
-"""What a run may be called and where runs live: the run-name rule (the driver and the server both
-validate with it) and the project root. Kept apart from enlace.config so that the light verbs
+"""Run names checked with the contract's rule (the driver and the server both validate with it), as a
+ConfigError naming where the name came from, and the project root. Kept apart from enlace.config so that the light verbs
 (fetch-serve, runs, logs) and the driver's start-up do not pay for the config machinery (yaml,
 dataclasses, the config rules)."""
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
+from enlace.contract import RUN_NAME_RE, RUN_NAME_RULE
 from enlace.errors import ConfigError
-
-RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit"
 
 
 def validate_run_name(name: str, source: str = "run_name") -> str:

@@ -35,9 +35,10 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             records.append(json.loads(line))
         except json.JSONDecodeError:  # a line cut by a crash: the rest still plots
             continue
-    from enlace.runs import read
-
-    state = read(run_dir)
+    try:  # run.json as fetched (plot reads files; run state itself is enlace/runs.py's, on the server)
+        state = json.loads((run_dir / "run.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        state = {}
     series = {
         m: [(r["step"], r[field]) for r in records if r.get("kind") == kind and field in r]
         for m, (kind, field, _) in PANELS.items()

@@ -9,7 +9,6 @@ early), measured steps, one eval pass at the eval batch size, one checkpoint sav
 from __future__ import annotations
 
 import math
-import platform
 import shutil
 import statistics
 import tempfile
@@ -24,7 +23,7 @@ from enlace import engine
 from enlace.checkpoint import save_checkpoint
 from enlace.config import Config
 from enlace.dist import Dist
-from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
+from enlace.sysinfo import cpu_name, mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
 
 WARMUP_STEPS = 3  # also the fp16 calibration window: skips here are the scaler finding its scale
 TIGHT_HEADROOM_PCT = 10.0
@@ -89,10 +88,7 @@ def _sync(device: torch.device) -> None:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "cpu"
+    return cpu_name()
 
 
 def _memory(device: torch.device, limit: int | None) -> dict[str, Any]:

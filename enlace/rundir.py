@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from enlace import runs
+from enlace.contract import UNLESS_STOPPING, Status
 from enlace.runs import atomic_write
 
 
@@ -47,10 +48,10 @@ class RunDir:
         if self.enabled:
             runs.update(self.path, **fields)
 
-    def enter(self, status: runs.Status, **fields: Any) -> None:
+    def enter(self, status: Status, **fields: Any) -> None:
         """Move to an active status (starting, running) unless a stop has been recorded meanwhile."""
         if self.enabled:
-            runs.transition(self.path, status, runs.UNLESS_STOPPING, **fields)
+            runs.transition(self.path, status, UNLESS_STOPPING, **fields)
 
     def phase(self, text: str) -> None:
         """What the trainer is doing before its first step (shown by `enlace-remote launch`)."""

@@ -9,13 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from enlace import exitcodes, runs
+from enlace import contract, runs
+from enlace.contract import exit_code_of
 from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
 
 
 class NoSuchRun(EnlaceError):
-    exit_code = exitcodes.USAGE
+    exit_code = contract.USAGE
+    kind = contract.ErrorKind.NO_SUCH_RUN
 
 
 def run_dir_of(runs_root: Path, name: str) -> Path:
@@ -64,7 +66,7 @@ def tail_offset(run_dir: Path, lines: int) -> int:
 
 def stream_log(run_dir: Path, offset: int, follow: bool, heartbeat_s: float, poll: float = 0.05) -> int:
     """Write train.log from byte `offset` to stdout; with `follow`, until the run has ended and the file
-    is drained (then the run's exit code, from runs.exit_code_of). A newline goes to stderr after
+    is drained (then the run's exit code, from contract.exit_code_of). A newline goes to stderr after
     `heartbeat_s` quiet seconds (a long eval, a compile warm-up), so the driver can tell a quiet run from
     a dead connection."""
     out = sys.stdout.buffer
@@ -87,7 +89,7 @@ def stream_log(run_dir: Path, offset: int, follow: bool, heartbeat_s: float, pol
         if not follow:
             return 0
         if ended:
-            return runs.exit_code_of(runs.observe(run_dir))
+            return exit_code_of(runs.observe(run_dir))
         if time.monotonic() - last_data > heartbeat_s:
             sys.stderr.write("\n")
             sys.stderr.flush()

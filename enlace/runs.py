@@ -2,8 +2,8 @@
 
 Everything that asks "is this run alive?", "is it already running?", "did it crash?", "has it
 reached its first step?" or "what should `logs -f` exit with?" asks this module, on the server,
-in Python. A process is identified by its pid *and* its start time (/proc/PID/stat field 22,
-recorded when it started), so a reused pid or an unrelated process never counts as the run.
+in Python. A process is identified by its pid *and* its start time (psutil's create_time, recorded
+when it started), so a reused pid or an unrelated process never counts as the run.
 
 run.json (written only here, under a lock, replaced atomically):
     status, pid + pid_start (the trainer, rank 0), launcher_pid + launcher_start (what `start`
@@ -11,13 +11,12 @@ run.json (written only here, under a lock, replaced atomically):
     tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from;
     under Slurm also job_id, node, requeues, requeue_limit_reached: liveness is then the job's
     state (the login node cannot see a compute node's processes), from enlace/slurm.py.
-Stdlib only: the driver's server verbs answer without importing torch.
+Stdlib and psutil only: the driver's server verbs answer without importing torch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import fcntl
 import json
 import os
@@ -27,49 +26,29 @@ import time
 from pathlib import Path
 from typing import Any
 
-from enlace import exitcodes, slurm
-from enlace.errors import EnlaceError
+import psutil
 
-
-class Status(str, enum.Enum):
-    PENDING = "pending"  # queued on Slurm (submitted or requeued), waiting for a node
-    STARTING = "starting"  # launched; the trainer has not logged its first step yet
-    RUNNING = "running"
-    STOPPING = "stopping"  # a stop was requested; the trainer is finishing its step and checkpointing
-    STOPPED = "stopped"  # ended cleanly before max_steps (stop, SIGTERM, --until); resumable
-    FINISHED = "finished"  # reached max_steps
-    FAILED = "failed"  # ended with an error it reported (config, checkpoint, disk full, exception)
-    CRASHED = "crashed"  # the process vanished without writing a final status (SIGKILL, OOM killer)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-ACTIVE = frozenset({Status.PENDING, Status.STARTING, Status.RUNNING, Status.STOPPING})
-ENDED_CLEANLY = frozenset({Status.STOPPED, Status.FINISHED})
-UNLESS_STOPPING = frozenset(Status) - {Status.STOPPING}  # the trainer's own starting/running never undoes a stop
-STOPPABLE = frozenset({Status.STARTING, Status.RUNNING})  # what `stop` moves to STOPPING (compare-and-set)
-
-
-class AlreadyRunning(EnlaceError):
-    exit_code = exitcodes.ALREADY_RUNNING
-
+from enlace import contract, slurm
+from enlace.contract import ACTIVE, STOPPABLE, UNLESS_STOPPING, Status, describe_live
+from enlace.errors import AlreadyRunning
 
 # -- processes ---------------------------------------------------------------------------------
 
 
-def proc_start(pid: int | None) -> int | None:
-    """The start time of `pid` (clock ticks after boot, /proc/PID/stat field 22), None if gone or a zombie."""
+def proc_start(pid: int | None) -> float | None:
+    """When `pid` started (seconds since the epoch, to 10 ms, as psutil reads it on Linux and macOS alike),
+    None if it is gone, a zombie, or not ours to inspect."""
     if not pid:
         return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return None if proc.status() == psutil.STATUS_ZOMBIE else round(proc.create_time(), 2)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])  # fields[0] is field 3 (state)
 
 
-def proc_alive(pid: int | None, start: int | None) -> bool:
+def proc_alive(pid: int | None, start: float | None) -> bool:
     """True only for the very process that was recorded: same pid, same start time, not a zombie."""
     return start is not None and proc_start(pid) == start
 
@@ -221,44 +200,6 @@ def observe(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def exit_code_of(row: dict[str, Any]) -> int:
-    """What `logs -f` (and the driver) exits with once a run has ended."""
-    status = Status(row["status"])
-    if status in ENDED_CLEANLY:
-        return exitcodes.OK
-    if status == Status.CRASHED:
-        return exitcodes.CRASHED
-    code = row.get("exit_code")
-    return code if isinstance(code, int) and code not in (0, exitcodes.CRASHED) else exitcodes.FAILED
-
-
-def describe_live(row: dict[str, Any]) -> str:
-    """What a live run is doing, in a few words: `running, step 24 of 500, pid 4242`, `starting: building
-    the model`, `pending, Slurm job 3`. Only what is known (no `pid None`, no `step 0/None`)."""
-    if row["status"] in (Status.STARTING, Status.PENDING) and row.get("phase"):
-        what = f"{row['status']}: {row['phase']}"
-    else:
-        what = row["status"]
-        if row.get("step") and row.get("max_steps"):
-            what += f", step {row['step']} of {row['max_steps']}"
-    if row.get("job_id"):
-        return f"{what}, Slurm job {row['job_id']}"
-    return f"{what}, pid {row['pid']}" if row.get("pid") else what
-
-
-def ended_message(row: dict[str, Any]) -> str:
-    """One line for a run that has ended badly: what happened, the last step, what is safe."""
-    ckpt = row.get("latest_checkpoint") or "none"
-    if row["status"] == Status.CRASHED:
-        what = "crashed: its process vanished without a final status (killed, OOM killer or reboot)"
-    else:
-        what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
-    return (
-        f"{row['run_name']} {what}; last logged step {row.get('step', 0)}/{row.get('max_steps')}, "
-        f"last complete checkpoint {ckpt} — relaunch to resume from it"
-    )
-
-
 # -- start, wait, stop -------------------------------------------------------------------------
 
 
@@ -324,7 +265,7 @@ def submit(run_dir: Path, submit_job) -> dict[str, Any]:
         try:
             job_id = submit_job(launch_id)
         except BaseException as e:
-            update(run_dir, status=Status.FAILED, error=getattr(e, "message", str(e)), exit_code=exitcodes.USAGE)
+            update(run_dir, status=Status.FAILED, error=getattr(e, "message", str(e)), exit_code=contract.USAGE)
             raise
         update(run_dir, job_id=job_id)
     return {"ok": True, "pid": None, "job_id": job_id, "log_offset": offset, "launch_id": launch_id}
@@ -336,7 +277,9 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
     on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
     deadline = time.monotonic() + timeout
     shown = None
-    while True:  # each poll reads run.json and two /proc entries (or the cached Slurm state); the full row once
+    while (
+        True
+    ):  # each poll reads run.json and two processes' start times (or the cached Slurm state); the full row once
         st = read(run_dir)
         is_alive = alive(st)
         job = job_of(st)

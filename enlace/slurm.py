@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enlace import exitcodes
+from enlace import contract
 from enlace.errors import EnlaceError
 
 KEYS = (
@@ -59,7 +59,7 @@ QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"}
 
 
 class SlurmError(EnlaceError):
-    exit_code = exitcodes.USAGE
+    exit_code = contract.USAGE
 
 
 @dataclass(frozen=True)

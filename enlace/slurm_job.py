@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from enlace import runs
-from enlace.runs import Status
+from enlace.contract import ACTIVE, Status
 from enlace.slurm import SlurmError, time_left_s
 
 EARLY_S = 60  # Slurm's docs: the --signal may come up to 60 s before the time asked for
@@ -127,7 +127,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
         runs.update(run_dir, requeue_limit_reached=True)
     elif got["term"] and ended:
         say(f"SIGTERM (stop, scancel or preemption): checkpointed at step {st.get('step')}")
-    elif st.get("status") in runs.ACTIVE:  # ended before it could record why (bad config, missing module, ...)
+    elif st.get("status") in ACTIVE:  # ended before it could record why (bad config, missing module, ...)
         runs.update(run_dir, status=Status.FAILED, exit_code=code or 1, error=_last_line(run_dir / "train.log"))
     return 0 if ended else (code or 1)
 

@@ -1,11 +1,22 @@
-"""Facts about this process and machine: memory, commit, host."""
+"""Facts about this process and machine: memory, CPU name, commit, host. Portable through psutil and the
+standard library; the two Linux-only reads are guarded here, with their fallback beside them:
+
+- peak RSS: Linux's VmHWM (/proc/self/status), which preflight resets between phases (clear_refs);
+  elsewhere the process's ru_maxrss (bytes on macOS, KiB on Linux), which cannot be reset.
+- CPU name: Linux's /proc/cpuinfo, macOS's sysctl machdep.cpu.brand_string, else platform.processor().
+"""
 
 from __future__ import annotations
 
 import os
+import platform
+import resource
 import socket
 import subprocess
+import sys
 from pathlib import Path
+
+LINUX = sys.platform.startswith("linux")
 
 
 def _proc_status_kib(field: str) -> int:
@@ -17,12 +28,18 @@ def _proc_status_kib(field: str) -> int:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM): there is no torch CPU allocator statistic."""
-    return _proc_status_kib("VmHWM") * 1024
+    """This process's peak resident set (there is no torch CPU allocator statistic)."""
+    if LINUX:
+        return _proc_status_kib("VmHWM") * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def reset_peak_rss() -> None:
-    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs); best effort."""
+    """Reset the peak to the current RSS where the system can (Linux: write 5 to clear_refs); elsewhere
+    the peak keeps counting from the process's start. Best effort."""
+    if not LINUX:
+        return
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
@@ -31,11 +48,29 @@ def reset_peak_rss() -> None:
 
 
 def total_memory_bytes() -> int:
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def cpu_name() -> str:
+    if LINUX:
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def git_commit(root: Path) -> str:

@@ -31,12 +31,12 @@ from enlace.checkpoint import (
     skipped_latest,
 )
 from enlace.config import Config
+from enlace.contract import Status
 from enlace.data import build_stream, data_identity
 from enlace.dist import Dist
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.report import duration
 from enlace.rundir import RunDir
-from enlace.runs import Status
 from enlace.sysinfo import git_commit, hostname, mib, peak_rss_bytes
 
 

@@ -26,7 +26,7 @@ def remember_run(repo: Path, host: str, run: str) -> None:
 
 def run_argument(run: str) -> str:
     """RUN as the user typed it: a config stem (a run name), never a path — with the way to a path's stem."""
-    if "/" in run or run.endswith((".yaml", ".yml")):
+    if Path(run).suffix in (".yaml", ".yml"):
         raise UsageError(
             f"{run!r}: enlace-remote takes a run config's stem, not a path — the server reads configs/runs/"
             f"RUN.yaml from the synced commit: put the file in configs/runs/, commit it, and launch "

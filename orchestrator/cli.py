@@ -10,10 +10,11 @@ from pathlib import Path
 
 import click
 
-from enlace.exitcodes import leave
+from enlace.contract import leave
+from enlace.errors import EnlaceError
 from orchestrator import cli_run, cli_tools
 from orchestrator.cliutil import HOST_ENV, HostOptionsGroup, Remote, print_sync, set_option, with_remote
-from orchestrator.errors import EXIT_CODES_HELP, RemoteError
+from orchestrator.errors import EXIT_CODES_HELP
 
 
 @click.group(
@@ -172,7 +173,7 @@ def run_main() -> None:
         code: object = 0
     except SystemExit as e:
         code = e.code
-    except RemoteError as e:  # raised outside click's handling (e.g. during close)
+    except EnlaceError as e:  # raised outside click's handling (e.g. during close)
         click.echo(f"Error: {e.format_message()}", err=True)
         code = e.exit_code
     except KeyboardInterrupt:  # e.g. during close: no chained tracebacks, ever

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import Seconds
-from enlace.exitcodes import VERDICT as VERDICT_EXIT
+from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.names import validate_run_name
 from orchestrator.cliutil import HostOptionsCommand, Remote, allow_dirty_option, set_option, with_remote
 
@@ -146,10 +146,9 @@ def launch(
     )
     nproc = _nproc(gpus, spec)
     if print_only:
-        from enlace.config import load_config
         from orchestrator.slurm import print_script
 
-        click.echo(print_script(spec, run, load_config(run, overrides, remote.repo).run_name, nproc, train_args))
+        click.echo(print_script(spec, run, ship.local_run_name(remote.repo, run, overrides), nproc, train_args))
         return
     targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
     if hosts and (len(targets) < 2 or not gpus):

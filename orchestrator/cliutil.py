@@ -93,7 +93,7 @@ def with_remote(fn):
 def _check_overrides(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     """Each --set is SECTION.KEY=VALUE; a run_name given here is checked now, before any I/O (the server
     checks every other key with its config loader)."""
-    from enlace.names import RUN_NAME_RE, RUN_NAME_RULE
+    from enlace.contract import RUN_NAME_RE, RUN_NAME_RULE
 
     for value in values:
         key, eq, new = value.partition("=")

@@ -3,8 +3,6 @@ its stdin and read its stdout as a byte stream (fetch's wire, enlace/fetchserve.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import select
 import shlex
@@ -15,10 +13,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import Transient, UnreachableError
+from orchestrator.portable import die_with_us, grow_pipe
 from orchestrator.sshlib import load_paramiko
-from orchestrator.transport import die_with_us, short
+from orchestrator.transport import short
 
-F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ from Python 3.10 on Linux; spelled out for older builds
 PIPE_BYTES = 1 << 20  # a local process's stdout pipe, and the most one read of it asks for
 
 if TYPE_CHECKING:
@@ -79,10 +77,9 @@ class ProcessDuplex(Duplex):
             stdout=subprocess.PIPE,
             stderr=self.err,
             start_new_session=True,
-            preexec_fn=die_with_us,  # noqa: PLW1509 - prctl only; git and the trainer's helpers do the same
+            preexec_fn=die_with_us(),  # noqa: PLW1509 - prctl only, on Linux (orchestrator/portable.py)
         )
-        with contextlib.suppress(OSError):  # over /proc/sys/fs/pipe-max-size: the default pipe still works
-            fcntl.fcntl(self.p.stdout.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+        grow_pipe(self.p.stdout.fileno(), PIPE_BYTES)
 
     def _read_slice(self, n: int) -> bytes | None:
         ready, _, _ = select.select([self.p.stdout], [], [], self.SLICE_S)

@@ -1,31 +1,24 @@
-"""enlace-remote's user-facing errors. Their exit codes come from the one table, enlace/exitcodes.py."""
+"""enlace-remote's user-facing errors: subclasses of the one base, enlace.errors.EnlaceError, with exit
+codes from the contract. A server's refusal becomes the error its document names (`from_doc`)."""
 
 from __future__ import annotations
 
-import click
+from enlace import contract
+from enlace.errors import AlreadyRunning, EnlaceError
 
-from enlace import exitcodes
-
-EXIT_CODES_HELP = exitcodes.help_text()
-
-
-class RemoteError(click.ClickException):
-    exit_code = exitcodes.FAILED
-
-    def format_message(self) -> str:
-        return self.message
+EXIT_CODES_HELP = contract.help_text()
 
 
-class UsageError(RemoteError):
-    exit_code = exitcodes.USAGE
+class UsageError(EnlaceError):
+    exit_code = contract.USAGE
 
 
-class VerifyError(RemoteError):
-    exit_code = exitcodes.VERIFY
+class VerifyError(EnlaceError):
+    exit_code = contract.VERIFY
 
 
-class UnreachableError(RemoteError):
-    exit_code = exitcodes.UNREACHABLE
+class UnreachableError(EnlaceError):
+    exit_code = contract.UNREACHABLE
 
 
 class Transient(UnreachableError):
@@ -37,24 +30,32 @@ class Transient(UnreachableError):
         self.started = started
 
 
-class AlreadyRunning(RemoteError):
-    exit_code = exitcodes.ALREADY_RUNNING
+class NoSpace(EnlaceError):
+    exit_code = contract.NO_SPACE
 
 
-class NoSpace(RemoteError):
-    exit_code = exitcodes.NO_SPACE
+class ServerRefused(EnlaceError):
+    """A server verb's refusal ({"ok": false, ...}): its exit code and its kind, as the server said them."""
+
+    def __init__(self, message: str, exit_code: int, kind: str):
+        super().__init__(message)
+        self.exit_code, self.kind = exit_code, kind
 
 
-def for_exit_code(code: int, message: str) -> RemoteError:
-    """The error for a server answer {"ok": false, "error": message, "exit_code": code}: same code here."""
+def from_doc(doc: dict, exited: int, where: str = "") -> EnlaceError:
+    """The error for a server answer {"ok": false, "error", "exit_code", "kind"}: the same exit code here,
+    the same class where one exists (AlreadyRunning, NoSpace, ...), and `.kind` for the driver to act on."""
+    code = doc.get("exit_code", exited)
+    code = code if isinstance(code, int) and code in contract.TABLE and code != contract.OK else contract.FAILED
+    kind = str(doc.get("kind") or contract.ErrorKind.OTHER)
+    text = f"{where}: {doc['error']}" if where else doc["error"]
     by_code = {c.exit_code: c for c in (UsageError, VerifyError, AlreadyRunning, NoSpace)}
-    err = by_code.get(code, RemoteError)(message)
-    if err.__class__ is RemoteError and code in exitcodes.TABLE and code != exitcodes.OK:
-        err.exit_code = code
+    err = by_code[code](text) if code in by_code else ServerRefused(text, code, kind)
+    err.kind = kind
     return err
 
 
-class CommandFailed(RemoteError):
+class CommandFailed(EnlaceError):
     """A remote command exited non-zero: carries the command, its exit code and output tail."""
 
     def __init__(self, host: str, command: str, exit_code: int, output: str):

@@ -28,8 +28,9 @@ from typing import Any
 
 import click
 
-from enlace.fetchserve import FRAME
-from orchestrator.errors import RemoteError, Transient, UsageError
+from enlace.contract import FRAME
+from enlace.errors import EnlaceError
+from orchestrator.errors import Transient, UsageError
 from orchestrator.session import Session
 from orchestrator.transport import backoff
 
@@ -40,17 +41,17 @@ STALL_S = 60.0  # no byte from the server for this long: the connection is dead,
 RETRY_S = 90.0  # keep reconnecting a dropped fetch for this long
 
 
-class CorruptCheckpoint(RemoteError):
+class CorruptCheckpoint(EnlaceError):
     pass
 
 
-class Interrupted(RemoteError):
+class Interrupted(EnlaceError):
     exit_code = 130
 
 
 def _safe(name: str, pattern: re.Pattern, what: str) -> str:
     if not pattern.fullmatch(name) or ".." in name:
-        raise RemoteError(f"refusing {what} name {name!r} from the server: it could escape the destination")
+        raise EnlaceError(f"refusing {what} name {name!r} from the server: it could escape the destination")
     return name
 
 
@@ -191,7 +192,7 @@ def _converse_once(session: Session, run_name: str, staging: Path, plan, tick) -
                 got += n
         code, err = wire.finish()
         if code != 0:
-            raise RemoteError(f"fetch from {session.host.name}: the server side exited {code}: {err.strip()[-500:]}")
+            raise EnlaceError(f"fetch from {session.host.name}: the server side exited {code}: {err.strip()[-500:]}")
     for rel, sha in want.items():
         if sha is not None and hashers[rel].hexdigest() != sha:
             (staging / rel).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
@@ -263,7 +264,7 @@ class _Reader:
     def _fill(self) -> None:
         chunk = self.wire.read(1 << 20)
         if not chunk:
-            raise RemoteError("fetch: the server side ended in mid-transfer")
+            raise EnlaceError("fetch: the server side ended in mid-transfer")
         self.buf.extend(chunk)
 
     def readline(self) -> bytes:
@@ -282,7 +283,7 @@ class _Reader:
         if not self.buf:
             chunk = self.wire.read(n)
             if not chunk:
-                raise RemoteError("fetch: the server side ended in mid-transfer")
+                raise EnlaceError("fetch: the server side ended in mid-transfer")
             return chunk
         out, self.buf = bytes(self.buf[:n]), self.buf[n:]
         return out

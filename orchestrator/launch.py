@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from enlace.exitcodes import VERDICT
-from enlace.runs import describe_live, ended_message, exit_code_of
-from orchestrator.errors import AlreadyRunning, RemoteError, for_exit_code
+from enlace.contract import VERDICT, describe_live, ended_message, exit_code_of
+from enlace.errors import EnlaceError
+from orchestrator.errors import AlreadyRunning, from_doc
 from orchestrator.session import Session
 
 
@@ -135,13 +135,13 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
     )
     if row["waited"] == "timeout":
         where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
-        raise RemoteError(
+        raise EnlaceError(
             f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
             f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`"
         )
     if row["status"] not in ("running", "finished", "stopped"):
         tail = "\n".join(log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:])
-        raise for_exit_code(exit_code_of(row), f"{ended_message(row)}\n{tail}")
+        raise from_doc({"error": f"{ended_message(row)}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
     how = (
         f"resumed from checkpoints/{row['resumed_from']}"
         if row["resumed_from"]

@@ -14,9 +14,10 @@ import time
 
 import click
 
-from enlace import exitcodes
-from enlace.runs import ended_message
-from orchestrator.errors import RemoteError, Transient
+from enlace import contract
+from enlace.contract import ended_message
+from enlace.errors import EnlaceError
+from orchestrator.errors import Transient
 from orchestrator.session import Session
 from orchestrator.transport import backoff
 
@@ -52,7 +53,7 @@ def follow_log(
             if written:
                 failures, last_ok = 0, time.monotonic()
             if time.monotonic() - last_ok > give_up_s:
-                raise RemoteError(
+                raise EnlaceError(
                     f"logs {run_name}: gave up after {give_up_s:g}s without a working connection "
                     f"({e.message}); the run itself is unaffected — rerun `enlace-remote logs "
                     f"{run_name} -f`"
@@ -62,7 +63,7 @@ def follow_log(
             click.echo(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]", err=True)
             time.sleep(delay)
             continue
-        if follow and code not in (exitcodes.OK, exitcodes.USAGE):
+        if follow and code not in (contract.OK, contract.USAGE):
             row = session.enlace_json("latest", "runs", run_name)[0]
             click.echo(f"enlace-remote: {ended_message(row)}", err=True)
         return code

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import CommandFailed, for_exit_code
+from orchestrator.errors import CommandFailed, from_doc
 from orchestrator.hosts import Host
 from orchestrator.transport import Transport
 
@@ -94,7 +94,7 @@ class Session:
         except json.JSONDecodeError:
             raise CommandFailed(self.host.name, what, exited, stdout + stderr) from None
         if isinstance(doc, dict) and doc.get("ok") is False and doc.get("error"):
-            raise for_exit_code(doc.get("exit_code", exited), f"on {self.host.name}: {doc['error']}")
+            raise from_doc(doc, exited, f"on {self.host.name}")
         if exited not in ok_codes:
             raise CommandFailed(self.host.name, what, exited, stdout + stderr)
         return doc

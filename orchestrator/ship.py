@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import yaml
 
 from enlace.names import validate_run_name
 from orchestrator.choose import run_argument
@@ -26,6 +27,24 @@ def check_run_config(repo: Path, run: str) -> str:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise UsageError(f"no run config {run!r} in configs/runs/ — {hint}runs: {', '.join(have) or 'none'}")
     return run
+
+
+def local_run_name(repo: Path, run: str, overrides=()) -> str:
+    """The name RUN will run under, by the contract's rule, from this checkout's run file alone: the driver
+    loads no trainer config (that is the server's, whose loader is the only schema)."""
+    from enlace.contract import run_name_of
+    from enlace.yamlio import load_yaml_unique
+
+    path = repo / "configs" / "runs" / f"{run}.yaml"
+    try:
+        layer = load_yaml_unique(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise UsageError(
+            f"configs/runs/{run}.yaml: cannot be read ({e.__class__.__name__}) — check-config says why"
+        ) from None
+    sets = {k.strip(): v for k, _, v in (o.partition("=") for o in overrides)}
+    name, given_by = run_name_of(layer if isinstance(layer, dict) else {}, run, sets)
+    return validate_run_name(name, "--set" if given_by == "--set" else f"configs/runs/{run}.yaml")
 
 
 def set_args(overrides: tuple[str, ...] | list[str]) -> list[str]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
+from enlace.contract import ErrorKind
+from enlace.errors import EnlaceError
 from enlace.report import duration
-from orchestrator.errors import RemoteError
 
 DETAIL_WIDTH = 100  # a detail line (a run's error, a skipped checkpoint) is cut here in the table
 
@@ -100,9 +101,9 @@ def status_everywhere(hosts: list, session_for) -> list[dict]:
     def ask(host) -> list[dict]:
         try:
             rows = session_for(host).enlace_json("latest", "runs")
-        except RemoteError as e:
+        except EnlaceError as e:
             text = e.format_message().splitlines()[0]
-            if "nothing has been synced" in text:
+            if getattr(e, "kind", None) == ErrorKind.NOT_SYNCED:
                 return [{"host": host.name, "host_error": "no runs (nothing synced there yet)"}]
             return [{"host": host.name, "host_error": f"unreachable: {text.removeprefix('on ' + host.name + ': ')}"}]
         return [{"host": host.name, **r} for r in rows] or [{"host": host.name, "host_error": "no runs"}]

@@ -113,15 +113,6 @@ class Transport:
         return result
 
 
-def die_with_us() -> None:
-    """preexec_fn for local helpers (git): the kernel SIGTERMs them when enlace-remote dies,
-    even by SIGKILL, so none goes on writing into a staging dir nobody will read."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
 def short(argv: list[str]) -> str:
     """The command for error messages, without the inlined remote.sh text."""
     return shlex.join(["<remote.sh>" if len(a) > 200 else a for a in argv])

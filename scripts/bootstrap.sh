@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv with enlace and its test tools, pinned by constraints.txt (torch CPU wheel 2.13.0).
+# Create .venv with both halves (the driver, the trainer: .[train]) and the test tools, pinned by constraints.txt (torch CPU wheel 2.13.0).
 # Idempotent and fast when nothing changed: reinstalls only when pyproject.toml or
 # constraints.txt differ from the last install.
 set -euo pipefail
@@ -21,6 +21,6 @@ quiet_pip() {  # pip, without the warnings setuptools and odd pip configs print 
   rm -f "$log"
 }
 quiet_pip --upgrade pip
-quiet_pip -c constraints.txt -e '.[dev]'
+quiet_pip -c constraints.txt -e '.[train,dev]'
 echo "$want" > "$stamp"
 echo "bootstrap: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2

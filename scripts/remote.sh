@@ -17,18 +17,21 @@
 # validated SHA and run names first; this script checks them again.
 set -euo pipefail
 
-# Exit codes: the values of enlace/exitcodes.py (a test checks that they match).
+# Exit codes: the values of enlace/contract.py (a test checks that they match).
 EXIT_USAGE=2
 EXIT_VERIFY=3
 
 sys_python() { command -v python3 || command -v python; }
 json_out() {  # KEY VALUE ...: one JSON object; a KEY ending in :json takes VALUE as a JSON literal
-  local py; py=$(sys_python) || { echo '{"ok": false, "error": "no python3 on the server: install python3"}'; return; }
+  local py; py=$(sys_python) || { echo "{\"ok\": false, \"error\": \"no python3 on the server: install python3\", \"exit_code\": $EXIT_VERIFY, \"kind\": \"other\"}"; return; }
   "$py" -c 'import json, sys
 a = sys.argv[1:]
 print(json.dumps({k.removesuffix(":json"): json.loads(v) if k.endswith(":json") else v for k, v in zip(a[::2], a[1::2])}))' "$@"
 }
-die() { local code=${2:-$EXIT_VERIFY}; json_out ok:json false error "$1" exit_code:json "$code"; exit "$code"; }
+die() {  # MESSAGE [EXIT_CODE [KIND]]: the contract's error document (enlace/contract.py: error_doc)
+  local code=${2:-$EXIT_VERIFY}
+  json_out ok:json false error "$1" exit_code:json "$code" kind "${3:-other}"; exit "$code"
+}
 
 [ $# -ge 2 ] || { echo "usage: remote.sh REMOTE_DIR VERB [ARGS...]" >&2; exit $EXIT_USAGE; }
 RD=$1; VERB=$2; shift 2
@@ -64,11 +67,11 @@ resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (st
     local tmp=$RD/venvs/.tmp-$key-$$ torch_pin
     torch_pin=$(grep -E '^torch==' "$tree/constraints.txt" || echo torch)
     mkdir -p "$RD/venvs"; rm -rf "$tmp"
-    echo "building the server's python: a venv in $venv with $torch_pin, numpy, pyyaml, click from" \
+    echo "building the server's python: a venv in $venv with $torch_pin, numpy, pyyaml, click, psutil from" \
          "constraints.txt${*:+ (pip $*)} — on a GPU server pip fetches a CUDA wheel of torch (≈2.5 GB): minutes" >&2
     "$(sys_python)" -m venv "$tmp" >&2 || { rm -rf "$tmp"; return 1; }
     "$tmp/bin/python" -m pip install --progress-bar off --disable-pip-version-check -c "$tree/constraints.txt" \
-      "$@" torch numpy pyyaml click >&2 || { rm -rf "$tmp"; return 1; }
+      "$@" torch numpy pyyaml click psutil >&2 || { rm -rf "$tmp"; return 1; }
     mv -T "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another sync may have won the race
     echo "built $venv" >&2
   fi
@@ -113,7 +116,7 @@ case $VERB in
   enlace)
     sha=$1
     if [ "$sha" = latest ]; then
-      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first" $EXIT_USAGE
+      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first" $EXIT_USAGE not_synced
     fi
     check_sha "$sha"; py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
     cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD exec "$py" -m enlace "$@"

@@ -39,7 +39,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return finish(start(*args))
 
 
-DEPENDENCIES = ("torch", "numpy", "yaml", "click")
+DEPENDENCIES = ("torch", "numpy", "yaml", "click", "psutil")
 
 
 def import_detail(stderr: str) -> str:

@@ -87,14 +87,27 @@ def user_repo(tmp_path: Path, repo_template: Path) -> Path:
 
 
 @pytest.fixture
-def fresh_user():
+def fresh_users():
+    """A factory of fresh unix accounts (own HOME, no password, not locked); all removed afterwards."""
     if os.geteuid() != 0 or not shutil.which("useradd"):
         pytest.skip("creating a fresh unix account needs root and useradd")
-    name = f"enl{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-p", "*", name], check=True)  # "*": no password, not locked
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"enl{uuid.uuid4().hex[:8]}"
+        subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-p", "*", name], check=True)  # "*": no password
+        made.append(name)
+        return name
+
     try:
-        yield name
+        yield make
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-        subprocess.run(["userdel", "-r", "-f", name], capture_output=True, check=False)
-        shutil.rmtree(f"/tmp/torchinductor_{name}", ignore_errors=True)  # torch's per-user dir; userdel keeps it
+        for name in made:
+            subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+            subprocess.run(["userdel", "-r", "-f", name], capture_output=True, check=False)
+            shutil.rmtree(f"/tmp/torchinductor_{name}", ignore_errors=True)  # torch's per-user dir; userdel keeps it
+
+
+@pytest.fixture
+def fresh_user(fresh_users) -> str:
+    return fresh_users()

@@ -353,8 +353,8 @@ def test_local_helpers_die_with_the_driver(tmp_path):
             "-c",
             f"""
 import subprocess, time
-from orchestrator.transport import die_with_us
-p = subprocess.Popen(["sleep", "120"], preexec_fn=die_with_us)
+from orchestrator.portable import die_with_us
+p = subprocess.Popen(["sleep", "120"], preexec_fn=die_with_us())
 open({str(pidfile)!r}, "w").write(str(p.pid))
 time.sleep(120)
 """,
@@ -435,7 +435,7 @@ def test_remote_sh_refuses_a_remote_dir_it_would_misread(tmp_path, remote_dir):
 
 
 def test_a_live_run_is_described_by_what_is_known():
-    from enlace.runs import describe_live
+    from enlace.contract import describe_live
 
     starting = {"status": "starting", "phase": "building the model", "pid": None, "step": 0, "max_steps": None}
     assert describe_live(starting) == "starting: building the model"

@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from enlace.checkpoint import save_checkpoint
-from enlace.fetchserve import FRAME, BadRequest, serve
+from enlace.contract import FRAME
+from enlace.fetchserve import BadRequest, serve
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support import REPO
+from support.procs import install_driver
 from support.remote import tiny_corpus
 
 WHEELS = Path("/opt/wheels")
@@ -28,14 +28,24 @@ def readme_commands() -> list[str]:
 
 
 @pytest.mark.slow
-def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fresh_user):
+def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fresh_users):
+    """Both ends are fresh non-root accounts: the laptop user runs the driver with its own HOME and its own
+    clone; the server account has nothing of enlace."""
     from support.sshd import make_server
 
+    fresh_user, laptop_user = fresh_users(), fresh_users()
     srv = make_server(tmp_path, name="fresh", own_homes=True)
-    home = tmp_path / "laptop-home"  # the new user's own machine: a key and known_hosts, no enlace config
-    (home / ".ssh").mkdir(parents=True)
+    home = Path(f"/home/{laptop_user}")  # the new user's own machine: a key, known_hosts and a clone, no enlace config
+    (home / ".ssh").mkdir(mode=0o700)
     shutil.copy(srv.dir / "client_key", home / ".ssh" / "id_ed25519")
     shutil.copy(srv.dir / "known_hosts", home / ".ssh" / "known_hosts")
+    repo = home / "repo"
+    subprocess.run(["git", "clone", "-q", str(user_repo), str(repo)], check=True)
+    system_python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if not system_python:
+        pytest.skip("no python3 outside root's home for the laptop account to run the driver with")
+    driver_bin = install_driver(home / "driver", repo, system_python)  # pip install . : no torch on the laptop
+    subprocess.run(["chown", "-R", f"{laptop_user}:", str(home)], check=True)
     server_home = Path(f"/home/{fresh_user}")
     (server_home / ".ssh").mkdir(mode=0o700)
     shutil.copy(srv.dir / "client_key.pub", server_home / ".ssh" / "authorized_keys")
@@ -43,10 +53,11 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
     env = {
         **os.environ,
         "HOME": str(home),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO),
+        "USER": laptop_user,
+        "LOGNAME": laptop_user,
+        "PATH": f"{driver_bin}:/usr/local/bin:/usr/bin:/bin",
     }
-    for key in ("ENLACE_HOSTS_FILE", "ENLACE_SSH_CONFIG", "ENLACE_REMOTE_HOST"):
+    for key in ("ENLACE_HOSTS_FILE", "ENLACE_SSH_CONFIG", "ENLACE_REMOTE_HOST", "PYTHONPATH", "VIRTUAL_ENV"):
         env.pop(key, None)
     pip = [f"--pip-arg={a}" for a in ("--find-links", str(WHEELS))] if WHEELS.is_dir() else []
     try:
@@ -62,7 +73,16 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
                 tiny_corpus(server_home / "enlace")
                 subprocess.run(["chown", "-R", f"{fresh_user}:", str(server_home / "enlace" / "data")], check=True)
             out = subprocess.run(
-                argv, cwd=user_repo, env=env, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL
+                argv,
+                cwd=repo,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1200,
+                stdin=subprocess.DEVNULL,
+                user=laptop_user,
+                group=laptop_user,
+                extra_groups=[],
             )
             assert out.returncode == 0, f"{line}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
             assert "Traceback" not in out.stderr, out.stderr
@@ -72,11 +92,17 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
         assert len(venvs) == 1 and (venvs[0] / "bin" / "python").exists()  # python: venv, the default
         hosts_file = home / ".config" / "enlace" / "hosts.yaml"
         assert f"{fresh_user}@127.0.0.1:{srv.port}" in hosts_file.read_text()
+        assert hosts_file.stat().st_uid == _uid(laptop_user)  # written by the laptop user, in their HOME
         server_run = server_home / "enlace" / "runs" / "tiny"
-        fetched = user_repo / "runs" / "tiny"
+        fetched = repo / "runs" / "tiny"
         assert (fetched / "checkpoints" / "step-000030" / "model.pt").read_bytes() == (
             server_run / "checkpoints" / "step-000030" / "model.pt"
         ).read_bytes()
-        assert (server_run / "train.log").stat().st_uid == int(subprocess.check_output(["id", "-u", fresh_user]))
+        assert (fetched / "checkpoints" / "step-000030" / "model.pt").stat().st_uid == _uid(laptop_user)
+        assert (server_run / "train.log").stat().st_uid == _uid(fresh_user)
     finally:
         srv.stop()
+
+
+def _uid(user: str) -> int:
+    return int(subprocess.check_output(["id", "-u", user]))

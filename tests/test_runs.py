@@ -12,24 +12,26 @@ import time
 import pytest
 from support import REPO
 
-from enlace import exitcodes, runs
-from enlace.runs import Status
+from enlace import contract, runs
+from enlace.contract import Status
 
 
 def test_exit_codes_are_one_table_used_by_every_part():
-    assert len(set(exitcodes.TABLE)) == len(exitcodes.TABLE) == 10
+    assert len(set(contract.TABLE)) == len(contract.TABLE) == 11
     script = (REPO / "scripts" / "remote.sh").read_text()
     for name, value in re.findall(r"^EXIT_([A-Z_]+)=(\d+)$", script, re.M):
-        assert getattr(exitcodes, name) == int(value), name  # remote.sh spells the same values
+        assert getattr(contract, name) == int(value), name  # remote.sh spells the same values
     assert re.findall(r"exit (\d)", script) == []  # no bare numbers: only the named ones
     readme = (REPO / "README.md").read_text()
-    for code, what in exitcodes.TABLE.items():
+    for code, what in contract.TABLE.items():
         assert f"| {code} | {what} |" in readme, what
-    from orchestrator.errors import AlreadyRunning, NoSpace, UsageError, VerifyError, for_exit_code
+    from orchestrator.errors import AlreadyRunning, NoSpace, UsageError, VerifyError, from_doc
 
     for cls in (UsageError, VerifyError, AlreadyRunning, NoSpace):
-        assert type(for_exit_code(cls.exit_code, "x")) is cls
-    assert for_exit_code(exitcodes.CRASHED, "x").exit_code == exitcodes.CRASHED
+        assert type(from_doc({"error": "x", "exit_code": cls.exit_code}, 1)) is cls
+    crashed = from_doc({"error": "x", "exit_code": contract.CRASHED, "kind": "other"}, 1)
+    assert crashed.exit_code == contract.CRASHED and crashed.kind == "other"
+    assert from_doc({"error": "x"}, 99).exit_code == contract.FAILED  # an unknown code is never passed on
 
 
 @pytest.mark.parametrize(
@@ -37,10 +39,10 @@ def test_exit_codes_are_one_table_used_by_every_part():
     [(3, "", 3, False), (None, "", 0, False), ("why", "", 1, False), (3, "import torch", 3, True)],
 )
 def test_leave_flushes_and_skips_teardown_unless_torch_is_loaded(code, imports, rc, hook_ran):
-    """Both CLIs end in exitcodes.leave: output and exit code as with sys.exit; the interpreter's teardown
+    """Both CLIs end in contract.leave: output and exit code as with sys.exit; the interpreter's teardown
     (here: an atexit hook) skipped, except in a process that loaded torch, whose hooks must run."""
     script = (
-        f"import atexit, sys\n{imports}\nfrom enlace.exitcodes import leave\n"
+        f"import atexit, sys\n{imports}\nfrom enlace.contract import leave\n"
         "atexit.register(lambda: print('teardown', file=sys.stderr))\n"
         f"print('out', end=''); print('err', end='', file=sys.stderr); leave({code!r})\n"
     )
@@ -74,11 +76,11 @@ def test_liveness_is_pid_and_start_time_never_argv(tmp_path):
         ("failed", 2, 2),
         ("failed", 9, 9),
         ("failed", None, 1),
-        ("crashed", None, exitcodes.CRASHED),
+        ("crashed", None, contract.CRASHED),
     ],
 )
 def test_exit_code_of_each_ended_status(status, code, expected):
-    assert runs.exit_code_of({"status": status, "exit_code": code}) == expected
+    assert contract.exit_code_of({"status": status, "exit_code": code}) == expected
 
 
 def test_run_json_writes_leave_no_temp_files_even_when_they_fail(tmp_path):
@@ -141,7 +143,12 @@ def test_remote_sh_writes_json_with_any_remote_dir(tmp_path):
         text=True,
     )
     doc = json.loads(out.stdout)
-    assert out.returncode == exitcodes.USAGE and "nothing has been synced" in doc["error"] and '"' in doc["error"]
+    assert (
+        out.returncode == contract.USAGE
+        and "nothing has been synced" in doc["error"]
+        and doc["kind"] == "not_synced"
+        and '"' in doc["error"]
+    )
 
 
 def test_remote_sh_latest_is_the_most_recently_checked_out_tree(tmp_path):

@@ -13,6 +13,7 @@ from support import REPO
 from support.remote import remote
 
 from enlace import runs
+from enlace.contract import Status
 from enlace.slurm import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_from, time_limit_s
 from orchestrator.status import slurm_cell
 
@@ -119,9 +120,9 @@ def test_status_cell_and_status_of_a_queued_job():
     )
     assert slurm_cell({"job_id": None}) == "-"
     # a requeued job is pending whatever the trainer last wrote; a job that is gone leaves an active run crashed
-    assert runs.status_of({"status": "stopped"}, True, "PENDING") == runs.Status.PENDING
-    assert runs.status_of({"status": "running"}, False, "CANCELLED") == runs.Status.CRASHED
-    assert runs.status_of({"status": "stopped"}, False, "CANCELLED") == runs.Status.STOPPED
+    assert runs.status_of({"status": "stopped"}, True, "PENDING") == Status.PENDING
+    assert runs.status_of({"status": "running"}, False, "CANCELLED") == Status.CRASHED
+    assert runs.status_of({"status": "stopped"}, False, "CANCELLED") == Status.STOPPED
 
 
 def test_slurm_print_writes_the_launch_script_without_touching_a_host(user_repo):

@@ -145,7 +145,7 @@ def test_stop_never_overwrites_a_final_status_nor_signals_twice(tmp_path):
     import subprocess
 
     from enlace import runs
-    from enlace.runs import Status
+    from enlace.contract import Status
 
     for recorded in (Status.STOPPED, Status.STOPPING):
         run_dir = tmp_path / recorded.value

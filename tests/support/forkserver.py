@@ -31,7 +31,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from orchestrator.transport import die_with_us
+from orchestrator.portable import die_with_us
 
 from . import REPO
 
@@ -111,7 +111,7 @@ class _Client:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,
-            preexec_fn=die_with_us,  # noqa: PLW1509 - prctl only: a worker killed outright leaves no server
+            preexec_fn=die_with_us(),  # noqa: PLW1509 - prctl only: a worker killed outright leaves no server
         )
         ready = self.proc.stdout.readline().strip()
         if ready != "ready":

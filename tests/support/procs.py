@@ -66,3 +66,18 @@ class Throttle:
         self._thread.join()
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGCONT)
+
+
+def install_driver(venv: Path, source: Path, python: str) -> Path:
+    """A venv made by `python` with `pip install -c constraints.txt SOURCE` (no extras): the driver alone,
+    as a laptop installs it. Returns the venv's bin/ (enlace-remote, python)."""
+    import subprocess
+
+    from . import REPO
+
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    out = subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), str(source)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise AssertionError(f"pip install of the driver failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return venv / "bin"

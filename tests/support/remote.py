@@ -13,14 +13,26 @@ from . import REPO
 from .configs import write_tiny_corpus
 
 
-def _command(host: str, args: tuple[str, ...], env: dict) -> tuple[list[str], dict]:
-    """enlace-remote's argv and environment: this checkout's code, the test's hosts and keys."""
+def _command(host: str, args: tuple[str, ...], env: dict, driver: list[str] | None) -> tuple[list[str], dict]:
+    """enlace-remote's argv and environment: this checkout's code, the test's hosts and keys; or `driver`,
+    an installed enlace-remote, with the environment as a user's (no PYTHONPATH into this checkout)."""
+    if driver:
+        base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return [*driver, "--host", host, *args], {**base, **env}
     argv = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
     return argv, {**os.environ, "PYTHONPATH": str(REPO), **env}
 
 
-def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float = 300, host: str = "testhost"):
-    cmd, full = _command(host, args, env)
+def remote(
+    repo: Path,
+    env: dict,
+    *args: str,
+    check: bool = True,
+    timeout: float = 300,
+    host: str = "testhost",
+    driver: list[str] | None = None,
+):
+    cmd, full = _command(host, args, env, driver)
     out = subprocess.run(
         cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full, stdin=subprocess.DEVNULL
     )
@@ -34,7 +46,7 @@ def remote(repo: Path, env: dict, *args: str, check: bool = True, timeout: float
 def popen_remote(repo: Path, env: dict, *args: str, host: str = "testhost", prefix: tuple[str, ...] = ()):
     """`enlace-remote ARGS` left running (stdout and stderr piped); `prefix` runs it under another
     command (e.g. `ip netns exec NS`)."""
-    cmd, full = _command(host, args, env)
+    cmd, full = _command(host, args, env, None)
     return subprocess.Popen(
         [*prefix, *cmd], cwd=repo, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full
     )

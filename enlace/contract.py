@@ -1,0 +1,202 @@
+"""The contract between the two halves: what the trainer's server verbs and the driver (enlace-remote)
+both rely on, owned here once. Standard library only: the driver imports it on a laptop without torch,
+numpy or the trainer's modules.
+
+  exit codes         the one table of `enlace`, scripts/remote.sh and `enlace-remote`
+  run names          the rule a run_name follows, and where a run's name comes from
+  run status         the Status enum and what each status means to the driver (terminal or not, the
+                     exit code `logs -f` ends with, the words that describe it)
+  the error document {"ok": false, "error", "exit_code", "kind"}: one builder; `kind` names the error for
+                     the driver, which never matches message text
+  the fetch frame    how fetch-serve frames each file's bytes
+  Slurm host keys    the hosts.yaml keys of a Slurm login node
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import re
+import struct
+import sys
+from typing import Any, NoReturn
+
+# -- exit codes -------------------------------------------------------------------------------------
+# No value has two meanings. remote.sh spells the ones it uses as EXIT_* variables that a test checks.
+
+OK = 0
+FAILED = 1  # the run or a remote command failed (verify-resume: states differ)
+USAGE = 2  # bad usage, config, checkpoint, host or run name: one line says what, where and the fix
+VERIFY = 3  # verification failed: dirty tree, git-ignored files, something missing on the server
+UNREACHABLE = 4  # host unreachable, authentication rejected, unknown or changed host key
+OOM = 5  # preflight: the batch does not fit
+UNSTABLE = 6  # preflight: fp16 keeps skipping steps
+ALREADY_RUNNING = 7  # launch: the run is already running (or another launch of it is in progress)
+CRASHED = 8  # the run's process vanished without a final status (SIGKILL, OOM killer, reboot)
+NO_SPACE = 9  # not enough free disk for the run's checkpoints
+TOO_SLOW = 10  # preflight: the measured steps project past preflight's own time budget
+
+TABLE = {
+    OK: "ok (preflight: ok or tight)",
+    FAILED: "the run or a remote command failed",
+    USAGE: "bad usage, config, checkpoint, host or run name",
+    VERIFY: "verification failed: dirty tree, git-ignored files, something missing on the server",
+    UNREACHABLE: "host unreachable, authentication rejected, unknown or changed host key",
+    OOM: "preflight: the batch does not fit (oom)",
+    UNSTABLE: "preflight: fp16 unstable",
+    ALREADY_RUNNING: "launch: the run is already running",
+    CRASHED: "the run crashed: its process vanished without a final status",
+    NO_SPACE: "not enough free disk space for the run's checkpoints",
+    TOO_SLOW: "preflight: too slow (its steps project past its time budget)",
+}
+
+# preflight verdict → exit code (ok, tight: 0)
+VERDICT = {"oom": OOM, "unstable": UNSTABLE, "no_space": NO_SPACE, "too_slow": TOO_SLOW}
+
+
+def help_text() -> str:
+    """The table for `--help` epilogs (click's \\b keeps the lines as they are)."""
+    return "\b\nExit codes:\n" + "\n".join(f"  {code}  {what}" for code, what in TABLE.items())
+
+
+def leave(code: object) -> NoReturn:
+    """Exit with `code` (as sys.exit takes it); without torch loaded, at once: stdout and stderr flushed,
+    the interpreter's teardown skipped (callers have closed what they opened). torch registers atexit
+    hooks that must run (compile workers, distributed), so a process that loaded it exits the normal way."""
+    if "torch" in sys.modules:
+        sys.exit(code)
+    if code is not None and not isinstance(code, int):  # sys.exit("text"): Python prints it, exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) or a closed stream
+            stream.flush()
+    os._exit(code or 0)
+
+
+# -- run names --------------------------------------------------------------------------------------
+
+RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit"
+
+
+def run_name_of(run_file: dict[str, Any], stem: str, sets: dict[str, Any]) -> tuple[Any, str]:
+    """Where a run's name comes from, and which source gave it: `--set run_name=` wins, then the run
+    file's `run_name:`, then the file's stem. Not validated here (the caller names the source)."""
+    if "run_name" in sets:
+        return sets["run_name"], "--set"
+    if "run_name" in run_file:
+        return run_file["run_name"], "run"
+    return stem, "run"
+
+
+# -- run status -------------------------------------------------------------------------------------
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"  # queued on Slurm (submitted or requeued), waiting for a node
+    STARTING = "starting"  # launched; the trainer has not logged its first step yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # a stop was requested; the trainer is finishing its step and checkpointing
+    STOPPED = "stopped"  # ended cleanly before max_steps (stop, SIGTERM, --until); resumable
+    FINISHED = "finished"  # reached max_steps
+    FAILED = "failed"  # ended with an error it reported (config, checkpoint, disk full, exception)
+    CRASHED = "crashed"  # the process vanished without writing a final status (SIGKILL, OOM killer)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_terminal(self) -> bool:
+        """Ended: nothing of the run is alive (a later launch may resume it)."""
+        return self not in ACTIVE
+
+
+ACTIVE = frozenset({Status.PENDING, Status.STARTING, Status.RUNNING, Status.STOPPING})
+ENDED_CLEANLY = frozenset({Status.STOPPED, Status.FINISHED})
+STOPPABLE = frozenset({Status.STARTING, Status.RUNNING})  # what `stop` moves to STOPPING (compare-and-set)
+UNLESS_STOPPING = frozenset(Status) - {Status.STOPPING}  # the trainer's own starting/running never undoes a stop
+
+
+def exit_code_of(row: dict[str, Any]) -> int:
+    """What `logs -f` (and the driver) exits with once a run has ended."""
+    status = Status(row["status"])
+    if status in ENDED_CLEANLY:
+        return OK
+    if status == Status.CRASHED:
+        return CRASHED
+    code = row.get("exit_code")
+    return code if isinstance(code, int) and code not in (0, CRASHED) else FAILED
+
+
+def ended_message(row: dict[str, Any]) -> str:
+    """One line for a run that has ended badly: what happened, the last step, what is safe."""
+    ckpt = row.get("latest_checkpoint") or "none"
+    if row["status"] == Status.CRASHED:
+        what = "crashed: its process vanished without a final status (killed, OOM killer or reboot)"
+    else:
+        what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
+    return (
+        f"{row['run_name']} {what}; last logged step {row.get('step', 0)}/{row.get('max_steps')}, "
+        f"last complete checkpoint {ckpt} — relaunch to resume from it"
+    )
+
+
+def describe_live(row: dict[str, Any]) -> str:
+    """What a live run is doing, in a few words: `running, step 24 of 500, pid 4242`, `starting: building
+    the model`, `pending, Slurm job 3`. Only what is known (no `pid None`, no `step 0/None`)."""
+    if row["status"] in (Status.STARTING, Status.PENDING) and row.get("phase"):
+        what = f"{row['status']}: {row['phase']}"
+    else:
+        what = str(row["status"])
+        if row.get("step") and row.get("max_steps"):
+            what += f", step {row['step']} of {row['max_steps']}"
+    if row.get("job_id"):
+        return f"{what}, Slurm job {row['job_id']}"
+    return f"{what}, pid {row['pid']}" if row.get("pid") else what
+
+
+# -- the error document -----------------------------------------------------------------------------
+
+
+class ErrorKind(str, enum.Enum):
+    """What went wrong, for the driver to act on (it never matches an error's text)."""
+
+    NOT_SYNCED = "not_synced"  # nothing has been checked out on the server yet
+    NO_SUCH_RUN = "no_such_run"
+    ALREADY_RUNNING = "already_running"
+    CONFIG = "config"
+    CHECKPOINT = "checkpoint"
+    NO_SPACE = "no_space"
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def error_doc(message: str, exit_code: int, kind: ErrorKind | str | None = None, **extra: Any) -> dict[str, Any]:
+    """The one shape of a server verb's refusal: {"ok": false, "error", "exit_code", "kind", ...extra}."""
+    return {"ok": False, "error": message, "exit_code": exit_code, "kind": str(kind or ErrorKind.OTHER), **extra}
+
+
+# -- the fetch frame --------------------------------------------------------------------------------
+
+FRAME = struct.Struct(">QQ")  # before each file's bytes: where they start in the file, how many
+RUN_FILES = ("run.json", "config.yaml", "metrics.jsonl", "train.log", "preflight.json")
+
+# -- Slurm host keys --------------------------------------------------------------------------------
+
+SLURM_KEYS = (
+    "partition",
+    "account",
+    "qos",
+    "time",
+    "gpus_per_node",
+    "cpus_per_task",
+    "mem",
+    "nodes",
+    "extra_sbatch",
+    "max_requeues",
+    "signal_grace",
+)

@@ -1,0 +1,39 @@
+"""The driver's only operating-system-specific calls, each guarded where it is defined, each with the
+portable fallback said beside it. The driver runs on Linux and macOS laptops as a normal user.
+
+- Parent-death signal (Linux prctl PR_SET_PDEATHSIG): a helper (git, ssh, rsync) is SIGTERMed by the
+  kernel when enlace-remote dies, even by SIGKILL. Fallback (macOS has no such signal): none is set; the
+  driver ends its helpers itself on every exit it lives through, and an ssh whose driver died ends when
+  its stdin pipe closes.
+- Pipe size (Linux fcntl F_SETPIPE_SZ): a 1 MiB pipe from a local helper, so one read takes more. Fallback:
+  the system's default pipe; reads are smaller, the bytes the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import signal
+import sys
+
+LINUX = sys.platform.startswith("linux")
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux's value; only used on Linux
+
+
+def _set_parent_death_signal() -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def die_with_us():
+    """The preexec_fn for a local helper: on Linux, one that makes the kernel SIGTERM it when this process
+    dies; elsewhere None (no preexec_fn at all)."""
+    return _set_parent_death_signal if LINUX else None
+
+
+def grow_pipe(fd: int, size: int) -> None:
+    """Ask for a `size`-byte pipe on Linux (up to /proc/sys/fs/pipe-max-size); elsewhere keep the default."""
+    if LINUX:
+        with contextlib.suppress(OSError):  # over the limit: the default pipe still works
+            fcntl.fcntl(fd, F_SETPIPE_SZ, size)

@@ -1,0 +1,156 @@
+"""The driver and the `local` host on a system without Linux's extras (macOS): the guarded Linux-only calls
+are monkeypatched away and the portable fallbacks run, so they cannot rot. Also: the driver's import
+closure holds no torch, numpy or trainer module for any verb."""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO
+
+from enlace import runs, sysinfo
+from enlace.contract import Status
+from orchestrator import portable
+from orchestrator.duplex import ProcessDuplex
+
+
+def test_helpers_start_without_prctl_or_pipe_sizing(monkeypatch):
+    monkeypatch.setattr(portable, "LINUX", False)
+
+    def no_fcntl(*args):
+        raise AssertionError("fcntl.fcntl called on a system without F_SETPIPE_SZ")
+
+    monkeypatch.setattr(fcntl, "fcntl", no_fcntl)
+    assert portable.die_with_us() is None
+    with ProcessDuplex(["cat"], stall_timeout=30, tick=lambda: None) as helper:
+        helper.write(b"hello over a default pipe\n")
+        assert helper.read(26) == b"hello over a default pipe\n"
+
+
+def test_local_liveness_and_machine_facts_without_linux_reads(monkeypatch, tmp_path):
+    """The `local` host's run state and preflight's machine facts, with sysinfo's Linux paths off: liveness
+    is psutil's (pid + create time), peak RSS the process's ru_maxrss, the CPU name platform's."""
+    monkeypatch.setattr(sysinfo, "LINUX", False)
+    real_open = open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc"):
+            raise AssertionError(f"{path} read with the Linux paths off")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(sysinfo, "open", no_proc, raising=False)  # sysinfo's own reads (psutil reads its own)
+    assert sysinfo.peak_rss_bytes() > 10 * 2**20
+    assert sysinfo.total_memory_bytes() > 2**30
+    assert isinstance(sysinfo.cpu_name(), str) and sysinfo.cpu_name()
+    sysinfo.reset_peak_rss()  # a no-op there, never an error
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        runs.update(tmp_path / "r", status=Status.RUNNING, pid=proc.pid, pid_start=runs.proc_start(proc.pid))
+        assert runs.observe(tmp_path / "r")["status"] == "running"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert runs.observe(tmp_path / "r")["status"] == "crashed"
+
+
+# -- the driver's import closure ------------------------------------------------------------------
+
+# The enlace modules the driver may import (README's module map says why each is light).
+DRIVER_MAY_IMPORT = {
+    "enlace",
+    "enlace.contract",
+    "enlace.errors",
+    "enlace.names",
+    "enlace.yamlio",
+    "enlace.slurm",
+    "enlace.report",
+    "enlace.clitypes",
+    "enlace.plot",  # the plot verb: matplotlib (and with it numpy), never torch
+}
+NEVER = ("torch", "numpy")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    for cand in (REPO.joinpath(*parts).with_suffix(".py"), REPO.joinpath(*parts, "__init__.py")):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def test_the_drivers_import_closure_has_no_torch_numpy_or_trainer_module():
+    """Statically, over every import in every driver module (function-level ones too, which are what the
+    verbs run): the driver reaches only the light enlace modules, and none of those reaches torch or numpy
+    (plot's matplotlib brings numpy with it; that verb alone)."""
+    todo = [p for p in (REPO / "orchestrator").glob("*.py")]
+    seen: set[Path] = set()
+    reached: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top == "enlace":
+                module = name if _module_file(name) else name.rsplit(".", 1)[0]
+                reached.add(module)
+                if module == "enlace.plot":
+                    continue  # matplotlib's numpy: the plot verb only
+                if _module_file(module):
+                    todo.append(_module_file(module))
+            elif top in NEVER:
+                raise AssertionError(f"{path.relative_to(REPO)} imports {name}")
+    assert reached <= DRIVER_MAY_IMPORT, sorted(reached - DRIVER_MAY_IMPORT)
+
+
+@pytest.mark.parametrize("verb", ["--help", "hosts", "status --help", "launch --help", "fetch --help"])
+def test_driver_verbs_start_without_torch_or_numpy(verb):
+    code = (
+        "import sys\nfrom orchestrator.cli import main\n"
+        f"try:\n    main({verb.split()!r}, standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        "bad = [m for m in ('torch', 'numpy', 'enlace.config', 'enlace.train', 'enlace.runs') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_slurm_print_of_a_distillation_run_needs_no_teacher_on_this_machine(repo_template, monkeypatch, tmp_path):
+    """The driver reads run_name from the run file by the contract's rule; a config that names a teacher
+    checkpoint only the server has is not loaded here (check-config on the server checks the teacher)."""
+    from click.testing import CliRunner
+
+    from enlace.config import load_config
+    from enlace.config_rules import check_environment
+    from enlace.errors import ConfigError
+    from orchestrator.cli import main
+
+    assert not (repo_template / "runs").exists()
+    monkeypatch.chdir(repo_template)
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "none.yaml"))
+    result = CliRunner().invoke(main, ["launch", "distill-cpu", "--slurm", "--print"])
+    assert result.exit_code == 0, result.output
+    assert "enlace slurm-job" in result.output and "distill-cpu" in result.output
+    renamed = CliRunner().invoke(main, ["launch", "distill-cpu", "--slurm", "--print", "--set", "run_name=other"])
+    assert renamed.exit_code == 0 and "other" in renamed.output
+    cfg = load_config("distill-cpu", root=repo_template)  # values only: loads without the teacher
+    with pytest.raises(ConfigError, match=r"distill\.teacher"):
+        check_environment(cfg)  # where the run starts, the missing teacher is one clear error
