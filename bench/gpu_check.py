@@ -7,6 +7,8 @@ One process, five sections, one JSON (and a short table):
                   --steps steps from one seed → max |Δ| over all parameters (non-zero expected on CUDA)
   2. resume       `verify-resume` of the deterministic twin on the device → identical, or the first
                   differing tensor
+  2b. ddp         the deterministic twin under torchrun over every visible GPU (2 gloo processes on the
+                  CPU): straight vs half + resume, by bytes; each rank's RNG its own
   3. preflight    preflight's predicted peak memory (CUDA: reserved) and tokens/s vs a real short run's
                   measured torch.cuda.max_memory_reserved() (CPU: peak RSS) and tokens/s → ratios
   4. costs        tokens/s with deterministic on/off, compile on/off (after warm-up), bf16 vs fp16
@@ -36,11 +38,12 @@ import torch  # noqa: E402
 from enlace import engine  # noqa: E402
 from enlace.config import load_config  # noqa: E402
 from enlace.data import build_stream  # noqa: E402
+from enlace.determinism import ensure_cublas_workspace  # noqa: E402
 from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss  # noqa: E402
 
 SMALL = ["model.seq_len=32", "model.n_layer=2", "model.n_head=2", "model.d_model=32", "training.batch_size=4"]
 WARMUP = 3
-SECTIONS = ("drift", "resume", "preflight", "costs")  # in this order, each within its share of what is left
+SECTIONS = ("drift", "resume", "ddp", "preflight", "costs")  # in this order, each within its share of what is left
 
 
 class Budget:
@@ -53,10 +56,11 @@ class Budget:
 
 def runs_for(device: str) -> tuple[str, str, list[str]]:
     """(run, its deterministic twin, overrides) for the device: the RTX 2060 smoke runs on CUDA
-    (fp16 + GradScaler), smoke-cpu (fp32) on the CPU."""
+    (fp16 + GradScaler), smoke-cpu (fp32) on the CPU. Dropout stays as configured: the resume section
+    then restores the device's RNG too, as a real run's resume does."""
     if device == "cuda":
-        return "smoke-2060", "smoke-2060-deterministic", ["model.dropout=0.0"]
-    return "smoke-cpu", "smoke-cpu-deterministic", ["model.dropout=0.0", "runtime.device=cpu"]
+        return "smoke-2060", "smoke-2060-deterministic", []
+    return "smoke-cpu", "smoke-cpu-deterministic", ["runtime.device=cpu"]
 
 
 def config(run: str, overrides: list[str]):
@@ -120,6 +124,46 @@ def resume(det_run: str, overrides: list[str], steps: int) -> dict:
     }
 
 
+def ddp(det_run: str, overrides: list[str], steps: int, device: torch.device) -> dict:
+    """DDP over every visible GPU (2 gloo processes on the CPU): `steps` straight under torchrun, and half +
+    a resume in new processes; the two final checkpoints compared by bytes. Every step runs any_rank (the
+    stop flag) on the group's backend, so nccl's device rule is exercised too."""
+    from enlace.checkpoint import load_checkpoint, step_dir_name
+    from enlace.verify_resume import compare_states
+
+    world = torch.cuda.device_count() if device.type == "cuda" else 2
+    if world < 2:
+        return {"skipped": f"{world} GPU visible: DDP needs 2"}
+    half = steps // 2
+    with tempfile.TemporaryDirectory(prefix="gpu-check-ddp-") as tmp:
+
+        def torchrun(runs: str, until: int) -> None:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+            cmd += [f"--log-dir={tmp}/torchrun", "-m", "enlace", "train", det_run, "--root", str(REPO)]
+            cmd += ["--runs-dir", f"{tmp}/{runs}", "--until", str(until), *[a for o in overrides for a in ("--set", o)]]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+            if out.returncode != 0:
+                raise RuntimeError(f"torchrun exited {out.returncode}: {out.stderr[-800:]}")
+
+        torchrun("straight", steps)
+        torchrun("resumed", half)
+        torchrun("resumed", steps)
+        name = config(det_run, overrides).run_name
+        a, b = (
+            load_checkpoint(Path(tmp, d, name, "checkpoints", step_dir_name(steps))) for d in ("straight", "resumed")
+        )
+        rep = compare_states(a, b)
+        rngs = [r["rng"]["torch"] for r in a["trainer.pt"]["ranks"]]
+    return {
+        "world": world,
+        "steps": steps,
+        "resumed_at": half,
+        "identical": rep["identical"],
+        "first_difference": rep["first_difference"],
+        "ranks_draw_apart": len({bytes(t.numpy()) for t in rngs}) == len(rngs),
+    }
+
+
 def preflight_accuracy(run: str, overrides: list[str], steps: int, device: torch.device) -> dict:
     from enlace.preflight import preflight
     from enlace.train import train
@@ -176,14 +220,19 @@ def costs(run: str, overrides: list[str], steps: int, device: torch.device, budg
         out["compile"] = {"off_tokens_per_s": off, "on_tokens_per_s": compiled, "on_over_off": round(compiled / off, 3)}
     else:
         out["compile"] = {"skipped": f"budget ({budget.left():.0f} s left; compile's first build takes about a minute)"}
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        out["bf16"] = {"skipped": "this device has no bf16"}
+    if device.type == "cuda" and not bf16_native(device):
+        out["bf16"] = {"skipped": "no native bf16 here (compute capability below 8.0: emulated, not measured)"}
     else:
         base = "fp16" if device.type == "cuda" else "fp32"  # fp16 on CPU is ≈20x slower: not a useful baseline
         b = rate("runtime.deterministic=false", "runtime.compile=false", "runtime.precision=bf16")
         f = rate("runtime.deterministic=false", "runtime.compile=false", f"runtime.precision={base}")
         out["bf16"] = {f"{base}_tokens_per_s": f, "bf16_tokens_per_s": b, f"bf16_over_{base}": round(b / f, 3)}
     return out
+
+
+def bf16_native(device: torch.device) -> bool:
+    """bf16 in hardware (compute capability 8.0+); is_bf16_supported() is also True where it is emulated."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def environment(device: torch.device) -> dict:
@@ -201,7 +250,7 @@ def environment(device: torch.device) -> dict:
             driver=smi.stdout.strip().splitlines()[0] if smi.returncode == 0 else None,
             free_mib=mib(free),
             total_mib=mib(total),
-            bf16=torch.cuda.is_bf16_supported(),
+            bf16=bf16_native(device),
         )
     else:
         import platform
@@ -211,14 +260,17 @@ def environment(device: torch.device) -> dict:
 
 
 def run_checks(device_name: str, budget_s: float, steps: int, small: bool) -> dict:
+    cublas = ensure_cublas_workspace()  # before this process's first GEMM: the deterministic sections need it
     device = torch.device(device_name)
     budget = Budget(budget_s)
     run, det_run, overrides = runs_for(device.type)
     overrides = [*overrides, *(SMALL if small else [])]
     report: dict = {"environment": environment(device), "budget_s": budget_s, "small": small, "seconds": {}}
+    report["environment"]["cublas_workspace_config"] = cublas
     jobs = {
         "drift": lambda: drift(run, overrides, steps),
         "resume": lambda: resume(det_run, overrides, steps),
+        "ddp": lambda: ddp(det_run, overrides, min(steps, 8), device),
         "preflight": lambda: preflight_accuracy(run, overrides, 5, device),
         "costs": lambda: costs(run, overrides, max(steps // 2, WARMUP + 3), device, budget),
     }
@@ -262,6 +314,11 @@ def table(r: dict) -> str:
             "resume",
             f"identical {get('resume', 'identical')} ({get('resume', 'tensors')} tensors); "
             f"first difference {get('resume', 'first_difference')}",
+        ),
+        (
+            "ddp",
+            f"world {get('ddp', 'world')}: identical {get('ddp', 'identical')}, ranks draw apart "
+            f"{get('ddp', 'ranks_draw_apart')}",
         ),
         (
             "preflight",

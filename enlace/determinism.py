@@ -2,9 +2,9 @@
 
 On CUDA, deterministic mode needs CUBLAS_WORKSPACE_CONFIG set before cuBLAS initialises, cuDNN
 pinned, TF32 off and torch's deterministic algorithms. On CPU it pins intra-op threads to 1:
-with 2 threads, separate processes on a loaded machine differ in 15-40 % of runs (measured, see
-shared/notes/torch-cpu-facts.md); 1 thread was bitwise reproducible. The thread count is recorded
-in every checkpoint because it changes the bits.
+with 2 threads, separate processes on a loaded machine differ between runs, 1 thread was bitwise
+reproducible (docs/benchmarks.md). The thread count is recorded in every checkpoint because it
+changes the bits.
 """
 
 from __future__ import annotations
@@ -16,6 +16,26 @@ import numpy as np
 import torch
 
 from enlace.config import RuntimeConfig
+from enlace.errors import ConfigError
+
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the values cuBLAS is deterministic with (CUDA docs)
+
+
+def ensure_cublas_workspace() -> str:
+    """CUBLAS_WORKSPACE_CONFIG for deterministic cuBLAS, set before the process's first GEMM (PyTorch reads
+    it then): every entry point that may run deterministic work calls this first. A value of the user's
+    own that cuBLAS is not deterministic with is refused in one line (never silently kept)."""
+    value = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if value is None:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = value = CUBLAS_DETERMINISTIC[0]
+    elif value not in CUBLAS_DETERMINISTIC:
+        raise ConfigError(
+            "environment",
+            "CUBLAS_WORKSPACE_CONFIG",
+            f"{value!r} does not make cuBLAS deterministic",
+            f"unset it, or set {' or '.join(CUBLAS_DETERMINISTIC)}",
+        )
+    return value
 
 
 def seed_everything(seed: int) -> None:
@@ -27,7 +47,7 @@ def seed_everything(seed: int) -> None:
 def configure(rt: RuntimeConfig, device: torch.device) -> dict:
     """Seed, set threads and (if asked) deterministic kernels. Returns what was set, for the log."""
     if rt.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
+        ensure_cublas_workspace()
     threads = rt.threads or (1 if rt.deterministic and device.type == "cpu" else 0)
     if threads:
         torch.set_num_threads(threads)
@@ -66,7 +86,8 @@ def rng_state() -> dict:
             "cached_gaussian": float(cached),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        # this process's own device only: a checkpoint resumes where fewer GPUs are visible
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_initialized() else [],
     }
 
 
@@ -78,7 +99,14 @@ def set_rng_state(state: dict) -> None:
     )
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(own_cuda_state(state["cuda"], torch.cuda.current_device()))
+
+
+def own_cuda_state(states: list, device: int):
+    """This device's CUDA RNG state from a checkpoint's list: one entry (this process's device, as saved
+    now), or one per device that was visible (older checkpoints: get_rng_state_all) — then the entry of
+    the device this process runs on, which is its local rank's."""
+    return states[device] if len(states) > 1 and device < len(states) else states[0]
 
 
 def _as_python_state(s):

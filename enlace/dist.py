@@ -13,6 +13,12 @@ import torch
 import torch.distributed as torch_dist
 
 
+def collective_device(backend: str, local_rank: int) -> torch.device:
+    """Where a collective's tensor must live: nccl moves CUDA tensors only ("No backend type associated
+    with device type cpu"), gloo CPU ones."""
+    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+
+
 @dataclass(frozen=True)
 class Dist:
     """rank 0 of 1 when not under torchrun."""
@@ -43,9 +49,31 @@ class Dist:
         """True on every rank if it is true on any (e.g. a stop signal: all ranks stop at the same step)."""
         if self.world == 1:
             return flag
-        t = torch.tensor([int(flag)])
+        t = torch.tensor([int(flag)], device=collective_device(torch_dist.get_backend(), self.local_rank))
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
         return bool(t.item())
+
+    def average_gradients(self, params) -> None:
+        """Every rank's gradients summed and divided by the world, as DDP does, but in one flat buffer laid
+        out in parameter order on every step. DDP regroups its buckets after a process's first iteration, so
+        with 3 or more ranks a resumed process's first step summed in another order than the uninterrupted
+        run's; deterministic mode uses this instead, and resumes bit for bit."""
+        if self.world == 1:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        torch_dist.all_reduce(flat)
+        flat /= self.world
+        for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            grad.copy_(synced)
+
+    def broadcast_parameters(self, module: torch.nn.Module) -> None:
+        """Rank 0's weights on every rank (what DDP does when it wraps a module)."""
+        if self.world == 1:
+            return
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                torch_dist.broadcast(tensor, src=0)
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank."""

@@ -95,9 +95,14 @@ def build_setup(cfg: Config, dist: Dist | None = None) -> TrainingSetup:
     raw_model = ByteGPT(cfg.model).to(device)
     model: torch.nn.Module = raw_model
     if dist.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(
-            raw_model, device_ids=[device.index] if device.type == "cuda" else None
-        )
+        if cfg.runtime.deterministic:  # gradients averaged in one fixed layout (Dist.average_gradients)
+            dist.broadcast_parameters(raw_model)
+        else:
+            model = torch.nn.parallel.DistributedDataParallel(
+                raw_model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        # every rank has rank 0's weights now; from here each draws its own numbers (dropout masks)
+        determinism.seed_everything((cfg.runtime.seed + dist.rank) % 2**64)
     if cfg.runtime.compile:
         model = torch.compile(model)
     optimizer = build_optimizer(raw_model, cfg.optim, cfg.runtime.deterministic)
@@ -141,7 +146,8 @@ def train_step(
     for micro in range(accum):
         x, y = (t.to(setup.device, non_blocking=True) for t in next_batch())
         # DDP: all-reduce gradients only on the last micro-step.
-        sync = contextlib.nullcontext() if micro == accum - 1 or setup.dist.world == 1 else model.no_sync()
+        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        sync = model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext()
         with sync:
             phase("forward")
             with setup.autocast():
@@ -157,6 +163,8 @@ def train_step(
             phase("backward")
             scaler.scale(loss / accum).backward()
         total += loss.detach() / accum
+    if setup.dist.world > 1 and model is setup.raw_model:  # deterministic DDP: no reducer, one fixed layout
+        setup.dist.average_gradients(setup.raw_model.parameters())
     phase("optimizer step")
     if cfg.optim.grad_clip > 0:
         scaler.unscale_(opt)

@@ -21,7 +21,10 @@ def lr_at(step: int, o: OptimConfig, max_steps: int) -> float:
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, deterministic: bool) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay on matrices (dim >= 2) only; not on norms or biases.
 
-    Deterministic mode pins the single-tensor implementation (no foreach/fused variance)."""
+    Deterministic mode pins the single-tensor implementation, so the optimizer's arithmetic never follows
+    torch's per-device default. Not for run-to-run variance: foreach and fused are elementwise and
+    deterministic too; what the pin costs on a GPU is for the first lent device to measure
+    (docs/gpu-path.md)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},

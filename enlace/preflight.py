@@ -93,15 +93,17 @@ def _device_name(device: torch.device) -> str:
 
 def _memory(device: torch.device, limit: int | None) -> dict[str, Any]:
     if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        reserved = torch.cuda.max_memory_reserved(device)
+        free, total = torch.cuda.mem_get_info(device)
+        usable = free + torch.cuda.memory_reserved(device)  # the card's free memory plus what we hold: not the
+        reserved = torch.cuda.max_memory_reserved(device)  # CUDA context, NCCL buffers or other processes
         return {
             "kind": "cuda",
             "peak_reserved_mib": mib(reserved),
             "peak_allocated_mib": mib(torch.cuda.max_memory_allocated(device)),
             "num_alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
             "total_mib": mib(total),
-            "headroom_pct": round(100.0 * (total - reserved) / total, 1),
+            "usable_mib": mib(usable),
+            "headroom_pct": headroom_pct(usable, reserved),
         }
     total = limit or total_memory_bytes()
     peak = peak_rss_bytes()
@@ -111,8 +113,13 @@ def _memory(device: torch.device, limit: int | None) -> dict[str, Any]:
         "total_mib": mib(total),
         "limit_mib": mib(limit) if limit else None,
         "num_alloc_retries": 0,
-        "headroom_pct": round(100.0 * (total - peak) / total, 1),
+        "headroom_pct": headroom_pct(total, peak),
     }
+
+
+def headroom_pct(usable: int, peak: int) -> float:
+    """How much of what this process can use stays free at its peak, in %."""
+    return round(100.0 * (usable - peak) / usable, 1) if usable > 0 else 0.0
 
 
 def _hours(seconds: float) -> str:
@@ -147,6 +154,7 @@ def preflight(
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
+        torch.cuda.reset_accumulated_memory_stats(dev)  # num_alloc_retries: this preflight's (or probe's) own
     report["environment"] = _environment(cfg, setup)
     try:
         m = _measure(cfg, setup, warmup, steps, MemoryWatch(dev, memory_limit), progress)
@@ -198,8 +206,12 @@ def _measure(
     for i in range(warmup + steps):
         label = "warm-up" if i < warmup else "measure"
         t0 = time.perf_counter()
-        result = engine.train_step(setup, i, data.next_batch, phase=watch)
-        loss = watch.run("optimizer step", result.loss.item)
+
+        def step(i=i):  # the whole step: an OutOfMemoryError from forward or backward is a verdict too
+            result = engine.train_step(setup, i, data.next_batch, phase=watch)
+            return result, result.loss.item()
+
+        result, loss = watch.run("forward", step)
         _sync(dev)
         dt = time.perf_counter() - t0
         if i >= warmup:

@@ -103,6 +103,13 @@ def _wait(started: tuple[subprocess.Popen, Path], what: str) -> None:
         raise EnlaceError(f"verify-resume: the {what} run exited {proc.returncode}:\n{out.read_text()[-1500:]}")
 
 
+def side_by_side(cfg: Config) -> bool:
+    """Whether the straight run and the first half may run at once: on the CPU, not on a GPU."""
+    from enlace.engine import pick_device
+
+    return pick_device(cfg.runtime.device).type == "cpu"
+
+
 def verify_resume(cfg: Config, run: str, overrides: list[str], steps: int, keep_dir: bool = False) -> dict[str, Any]:
     if steps < 2 or steps > cfg.training.max_steps:
         raise EnlaceError(f"--steps {steps}: must be between 2 and training.max_steps ({cfg.training.max_steps})")
@@ -110,10 +117,14 @@ def verify_resume(cfg: Config, run: str, overrides: list[str], steps: int, keep_
     overrides = ["training.log_every=1", *overrides]  # compare every step's loss (user --set still wins)
     work = Path(tempfile.mkdtemp(prefix=f"enlace-verify-resume-{cfg.run_name}-"))
     straight_dir, resumed_dir = work / "straight", work / "resumed"
-    # The straight run and the first half run side by side; deterministic mode pins 1 thread each.
-    procs = [_train(cfg, run, overrides, straight_dir, steps), _train(cfg, run, overrides, resumed_dir, half)]
-    for started, what in zip(procs, ("straight", "first half")):
-        _wait(started, what)
+    runs = ((straight_dir, steps, "straight"), (resumed_dir, half, "first half"))
+    if side_by_side(cfg):  # on the CPU deterministic mode pins 1 thread each: the two share the cores
+        procs = [_train(cfg, run, overrides, d, until) for d, until, _ in runs]
+        for started, (_, _, what) in zip(procs, runs):
+            _wait(started, what)
+    else:  # one GPU: two trainers and two CUDA contexts need not fit on one card, one at a time does
+        for d, until, what in runs:
+            _wait(_train(cfg, run, overrides, d, until), what)
     _wait(_train(cfg, run, overrides, resumed_dir, steps), "resumed")
 
     name = step_dir_name(steps)

@@ -35,10 +35,12 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert set(r) >= {"environment", "drift", "resume", "preflight", "costs", "seconds"}
-    for section in ("drift", "resume", "preflight", "costs"):
+    assert set(r) >= {"environment", "drift", "resume", "ddp", "preflight", "costs", "seconds"}
+    for section in ("drift", "resume", "ddp", "preflight", "costs"):
         assert "error" not in r[section] and "skipped" not in r[section], (section, r[section])
     assert r["resume"]["identical"] is True and r["resume"]["tensors"] > 50  # deterministic resume on CPU
+    assert r["ddp"]["world"] == 2 and r["ddp"]["identical"] is True and r["ddp"]["ranks_draw_apart"] is True
+    assert r["environment"]["cublas_workspace_config"] == ":4096:8"  # set before the first GEMM
     assert r["drift"]["max_abs_diff"] == 0.0  # one process, one thread count: CPU does not drift
     assert r["preflight"]["memory_ratio"] > 0 and r["preflight"]["throughput_ratio"] > 0
     assert {"deterministic", "compile", "bf16"} <= set(r["costs"])

@@ -1,4 +1,4 @@
-"""A real single-node Slurm cluster for the tests (see shared/notes/slurm-in-tests.md).
+"""A real single-node Slurm cluster for the tests (docs/development.md: what was measured setting it up).
 
 Debian's slurmctld + slurmd + munge, run as root with everything (key, config, state, spool, logs,
 pids) under one temp dir and their own ports, so nothing in /etc is touched and another cluster on

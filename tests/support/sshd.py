@@ -1,4 +1,4 @@
-"""A real OpenSSH server on 127.0.0.1 for the tests (see shared/notes/real-sshd-in-tests.md).
+"""A real OpenSSH server on 127.0.0.1 for the tests (docs/development.md: what was measured setting it up).
 
 Generated host and client keys, a known_hosts and an ssh_config alias `testhost`, and a hosts.yaml
 that points enlace-remote at them. No mocks: paramiko and git talk to this sshd."""

@@ -1,0 +1,123 @@
+"""The GPU path's decisions, tested on the CPU. No GPU is here: where a line needs CUDA, the test stands in
+for the device (monkeypatched torch.cuda or torch.distributed, said in each test) and checks the decision
+that leads to the CUDA call — the device a tensor is put on, the verdict an OutOfMemoryError becomes, the
+RNG state a checkpoint restores, the precision a card is refused."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from support import REPO
+from support.cli import enlace
+from support.configs import DETERMINISTIC, write_run
+
+from enlace import determinism, engine, maxbatch
+from enlace.config import load_config
+from enlace.config_rules import check_environment
+from enlace.dist import Dist, collective_device
+from enlace.errors import ConfigError
+from enlace.preflight import preflight
+
+
+def test_any_rank_puts_its_tensor_on_the_process_groups_device(monkeypatch):
+    """nccl moves CUDA tensors only: any_rank's flag must be made on cuda:LOCAL_RANK under nccl (finding 1:
+    every multi-GPU run crashed at step 1). Stands in for a GPU: torch.tensor and the collective are
+    recorded, not run."""
+    import enlace.dist as dist_module
+
+    made = []
+    real_tensor = torch.tensor
+
+    def record_tensor(data, device=None, **kw):
+        made.append(device)
+        return real_tensor(data, **kw)
+
+    monkeypatch.setattr(dist_module.torch, "tensor", record_tensor)
+    monkeypatch.setattr(dist_module.torch_dist, "get_backend", lambda: "nccl")
+    monkeypatch.setattr(dist_module.torch_dist, "all_reduce", lambda t, op=None: None)
+    assert Dist(rank=1, world=2, local_rank=1).any_rank(True) is True
+    assert made == [torch.device("cuda", 1)]
+    assert collective_device("gloo", 1) == torch.device("cpu")
+
+
+def _oom_in_backward(setup, step, next_batch, phase):
+    """train_step as on a card that is full: forward runs, backward raises CUDA's OutOfMemoryError."""
+    phase("forward")
+    next_batch()
+    phase("backward")
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 5.79 GiB total capacity)")
+
+
+def test_an_out_of_memory_error_from_backward_is_the_oom_verdict(project, monkeypatch):
+    """Finding 2: only `.item` ran inside the memory watch, so an OutOfMemoryError raised by forward or backward
+    on CUDA escaped preflight (and --max-batch's in-process probe). Stands in for a full GPU."""
+    write_run(project, "fit")
+    monkeypatch.setattr(engine, "train_step", _oom_in_backward)
+    report = preflight(load_config("fit", root=project), steps=2)
+    assert report["verdict"] == "oom" and report["oom_phase"] == "backward", report
+    assert "Tried to allocate" in report["oom_detail"]
+    monkeypatch.setattr(maxbatch, "_probes_fork", lambda cfg: False)  # probes run in-process, as on CUDA
+    cfg = load_config("fit", root=project)
+    assert maxbatch.probe(cfg, "fit", ["training.batch_size=64"], None)["verdict"] == "oom"
+
+
+def test_a_users_cublas_workspace_config_that_is_not_deterministic_is_refused(project, monkeypatch):
+    """Finding 3: setdefault kept a user's :0:0, under which deterministic cuBLAS raises at the first GEMM."""
+    write_run(project, "det", **DETERMINISTIC)
+    out = enlace(project, "train", "det", check=False, env={"CUBLAS_WORKSPACE_CONFIG": ":0:0"}, fresh=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "CUBLAS_WORKSPACE_CONFIG: ':0:0' does not make cuBLAS deterministic" in out.stderr, out.stderr
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert determinism.ensure_cublas_workspace() == ":4096:8"
+
+
+def test_bf16_on_a_card_below_ampere_is_refused(project, monkeypatch):
+    """Finding 4: is_bf16_supported() is True on an RTX 2060 (7.5) through emulation. Stands in for that card."""
+    write_run(project, "half", runtime={"precision": "bf16", "device": "auto"})
+    cfg = load_config("half", root=project)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 2060")
+    with pytest.raises(ConfigError, match=r"compute capability 7\.5\) is emulated") as e:
+        check_environment(cfg)
+    assert "runtime.precision" in e.value.message and "fp16" in e.value.message
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    check_environment(cfg)  # an Ampere card: fine
+
+
+def test_a_checkpoint_from_an_8_gpu_node_resumes_where_1_gpu_is_visible(monkeypatch):
+    """Finding 5: checkpoints held get_rng_state_all() (8 states on an 8-GPU node) and set_rng_state_all
+    indexed devices a 1-GPU task does not have. Stands in for CUDA: the RNG calls are recorded."""
+    state = determinism.rng_state()
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: pytest.fail("indexes every saved device"))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append(s))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    determinism.set_rng_state({**state, "cuda": states})  # an older checkpoint: one state per visible device
+    determinism.set_rng_state({**state, "cuda": [states[3]]})  # this format: the process's own device only
+    assert [int(s[0]) for s in restored] == [0, 3]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[5])
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("saves every device's state"))
+    assert determinism.rng_state()["cuda"] == [states[5]]
+
+
+def test_verify_resume_runs_one_trainer_at_a_time_on_a_gpu_and_gpu_check_keeps_dropout(project):
+    """Finding 7: two trainers and two CUDA contexts at once on a 6 GiB card; and gpu_check's resume forced
+    dropout 0, so the CUDA RNG restore was never exercised."""
+    from enlace.verify_resume import side_by_side
+
+    write_run(project, "gpu", runtime={"device": "cuda"})
+    write_run(project, "cpu", runtime={"device": "cpu"})
+    assert side_by_side(load_config("cpu", root=project))
+    assert not side_by_side(load_config("gpu", root=project))
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    for device in ("cuda", "cpu"):
+        assert not any("dropout" in o for o in gpu_check.runs_for(device)[2])
