@@ -142,30 +142,35 @@ def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path |
 )
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @root_option
+@click.option("--json", "as_json", is_flag=True, help="The summary as one JSON document (the driver's).")
 def generate_cmd(
-    teacher: str, n_bytes: int, out: Path, temperature: float, seed: int, streams: int, device: str, root: Path | None
+    teacher: str,
+    n_bytes: int,
+    out: Path,
+    temperature: float,
+    seed: int,
+    streams: int,
+    device: str,
+    root: Path | None,
+    as_json: bool,
 ) -> None:
     """Write TEACHER's own text as token shards (`kind: shards`, shard_dir: OUT): sequence-level
-    distillation data. The checkpoint is verified and loaded weights_only; OUT appears only once complete."""
-    import tempfile
-
-    from enlace.data import prepare_shards
+    distillation data. The checkpoint is verified and loaded weights_only; progress (bytes, rate, ETA) on
+    stderr; the text is written to OUT.partial/ as it is drawn, so a stopped generate run again with the
+    same arguments continues where it was; OUT appears only once complete."""
     from enlace.engine import pick_device
-    from enlace.sample import find_checkpoint, generate_streams, load_model
+    from enlace.generate import generate_shards
+    from enlace.sample import find_checkpoint
 
     dev = pick_device(device)
-    model, trainer = load_model(find_checkpoint(_run_or_dir(teacher, root)), dev)
-    each = -(-n_bytes // streams)
-    click.echo(f"generating {streams} x {each} bytes from {teacher} (step {trainer['step']}) on {dev}", err=True)
-    texts = generate_streams(model, b"", streams, each, temperature, None, seed)
-    with tempfile.TemporaryDirectory(prefix="enlace-generate-") as tmp:
-        corpus = Path(tmp) / "teacher.txt"
-        corpus.write_bytes(b"\n".join(texts)[:n_bytes])
-        meta = prepare_shards([corpus], out, val_fraction=0.05)
-    click.echo(
+    ckpt = find_checkpoint(_run_or_dir(teacher, root))
+    say = lambda line: click.echo(line, err=True)
+    meta = generate_shards(ckpt, out, n_bytes, streams, temperature, seed, dev, say)
+    summary = (
         f"{out}: {len(meta['train'])} train + {len(meta['val'])} val shards, {meta['tokens']['train']} + "
         f"{meta['tokens']['val']} tokens from {teacher}"
     )
+    click.echo(json.dumps({"ok": True, "out": str(out), "summary": summary, **meta}) if as_json else summary)
 
 
 COMMANDS = (sample_cmd, plot_cmd, generate_cmd)

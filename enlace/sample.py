@@ -45,14 +45,25 @@ def load_model(ckpt: Path, device: torch.device) -> tuple[ByteGPT, dict[str, Any
 
 @torch.no_grad()
 def generate_streams(
-    model: ByteGPT, prompt: bytes, streams: int, n_bytes: int, temperature: float, top_k: int | None, seed: int
+    model: ByteGPT,
+    prompt: bytes,
+    streams: int,
+    n_bytes: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    contexts: list[bytes] | None = None,
 ) -> list[bytes]:
-    """`streams` continuations of `prompt` (a newline when empty), `n_bytes` new bytes each, drawn side by
-    side in one batch. temperature 0 picks the most likely byte."""
+    """`streams` continuations of `prompt` (a newline when empty) — or of each stream's own context, all of
+    one length — `n_bytes` new bytes each, drawn side by side in one batch. temperature 0 picks the most
+    likely byte."""
     device = next(model.parameters()).device
     seq_len = model.cfg.seq_len
     g = torch.Generator(device=device).manual_seed(seed)
-    idx = torch.tensor(list(prompt or b"\n"), dtype=torch.long, device=device)[None, :].repeat(streams, 1)  # (S, T)
+    if contexts:
+        idx = torch.tensor([list(c) for c in contexts], dtype=torch.long, device=device)  # (S, T)
+    else:
+        idx = torch.tensor(list(prompt or b"\n"), dtype=torch.long, device=device)[None, :].repeat(streams, 1)
     out = torch.empty((streams, n_bytes), dtype=torch.long, device=device)
     for i in range(n_bytes):
         logits, _ = model(idx[:, -seq_len:])

@@ -1,4 +1,5 @@
-"""enlace-remote's commands for looking at and tidying what was trained: sample, plot, gc, shell."""
+"""enlace-remote's commands for looking at, using and tidying what was trained: sample, plot, gc, shell,
+generate."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import click
 
 from enlace.names import validate_run_name
 from orchestrator.cliutil import HostOptionsCommand, Remote, with_remote
+from orchestrator.session import SHA_RE
 
 
 @click.command(cls=HostOptionsCommand)
@@ -90,28 +92,85 @@ def gc(remote: Remote, keep: int, dry_run: bool) -> None:
     click.echo(f"{'would free' if dry_run else 'freed'} {total:.1f} MiB on {remote.host.name}", err=True)
 
 
-@click.command(cls=HostOptionsCommand, context_settings={"ignore_unknown_options": True})
-@click.argument("run_name", required=False)
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.command(cls=HostOptionsCommand)
+@click.argument("teacher", metavar="RUN")
+@click.option("--bytes", "n_bytes", type=click.IntRange(1024, 10**10), required=True, help="How many bytes in all.")
+@click.option(
+    "--out",
+    default="data/distill",
+    show_default=True,
+    help="The shard directory on the server, relative to the synced tree (data/ is <remote_dir>/data).",
+)
+@click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True)
+@click.option(
+    "--streams", type=click.IntRange(1, 4096), default=64, show_default=True, help="Texts drawn side by side."
+)
 @with_remote
-def shell(remote: Remote, run_name: str | None, command: tuple[str, ...]) -> None:
-    """An interactive shell in RUN_NAME's directory on the host (same host key, key and options as every
-    other verb); `shell RUN -- CMD ARGS` runs one command there instead."""
+def generate(remote: Remote, teacher: str, n_bytes: int, out: str, temperature: float, seed: int, streams: int) -> None:
+    """`enlace generate` on the server, on its GPU: TEACHER's own text as token shards in OUT (sequence-level
+    distillation data; configs/data/distill.yaml reads data/distill). Progress and ETA here as it runs; the
+    text is kept on the server as it is drawn, so a stopped generate, run again with the same arguments,
+    continues; stopping this command (Ctrl-C, a lost connection) stops the server's generate too.
+
+    \b
+    enlace-remote generate smoke-cpu --bytes 2000000            # then: enlace-remote launch distill-cpu"""
+    validate_run_name(teacher, "RUN")
+    args = ["generate", teacher, "--bytes", str(n_bytes), "--out", out, "--temperature", str(temperature)]
+    args += ["--seed", str(seed), "--streams", str(streams)]
+    rep = remote.session.stream_json(
+        "latest", *args, on_progress=lambda line: click.echo(line, err=True), stall_timeout=900
+    )
+    click.echo(f"{rep['summary']} (on {remote.host.name})")
+
+
+class AfterDashCommand(HostOptionsCommand):
+    """Everything after the first `--` is kept as it was typed (click would drop the `--` and leave
+    `shell -- CMD` indistinguishable from `shell RUN CMD`): the words are in ctx.meta["after_dash"]."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            args, ctx.meta["after_dash"] = args[:i], args[i + 1 :]
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=AfterDashCommand)
+@click.argument("run_name", required=False)
+@click.pass_context
+@with_remote
+def shell(remote: Remote, ctx: click.Context, run_name: str | None) -> None:
+    """A shell on the host in the run's synced tree, as `ssh` gives one: `shell [RUN]` is interactive,
+    `shell [RUN] -- CMD...` runs CMD (its words joined with spaces, as ssh joins them: `-- 'pwd; ls'` is
+    two commands). The server's python (venv) is first on PATH, `enlace` runs the trainer's CLI there,
+    and $ENLACE_RUN_DIR is the run's directory (runs/RUN under remote_dir).
+
+    \b
+    enlace-remote shell smoke-cpu
+    enlace-remote shell smoke-cpu -- 'tail -n 3 $ENLACE_RUN_DIR/train.log; enlace runs'"""
     from orchestrator import choose
 
+    command = ctx.meta.get("after_dash", [])
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     session = remote.session
-    session.enlace_json("latest", "runs", run_name)  # a clear error for a run that is not there
+    row = session.enlace_json("latest", "runs", run_name)[0]  # a clear error for a run that is not there
     session.setup()
+    commit = row["commit"] if SHA_RE.fullmatch(row.get("commit") or "") else "latest"  # a run started by hand
+    tree = session.call_json("checkout", commit, session.host.python, *session.host.pip_args)
     run_dir = f"{session.remote_dir}/runs/{run_name}"
-    inner = shlex.join(command) if command else 'exec "${SHELL:-bash}" -l'
-    script = f"cd {shlex.quote(run_dir)} && {inner}"
+    bindir = tree["python"].rsplit("/", 1)[0]
+    inner = " ".join(command) if command else 'exec "${SHELL:-bash}" -l'
+    script = (
+        f'cd {shlex.quote(tree["tree"])} && export PATH={shlex.quote(bindir)}:"$PATH" '
+        f'ENLACE_RUN_DIR={shlex.quote(run_dir)} ENLACE_ROOT="$PWD" PYTHONPATH="$PWD" && '
+        f'enlace() {{ {shlex.quote(tree["python"])} -m enlace "$@"; }} && export -f enlace && {inner}'
+    )
     if remote.host.local:
         os.execvp("bash", ["bash", "-c", script])
     transport = session.transport
-    tty = ["-t"] if not command and sys.stdin.isatty() else []
+    tty = ["-t"] if sys.stdin.isatty() else []  # with a terminal, Ctrl-C and a lost client end CMD there too
     remote.close()
     os.execvp("ssh", [*transport.ssh_argv(), *tty, transport.remote_path("").rstrip(":"), script])
 
 
-COMMANDS = (sample, plot, gc, shell)
+COMMANDS = (sample, plot, gc, shell, generate)

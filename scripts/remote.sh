@@ -5,7 +5,7 @@
 # happen before the tree's Python exists, then hands over to `python -m enlace`:
 #
 #   remote.sh REMOTE_DIR setup [SHA]               create repo.git, data/, runs/, trees/
-#   remote.sh REMOTE_DIR checkout SHA [PYTHON [PIP_ARG...]]   trees/SHA: a checkout of SHA with data/ and
+#   remote.sh REMOTE_DIR checkout SHA|latest [PYTHON [PIP_ARG...]]   trees/SHA: a checkout of SHA with data/ and
 #                                                  runs/ linked to the shared dirs; idempotent; resolves PYTHON
 #                                                  (`venv`: builds one, pip's progress on stderr)
 #   remote.sh REMOTE_DIR verify SHA PYTHON RUN [--for-launch]   the arrival checklist
@@ -88,7 +88,11 @@ case $VERB in
     json_out ok:json true remote_dir "$RD" have_tree:json "$have"
     ;;
   checkout)
-    sha=$1; check_sha "$sha"
+    sha=$1
+    if [ "$sha" = latest ]; then
+      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first" $EXIT_USAGE not_synced
+    fi
+    check_sha "$sha"
     tree=$RD/trees/$sha
     if [ ! -f "$tree/.enlace-ready" ]; then
       tmp=$RD/trees/.tmp-$sha-$$

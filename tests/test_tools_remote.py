@@ -85,7 +85,11 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
             tiny_corpus(server_dir(sshd, "local"))
             remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2", host=host)
         out = remote(user_repo, sshd.env, "shell", "tiny", "--", "pwd", host=host)
-        assert out.stdout.strip().endswith("/runs/tiny"), out.stdout + out.stderr
+        assert f"/trees/{_head(user_repo)}" in out.stdout.strip(), out.stdout + out.stderr  # the run's synced tree
+        # no RUN: the last launched; after `--` the words are one command line, as ssh joins them
+        out = remote(user_repo, sshd.env, "shell", "--", "echo $ENLACE_RUN_DIR;", "enlace runs", host=host)
+        first, *rest = out.stdout.splitlines()
+        assert first.endswith("/runs/tiny") and any(line.startswith("tiny ") for line in rest), out.stdout
 
 
 def test_gc_plans_around_a_checkout_in_progress(tmp_path):
@@ -97,3 +101,38 @@ def test_gc_plans_around_a_checkout_in_progress(tmp_path):
         (tmp_path / "trees" / name / ".enlace-ready").touch()
     (tmp_path / "runs").mkdir()
     assert [e["path"] for e in plan(tmp_path, keep=0)["remove"]] == [str(tmp_path / "trees" / ("a" * 40))]
+
+
+@pytest.mark.slow
+def test_generate_on_the_server_shows_progress_stops_with_the_client_and_continues(sshd, user_repo):
+    """`enlace-remote generate`: progress and ETA here; killing the client stops the server's generate (its
+    text so far kept in OUT.partial); the same command again continues from there and writes the shards."""
+    import signal
+
+    import psutil
+    from support.remote import PipeReader, popen_remote, wait_until
+
+    rd = server_dir(sshd, "testhost")
+    tiny_corpus(rd)
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "tiny", "-f")
+    args = ("generate", "tiny", "--bytes", "40000", "--streams", "2", "--out", "data/gen")
+    client = popen_remote(user_repo, sshd.env, *args)
+    err = PipeReader(client.stderr)
+    wait_until(lambda: err.text().count("generate: ") >= 2, what="two progress lines")
+    assert "bytes/s, ETA" in err.text()
+    client.send_signal(signal.SIGKILL)
+    client.wait(timeout=60)
+
+    def generating() -> bool:
+        return any(
+            "generate" in " ".join(p.info["cmdline"] or []) and "tiny" in " ".join(p.info["cmdline"] or [])
+            for p in psutil.process_iter(["cmdline"])
+        )
+
+    wait_until(lambda: not generating(), timeout=60, what="the server's generate to end with its client")
+    kept = sum(f.stat().st_size for f in (rd / "data" / "gen.partial").glob("stream-*.bin"))
+    assert kept > 0 and not (rd / "data" / "gen").exists()
+    out = remote(user_repo, sshd.env, *args)
+    assert "continuing an interrupted generate" in out.stderr and "train + " in out.stdout
+    assert (rd / "data" / "gen").is_dir() and not (rd / "data" / "gen.partial").exists()
