@@ -73,12 +73,12 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2).
 
     RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
-    from enlace.config import load_config
+    from enlace.config import load_run_config, resume_problem
     from enlace.config_rules import check_environment
     from enlace.errors import ConfigError
 
     try:
-        cfg = load_config(run, overrides, root)
+        cfg = load_run_config(run, overrides, root)
         check_environment(cfg)
     except ConfigError as e:
         if as_json:
@@ -96,6 +96,7 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
                     "files": cfg.files,
                     "warnings": cfg.warnings,
                     "fingerprint": cfg.fingerprint(),
+                    "resume_problem": resume_problem(cfg),
                     "config": cfg.to_dict(),
                 },
                 indent=1,
@@ -158,13 +159,12 @@ def train(
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second Ctrl-C exits
     at once, the last complete checkpoint intact; a repeated SIGTERM is the same request).
     RUN is a file stem in configs/runs/ or a path."""
-    from enlace.config import load_config
+    from enlace.config import load_run_config
     from enlace.config_rules import check_environment
     from enlace.train import train as run_training
 
-    cfg = load_config(run, overrides, root)
+    cfg = load_run_config(run, overrides, root, runs_dir, fresh=resume == "none")
     check_environment(cfg)
-    cfg.runs_root = runs_dir
     allow = frozenset(name for name, ok in (("data", allow_data_change), ("teacher", allow_teacher_change)) if ok)
     run_training(cfg, resume=resume, until=until, allow=allow)
 
@@ -315,6 +315,13 @@ def parse_size(text: str | None) -> int | None:
     is_flag=True,
     help="Also find the largest batch_size that fits (doubling, then aimed probes; exact below 64, within 3-6 % above).",
 )
+@click.option(
+    "--budget-s",
+    type=click.FloatRange(min=10),
+    default=300.0,
+    show_default=True,
+    help="Preflight's own time: when its steps run (or project) past it, the verdict is too_slow (exit 10).",
+)
 def preflight_cmd(
     run: str,
     steps: int,
@@ -323,14 +330,16 @@ def preflight_cmd(
     as_json: bool,
     memory_limit: str | None,
     max_batch: bool,
+    budget_s: float,
 ) -> None:
     """Answer in a minute: does RUN's batch fit, how long will it take, does fp16 hold?
 
     Builds the model, optimizer and scaler exactly as `train` does and runs them on synthetic bytes
     of the configured shape (no corpus needed): 3 warm-up steps, --steps measured steps, one eval
-    pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6).
+    pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6), too_slow
+    (exit 10: its steps ran or projected past --budget-s; the report says what the run would take).
     Writes runs/RUN_NAME/preflight.json."""
-    from enlace.config import load_config
+    from enlace.config import load_run_config
     from enlace.config_rules import check_environment
     from enlace.maxbatch import find_max_batch, start_probe_server
     from enlace.preflight import preflight
@@ -338,15 +347,15 @@ def preflight_cmd(
     from enlace.rundir import atomic_write
 
     limit = parse_size(memory_limit)
-    cfg = load_config(run, overrides, root)
+    cfg = load_run_config(run, overrides, root)
     check_environment(cfg)
     quiet = os.environ.get("RANK", "0") != "0"
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"  {msg}", err=True))
     if max_batch:
         start_probe_server(cfg)
     say(f"preflight {cfg.run_name}: building the model as train does, synthetic batches")
-    report = preflight(cfg, steps, limit, say)
-    if max_batch:
+    report = preflight(cfg, steps, limit, say, budget_s=budget_s)
+    if max_batch and report["verdict"] != "too_slow":
         report["max_batch"] = find_max_batch(cfg, run, list(overrides), limit, report, say)
         if report["verdict"] == "oom" and report["max_batch"]["batch_size"]:
             report["suggestion"] += f"; the largest that fits is {report['max_batch']['batch_size']}"

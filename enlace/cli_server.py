@@ -179,11 +179,11 @@ def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
     """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
-    from enlace.config import load_config
+    from enlace.config import load_run_config
     from enlace.data import data_files
     from enlace.errors import EnlaceError
 
-    cfg = load_config(run, overrides, root)
+    cfg = load_run_config(run, overrides, root)
     try:
         files = data_files(cfg)
     except EnlaceError as e:

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -48,17 +49,22 @@ def submit_cmd(
     spec = _spec(spec_json)
     project = find_root(root)
     run_dir = (project / "runs").resolve() / run_name  # runs/ is the shared dir the compute nodes see
-    env = {
-        "ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""),
-        "ENLACE_ROOT": str(project),
-        "PYTHONPATH": str(project),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = {"ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""), "PYTHONUNBUFFERED": "1"}
     job_args = slurm.job_step_args(spec, run_name, gpus, list(pyargs))
 
     def submit_job(launch_id: str) -> str:
+        header = (
+            f"enlace run {run_name}: written and submitted by `enlace-remote launch` "
+            f"({time.strftime('%Y-%m-%d %H:%M:%S')}). Its output is the run's train.log."
+        )
         script = slurm.job_script(
-            spec, run_name, project, sys.executable, {**env, "ENLACE_LAUNCH_ID": launch_id}, job_args
+            spec,
+            run_name,
+            shlex.quote(str(project)),
+            shlex.quote(sys.executable),
+            {**env, "ENLACE_LAUNCH_ID": launch_id},
+            job_args,
+            header,
         )
         return slurm.submit(script, run_dir / "slurm", run_dir)
 

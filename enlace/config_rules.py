@@ -132,12 +132,23 @@ def check_combinations(cfg: Config) -> None:
         )
 
 
+def no_cuda_error(cfg: Config) -> ConfigError:
+    """runtime.device: cuda where no GPU is visible, with hints that each lead to a run that works here."""
+    return ConfigError(
+        cfg.origin("runtime.device"),
+        "runtime.device",
+        "is cuda but no CUDA device is visible here",
+        "a GPU profile on a machine without one: use a CPU run config instead (e.g. smoke-cpu; configs/runs/ "
+        "lists them), or --set runtime.device=cpu --set runtime.precision=fp32 (fp16 on a CPU is ≈20x slower)",
+    )
+
+
 def check_environment(cfg: Config) -> None:
     """What a valid config needs of the machine it will run on: a GPU that computes bf16 natively when bf16
     runs there, and a complete teacher checkpoint. Checked where the run starts (check-config and verify on
     the server, train, preflight), never when a config is only loaded: the driver's machine has neither
     the server's GPU nor its checkpoints."""
-    rt = cfg.runtime
+    rt = cfg.runtime  # (a missing GPU is said where the device is picked: a Slurm login node has none)
     if rt.precision == "bf16" and rt.device != "cpu":
         import torch
 

@@ -21,7 +21,7 @@ from enlace.checkpoint import first_difference
 from enlace.config import Config
 from enlace.dist import Dist
 from enlace.distill import kd_loss
-from enlace.errors import CheckpointError, ConfigError
+from enlace.errors import CheckpointError
 from enlace.model import ByteGPT
 from enlace.optim import build_optimizer, lr_at
 
@@ -45,6 +45,7 @@ class TrainingSetup:
     settings: dict[str, Any] = field(default_factory=dict)
     teacher: torch.nn.Module | None = None  # distillation: frozen, eval mode, on the device (enlace/distill.py)
     teacher_info: dict[str, Any] | None = None  # its checkpoint, identity (MANIFEST sha256) and size
+    schedule_steps: int = 0  # where the LR's cosine reaches min_lr: the max_steps the run started with
 
     def autocast(self):
         precision = self.cfg.runtime.precision
@@ -70,12 +71,9 @@ def pick_device(want: str) -> torch.device:
 def resolve_device(cfg: Config, dist: Dist) -> torch.device:
     want = cfg.runtime.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            cfg.origin("runtime.device"),
-            "runtime.device",
-            "is cuda but no CUDA device is visible here",
-            "run it on the GPU server, or --set runtime.device=cpu",
-        )
+        from enlace.config_rules import no_cuda_error
+
+        raise no_cuda_error(cfg)
     if pick_device(want).type == "cpu":
         if cfg.runtime.precision == "fp16" and want == "auto":
             cfg.warnings.append(
@@ -121,7 +119,9 @@ def build_setup(cfg: Config, dist: Dist | None = None) -> TrainingSetup:
         from enlace.distill import load_teacher
 
         teacher, teacher_info = load_teacher(cfg, device)
-    return TrainingSetup(cfg, device, dist, raw_model, model, optimizer, scaler, settings, teacher, teacher_info)
+    return TrainingSetup(
+        cfg, device, dist, raw_model, model, optimizer, scaler, settings, teacher, teacher_info, cfg.training.max_steps
+    )
 
 
 def _no_phase(name: str) -> None:
@@ -136,7 +136,7 @@ def train_step(
     `phase(name)` is called as each phase starts ("forward", "backward", "optimizer step") and
     with "done" at the end: preflight uses it to say where memory ran out."""
     cfg, model, opt, scaler = setup.cfg, setup.model, setup.optimizer, setup.scaler
-    lr = lr_at(step, cfg.optim, cfg.training.max_steps)
+    lr = lr_at(step, cfg.optim, setup.schedule_steps)
     for group in opt.param_groups:
         group["lr"] = lr
     model.train()
@@ -221,6 +221,7 @@ def capture_state(
         "threads": torch.get_num_threads(),
         "data": data_id,
         "teacher": setup.teacher_info["identity"] if setup.teacher_info else None,
+        "schedule_steps": setup.schedule_steps,
     }
     return {
         "model.pt": setup.raw_model.state_dict(),
@@ -239,7 +240,7 @@ def check_compatible(
 ) -> None:
     """Refuse a checkpoint from another config, data, world size or (deterministic) thread count. A larger
     (or smaller) training.max_steps is allowed while the run has not reached it: that extends the run,
-    and the cosine schedule spans the new max_steps from here on."""
+    and the learning rate keeps the run's own schedule (restore_state)."""
     if trainer.get("version") != STATE_VERSION:
         raise CheckpointError(f"{where}: trainer state v{trainer.get('version')}, expected v{STATE_VERSION}")
     saved, current = dict(trainer["fingerprint"]), setup.cfg.fingerprint_fields()
@@ -307,4 +308,7 @@ def restore_state(
     mine = trainer["ranks"][setup.dist.rank]
     data_stream.load_state_dict(mine["data"])
     determinism.set_rng_state(mine["rng"])
+    # An extended run keeps the schedule it started with: the cosine still reaches min_lr where it did, and
+    # the added steps train at min_lr (never a jump back up the curve). Older checkpoints: their max_steps.
+    setup.schedule_steps = trainer.get("schedule_steps") or trainer["fingerprint"]["training.max_steps"]
     return trainer

@@ -47,7 +47,8 @@ def _probe_preflight(run: str, overrides: list[str], root: Path, memory_limit: i
     optimizer state the first step created: the peak), but fp16's whole calibration window, in which
     a skipped step creates no optimizer state yet."""
     cfg = load_config(run, overrides, root)
-    return preflight(cfg, 1, memory_limit, warmup=WARMUP_STEPS if cfg.runtime.precision == "fp16" else 1)
+    warmup = WARMUP_STEPS if cfg.runtime.precision == "fp16" else 1
+    return preflight(cfg, 1, memory_limit, warmup=warmup, budget_s=None)
 
 
 def _probe_in_child(run: str, overrides: list[str], root: Path, memory_limit: int | None, conn) -> None:

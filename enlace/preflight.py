@@ -8,10 +8,13 @@ early), measured steps, one eval pass at the eval batch size, one checkpoint sav
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +37,39 @@ class OutOfMemory(Exception):
     def __init__(self, phase: str, detail: str):
         super().__init__(f"{phase}: {detail}")
         self.phase, self.detail = phase, detail
+
+
+DEFAULT_BUDGET_S = 300.0  # preflight's own measuring time; past it (or projected past it) the verdict is too_slow
+
+
+class TooSlow(Exception):
+    """Measuring would outrun preflight's budget: `step_s` is the last step's time (None: none finished)."""
+
+    def __init__(self, elapsed_s: float, step_s: float | None, steps_done: int):
+        super().__init__(f"{elapsed_s:.0f} s")
+        self.elapsed_s, self.step_s, self.steps_done = elapsed_s, step_s, steps_done
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float | None, started: float):
+    """Raise TooSlow in the main thread when `seconds` have passed, even inside one long step (a Python
+    signal handler runs between torch ops). Off under DDP or off the main thread: then the check between
+    steps (in _measure) is the only one."""
+    usable = seconds and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TooSlow(time.perf_counter() - started, None, 0)
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 class SyntheticStream:
@@ -134,6 +170,7 @@ def preflight(
     memory_limit: int | None = None,
     progress: Callable[[str], None] = lambda s: None,
     warmup: int = WARMUP_STEPS,
+    budget_s: float | None = DEFAULT_BUDGET_S,
 ) -> dict[str, Any]:
     """Measure `cfg`; returns the report (see README's preflight section for the fields): build the
     model, measure steps/eval/save, reduce across ranks, project the run's time, give the verdict."""
@@ -156,8 +193,13 @@ def preflight(
         torch.cuda.reset_peak_memory_stats(dev)
         torch.cuda.reset_accumulated_memory_stats(dev)  # num_alloc_retries: this preflight's (or probe's) own
     report["environment"] = _environment(cfg, setup)
+    started = time.perf_counter()
     try:
-        m = _measure(cfg, setup, warmup, steps, MemoryWatch(dev, memory_limit), progress)
+        with time_budget(budget_s if dist.world == 1 else None, started):
+            m = _measure(cfg, setup, warmup, steps, MemoryWatch(dev, memory_limit), progress, budget_s, started)
+    except TooSlow as e:
+        report.update(_too_slow(cfg, e, budget_s, dist.world))
+        return report
     except OutOfMemory as e:
         report.update(verdict="oom", oom_phase=e.phase, oom_detail=e.detail, memory=_memory(dev, memory_limit))
         report["suggestion"] = (
@@ -196,9 +238,12 @@ def _measure(
     steps: int,
     watch: MemoryWatch,
     progress: Callable[[str], None],
+    budget_s: float | None = None,
+    started: float = 0.0,
 ) -> dict[str, Any]:
     """This rank's figures: step times after warm-up (s), fp16 skips, an eval batch, a checkpoint save.
-    Raises OutOfMemory naming the phase that did not fit."""
+    Raises OutOfMemory naming the phase that did not fit, TooSlow when the steps left project past
+    `budget_s` (counted from `started`)."""
     t, dev = cfg.training, setup.device
     data = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
     eval_data = SyntheticStream(t.eval_batch_size or t.batch_size, cfg.model.seq_len, cfg.runtime.seed + 1)
@@ -220,6 +265,9 @@ def _measure(
             m["nonfinite"] += not math.isfinite(loss)
         m["scale"] = result.scale
         progress(f"{label} step {i + 1}/{warmup + steps}: {dt * 1000:.0f} ms, loss {loss:.3f}")
+        left = warmup + steps - i - 1
+        if budget_s and i >= warmup and time.perf_counter() - started + left * dt > budget_s:
+            raise TooSlow(time.perf_counter() - started, dt, i + 1)
     t0 = time.perf_counter()
     watch.run("eval", lambda: engine.evaluate(setup, eval_data, 1))
     _sync(dev)
@@ -234,6 +282,28 @@ def _measure(
     watch("done")
     progress(f"checkpoint save: {m['save_s']:.2f} s")
     return m
+
+
+def _too_slow(cfg: Config, e: TooSlow, budget_s: float, world: int) -> dict[str, Any]:
+    """The too_slow verdict: what was measured, what the run would take, what to do."""
+    t = cfg.training
+    run_s = e.step_s * max(0, t.max_steps - _resumes_at(cfg)) if e.step_s else None
+    if e.step_s:
+        what = (
+            f"one step takes ≈{e.step_s:.1f} s here, so the run's {t.max_steps} steps would take ≈{_hours(run_s)}; "
+            f"preflight stopped after {e.elapsed_s:.0f} s of its {budget_s:.0f} s budget"
+        )
+    else:
+        what = f"not one step finished within preflight's {budget_s:.0f} s budget"
+    fp16_cpu = cfg.runtime.precision == "fp16" and engine.pick_device(cfg.runtime.device).type == "cpu"
+    return {
+        "verdict": "too_slow",
+        "world": world,
+        "too_slow": {"budget_s": budget_s, "elapsed_s": round(e.elapsed_s, 1), "step_s": e.step_s, "run_s": run_s},
+        "suggestion": what
+        + (" — fp16 on a CPU is ≈20x slower: --set runtime.precision=fp32" if fp16_cpu else "")
+        + " — on this machine use a smaller run config (e.g. smoke-cpu), or give preflight more time (--budget-s)",
+    }
 
 
 def _across_ranks(dist: Dist, m: dict[str, Any]) -> dict[str, Any]:

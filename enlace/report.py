@@ -83,6 +83,9 @@ def format_report(r: dict[str, Any]) -> str:
                 f"non-finite losses {f['nonfinite_losses']}",
             )
         )
+    if r.get("too_slow"):
+        ts = r["too_slow"]
+        rows.append(("too slow", f"measured {ts['elapsed_s']} s of a {ts['budget_s']:.0f} s budget"))
     if r.get("oom_phase"):
         rows.append(("out of memory", f"in {r['oom_phase']}: {r['oom_detail']}"))
     if r.get("max_batch"):

@@ -167,21 +167,35 @@ def sbatch_lines(spec: SlurmSpec, job_name: str, gpus: int) -> list[str]:
 
 
 def job_script(
-    spec: SlurmSpec, run_name: str, tree: Path, python: str, env: dict[str, str], job_args: list[str]
+    spec: SlurmSpec,
+    run_name: str,
+    tree: str,
+    python: str,
+    env: dict[str, str],
+    job_args: list[str],
+    header: str,
+    log_here: bool = False,
 ) -> str:
-    """The batch script kept in runs/RUN_NAME/slurm/: it execs `enlace slurm-job` in the synced tree, so
-    Slurm's signals reach Python directly (no bash trap, no `wait` dance)."""
+    """A run's batch script: it execs `enlace slurm-job` in the synced tree, so Slurm's signals reach Python
+    directly (no bash trap, no `wait` dance). `tree` and `python` are shell words (quoted, or "$HOME"/...);
+    `log_here`: the script sends its own output to the run's train.log (a script a user submits, where
+    #SBATCH --output cannot name a path under $HOME); `launch` passes sbatch --output instead."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    log = f"{tree}/runs/{run_name}"
     return "\n".join(
         [
             "#!/bin/bash",
-            f"# enlace run {run_name}: written and submitted by `enlace-remote launch` "
-            f"({time.strftime('%Y-%m-%d %H:%M:%S')}). Its output is the run's train.log.",
+            *(f"# {line}" for line in header.splitlines()),
             *sbatch_lines(spec, f"enlace-{run_name}", spec.gpus_per_node),
-            f"export {exports}",
-            f"cd {shlex.quote(str(tree))}",
+            *(
+                [f"#SBATCH --output=enlace-{run_name}-%j.out", f"mkdir -p {log} && exec >>{log}/train.log 2>&1"]
+                if log_here
+                else []
+            ),
+            f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={tree}",
+            f"cd {tree}",
             "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
-            f"exec {shlex.quote(python)} -m enlace slurm-job {shlex.join(job_args)}",
+            f"exec {python} -m enlace slurm-job {shlex.join(job_args)}",
             "",
         ]
     )

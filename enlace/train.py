@@ -150,6 +150,7 @@ def _train(
             error=None,
             launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
             overrides=list(cfg.overrides),
+            fingerprint=cfg.fingerprint_fields(),  # what its checkpoints will need (config.resume_problem)
             data=None,
         )
 
@@ -167,6 +168,14 @@ def _train(
     if ckpt is not None:
         trainer = engine.restore_state(setup, files, train_stream, str(ckpt), data_id, allow)
         progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
+        if setup.schedule_steps != t.max_steps and dist.is_main:
+            end, o = setup.schedule_steps, cfg.optim
+            extra = f"; steps {end + 1}-{t.max_steps} train at min_lr" if t.max_steps > end else ""
+            run.log(
+                f"training.max_steps is {t.max_steps}, the run started with {end}: the learning rate keeps the "
+                f"run's schedule (cosine to min_lr {o.min_lr:g} at step {end}){extra} — to stretch the "
+                "schedule instead, start afresh with --resume none"
+            )
 
     target = min(until or t.max_steps, t.max_steps)
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world

@@ -18,28 +18,48 @@ from orchestrator.cliutil import HostOptionsCommand, Remote, allow_dirty_option,
 @click.argument("run")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Measured steps.")
 @click.option("--max-batch", is_flag=True, help="Also find the largest batch_size that fits.")
+@click.option(
+    "--budget-s",
+    type=click.FloatRange(min=10),
+    default=300.0,
+    show_default=True,
+    help="Preflight's own time on the server; past it the verdict is too_slow (exit 10).",
+)
 @allow_dirty_option
 @set_option
 @with_remote
 def preflight(
-    remote: Remote, run: str, steps: int, max_batch: bool, allow_dirty: bool, overrides: tuple[str, ...]
+    remote: Remote,
+    run: str,
+    steps: int,
+    max_batch: bool,
+    budget_s: float,
+    allow_dirty: bool,
+    overrides: tuple[str, ...],
 ) -> None:
     """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
 
-    Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable."""
+    Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable, 10 too
+    slow (its steps ran past --budget-s: the report says what the whole run would take)."""
     from orchestrator import launch as stages
     from orchestrator import ship
 
     ship.check_run_config(remote.repo, run)
     sha, run_name = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
-    extra = ["--steps", str(steps)] + (["--max-batch"] if max_batch else []) + ship.set_args(overrides)
+    extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
+    extra += ship.set_args(overrides)
     report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra)
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
 
 
 @click.command(cls=HostOptionsCommand)
 @click.argument("run", required=False)
-@click.option("--force", is_flag=True, help="Launch even if preflight says oom or unstable.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Launch although preflight's verdict says not to (oom, unstable, too_slow, no_space): the run starts and "
+    "may fail the same way. (A running run is never replaced: stop it first.)",
+)
 @click.option("--no-preflight", is_flag=True, help="Skip preflight.")
 @click.option("--follow", "-f", is_flag=True, help="Continue into `logs -f`.")
 @click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP", help="Passed to enlace train.")
@@ -146,9 +166,12 @@ def launch(
     )
     nproc = _nproc(gpus, spec)
     if print_only:
+        from orchestrator.gitsync import local_checks
         from orchestrator.slurm import print_script
 
-        click.echo(print_script(spec, run, ship.local_run_name(remote.repo, run, overrides), nproc, train_args))
+        commit = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit
+        name = ship.local_run_name(remote.repo, run, overrides)
+        click.echo(print_script(spec, remote.host, remote.repo, commit, run, name, nproc, train_args))
         return
     targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
     if hosts and (len(targets) < 2 or not gpus):
@@ -156,7 +179,9 @@ def launch(
     for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
         if hosts:
             click.echo(f"== {host.name}", err=True)
-        sha, run_name = ship.ship(remote.session_for(host), remote.repo, run, allow_dirty, True, overrides)
+        sha, run_name = ship.ship(
+            remote.session_for(host), remote.repo, run, allow_dirty, True, overrides, fresh=resume == "none"
+        )
     first = remote.session_for(targets[0])
     if not stages.worth_launching(first, run_name, overrides):
         return

@@ -51,15 +51,18 @@ def set_args(overrides: tuple[str, ...] | list[str]) -> list[str]:
     return [a for o in overrides for a in ("--set", o)]
 
 
-def verify(session: Session, sha: str, run: str, for_launch: bool = False, overrides=()) -> dict:
+def verify(session: Session, sha: str, run: str, for_launch: bool = False, overrides=(), fresh: bool = False) -> dict:
     """The server-side checklist for RUN in trees/SHA; prints it, raises VerifyError naming what is missing."""
-    args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + set_args(overrides)
+    args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
+    args += set_args(overrides)
     doc = session.call_json("verify", *args, ok_codes=(0, 3))
     if "checks" not in doc:
         raise VerifyError(f"verify on {session.host.name}: {doc.get('error', 'failed')}")
     for c in doc["checks"]:
         mark = " ok " if c["ok"] else "FAIL"
         click.echo(f"  [{mark}] {c['name']}" + (f" — {c['detail']}" if c["detail"] else ""), err=True)
+    for warning in doc.get("warnings") or []:
+        click.echo(f"  [warn] {warning}", err=True)
     if not doc["ok"]:
         failed = "; ".join(f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["ok"])
         raise VerifyError(f"verify {run} on {session.host.name} failed: {failed}")
@@ -67,12 +70,14 @@ def verify(session: Session, sha: str, run: str, for_launch: bool = False, overr
     return doc
 
 
-def ship(session, repo: Path, run: str, allow_dirty: bool, for_launch: bool, overrides=()) -> tuple[str, str]:
+def ship(
+    session, repo: Path, run: str, allow_dirty: bool, for_launch: bool, overrides=(), fresh: bool = False
+) -> tuple[str, str]:
     """Stage 1 of launch (and preflight): sync + verify on one host; (commit, run_name). Raises if anything
     is missing there; the run name comes from the server's own config check (one round trip)."""
     from orchestrator.gitsync import sync
 
     rep = sync(session, repo, allow_dirty)
     print_sync(rep)
-    doc = verify(session, rep.commit, run, for_launch, overrides)
+    doc = verify(session, rep.commit, run, for_launch, overrides, fresh)
     return rep.commit, validate_run_name(doc["run_name"], "run_name")

@@ -5,12 +5,13 @@ themselves (`launch --slurm --print`). What the job does is enlace/slurm_job.py'
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shlex
 
 import click
 
-from enlace.slurm import SlurmSpec, job_step_args, sbatch_lines
+from enlace.slurm import SlurmSpec, job_script, job_step_args
 from orchestrator.session import Session
 
 
@@ -47,27 +48,24 @@ def submit(session: Session, sha: str, run_name: str, spec: SlurmSpec, gpus: int
     return doc
 
 
-def print_script(spec: SlurmSpec, run: str, run_name: str, gpus: int, train_args: list[str]) -> str:
-    """The batch script for a user who submits it from the repository root on the cluster: the same
-    #SBATCH settings and the same job step (time-limit checkpoint and requeue) as `launch` would use."""
-    job = [
-        "python",
-        "-m",
-        "enlace",
-        "slurm-job",
-        *job_step_args(spec, run_name, gpus, ["-m", "enlace", "train", run, *train_args]),
-    ]
-    return "\n".join(
-        [
-            "#!/bin/bash",
-            f"# enlace run {run_name}. From the repository root on the cluster (runs/ and data/ on the filesystem",
-            f"# the compute nodes share): mkdir -p runs/{run_name} && sbatch THIS_FILE",
-            "# Near the time limit the trainer checkpoints and the job requeues itself (up to max_requeues).",
-            *sbatch_lines(spec, f"enlace-{run_name}", spec.gpus_per_node),
-            f"#SBATCH --output=runs/{run_name}/train.log",
-            "export PYTHONUNBUFFERED=1",
-            "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
-            f"exec {shlex.join(job)}",
-            "",
-        ]
+def print_script(spec: SlurmSpec, host, repo, commit: str, run: str, run_name: str, gpus: int, train_args) -> str:
+    """The batch script for a user who submits it on the cluster's login node: absolute paths to the synced
+    tree of `commit` and the server's python (as setup/sync build them), the same #SBATCH settings and job
+    step (time-limit checkpoint and requeue) as `launch` uses — one job_script for both."""
+    rd = host.remote_dir
+    base = '"$HOME"' + shlex.quote(rd[1:]) if rd == "~" or rd.startswith("~/") else shlex.quote(rd)
+    tree = f"{base}/trees/{commit}"
+    if host.python == "venv":  # remote.sh's venv key: the first 16 hex of sha256(pyproject.toml + constraints.txt)
+        key = hashlib.sha256((repo / "pyproject.toml").read_bytes() + (repo / "constraints.txt").read_bytes())
+        python = f"{base}/venvs/{key.hexdigest()[:16]}/bin/python"
+    else:
+        python = shlex.quote(host.python)
+    job = job_step_args(spec, run_name, gpus, ["-m", "enlace", "train", run, *train_args])
+    header = (
+        f"enlace run {run_name} for host {host.name}: commit {commit[:12]}'s tree and the server's python, as\n"
+        f"`enlace-remote --host {host.name} sync` leaves them (sync first). Submit it on the login node:\n"
+        "sbatch THIS_FILE. Its output is the run's train.log. Near the time limit the trainer checkpoints\n"
+        "and the job requeues itself (up to max_requeues)."
     )
+    env = {"ENLACE_COMMIT": commit, "PYTHONUNBUFFERED": "1"}
+    return job_script(spec, run_name, tree, python, env, job, header, log_here=True)

@@ -57,6 +57,7 @@ def import_detail(stderr: str) -> str:
 def main() -> int:
     sha, run_ref, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     for_launch = "--for-launch" in rest
+    fresh = "--fresh" in rest  # launch --resume none: nothing is resumed
     sets = [a for i, a in enumerate(rest) if i > 0 and rest[i - 1] == "--set"]
     set_args = [a for s in sets for a in ("--set", s)]
     checks: list[dict] = []
@@ -93,6 +94,9 @@ def main() -> int:
             not absent,
             "missing: " + ", ".join(absent) if absent else ", ".join(cfg["files"].values()),
         )
+    if for_launch and cfg.get("ok") and not fresh:
+        problem = cfg.get("resume_problem")
+        add("its checkpoints can resume it", not problem, problem or "")
     if for_launch and cfg.get("ok"):
         df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args)
         try:
@@ -101,7 +105,10 @@ def main() -> int:
             data = {"ok": False, "error": (df.stderr.strip().splitlines() or ["no output"])[-1], "files": []}
         add("data the run reads exists", data.get("ok"), data.get("error") or f"{len(data['files'])} files")
     ok = all(c["ok"] for c in checks)
-    print(json.dumps({"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha}))
+    warnings = cfg.get("warnings") or []  # valid but probably not meant: the driver shows them
+    print(
+        json.dumps({"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings})
+    )
     return 0 if ok else 3
 
 

@@ -76,3 +76,51 @@ def test_max_batch_finds_the_boundary(project):
     limit = ("--memory-limit", "700MiB", "--steps", "1")  # the probes' own settings
     _, above = _preflight(project, "mb", *limit, "--set", f"training.batch_size={2 * mb['batch_size']}")
     assert above["verdict"] == "oom"
+
+
+@pytest.mark.parametrize(("step_s", "budget_s"), [(5.0, 1.0), (0.2, 2.0)], ids=["one-step-past", "projected-past"])
+def test_preflight_gives_up_at_its_own_budget_with_the_runs_projection(project, monkeypatch, step_s, budget_s):
+    """A step that takes minutes (fp16 on a CPU took 643 s for one warm-up step) ends preflight at its budget
+    with verdict too_slow (exit 10), never hours later: inside one long step (its alarm), or as soon as the
+    measured steps project past it. The steps are made slow by sleeping in a stand-in train_step."""
+    import time
+
+    from enlace import contract, engine
+    from enlace.config import load_config
+    from enlace.preflight import preflight
+
+    real_step = engine.train_step
+
+    def slow_step(*args, **kwargs):
+        time.sleep(step_s)
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "train_step", slow_step)
+    write_run(project, "slow", runtime={"precision": "fp16"})
+    t0 = time.monotonic()
+    rep = preflight(load_config("slow", root=project), steps=20, budget_s=budget_s)
+    assert time.monotonic() - t0 < budget_s + step_s + 30  # the report came at the budget, not after 23 steps
+    assert rep["verdict"] == "too_slow" and contract.VERDICT["too_slow"] == 10
+    assert "fp16 on a CPU is ≈20x slower: --set runtime.precision=fp32" in rep["suggestion"]
+    if step_s > budget_s:
+        assert "not one step finished within preflight's 1 s budget" in rep["suggestion"]
+    else:
+        assert rep["too_slow"]["step_s"] >= 0.2 and "the run's 20 steps would take" in rep["suggestion"]
+
+
+def test_a_gpu_profile_on_a_machine_without_one_hints_at_runs_that_work_here(project):
+    """Said where the device is picked (preflight, train): a Slurm login node has no GPU either."""
+    from enlace.config import load_config
+    from enlace.config_rules import check_environment
+    from enlace.dist import Dist
+    from enlace.engine import resolve_device
+    from enlace.errors import ConfigError
+
+    check_environment(load_config("smoke-2060", root=project))  # check-config/verify: no device question
+    with pytest.raises(ConfigError) as e:
+        resolve_device(load_config("smoke-2060", root=project), Dist())
+    assert "runtime.device: is cuda but no CUDA device is visible here" in e.value.message
+    assert "a CPU run config instead (e.g. smoke-cpu" in e.value.message
+    assert "--set runtime.device=cpu --set runtime.precision=fp32" in e.value.message
+    sets = ["runtime.device=cpu", "runtime.precision=fp32"]
+    assert resolve_device(load_config("smoke-2060", sets, root=project), Dist()).type == "cpu"  # the hint works

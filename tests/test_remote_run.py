@@ -11,6 +11,7 @@ import pytest
 from support.cli import enlace
 from support.procs import trainers_under
 from support.remote import PipeReader, popen_remote, remote, server_dir, tiny_corpus, wait_until
+from support.repocopy import commit_all
 
 
 def _status(user_repo, sshd, host, run):
@@ -167,3 +168,21 @@ def test_bad_run_names_and_missing_checkpoints_are_clear(sshd, user_repo):
             (p / "MANIFEST").unlink()  # no complete checkpoint left
     out = remote(user_repo, sshd.env, "fetch", "tiny", check=False)
     assert out.returncode == 2 and "no complete checkpoint" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_config_its_checkpoints_cannot_resume_is_refused_before_anything_starts(sshd, user_repo):
+    """Stage 1 (verify --for-launch) refuses it with the command to type; nothing is detached. --resume none
+    is that command, and works."""
+    from support.configs import write_run
+
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2")
+    write_run(user_repo, "tiny", training={"max_steps": 30, "log_every": 1, "eval_every": 10}, model={"n_layer": 3})
+    commit_all(user_repo, "a deeper tiny")
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", check=False)
+    assert out.returncode == 3, out.stderr
+    assert "tiny's checkpoints were trained with model.n_layer=2, this config gives 3" in out.stderr
+    assert "enlace-remote launch tiny --resume none" in out.stderr
+    assert _status(user_repo, sshd, "testhost", "tiny")["status"] == "stopped"  # nothing was started
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2")

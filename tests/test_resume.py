@@ -122,3 +122,29 @@ def test_deterministic_with_compile_refused_at_load(project):
     out = enlace(project, "train", "dc", check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "runtime.compile" in out.stderr
+
+
+@pytest.mark.slow
+def test_an_extended_run_resumes_with_a_plain_train_and_keeps_its_schedule(project):
+    """`--set training.max_steps=M` on a finished run extends it; the override lives with the run, so a plain
+    `train RUN` after a stop resumes it (it was refused: 'the checkpoint was made with max_steps=10'); the
+    learning rate keeps the run's own cosine (min_lr after its end), said in train.log — never a jump."""
+    from support.cli import metrics, run_json
+
+    write_run(project, "ext", training={"max_steps": 6, "eval_every": 0}, checkpoint={"every": 2, "keep": 3})
+    enlace(project, "train", "ext")
+    enlace(project, "train", "ext", "--set", "training.max_steps=10", "--until", "8")
+    assert run_json(project / "runs" / "ext")["status"] == "stopped"
+    out = enlace(project, "train", "ext")  # plain: the run's recorded --set applies
+    state = run_json(project / "runs" / "ext")
+    assert state["status"] == "finished" and state["step"] == 10, out.stdout[-2000:]
+    log = (project / "runs" / "ext" / "train.log").read_text()
+    assert "this run's own --set training.max_steps=10 (recorded in run.json" in log
+    assert "the learning rate keeps the run's schedule (cosine to min_lr 0.0003 at step 6); steps 7-10 train" in log
+    lrs = {m["step"]: m["lr"] for m in metrics(project / "runs" / "ext", "train")}
+    assert lrs[6] > lrs[7] == lrs[8] == lrs[9] == lrs[10] == 3e-4  # the cosine's end, then min_lr: no jump back up
+    fresh = enlace(project, "check-config", "ext", "--json", "--set", "model.n_layer=3")
+    assert (
+        "ext's checkpoints were trained with model.n_layer=2, this config gives 3"
+        in json.loads(fresh.stdout)["resume_problem"]
+    )

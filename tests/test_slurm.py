@@ -270,3 +270,29 @@ def test_preflight_on_a_compute_node_then_srun_torchrun_with_two_ranks(login, us
     files = load_checkpoint(latest_checkpoint(server_dir(login, "cluster") / "runs" / "tiny" / "checkpoints"))
     assert len(files["trainer.pt"]["ranks"]) == 2
     assert (server_dir(login, "cluster") / "runs" / "tiny" / "torchrun").is_dir()  # not /tmp/torchelastic_*
+
+
+def test_the_printed_script_runs_as_printed_on_the_login_node(login, user_repo, cluster, tmp_path):
+    """`launch --slurm --print` names the synced tree and the server's python by absolute path: sbatch'ed on
+    the login node as printed (from any directory), its job trains (a bare `python` died on Debian)."""
+    tiny_corpus(server_dir(login, "cluster"))
+    remote(user_repo, login.env, "sync", host="cluster")
+    script = remote(user_repo, login.env, "launch", "long", "--slurm", "--print", host="cluster").stdout
+    assert f"{server_dir(login, 'cluster')}/trees/" in script and "exec python " not in script
+    (tmp_path / "job.sh").write_text(script)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    submitted = subprocess.run(
+        ["sbatch", str(tmp_path / "job.sh")],
+        cwd=elsewhere,
+        env={**os.environ, **cluster.env},
+        capture_output=True,
+        text=True,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.split()[-1]
+    try:
+        wait_until(lambda: run_json(login, "long").get("step", 0) > 0, 180, "the printed job's first step")
+        assert "step " in train_log(login, "long")  # its output went to the run's train.log
+    finally:
+        cluster.run("scancel", job, check=False)

@@ -130,7 +130,8 @@ def test_slurm_print_writes_the_launch_script_without_touching_a_host(user_repo)
     script = out.stdout
     assert script.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=4" in script
     assert "#SBATCH --signal=B:USR1@120" in script and "#SBATCH --requeue" in script
-    assert "python -m enlace slurm-job tiny --gpus 4 --nodes 2" in script and "-m enlace train tiny" in script
+    assert "/bin/python -m enlace slurm-job tiny --gpus 4 --nodes 2" in script and "-m enlace train tiny" in script
+    assert "exec python " not in script  # no bare python: a Debian login node has only python3
     assert not (user_repo / ".enlace").exists()  # nothing was synced or started
     bad = remote(user_repo, {}, "launch", "tiny", "--slurm", host="local", check=False)
     assert bad.returncode == 2 and "not a Slurm host" in bad.stderr and "--slurm --print" in bad.stderr
