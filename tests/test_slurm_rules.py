@@ -4,6 +4,7 @@ batch script, the status cell, the printed script, the trainer's answer to repea
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -66,7 +67,8 @@ def test_the_batch_script_carries_the_settings_and_quotes_the_paths(tmp_path):
         "host c",
     )
     tree = tmp_path / "a dir; $(boom)"
-    script = job_script(spec, "r1", tree, "/opt/py thon", {"ENLACE_LAUNCH_ID": "1-2"}, ["r1", "--", "-m", "x"])
+    quoted = shlex.quote(str(tree)), shlex.quote("/opt/py thon")  # the caller's shell words
+    script = job_script(spec, "r1", *quoted, {"ENLACE_LAUNCH_ID": "1-2"}, ["r1", "--", "-m", "x"], "a header")
     for line in (
         "#SBATCH --partition=gpu",
         "#SBATCH --account=ml",
