@@ -314,9 +314,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     for key, value in sets.items():
         section, _, leaf = key.partition(".")
         if section not in SECTIONS or not leaf:
-            raise ConfigError(
-                "--set", key, "unknown key", _closest(section, [*SECTIONS, "run_name", "data", "profile"])
-            )
+            raise ConfigError("--set", key, "unknown key", _closest(section, [*SECTIONS, "run_name", "profile"]))
         _flatten_section({leaf: value}, section, "--set", flat, origin)
 
     cfg = Config(

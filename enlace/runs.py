@@ -210,6 +210,9 @@ def launching(run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
     with _locked(run_dir.parent, blocking=False, name=f".{run_dir.name}.launch-lock"):
         row = observe(run_dir)
+        if row["alive"] and Status(row["status"]).is_terminal:  # wrote its final status, still exiting
+            _wait(lambda: alive(read(run_dir)), 30)
+            row = observe(run_dir)
         if row["alive"]:
             raise AlreadyRunning(f"{run_dir.name} is already running ({describe_live(row)})")
         log = run_dir / "train.log"

@@ -275,7 +275,7 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
 
 
 @click.command(cls=HostOptionsCommand)
-@click.argument("run_name")
+@click.argument("run_name", required=False)
 @click.option(
     "--grace",
     type=Seconds(),
@@ -285,12 +285,13 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
 )
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
 @with_remote
-def stop(remote: Remote, run_name: str, grace: float, kill: bool) -> None:
-    """SIGTERM the run: it finishes its step, saves a checkpoint and exits; report the checkpoint."""
+def stop(remote: Remote, run_name: str | None, grace: float, kill: bool) -> None:
+    """SIGTERM the run (default: the run last launched there): it finishes its step, saves a checkpoint and
+    exits; report the checkpoint. Once only: a second stop waits for the same checkpoint."""
+    from orchestrator import choose
 
-    args = ["stop", validate_run_name(run_name, "RUN_NAME"), "--grace", str(grace), "--json"] + (
-        ["--kill"] if kill else []
-    )
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    args = ["stop", run_name, "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
     rep = remote.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
     if not rep["was_running"]:
         click.echo(

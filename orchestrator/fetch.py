@@ -14,6 +14,7 @@ can land outside the destination.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -135,6 +136,8 @@ def fetch_run_files(session: Session, run_name: str, dest: Path, names: tuple[st
     fetched = [n for n in names if n in offer["files"]]
     for name in fetched:
         os.replace(root / STAGING / name, root / name)
+    with contextlib.suppress(OSError):  # emptied: no .partial-fetch/ left behind (one still holding bytes stays)
+        (root / STAGING).rmdir()
     return fetched
 
 

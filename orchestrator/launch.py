@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from enlace.contract import VERDICT, describe_live, ended_message, exit_code_of
+from enlace.contract import VERDICT, Status, describe_live, ended_message, exit_code_of
 from enlace.errors import EnlaceError
 from orchestrator.errors import AlreadyRunning, from_doc
 from orchestrator.session import Session
@@ -55,7 +55,7 @@ def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
             f"{run_name} --resume checkpoints/step-N (or --resume none to start afresh)",
             err=True,
         )
-    if row["alive"]:
+    if row["alive"] and not Status(row["status"]).is_terminal:  # a failed run still exiting is not running
         raise AlreadyRunning(_running_message(session, row))
     extends = any(o.startswith("training.max_steps=") for o in overrides)
     if row["status"] == "finished" and not extends:

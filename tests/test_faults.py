@@ -464,3 +464,26 @@ def test_disk_messages_name_the_real_path_not_the_trees_symlink(tmp_path):
         check_free_space(tmp_path / "tree" / "runs" / "r" / "checkpoints", need_each=1 << 60)
     assert str(tmp_path / "remote" / "runs" / "r" / "checkpoints") in e.value.message
     assert str(tmp_path / "tree") not in e.value.message
+
+
+def test_a_run_that_wrote_its_final_status_and_is_exiting_is_not_already_running(tmp_path):
+    """After a failed launch the trainer may still be exiting: the next launch waits for it instead of
+    answering 'already running (status failed)', exit 7."""
+    import time
+
+    from enlace import runs
+    from enlace.contract import Status
+
+    proc = subprocess.Popen(["sleep", "1.5"])
+    run_dir = tmp_path / "r"
+    runs.update(run_dir, status=Status.FAILED, pid=proc.pid, pid_start=runs.proc_start(proc.pid), error="boom")
+    t0 = time.monotonic()
+    with runs.launching(run_dir) as (launch_id, _):
+        assert proc.poll() is not None and launch_id  # it waited for the exit, then launched
+    assert time.monotonic() - t0 < 30
+    proc.wait()
+
+
+def test_set_key_errors_name_each_section_once(project):
+    out = enlace(project, "check-config", "smoke-cpu", "--set", "zzz.paths=x", check=False)
+    assert out.returncode == 2 and "valid keys: checkpoint, data, distill, model," in out.stderr, out.stderr
