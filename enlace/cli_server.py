@@ -41,20 +41,82 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
         click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}/{r['max_steps']} loss {loss}")
 
 
+def policy_options(fn):
+    """--restarts, --stall-timeout, --backoff: the supervisor's policy (enlace/supervise.py)."""
+    fn = click.option(
+        "--backoff",
+        type=click.FloatRange(0, 3600),
+        default=10.0,
+        show_default=True,
+        help="Seconds before the first restart; each next one waits 3x longer.",
+    )(fn)
+    fn = click.option(
+        "--stall-timeout",
+        type=Seconds(),
+        default=None,
+        help="Seconds without a new step (once the run has trained) that count as hung; default: 10x the "
+        "longest gap between the run's steps so far, at least 300.",
+    )(fn)
+    return click.option(
+        "--restarts",
+        type=click.IntRange(0, 100),
+        default=3,
+        show_default=True,
+        help="Restarts from the newest checkpoint after a crash or a stall (not after a stop or a config error).",
+    )(fn)
+
+
 @click.command("start", hidden=True)
 @click.argument("run_name")
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @root_option
+@policy_options
 @click.option("--json", "as_json", is_flag=True)
-def start_cmd(run_name: str, pyargs: tuple[str, ...], root: Path | None, as_json: bool) -> None:
-    """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME, unless it is running (exit 7)."""
+def start_cmd(
+    run_name: str,
+    pyargs: tuple[str, ...],
+    root: Path | None,
+    restarts: int,
+    stall_timeout: float | None,
+    backoff: float,
+    as_json: bool,
+) -> None:
+    """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME under its supervisor, unless
+    it is running (exit 7)."""
     from enlace import runs
     from enlace.names import validate_run_name
 
     validate_run_name(run_name, "RUN_NAME")
     project = find_root(root)
-    doc = runs.start(_runs_root(root) / run_name, [sys.executable, *pyargs], project, dict(os.environ))
+    policy = ["--restarts", str(restarts), "--backoff", str(backoff)]
+    policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
+    supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
+    doc = runs.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, dict(os.environ))
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
+
+
+@click.command("supervise", hidden=True)
+@click.argument("run_name")
+@click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
+@root_option
+@policy_options
+def supervise_cmd(
+    run_name: str,
+    pyargs: tuple[str, ...],
+    root: Path | None,
+    restarts: int,
+    stall_timeout: float | None,
+    backoff: float,
+) -> None:
+    """Run `python PYARGS` for RUN_NAME and heal it: restart after a crash or a stall from the newest
+    checkpoint, at most --restarts times (enlace/supervise.py says what is retried and what is not)."""
+    from enlace import runs
+    from enlace.supervise import Policy, Supervisor, exit_code
+
+    run_dir = _runs_root(root) / run_name
+    env = {**runs.torchrun_env(run_dir), **os.environ}
+    outcome = Supervisor(run_dir, [sys.executable, *pyargs], Policy(restarts, stall_timeout, backoff), env).run()
+    sys.exit(exit_code(outcome))
 
 
 @click.command("wait", hidden=True)
@@ -192,4 +254,4 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_j
     click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
 
 
-COMMANDS = (runs_cmd, start_cmd, wait_cmd, stop_cmd, logs_cmd, gc_cmd, fetch_serve_cmd, data_files_cmd)
+COMMANDS = (runs_cmd, start_cmd, supervise_cmd, wait_cmd, stop_cmd, logs_cmd, gc_cmd, fetch_serve_cmd, data_files_cmd)

@@ -104,7 +104,7 @@ def transition(run_dir: Path, to: Status, only_from: frozenset[Status], **fields
     `stop` cannot overwrite the trainer's `stopped` with `stopping`, nor the trainer's `running` a stop."""
     with _locked(run_dir):
         state = read(run_dir)
-        changed = _recorded(state) in only_from
+        changed = recorded_status(state) in only_from
         state.update({k: (v.value if isinstance(v, Status) else v) for k, v in fields.items()}, updated_at=time.time())
         if changed:
             state["status"] = to.value
@@ -129,7 +129,7 @@ def alive(state: dict[str, Any]) -> bool:
     )
 
 
-def _recorded(state: dict[str, Any]) -> Status:
+def recorded_status(state: dict[str, Any]) -> Status:
     """The status run.json records; none (or an unknown one) reads as crashed."""
     try:
         return Status(state.get("status", "crashed"))
@@ -140,7 +140,7 @@ def _recorded(state: dict[str, Any]) -> Status:
 def status_of(state: dict[str, Any], is_alive: bool, job_state: str | None = None) -> Status:
     """The recorded status, except that an active run whose processes (or Slurm job) are gone has
     crashed, and a run whose Slurm job is queued is pending."""
-    recorded = _recorded(state)
+    recorded = recorded_status(state)
     if job_state in slurm.QUEUED_STATES:
         return Status.PENDING
     if recorded in ACTIVE and not is_alive:
@@ -196,6 +196,7 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "slurm_state": job.get("state"),
         "slurm_reason": job.get("reason"),
         "requeues": st.get("requeues"),
+        "restarts": st.get("restarts"),
         "requeue_limit_reached": st.get("requeue_limit_reached", False),
     }
 

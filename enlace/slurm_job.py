@@ -1,7 +1,8 @@
 """The batch step of a Slurm run (`enlace slurm-job`, exec'd by the job script on the compute node).
 
     start   record the job id, node and requeue count in run.json; log them in train.log
-    train   run the trainer as a child (`srun torchrun` for several processes); its output is the
+    train   run the trainer (`srun torchrun` for several processes) under the supervisor
+            (enlace/supervise.py): a crash or a stall is restarted within the job; its output is the
             job's output, which is the run's train.log
     signals USR1 (Slurm, signal_grace s before the time limit, to this step only: `B:`) and
             SIGTERM (stop, scancel, preemption) → one SIGTERM to the trainer once it has recorded
@@ -28,6 +29,7 @@ from pathlib import Path
 from enlace import runs
 from enlace.contract import ACTIVE, Status
 from enlace.slurm import SlurmError, time_left_s
+from enlace.supervise import Policy, Supervisor, last_line
 
 EARLY_S = 60  # Slurm's docs: the --signal may come up to 60 s before the time asked for
 
@@ -65,18 +67,30 @@ def distributed_argv(python: str, train: list[str], gpus: int, nodes: int, job_i
 
 
 def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues: int, grace: int) -> int:
-    """The whole batch step; returns its exit code (0 when the run stopped or finished cleanly)."""
-    got = {"limit": False, "term": False}
-
-    def on_signal(signum, frame):
-        got["limit" if signum == signal.SIGUSR1 else "term"] = True
-
-    for s in (signal.SIGUSR1, signal.SIGTERM):  # first of all: the job script ignored USR1 until now
-        signal.signal(s, on_signal)
+    """The whole batch step; returns its exit code (0 when the run stopped or finished cleanly). The trainer
+    runs under the supervisor (enlace/supervise.py: restarts after a crash or a stall, within this job);
+    Slurm's USR1 is one more stop signal, and the requeue after it this step's own action."""
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         raise SlurmError("`enlace slurm-job` runs inside a Slurm batch job (SLURM_JOB_ID is not set)")
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+    def announce(name: str) -> None:
+        if name == "limit":
+            say(
+                f"the job's time limit is near: checkpointing, then requeueing (requeue {restarts + 1} of at most "
+                f"{max_requeues})"
+                if restarts < max_requeues
+                else f"the job's time limit is near: checkpointing; max_requeues ({max_requeues}) is spent"
+            )
+
+    argv = [sys.executable, *train]
+    if gpus > 1 or nodes > 1:
+        argv = distributed_argv(sys.executable, train, gpus, nodes, job_id, run_dir / "train.log")
+    env = {**runs.torchrun_env(run_dir), **os.environ}
+    sup = Supervisor(run_dir, argv, Policy(), env, signals={signal.SIGUSR1: "limit"}, on_stop=announce)
+    for s in (signal.SIGUSR1, signal.SIGTERM):  # first of all: the job script ignored USR1 until now
+        signal.signal(s, sup.on_signal)
     node = socket.gethostname()
     say(f"job {job_id} on {node}" + (f", start {restarts + 1} (requeued {restarts}×)" if restarts else ""))
     runs.update(
@@ -94,30 +108,13 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     left = time_left_s(job_id)
     if left is not None and left <= grace + EARLY_S:  # Slurm may have sent USR1 while it was ignored
         say(f"{left}s left before the time limit (signal_grace {grace}s, and Slurm signals up to {EARLY_S}s early)")
-        got["limit"] = True
-    argv = [sys.executable, *train]
-    if gpus > 1 or nodes > 1:
-        argv = distributed_argv(sys.executable, train, gpus, nodes, job_id, run_dir / "train.log")
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={**runs.torchrun_env(run_dir), **os.environ})
-    sent = False
-    while (code := child.poll()) is None:
-        # One SIGTERM, and only once the trainer has recorded itself (its handler is in place by then):
-        # Slurm may send USR1 up to a minute early, before the trainer has even imported torch.
-        if (got["limit"] or got["term"]) and not sent and runs.read(run_dir).get("pid"):
-            if got["limit"]:
-                say(
-                    f"the job's time limit is near: checkpointing, then requeueing (requeue {restarts + 1} of at most "
-                    f"{max_requeues})"
-                    if restarts < max_requeues
-                    else f"the job's time limit is near: checkpointing; max_requeues ({max_requeues}) is spent"
-                )
-            child.send_signal(signal.SIGTERM)
-            sent = True
-        time.sleep(0.2)
+        sup.got.add("limit")
+    outcome = sup.run()
+    code, got = outcome.exit_code, outcome.signalled
     st = runs.read(run_dir)
     ended = st.get("status") in (Status.STOPPED, Status.FINISHED)
     short = st.get("step", 0) < (st.get("max_steps") or 0)
-    if got["limit"] and not got["term"] and st.get("status") == Status.STOPPED and short:
+    if "limit" in got and "term" not in got and st.get("status") == Status.STOPPED and short:
         if restarts < max_requeues:
             return _requeue(run_dir, job_id, st)
         say(
@@ -125,16 +122,11 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
             "checkpoint — `enlace-remote launch` continues it"
         )
         runs.update(run_dir, requeue_limit_reached=True)
-    elif got["term"] and ended:
+    elif "term" in got and ended:
         say(f"SIGTERM (stop, scancel or preemption): checkpointed at step {st.get('step')}")
     elif st.get("status") in ACTIVE:  # ended before it could record why (bad config, missing module, ...)
-        runs.update(run_dir, status=Status.FAILED, exit_code=code or 1, error=_last_line(run_dir / "train.log"))
+        runs.update(run_dir, status=Status.FAILED, exit_code=code or 1, error=last_line(run_dir))
     return 0 if ended else (code or 1)
-
-
-def _last_line(log: Path) -> str:
-    lines = [ln for ln in log.read_text(errors="replace").splitlines()[-20:] if ln.strip()] if log.exists() else []
-    return lines[-1].strip() if lines else "the trainer exited before writing to train.log"
 
 
 def _requeue(run_dir: Path, job_id: str, st: dict) -> int:

@@ -8,6 +8,7 @@ resolve config → run dir → build setup → resume from `latest` → loop:
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import statistics
@@ -101,6 +102,9 @@ def train(
     dist = Dist.from_env()
     dist.init(cfg.runtime.device)
     run = RunDir(cfg.run_dir, enabled=dist.is_main)
+    # SIGUSR2: every thread's Python stack to stderr (train.log): the supervisor asks before ending a stalled run
+    if sys.__stderr__ is not None:  # the process's own fd 2, also where a test harness swapped sys.stderr
+        faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True)
     stop = StopSignal(on_second=lambda name: run.update_status(status=Status.STOPPED, exit_code=128, signal=name))
     try:
         summary = _train(cfg, run, dist, stop, resume, until, allow)

@@ -98,6 +98,22 @@ def preflight(
 )
 @click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
 @click.option(
+    "--restarts",
+    type=click.IntRange(0, 100),
+    default=3,
+    show_default=True,
+    help="The server's supervisor restarts a crashed or hung trainer from its newest checkpoint this many times "
+    "(never a stopped run or a config error).",
+)
+@click.option(
+    "--stall-timeout",
+    type=Seconds(),
+    default=None,
+    metavar="S",
+    help="Seconds without a new step that count as hung (default: 10x the run's longest gap between steps, "
+    "at least 300).",
+)
+@click.option(
     "--resume",
     default="latest",
     show_default=True,
@@ -132,6 +148,8 @@ def launch(
     print_only: bool,
     nodes: int | None,
     no_wait: bool,
+    restarts: int,
+    stall_timeout: float | None,
     resume: str,
     allow_data_change: bool,
     allow_teacher_change: bool,
@@ -207,8 +225,9 @@ def launch(
             if hosts
             else None
         )
+        policy = ["--restarts", str(restarts)] + (["--stall-timeout", str(stall_timeout)] if stall_timeout else [])
         doc = stages.start_detached(
-            remote.session_for(host), sha, run_name, stages.train_command(run, train_args, gpus, rdzv)
+            remote.session_for(host), sha, run_name, stages.train_command(run, train_args, gpus, rdzv), policy
         )
         started = started or doc
         choose.remember_run(remote.repo, host.name, run)

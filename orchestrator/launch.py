@@ -101,11 +101,12 @@ def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous:
     ]
 
 
-def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str]) -> dict:
-    """Start `python PYARGS` (the trainer, or torchrun) detached on the host: `enlace start`, which
-    refuses a live run. Not retried after a dropped session (it may have started): a rerun says so."""
+def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str], policy: list[str] = ()) -> dict:
+    """Start `python PYARGS` (the trainer, or torchrun) detached on the host under its supervisor (`policy`:
+    --restarts, --stall-timeout): `enlace start`, which refuses a live run. Not retried after a dropped
+    session (it may have started): a rerun says so."""
     try:
-        doc = session.enlace_json(sha, "start", run_name, "--", *pyargs, idempotent=False)
+        doc = session.enlace_json(sha, "start", run_name, *policy, "--", *pyargs, idempotent=False)
     except AlreadyRunning:
         row = session.enlace_json("latest", "runs", run_name)[0]
         raise AlreadyRunning(_running_message(session, row)) from None

@@ -73,7 +73,8 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
     png = remote(user_repo, sshd.env, "plot", "tiny").stdout.strip()
     local = user_repo / "runs" / "tiny"
     assert png == str(local / "curves.png") and (local / "curves.png").stat().st_size > 10_000
-    assert sorted(p.name for p in local.iterdir()) == [  # no empty .partial-fetch/ left either
+    assert not (local / ".partial-fetch").exists()  # no empty staging dir left behind
+    assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == [
         "curves.png",
         "metrics.jsonl",
         "run.json",
