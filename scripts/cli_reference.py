@@ -1,0 +1,94 @@
+"""Write docs/cli.md: every verb and option of `enlace` and `enlace-remote`, taken from click itself, so
+the reference cannot drift from --help. `python scripts/cli_reference.py` rewrites it; with `--check` it
+exits 1 when the file differs from what the code says (tests/test_docs.py runs that)."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import click
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+HEADER = """# Command-line reference
+
+After reading this page you can look up every verb and option of both command lines. It is generated
+from the code by `python scripts/cli_reference.py` (a test fails when it is out of date): the same text
+as each verb's `--help` says first, and every option. Every driver verb also takes `--host` and
+`--accept-new-host-key` after it.
+"""
+
+
+COMMON = {"--host", "--accept-new-host-key"}  # every driver verb takes the global options after it too
+
+
+def _options(cmd: click.Command) -> list[str]:
+    rows = []
+    for p in cmd.params:
+        if isinstance(p, click.Option) and not p.hidden and not COMMON & set(p.opts):
+            names = ", ".join(f"`{n}`" for n in [*p.opts, *p.secondary_opts])
+            rows.append(f"- {names}: {' '.join((p.help or '').split()) or '(see --help)'}")
+    return rows
+
+
+def _usage(cmd: click.Command) -> str:
+    args = [
+        p.human_readable_name if p.required else f"[{p.human_readable_name}]"
+        for p in cmd.params
+        if isinstance(p, click.Argument)
+    ]
+    return " ".join(args)
+
+
+def _section(prog: str, name: str, cmd: click.Command) -> list[str]:
+    """The verb's usage, the first paragraph of its --help, one line per option."""
+    summary = inspect.cleandoc(cmd.help or "").replace("\b\n", "").split("\n\n")[0]
+    head = f"### `{prog} {name} {_usage(cmd)}".rstrip() + "`"
+    return [head, "", " ".join(summary.split()), *_options(cmd), ""]
+
+
+def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
+    found = []
+    for name in sorted(group.commands):
+        cmd = group.commands[name]
+        found.append((prefix + name, cmd))
+        if isinstance(cmd, click.Group):
+            found += _commands(cmd, f"{prefix}{name} ")
+    return found
+
+
+def render() -> str:
+    from enlace.cli import main as trainer
+    from orchestrator.cli import main as driver
+
+    lines = [HEADER]
+    for prog, group in (("enlace-remote", driver), ("enlace", trainer)):
+        lines += [f"## `{prog}`", ""]
+        lines += [f"Global options: {', '.join(f'`{o}`' for p in group.params for o in p.opts)}.", ""]
+        cmds = _commands(group)
+        for name, cmd in [c for c in cmds if not c[1].hidden]:
+            lines += _section(prog, name, cmd)
+        hidden = [name for name, cmd in cmds if cmd.hidden]
+        if hidden:
+            lines += [f"The driver's server verbs (hidden from --help): {', '.join(f'`{n}`' for n in hidden)}.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    target = REPO / "docs" / "cli.md"
+    text = render()
+    if "--check" in sys.argv[1:]:
+        if target.exists() and target.read_text() == text:
+            return 0
+        print(f"{target} is out of date: run python scripts/cli_reference.py", file=sys.stderr)
+        return 1
+    target.write_text(text)
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
