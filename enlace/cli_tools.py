@@ -173,4 +173,35 @@ def generate_cmd(
     click.echo(json.dumps({"ok": True, "out": str(out), "summary": summary, **meta}) if as_json else summary)
 
 
-COMMANDS = (sample_cmd, plot_cmd, generate_cmd)
+@click.command("export")
+@click.argument("target", metavar="RUN|CHECKPOINT_DIR")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["hf", "safetensors"]),
+    default="hf",
+    show_default=True,
+    help="hf: a directory transformers loads as GPT-2 (config, weights, byte tokenizer, model card); "
+    "safetensors: the model's own tensors and a JSON of its config.",
+)
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to create (must not exist).")
+@root_option
+def export_cmd(target: str, fmt: str, out: Path, root: Path | None) -> None:
+    """Export RUN's newest complete checkpoint (or CHECKPOINT_DIR), verified against its MANIFEST and loaded
+    weights_only, for use outside enlace: Hugging Face transformers (`--format hf`, the default) or plain
+    safetensors. OUT appears only once complete.
+
+    \b
+    enlace export smoke-cpu --out exports/smoke-cpu
+    # then, with transformers: AutoModelForCausalLM.from_pretrained("exports/smoke-cpu")"""
+    from enlace.export import export
+    from enlace.sample import find_checkpoint
+
+    ckpt = find_checkpoint(_run_or_dir(target, root))
+    run_json = ckpt.parent.parent / "run.json"
+    state = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    files = export(ckpt, fmt, out, state)
+    click.echo(f"{out}: {', '.join(files)} (from {ckpt.parent.parent.name}/{ckpt.parent.name}/{ckpt.name})")
+
+
+COMMANDS = (sample_cmd, plot_cmd, generate_cmd, export_cmd)

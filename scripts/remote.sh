@@ -71,7 +71,7 @@ resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (st
          "constraints.txt${*:+ (pip $*)} — on a GPU server pip fetches a CUDA wheel of torch (≈2.5 GB): minutes" >&2
     "$(sys_python)" -m venv "$tmp" >&2 || { rm -rf "$tmp"; return 1; }
     "$tmp/bin/python" -m pip install --progress-bar off --disable-pip-version-check -c "$tree/constraints.txt" \
-      "$@" torch numpy pyyaml click psutil >&2 || { rm -rf "$tmp"; return 1; }
+      "$@" torch numpy pyyaml click psutil safetensors >&2 || { rm -rf "$tmp"; return 1; }
     mv -T "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another sync may have won the race
     echo "built $venv" >&2
   fi

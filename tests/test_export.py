@@ -1,0 +1,96 @@
+"""`enlace export`: a trained checkpoint as Hugging Face transformers' GPT-2 (same logits, same greedy bytes
+as `enlace sample`) and as plain safetensors (the checkpoint's tensors exactly); a corrupt checkpoint is
+refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from support.cli import enlace
+from support.configs import write_run
+
+from enlace.sample import find_checkpoint, generate, load_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(module_project):
+    """A small model trained a few steps, with a context long enough for a 64-byte greedy generation."""
+    write_run(
+        module_project,
+        "exp",
+        model={"seq_len": 96, "n_layer": 2, "n_head": 2, "d_model": 32, "dropout": 0.1},
+        training={"max_steps": 12, "eval_every": 6},
+    )
+    enlace(module_project, "train", "exp")
+    return module_project
+
+
+def test_hf_export_loads_in_transformers_with_the_same_logits_and_greedy_bytes(trained, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is in the dev extra")
+    out = tmp_path / "hf"
+    enlace(trained, "export", "exp", "--format", "hf", "--out", str(out))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ours, _ = load_model(find_checkpoint(trained / "runs" / "exp"), torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        x = torch.randint(0, 256, (1, 96), generator=g)
+        with torch.no_grad():
+            a, _ = ours(x)
+            b = hf(x).logits
+        assert (a - b).abs().max().item() < 1e-5
+    prompt = b"def main():\n    "
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tok(prompt.decode(), return_tensors="pt").input_ids
+    assert ids[0].tolist() == list(prompt)  # the ids are the bytes themselves
+    with torch.no_grad():
+        greedy = hf.generate(ids, max_new_tokens=64, do_sample=False)[0, len(prompt) :].tolist()
+    assert bytes(greedy) == generate(ours, prompt, 64, 0.0, None, 0)  # enlace sample --temperature 0
+    cli = json.loads(
+        enlace(
+            trained, "sample", "exp", "--prompt", prompt.decode(), "--bytes", "64", "--temperature", "0", "--json"
+        ).stdout
+    )
+    assert cli["text"] == (prompt + bytes(greedy)).decode("utf-8", errors="replace")  # the CLI's own bytes
+    card = (out / "README.md").read_text()
+    assert "step 12 of 12" in card and "sha256" in card and "val bits/byte" in card
+
+
+def test_safetensors_export_equals_the_checkpoints_tensors(trained, tmp_path):
+    from safetensors.torch import load_file
+
+    from enlace.checkpoint import load_checkpoint
+
+    out = tmp_path / "st"
+    enlace(trained, "export", "exp", "--format", "safetensors", "--out", str(out))
+    tensors = load_file(out / "model.safetensors")
+    saved = load_checkpoint(find_checkpoint(trained / "runs" / "exp"))["model.pt"]
+    meta = json.loads((out / "enlace.json").read_text())
+    assert meta["tied"] == {"head.weight": "tok_emb.weight"} and meta["model"]["seq_len"] == 96
+    for name, value in saved.items():
+        stored = tensors[meta["tied"].get(name, name)]
+        assert stored.dtype == value.dtype and torch.equal(stored, value), name
+
+
+def test_a_corrupt_checkpoint_is_refused_in_one_line(trained, tmp_path):
+    ckpt = find_checkpoint(trained / "runs" / "exp")
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    model = bad / "model.pt"
+    model.write_bytes(model.read_bytes()[:-10] + b"0123456789")
+    out = enlace(trained, "export", str(bad), "--out", str(tmp_path / "x"), check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "does not match its sha256 in MANIFEST" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
