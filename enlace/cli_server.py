@@ -211,7 +211,7 @@ def logs_cmd(
 def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
     """Remove trees/<sha> and venvs/<hash> no run needs (kept: trees of live or resumable runs, the newest
     --keep, and their venvs). Never touches data/ or runs/. Runs in a tree on the server."""
-    from enlace.gc import collect, remote_dir_of
+    from enlace.cleanup import collect, remote_dir_of
 
     rep = collect(remote_dir_of(find_root(root)), keep, dry_run)
     if as_json:

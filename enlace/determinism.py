@@ -61,9 +61,9 @@ def configure(rt: RuntimeConfig, device: torch.device) -> dict:
 
 
 def _use_deterministic_algorithms(mode: bool) -> None:
-    """torch.use_deterministic_algorithms, without its import of torch._inductor (1.3 s of CPU at every
-    trainer start, measured here) to set a flag only torch.compile reads: deterministic runs refuse
-    compile (config_rules), and a non-deterministic one leaves the default, off."""
+    """torch.use_deterministic_algorithms, without its import of torch._inductor (seconds of CPU at every
+    trainer start) to set a flag only torch.compile reads: deterministic runs refuse compile
+    (config_rules), and a non-deterministic one leaves the default, off."""
     if torch.are_deterministic_algorithms_enabled() == mode:
         return
     set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)

@@ -95,8 +95,8 @@ class Supervisor:
             status = runs.recorded_status(st)  # what the trainer wrote last (none: it died without a word)
             if self.got:  # a stop (or Slurm's limit): what the trainer did with it is the outcome
                 return Outcome(status, code, "stopped", set(self.got))
-            if status in ENDED_CLEANLY and not stalled:
-                return Outcome(status, 0)
+            if (status in ENDED_CLEANLY or code == 0) and not stalled:  # a clean exit is no crash (a rank-1
+                return Outcome(status, 0)  # host of a multi-host run records no status of its own)
             if status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
                 return Outcome(status, st["exit_code"], "not retried: a retry cannot fix it")
             if code in NOT_RETRIED:  # refused before it could record why (a config error at load)
@@ -104,7 +104,11 @@ class Supervisor:
                 return Outcome(Status.FAILED, code, "not retried: a retry cannot fix it")
             cause = self._cause(code, stalled, st)
             if restarts >= self.policy.restarts:
-                why = f"gave up after {restarts} restart{'s' if restarts != 1 else ''}: {cause}"
+                why = (
+                    f"gave up after {restarts} restart{'s' if restarts != 1 else ''}: {cause}"
+                    if self.policy.restarts
+                    else f"{cause} (not restarted: --restarts 0)"
+                )
                 say(why)
                 runs.update(self.run_dir, status=Status.CRASHED, error=why, exit_code=contract.CRASHED)
                 return Outcome(Status.CRASHED, contract.CRASHED, why)

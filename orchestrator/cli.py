@@ -13,7 +13,15 @@ import click
 from enlace.contract import leave
 from enlace.errors import EnlaceError
 from orchestrator import cli_run, cli_tools
-from orchestrator.cliutil import HOST_ENV, HostOptionsGroup, Remote, print_sync, set_option, with_remote
+from orchestrator.cliutil import (
+    HOST_ENV,
+    HostOptionsGroup,
+    Remote,
+    allow_dirty_option,
+    print_sync,
+    set_option,
+    with_remote,
+)
 from orchestrator.errors import EXIT_CODES_HELP
 
 
@@ -113,7 +121,7 @@ def hosts_add(
 
 
 @main.command()
-@click.option("--allow-dirty", is_flag=True, help="Ship HEAD even though the working tree has uncommitted changes.")
+@allow_dirty_option
 @with_remote
 def setup(remote: Remote, allow_dirty: bool) -> None:
     """Prepare the host: remote_dir, the bare repo, this commit's tree and the server's python.
@@ -135,19 +143,13 @@ def setup(remote: Remote, allow_dirty: bool) -> None:
 
 
 @main.command()
-@click.option("--allow-dirty", is_flag=True, help="Ship HEAD even though the working tree has uncommitted changes.")
-@click.option(
-    "--unsafe-skip-ignore-check",
-    is_flag=True,
-    hidden=True,
-    help="Testing only: skip the local check for git-ignored files (the server check still runs).",
-)
+@allow_dirty_option
 @with_remote
-def sync(remote: Remote, allow_dirty: bool, unsafe_skip_ignore_check: bool) -> None:
+def sync(remote: Remote, allow_dirty: bool) -> None:
     """Push HEAD to the host and check it out there (refuses a dirty tree or git-ignored files)."""
     from orchestrator.gitsync import sync as do_sync
 
-    print_sync(do_sync(remote.session, remote.repo, allow_dirty, not unsafe_skip_ignore_check))
+    print_sync(do_sync(remote.session, remote.repo, allow_dirty))
 
 
 @main.command()

@@ -103,6 +103,7 @@ def preflight(
     default=3,
     show_default=True,
     help="The server's supervisor restarts a crashed or hung trainer from its newest checkpoint this many times "
+    "(not a multi-host --hosts run) "
     "(never a stopped run or a config error).",
 )
 @click.option(
@@ -225,7 +226,9 @@ def launch(
             if hosts
             else None
         )
-        policy = ["--restarts", str(restarts)] + (["--stall-timeout", str(stall_timeout)] if stall_timeout else [])
+        # one host's trainer restarted alone would wait for its peers' rendezvous: a multi-host run is not restarted
+        policy = ["--restarts", str(0 if hosts else restarts)]
+        policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
         doc = stages.start_detached(
             remote.session_for(host), sha, run_name, stages.train_command(run, train_args, gpus, rdzv), policy
         )

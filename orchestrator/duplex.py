@@ -66,7 +66,7 @@ class Duplex:
 
 class ProcessDuplex(Duplex):
     """A local process (the `local` host). Its own session (our Ctrl-C is ours to handle), dying with us,
-    its stdout a 1 MiB pipe (the default 64 KiB measured 1.3x slower for fetch)."""
+    its stdout a 1 MiB pipe where the system allows (fewer, larger reads for fetch)."""
 
     def __init__(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], what: str = ""):
         super().__init__(what or short(argv), stall_timeout, tick)
@@ -106,9 +106,9 @@ class ProcessDuplex(Duplex):
 
 class SystemSSHDuplex(ProcessDuplex):
     """A command over the system ssh client (same host key file, key and options as git's): OpenSSH's
-    C crypto runs on its own core while we hash and write, measured 0.67 s for 200 MiB against 0.79 to
-    0.98 s over paramiko's channel (its per-packet Python). The command's connection is its own: a verb
-    using it opens no other."""
+    C crypto runs on its own core while we hash and write, faster than paramiko's channel with its
+    per-packet Python (docs/benchmarks.md). The command's connection is its own: a verb using it opens no
+    other."""
 
     def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
         self.host = transport.host.name
@@ -138,7 +138,7 @@ class ChannelDuplex(Duplex):
         super().__init__(short(argv), stall_timeout, tick)
         self.transport = transport
         self.dropped = (EOFError, OSError, load_paramiko().SSHException)  # the connection went away
-        try:  # paramiko's default 2 MiB window: a 16 MiB one measured 1.5-3x slower (its buffer copies)
+        try:  # paramiko's default 2 MiB window: a larger one is slower (its buffer copies)
             self.chan = transport._connection().get_transport().open_session()
             self.chan.settimeout(self.SLICE_S)
             self.chan.exec_command(shlex.join(argv))
@@ -147,7 +147,7 @@ class ChannelDuplex(Duplex):
 
     def _read_slice(self, n: int) -> bytes | None:
         try:  # all paramiko's buffer holds, up to n: a capped read leaves a remainder it moves, and more
-            return self.chan.recv(n)  # reads send more window adjusts (200 MiB: 818 -> 721 reads, 397 -> 340)
+            return self.chan.recv(n)  # reads send more window adjusts
         except TimeoutError:
             return None
         except self.dropped as e:

@@ -245,7 +245,7 @@ def _receive(reader: _Reader, local: Path, offset: int, hasher, bar):
     left = count
     with open(local, "r+b" if local.exists() else "wb") as fh:
         # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to
-        # disk when it is closed (auto_da_alloc), and the fetch's last rmdir then waited 20-60 ms for it
+        # disk when it is closed (auto_da_alloc), and the fetch's last rmdir would wait for that
         if fh.seek(0, os.SEEK_END) > start:
             fh.truncate(start)
         fh.seek(start)

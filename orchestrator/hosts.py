@@ -253,7 +253,7 @@ def _ssh_config_lookup(alias: str) -> dict[str, Any]:
     """What the ssh config file sets for `alias`, keys lowercased, identityfile a list, hostname always
     (as paramiko's SSHConfig.lookup answers). Asked of the ssh client when there is one, so Include,
     Match and the rest resolve as for every ssh and git call, and no command pays paramiko's import
-    (≈0.06 s, sshlib) to start: the settings where `ssh -G` with the file differs from `ssh -G` without it."""
+    (sshlib) to start: the settings where `ssh -G` with the file differs from `ssh -G` without it."""
     path = ssh_config_file()
     if not path.is_file():
         return {}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 def load_paramiko():
     """The paramiko module, imported without `invoke`. paramiko's config module imports invoke when it
-    loads, only to run ssh_config's `Match exec` lines: paramiko's import took 100 ms here, 61 without
-    it, on every remote command (its SSH connection is paramiko's). Blocked for that one import (a None entry in
+    loads, only to run ssh_config's `Match exec` lines: a cost on every remote command (its SSH connection
+    is paramiko's). Blocked for that one import (a None entry in
     sys.modules makes `import invoke` fail, which paramiko records); `read_ssh_config` brings invoke back
     for a file that may use `Match exec`."""
     if "paramiko" not in sys.modules and "invoke" not in sys.modules:

@@ -226,7 +226,7 @@ class SSHTransport(Transport):
             raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
         transport = client.get_transport()
         if isinstance(transport.sock, socket.socket):  # not a proxy's pipe
-            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # ≈45 → 13 ms per command
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # paramiko leaves Nagle on
         transport.set_keepalive(15)
         self._client, self.answered = client, True  # sessions cut after this are a network's, not a typo's
         return client
@@ -351,8 +351,7 @@ class SSHTransport(Transport):
 
 
 # OpenSSH's default cipher set (ssh_config(5), 6.5 to 9.x) with AES-GCM first, as _gcm_first does for paramiko:
-# with AES instructions it outruns chacha20-poly1305, ssh's own first choice. Measured here: 200 MiB
-# `ssh host cat` took 0.73 s against 1.07 s (medians of 10 alternated).
+# with AES instructions it outruns chacha20-poly1305, ssh's own first choice (docs/benchmarks.md).
 SSH_CIPHERS = ",".join(
     [
         "aes128-gcm@openssh.com",
@@ -367,9 +366,8 @@ SSH_CIPHERS = ",".join(
 
 def _gcm_first(sock, **kwargs):
     """paramiko's Transport, offering AES-GCM first where this paramiko has it (from 3.5 on), the rest
-    of its list after: one AEAD call per packet instead of AES-CTR plus a separate HMAC. Measured for
-    200 MiB through a channel on loopback: 0.48-0.56 s against 0.76-0.85 s (bench/remote.py prints
-    what fetch gains: the fallback without an ssh client runs on this connection)."""
+    of its list after: one AEAD call per packet instead of AES-CTR plus a separate HMAC (fetch's fallback
+    without an ssh client runs on this connection; bench/remote.py measures it)."""
     paramiko = load_paramiko()
 
     transport = paramiko.Transport(sock, **kwargs)

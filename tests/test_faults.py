@@ -177,7 +177,7 @@ def test_a_git_repo_that_is_not_an_enlace_checkout_is_named(sshd, tmp_path):
 @pytest.mark.slow
 def test_logs_follow_says_when_the_trainer_was_killed(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "local"))
-    remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--restarts", "0", host="local")  # no healing
     wait_until(lambda: _row(user_repo, sshd, "local", "long")["step"] >= 60, what="a checkpoint")  # every 50 steps
     os.kill(_row(user_repo, sshd, "local", "long")["pid"], signal.SIGKILL)
     out = remote(user_repo, sshd.env, "logs", "long", "-f", host="local", check=False)

@@ -40,7 +40,7 @@ def test_report_has_every_figure_and_needs_no_corpus(project):
         assert label in human
 
 
-def test_batch_that_does_not_fit_is_oom_exit_3_with_phase(project):
+def test_batch_that_does_not_fit_is_oom_with_its_exit_code_and_phase(project):
     write_run(project, "big", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 64})
     out, rep = _preflight(project, "big", "--memory-limit", "600MiB")
     assert out.returncode == 5 and "Traceback" not in out.stderr
@@ -48,7 +48,7 @@ def test_batch_that_does_not_fit_is_oom_exit_3_with_phase(project):
     assert "batch_size" in rep["suggestion"]
 
 
-def test_fp16_with_absurd_scale_is_unstable_exit_4(project):
+def test_fp16_with_absurd_scale_is_unstable_with_its_exit_code(project):
     # torch's CPU backend supports fp16 autocast + GradScaler (torch 2.13): no skip needed.
     write_run(project, "fp16", runtime={"precision": "fp16", "fp16_init_scale": 2.0**40})
     out, rep = _preflight(project, "fp16")

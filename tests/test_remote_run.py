@@ -114,9 +114,9 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     pids = trainers_under(sshd.dir.parent, "long")  # this test's trainers only (the machine may be shared)
     assert len(pids) == 1, pids
     remote(user_repo, sshd.env, "stop", "long")
-    out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight")  # a stopped run resumes
+    out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--restarts", "0")  # a stopped run resumes
     assert "resumed from checkpoints/step-" in out.stderr
-    # SIGKILL the trainer behind enlace's back: status must say crashed.
+    # SIGKILL the trainer behind enlace's back (no supervisor restarts): status must say crashed.
     pid = _status(user_repo, sshd, "testhost", "long")["pid"]
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["status"] == "crashed", what="crashed")

@@ -75,15 +75,31 @@ def _historic_repo(tmp_path: Path, user_repo: Path) -> Path:
     return bad
 
 
-def test_historic_gitignore_bug_is_refused_locally_and_caught_on_the_server(sshd, user_repo, tmp_path):
+def _sync_without_the_ignore_check(repo, env, monkeypatch) -> None:
+    """Ship HEAD as an enlace without the local ignore check did (gitsync.sync's check_ignored=False): the
+    product command line has no such switch."""
+    from orchestrator.cliutil import Remote
+    from orchestrator.gitsync import sync
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(repo)
+    remote = Remote("testhost", False)
+    try:
+        sync(remote.session, remote.repo, allow_dirty=False, check_ignored=False)
+    finally:
+        remote.close()
+
+
+def test_historic_gitignore_bug_is_refused_locally_and_caught_on_the_server(sshd, user_repo, tmp_path, monkeypatch):
     bad = _historic_repo(tmp_path, user_repo)
     out = remote(bad, sshd.env, "sync", check=False)
     assert out.returncode == 3
     for path in ("enlace/data/bytestream.py", "configs/data/smoke.yaml", "configs/runs/smoke-cpu.yaml"):
         assert path in out.stderr
     assert ".gitignore:" in out.stderr and ":data/" in out.stderr  # the offending line, quoted
-    # Forced past the local check, the server-side verify names what did not arrive.
-    remote(bad, sshd.env, "sync", "--unsafe-skip-ignore-check")
+    # Shipped past the local check, the server-side verify names what did not arrive.
+    _sync_without_the_ignore_check(bad, sshd.env, monkeypatch)
     out = remote(bad, sshd.env, "verify", "tiny", check=False)
     assert out.returncode == 3
     assert "enlace/data/__init__.py" in out.stderr and "configs/runs/tiny.yaml" in out.stderr

@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 def trainers_under(path, run):
-    """Live trainer processes of `run` whose working directory is under `path` (this test's host)."""
+    """Live trainer processes of `run` whose working directory is under `path` (this test's host); not their
+    supervisor, whose command line ends with the trainer's."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -18,6 +19,7 @@ def trainers_under(path, run):
             state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
             if (
                 f"enlace train {run}".encode() in cmd
+                and b" supervise " not in cmd
                 and state != "Z"
                 and os.readlink(f"/proc/{pid}/cwd").startswith(str(path))
             ):
