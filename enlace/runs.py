@@ -112,6 +112,12 @@ def transition(run_dir: Path, to: Status, only_from: frozenset[Status], **fields
     return changed
 
 
+def new_attempt(run_dir: Path, **fields: Any) -> None:
+    """A new trainer is about to start for this run (a restart, a Slurm job's start): `starting`, and the
+    last trainer's identity and verdict forgotten — the new one records its own."""
+    update(run_dir, status=Status.STARTING, pid=None, pid_start=None, exit_code=None, error=None, **fields)
+
+
 def record_self(run_dir: Path, status: Status, **fields: Any) -> None:
     """The trainer (rank 0) records itself: its pid and start time identify the run from now on. A stop
     that came first stays recorded (the trainer then stops at its first step)."""

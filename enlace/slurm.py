@@ -22,19 +22,7 @@ from typing import Any
 from enlace import contract
 from enlace.errors import EnlaceError
 
-KEYS = (
-    "partition",
-    "account",
-    "qos",
-    "time",
-    "gpus_per_node",
-    "cpus_per_task",
-    "mem",
-    "nodes",
-    "extra_sbatch",
-    "max_requeues",
-    "signal_grace",
-)
+KEYS = contract.SLURM_KEYS  # the hosts.yaml keys of a Slurm login node (the contract owns them)
 WORD_RE = re.compile(r"[A-Za-z0-9_.,:+-]{1,128}")  # partition, account, qos
 TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")  # Slurm's MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
 MEM_RE = re.compile(r"\d+[KMGT]?")

@@ -93,17 +93,8 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
         signal.signal(s, sup.on_signal)
     node = socket.gethostname()
     say(f"job {job_id} on {node}" + (f", start {restarts + 1} (requeued {restarts}×)" if restarts else ""))
-    runs.update(
-        run_dir,
-        status=Status.STARTING,
-        phase=f"starting on {node} (Slurm job {job_id})",
-        job_id=job_id,
-        requeues=restarts,
-        node=node,
-        pid=None,
-        pid_start=None,
-        exit_code=None,
-        error=None,
+    runs.new_attempt(
+        run_dir, phase=f"starting on {node} (Slurm job {job_id})", job_id=job_id, requeues=restarts, node=node
     )
     left = time_left_s(job_id)
     if left is not None and left <= grace + EARLY_S:  # Slurm may have sent USR1 while it was ignored

@@ -115,16 +115,8 @@ class Supervisor:
             restarts += 1
             wait = self.policy.backoff * 3 ** (restarts - 1)
             say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s, from the newest checkpoint")
-            runs.update(
-                self.run_dir,
-                status=Status.STARTING,
-                phase=f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts})",
-                restarts=restarts,
-                pid=None,
-                pid_start=None,
-                exit_code=None,
-                error=None,
-            )
+            phase = f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts})"
+            runs.new_attempt(self.run_dir, phase=phase, restarts=restarts)
             if self._sleep(wait):
                 runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart")
                 return Outcome(Status.STOPPED, 0, "stopped", set(self.got))

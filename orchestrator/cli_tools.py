@@ -124,6 +124,39 @@ def generate(remote: Remote, teacher: str, n_bytes: int, out: str, temperature: 
     click.echo(f"{rep['summary']} (on {remote.host.name})")
 
 
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_name", required=False)
+@click.option("--format", "fmt", type=click.Choice(["hf", "safetensors"]), default="hf", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: exports/RUN_NAME-FORMAT here.")
+@with_remote
+def export(remote: Remote, run_name: str | None, fmt: str, out: Path | None) -> None:
+    """Fetch RUN_NAME's newest checkpoint (verified against its MANIFEST, as `fetch` does) and export it here
+    with `enlace export` (docs/export.md): a directory transformers loads as GPT-2, or plain safetensors.
+    Exporting needs the trainer on this machine (pip install '.[train]'); on a driver-only laptop the
+    message says how to export on the server instead."""
+    import importlib.util
+    import subprocess
+
+    from orchestrator import choose
+    from orchestrator.errors import UsageError
+    from orchestrator.fetch import fetch as do_fetch
+
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("safetensors") is None:
+        raise UsageError(
+            "exporting needs the trainer on this machine: pip install -c constraints.txt '.[train]' — or export on "
+            f"the server: enlace-remote shell {run_name} -- enlace export {run_name} --out exports/{run_name}"
+        )
+    dest = remote.repo / "runs" / run_name
+    rep = do_fetch(remote.session, run_name, dest, False)
+    ckpt = dest / "checkpoints" / (rep["fetched"] or rep["skipped"])[-1]
+    target = out or remote.repo / "exports" / f"{run_name}-{fmt}"
+    cmd = [sys.executable, "-m", "enlace", "export", str(ckpt), "--format", fmt, "--out", str(target)]
+    done = subprocess.run(cmd, cwd=remote.repo, stdin=subprocess.DEVNULL)
+    if done.returncode:
+        sys.exit(done.returncode)
+
+
 class AfterDashCommand(HostOptionsCommand):
     """Everything after the first `--` is kept as it was typed (click would drop the `--` and leave
     `shell -- CMD` indistinguishable from `shell RUN CMD`): the words are in ctx.meta["after_dash"]."""
@@ -173,4 +206,4 @@ def shell(remote: Remote, ctx: click.Context, run_name: str | None) -> None:
     os.execvp("ssh", [*transport.ssh_argv(), *tty, transport.remote_path("").rstrip(":"), script])
 
 
-COMMANDS = (sample, plot, gc, shell, generate)
+COMMANDS = (sample, plot, gc, shell, generate, export)

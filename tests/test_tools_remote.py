@@ -81,6 +81,8 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
     ]  # only what plot needs came over
     server_run = server_dir(sshd, "testhost") / "runs" / "tiny"
     assert (local / "metrics.jsonl").read_bytes() == (server_run / "metrics.jsonl").read_bytes()
+    out = remote(user_repo, sshd.env, "export", "tiny", "--format", "safetensors")  # fetch, then export here
+    assert (user_repo / "exports" / "tiny-safetensors" / "model.safetensors").is_file(), out.stderr
     for host in ("testhost", "local"):
         if host == "local":
             tiny_corpus(server_dir(sshd, "local"))

@@ -12,31 +12,29 @@ from pathlib import Path
 def trainers_under(path, run):
     """Live trainer processes of `run` whose working directory is under `path` (this test's host); not their
     supervisor, whose command line ends with the trainer's."""
+    import psutil
+
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-            if (
-                f"enlace train {run}".encode() in cmd
-                and b" supervise " not in cmd
-                and state != "Z"
-                and os.readlink(f"/proc/{pid}/cwd").startswith(str(path))
-            ):
-                found.append(int(pid))
-        except OSError:
-            continue
+    for proc in psutil.process_iter(["cmdline", "status", "cwd"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if (
+            f"enlace train {run}" in cmd
+            and " supervise " not in cmd
+            and proc.info["status"] != psutil.STATUS_ZOMBIE
+            and (proc.info["cwd"] or "").startswith(str(path))
+        ):
+            found.append(proc.pid)
     return found
 
 
 def kill_processes_under(path: Path) -> None:
     """Detached trainers a failed test left behind (their cwd is a tree under `path`)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.readlink(f"/proc/{pid}/cwd").startswith(str(path)) and int(pid) != os.getpid():
-                os.kill(int(pid), signal.SIGKILL)
-        except OSError:
-            pass
+    import psutil
+
+    for proc in psutil.process_iter(["cwd"]):
+        if (proc.info["cwd"] or "").startswith(str(path)) and proc.pid != os.getpid():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 class Throttle:
