@@ -77,7 +77,7 @@ class ProcessDuplex(Duplex):
             stdout=subprocess.PIPE,
             stderr=self.err,
             start_new_session=True,
-            preexec_fn=die_with_us(),  # noqa: PLW1509 - prctl only, on Linux (orchestrator/portable.py)
+            preexec_fn=die_with_us(),  # noqa: PLW1509 - the parent-death signal, Linux only (orchestrator/portable.py)
         )
         grow_pipe(self.p.stdout.fileno(), PIPE_BYTES)
 
