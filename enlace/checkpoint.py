@@ -132,23 +132,23 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def skipped_latest(ckpt_root: Path) -> str | None:
+def skipped_latest(ckpt_root: Path, fallback: Path | None) -> str | None:
     """When `latest` names a checkpoint that is not complete (MANIFEST gone or empty, the directory
     emptied or removed): one line saying what resuming does instead and how many steps it costs. None
-    when `latest` is complete or absent."""
+    when `latest` is complete or absent. `fallback`: what latest_checkpoint(ckpt_root) resolved (the
+    caller has it: no second pass over the checkpoints)."""
     try:
         name = (ckpt_root / "latest").read_text().strip()
     except (FileNotFoundError, UnicodeDecodeError):
         return None
     m = STEP_RE.fullmatch(name)
-    if not m:
+    if not m or (fallback is not None and fallback.name == name):  # latest is complete: nothing skipped
         return None
     named = ckpt_root / name
     problem = manifest_problem(named) if named.is_dir() else f"{named}: missing — "
     if problem is None:
         return None
     reason = problem.removeprefix(f"{named}: ").split(" — ")[0].strip()
-    fallback = latest_checkpoint(ckpt_root)
     start = int(STEP_RE.fullmatch(fallback.name).group(1)) if fallback else 0
     where = f"resuming from {fallback.name}" if fallback else "no complete checkpoint is left: starting from step 0"
     return f"{name} is incomplete ({reason}): {where}; {int(m.group(1)) - start} steps will be trained again"

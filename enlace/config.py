@@ -345,10 +345,9 @@ def load_run_config(
     cfg.runs_root = runs_root
     if fresh:
         return cfg
-    try:
-        recorded = json.loads((cfg.run_dir / "run.json").read_text()).get("overrides") or []
-    except (OSError, ValueError):
-        return cfg
+    from enlace.runs import read
+
+    recorded = read(cfg.run_dir).get("overrides") or []
     given = {o.partition("=")[0].strip() for o in overrides}
     inherited = [o for o in recorded if isinstance(o, str) and o.partition("=")[0].strip() not in given]
     if not inherited:
@@ -366,11 +365,9 @@ def resume_problem(cfg: Config) -> str | None:
     """Before a launch that resumes: the first value a checkpoint must share (fingerprint_fields) on which
     this config and the one the run last trained with (run.json) disagree, said with what to type. None
     when it would resume, or there is nothing to resume. training.max_steps may differ: that extends."""
-    try:
-        state = json.loads((cfg.run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    saved, now = dict(state.get("fingerprint") or {}), cfg.fingerprint_fields()
+    from enlace.runs import read
+
+    saved, now = dict(read(cfg.run_dir).get("fingerprint") or {}), cfg.fingerprint_fields()
     if not saved or not (cfg.run_dir / "checkpoints" / "latest").exists():
         return None
     for key in sorted(set(saved) | set(now)):

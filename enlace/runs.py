@@ -90,26 +90,29 @@ def _locked(run_dir: Path, blocking: bool = True, name: str = ".run.json.lock"):
 
 def update(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """Merge `fields` into run.json (read-modify-write under a lock: the trainer and `stop` both write)."""
-    fields = {k: (v.value if isinstance(v, Status) else v) for k, v in fields.items()}
-    with _locked(run_dir):
-        state = read(run_dir)
-        state.update(fields, updated_at=time.time())
-        atomic_write(run_dir / "run.json", json.dumps(state, indent=1) + "\n")
-    return state
+    return _merge(run_dir, fields)[0]
 
 
 def transition(run_dir: Path, to: Status, only_from: frozenset[Status], **fields: Any) -> bool:
     """Compare-and-set under run.json's lock: the status becomes `to` only if the recorded one is in
     `only_from` (the other `fields` are written either way). True if the status changed. A second
     `stop` cannot overwrite the trainer's `stopped` with `stopping`, nor the trainer's `running` a stop."""
+    return _merge(run_dir, fields, to, only_from)[1]
+
+
+def _merge(
+    run_dir: Path, fields: dict[str, Any], to: Status | None = None, only_from: frozenset[Status] = frozenset()
+) -> tuple[dict[str, Any], bool]:
+    """The one read-modify-write of run.json, under its lock: `fields` merged in, and the status moved to
+    `to` when the recorded one is in `only_from`. (The new state, whether the status moved.)"""
     with _locked(run_dir):
         state = read(run_dir)
-        changed = recorded_status(state) in only_from
+        moved = to is not None and recorded_status(state) in only_from
         state.update({k: (v.value if isinstance(v, Status) else v) for k, v in fields.items()}, updated_at=time.time())
-        if changed:
+        if moved:
             state["status"] = to.value
         atomic_write(run_dir / "run.json", json.dumps(state, indent=1) + "\n")
-    return changed
+    return state, moved
 
 
 def new_attempt(run_dir: Path, **fields: Any) -> None:
@@ -195,7 +198,7 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "error": st.get("error"),
         "resumed_from": st.get("resumed_from"),
         "latest_checkpoint": latest.name if latest else None,
-        "checkpoint_warning": skipped_latest(run_dir / "checkpoints"),
+        "checkpoint_warning": skipped_latest(run_dir / "checkpoints", latest),
         "launch_id": st.get("launch_id"),
         "updated_at": st.get("updated_at"),
         "job_id": job.get("job_id"),
@@ -287,9 +290,8 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
     on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
     deadline = time.monotonic() + timeout
     shown = None
-    while (
-        True
-    ):  # each poll reads run.json and two processes' start times (or the cached Slurm state); the full row once
+    # each poll reads run.json and two processes' start times (or the cached Slurm state); the full row once
+    while True:
         st = read(run_dir)
         is_alive = alive(st)
         job = job_of(st)

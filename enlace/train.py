@@ -200,7 +200,7 @@ def _train(
     if ckpt is not None:
         shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
         run.log(f"resumed from {shown} at step {progress['step']} ({progress['tokens']} tokens seen)")
-    if resume == "latest" and (skipped := skipped_latest(run.checkpoints)):
+    if resume == "latest" and (skipped := skipped_latest(run.checkpoints, ckpt)):
         run.log(f"warning: {skipped} — {RESUME_HINT}")
     if ckpt is None:
         for problem in incomplete_checkpoints(run.checkpoints) if resume == "latest" else ():
