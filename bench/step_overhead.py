@@ -226,7 +226,7 @@ def main() -> None:
 
 def against_nanogpt_style(cfg, steps: int, tokens: int) -> None:
     from enlace.data import build_stream
-    from enlace.data.bytestream import resolve_paths
+    from enlace.datapaths import resolve_paths
 
     files = resolve_paths(cfg.data.paths, cfg.root)
     with tempfile.TemporaryDirectory() as tmp:

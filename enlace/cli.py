@@ -73,9 +73,9 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2).
 
     RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
-    from enlace.config import load_run_config, resume_problem
-    from enlace.config_rules import check_environment
+    from enlace.environment import check_environment
     from enlace.errors import ConfigError
+    from enlace.runconfig import load_run_config, resume_problem
 
     try:
         cfg = load_run_config(run, overrides, root)
@@ -159,8 +159,8 @@ def train(
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second Ctrl-C exits
     at once, the last complete checkpoint intact; a repeated SIGTERM is the same request).
     RUN is a file stem in configs/runs/ or a path."""
-    from enlace.config import load_run_config
-    from enlace.config_rules import check_environment
+    from enlace.environment import check_environment
+    from enlace.runconfig import load_run_config
     from enlace.train import train as run_training
 
     cfg = load_run_config(run, overrides, root, runs_dir, fresh=resume == "none")
@@ -235,7 +235,7 @@ def verify_resume_cmd(
     and the logged losses after N/2. Exit 0 only when identical. Use a deterministic config
     (e.g. smoke-cpu-deterministic): without it, kernels may legitimately differ run to run."""
     from enlace.config import load_config
-    from enlace.config_rules import check_environment
+    from enlace.environment import check_environment
     from enlace.verify_resume import verify_resume
 
     cfg = load_config(run, overrides, root)
@@ -339,11 +339,11 @@ def preflight_cmd(
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6), too_slow
     (exit 10: its steps ran or projected past --budget-s; the report says what the run would take).
     Writes runs/RUN_NAME/preflight.json."""
-    from enlace.config import load_run_config
-    from enlace.config_rules import check_environment
+    from enlace.environment import check_environment
     from enlace.maxbatch import find_max_batch, start_probe_server
     from enlace.preflight import preflight
     from enlace.report import format_report
+    from enlace.runconfig import load_run_config
     from enlace.rundir import atomic_write
 
     limit = parse_size(memory_limit)

@@ -1,5 +1,5 @@
 """`enlace` verbs for the driver (enlace-remote) on the server: runs, start, wait, stop, logs,
-fetch-serve, data-files. With --json each answers exactly one JSON document on stdout — errors too,
+fetch-serve, data-receive, data-files. With --json each answers exactly one JSON document on stdout — errors too,
 as {"ok": false, "error", "exit_code"} — and progress on stderr; `logs` streams the raw log bytes."""
 
 from __future__ import annotations
@@ -234,6 +234,17 @@ def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
     fetchserve.serve(run_dir, sys.stdin.buffer, sys.stdout.buffer)
 
 
+@click.command("data-receive", hidden=True)
+@root_option
+@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the answers are always JSON.")
+def data_receive_cmd(root: Path | None, as_json: bool) -> None:
+    """For data push and data ls: compare the driver's file list with data/, then take the files it sends
+    (enlace/datarecv.py has the wire)."""
+    from enlace import datarecv
+
+    datarecv.receive(find_root(root) / "data", sys.stdin.buffer, sys.stdout.buffer)
+
+
 @click.command("data-files")
 @click.argument("run")
 @set_option
@@ -241,9 +252,9 @@ def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
     """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
-    from enlace.config import load_run_config
     from enlace.data import data_files
     from enlace.errors import EnlaceError
+    from enlace.runconfig import load_run_config
 
     cfg = load_run_config(run, overrides, root)
     try:
@@ -254,4 +265,15 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_j
     click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
 
 
-COMMANDS = (runs_cmd, start_cmd, supervise_cmd, wait_cmd, stop_cmd, logs_cmd, gc_cmd, fetch_serve_cmd, data_files_cmd)
+COMMANDS = (
+    runs_cmd,
+    start_cmd,
+    supervise_cmd,
+    wait_cmd,
+    stop_cmd,
+    logs_cmd,
+    gc_cmd,
+    fetch_serve_cmd,
+    data_receive_cmd,
+    data_files_cmd,
+)

@@ -143,30 +143,6 @@ def no_cuda_error(cfg: Config) -> ConfigError:
     )
 
 
-def check_environment(cfg: Config) -> None:
-    """What a valid config needs of the machine it will run on: a GPU that computes bf16 natively when bf16
-    runs there, and a complete teacher checkpoint. Checked where the run starts (check-config and verify on
-    the server, train, preflight), never when a config is only loaded: the driver's machine has neither
-    the server's GPU nor its checkpoints."""
-    rt = cfg.runtime  # (a missing GPU is said where the device is picked: a Slurm login node has none)
-    if rt.precision == "bf16" and rt.device != "cpu":
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
-            major, minor = torch.cuda.get_device_capability()
-            raise ConfigError(
-                cfg.origin("runtime.precision"),
-                "runtime.precision",
-                f"bf16 on {torch.cuda.get_device_name()} (compute capability {major}.{minor}) is emulated: "
-                "GEMMs run slowly and attention falls back to its math kernel (B·H·T² scores in memory)",
-                "bf16 needs compute capability 8.0 (Ampere) or newer; use fp16 (with GradScaler) or fp32 here",
-            )
-    if cfg.distill.teacher:
-        from enlace.distill import teacher_checkpoint
-
-        teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, before anything runs
-
-
 def _value(cfg: Config, key: str):
     section, _, leaf = key.partition(".")
     return getattr(getattr(cfg, section), leaf)

@@ -1,7 +1,7 @@
 """`enlace-remote`: drive training on a GPU server over SSH (or on this machine: host `local`).
 
-Thin click commands over ship / launch / status / logs / fetch (each verb lives in cli_run.py or
-cli_tools.py and is added here). Never imports torch.
+Thin click commands over ship / launch / status / logs / fetch (each verb lives in cli_run.py,
+cli_tools.py or cli_data.py and is added here). Never imports torch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import click
 
 from enlace.contract import leave
 from enlace.errors import EnlaceError
-from orchestrator import cli_run, cli_tools
+from orchestrator import cli_data, cli_run, cli_tools
 from orchestrator.cliutil import (
     HOST_ENV,
     HostOptionsGroup,
@@ -184,6 +184,6 @@ def run_main() -> None:
     leave(code)  # every verb has closed its files, processes and connections by now
 
 
-for module in (cli_run, cli_tools):  # they import nothing from here: `enlace-remote` holds every verb
+for module in (cli_run, cli_tools, cli_data):  # they import nothing from here: `enlace-remote` holds every verb
     for command in module.COMMANDS:
         main.add_command(command)

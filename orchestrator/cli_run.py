@@ -132,6 +132,11 @@ def preflight(
     is_flag=True,
     help="Passed to enlace train (distillation): resume although the teacher checkpoint changed.",
 )
+@click.option(
+    "--push-data",
+    is_flag=True,
+    help="Before verify: bring the server's data/ to the files RUN reads here (as `enlace-remote data push RUN`).",
+)
 @allow_dirty_option
 @set_option
 @with_remote
@@ -154,10 +159,11 @@ def launch(
     resume: str,
     allow_data_change: bool,
     allow_teacher_change: bool,
+    push_data: bool,
     allow_dirty: bool,
     overrides: tuple[str, ...],
 ) -> None:
-    """Sync, verify --for-launch, preflight, then train RUN detached on the host.
+    """Sync, (push data,) verify --for-launch, preflight, then train RUN detached on the host.
 
     Without RUN: the host's default_run, else the last run launched there from this repo. The
     trainer survives the SSH session; a stopped or finished run resumes from its latest checkpoint.
@@ -195,11 +201,16 @@ def launch(
     targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
     if hosts and (len(targets) < 2 or not gpus):
         raise click.UsageError("--hosts needs at least two hosts and --gpus N")
+    data = None
+    if push_data:
+        from orchestrator.cli_data import local_data_of
+
+        data = local_data_of(remote, run, overrides)
     for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
         if hosts:
             click.echo(f"== {host.name}", err=True)
         sha, run_name = ship.ship(
-            remote.session_for(host), remote.repo, run, allow_dirty, True, overrides, fresh=resume == "none"
+            remote.session_for(host), remote.repo, run, allow_dirty, True, overrides, fresh=resume == "none", data=data
         )
     first = remote.session_for(targets[0])
     if not stages.worth_launching(first, run_name, overrides):

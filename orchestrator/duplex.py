@@ -87,8 +87,11 @@ class ProcessDuplex(Duplex):
         return os.read(self.p.stdout.fileno(), min(n, PIPE_BYTES)) if ready else None
 
     def write(self, data: bytes) -> None:
-        self.p.stdin.write(data)
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(data)
+            self.p.stdin.flush()
+        except (BrokenPipeError, ConnectionResetError):  # it ended (a dropped connection, or it refused)
+            raise Transient(f"{self.what}: the other side stopped reading", started=True) from None
 
     def finish(self) -> tuple[int, str]:
         self.p.stdin.close()

@@ -20,34 +20,24 @@ import json
 import os
 import re
 import shutil
-import signal
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import click
-
 from enlace.contract import FRAME
 from enlace.errors import EnlaceError
-from orchestrator.errors import Transient, UsageError
+from orchestrator.errors import UsageError
 from orchestrator.session import Session
-from orchestrator.transport import backoff
+from orchestrator.wire import Progress, Reader, retrying
 
 CKPT_NAME = re.compile(r"step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 STAGING = ".partial-fetch"
 STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
-RETRY_S = 90.0  # keep reconnecting a dropped fetch for this long
 
 
 class CorruptCheckpoint(EnlaceError):
     pass
-
-
-class Interrupted(EnlaceError):
-    exit_code = 130
 
 
 def _safe(name: str, pattern: re.Pattern, what: str) -> str:
@@ -142,41 +132,17 @@ def fetch_run_files(session: Session, run_name: str, dest: Path, names: tuple[st
 
 
 def _converse(session: Session, run_name: str, staging: Path, plan) -> tuple[dict[str, Any], dict, int]:
-    """One fetch-serve conversation (again after a dropped connection, resuming, for up to RETRY_S):
-    the offer, what was fetched and how many bytes arrived. `plan(offer)` says which paths to fetch
-    ({path: sha256 or None}); each lands in staging/path, verified when it has a sha256."""
-    interrupted = threading.Event()
-
-    def on_sigint(signum, frame):
-        if interrupted.is_set():
-            os._exit(130)  # a second Ctrl-C: at once
-        interrupted.set()
-
-    def tick() -> None:
-        if interrupted.is_set():
-            raise Interrupted(f"fetch interrupted: what arrived stays in {staging}; rerun fetch to resume")
-
-    old = signal.signal(signal.SIGINT, on_sigint)
-    deadline, attempt = time.monotonic() + RETRY_S, 0
-    try:
-        while True:
-            try:
-                return _converse_once(session, run_name, staging, plan, tick)
-            except Transient as e:
-                if time.monotonic() > deadline:
-                    raise
-                delay = backoff(attempt)
-                attempt += 1
-                click.echo(f"fetch: {e.message}; resuming in {delay:g}s", err=True)
-                time.sleep(delay)
-    finally:
-        signal.signal(signal.SIGINT, old)
+    """One fetch-serve conversation (again after a dropped connection, resuming): the offer, what was
+    fetched and how many bytes arrived. `plan(offer)` says which paths to fetch ({path: sha256 or None});
+    each lands in staging/path, verified when it has a sha256."""
+    kept = f"what arrived stays in {staging}"
+    return retrying("fetch", kept, lambda tick: _converse_once(session, run_name, staging, plan, tick))
 
 
 def _converse_once(session: Session, run_name: str, staging: Path, plan, tick) -> tuple[dict[str, Any], dict, int]:
     argv = session.enlace_argv("latest", "fetch-serve", run_name, "--json")
     with session.transport.duplex(argv, STALL_S, tick) as wire:
-        reader = _Reader(wire)
+        reader = Reader(wire)
         line = reader.readline()
         offer = _answer(session, wire, line)
         want = plan(offer)
@@ -189,7 +155,7 @@ def _converse_once(session: Session, run_name: str, staging: Path, plan, tick) -
             request.append([rel, have, hashers[rel].hexdigest()])
         wire.write(json.dumps({"send": request}).encode() + b"\n")
         got = 0
-        with _progress(sum(_size(offer, rel) for rel in want)) as bar:
+        with Progress("fetch", sum(_size(offer, rel) for rel in want)) as bar:
             for rel, offset, _ in request:
                 hashers[rel], n = _receive(reader, staging / rel, offset, hashers[rel], bar)
                 got += n
@@ -235,13 +201,13 @@ def _prefix_hash(path: Path, count: int):
     return h
 
 
-def _receive(reader: _Reader, local: Path, offset: int, hasher, bar):
+def _receive(reader: Reader, local: Path, offset: int, hasher, bar):
     """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0),
     hashed as it arrives. Returns the file's sha256 object and the bytes received."""
     start, count = FRAME.unpack(reader.exactly(FRAME.size))
     if start != offset:  # the server's file is not what we hold the start of: take it whole
         hasher = hashlib.sha256()
-    bar.update(start)
+    bar.skip(start)
     left = count
     with open(local, "r+b" if local.exists() else "wb") as fh:
         # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to
@@ -256,66 +222,6 @@ def _receive(reader: _Reader, local: Path, offset: int, hasher, bar):
             bar.update(len(chunk))
             left -= len(chunk)
     return hasher, count
-
-
-class _Reader:
-    """Lines and exact byte counts from a duplex's stdout."""
-
-    def __init__(self, wire):
-        self.wire, self.buf = wire, bytearray()
-
-    def _fill(self) -> None:
-        chunk = self.wire.read(1 << 20)
-        if not chunk:
-            raise EnlaceError("fetch: the server side ended in mid-transfer")
-        self.buf.extend(chunk)
-
-    def readline(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = self.wire.read(1 << 16)
-            if not chunk:
-                line, self.buf = bytes(self.buf), bytearray()
-                return line
-            self.buf.extend(chunk)
-        i = self.buf.index(b"\n") + 1
-        line, self.buf = bytes(self.buf[:i]), self.buf[i:]
-        return line
-
-    def some(self, n: int) -> bytes:
-        """Between 1 and n bytes."""
-        if not self.buf:
-            chunk = self.wire.read(n)
-            if not chunk:
-                raise EnlaceError("fetch: the server side ended in mid-transfer")
-            return chunk
-        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
-        return out
-
-    def exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self._fill()
-        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
-        return out
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-
-def _progress(total: int):
-    """A progress bar on a terminal; nothing in logs and pipes."""
-    if not sys.stderr.isatty():
-        return _NoBar()
-    return click.progressbar(
-        length=total, label="fetch", show_eta=True, show_percent=True, file=click.get_text_stream("stderr")
-    )
 
 
 ORIGIN = ".enlace-origin.json"

@@ -71,13 +71,25 @@ def verify(session: Session, sha: str, run: str, for_launch: bool = False, overr
 
 
 def ship(
-    session, repo: Path, run: str, allow_dirty: bool, for_launch: bool, overrides=(), fresh: bool = False
+    session,
+    repo: Path,
+    run: str,
+    allow_dirty: bool,
+    for_launch: bool,
+    overrides=(),
+    fresh: bool = False,
+    data=None,
 ) -> tuple[str, str]:
-    """Stage 1 of launch (and preflight): sync + verify on one host; (commit, run_name). Raises if anything
-    is missing there; the run name comes from the server's own config check (one round trip)."""
+    """Stage 1 of launch (and preflight): sync, push `data` (launch --push-data: RUN's data files,
+    orchestrator/datapush.py), verify on one host; (commit, run_name). Raises if anything is missing there;
+    the run name comes from the server's own config check (one round trip)."""
     from orchestrator.gitsync import sync
 
     rep = sync(session, repo, allow_dirty)
     print_sync(rep)
+    if data is not None and data.files:
+        from orchestrator.datapush import push
+
+        push(session, repo, data)
     doc = verify(session, rep.commit, run, for_launch, overrides, fresh)
     return rep.commit, validate_run_name(doc["run_name"], "run_name")

@@ -11,7 +11,7 @@ from support import REPO
 from support.configs import write_run
 
 from enlace.config import load_config
-from enlace.config_rules import check_environment
+from enlace.environment import check_environment
 from enlace.errors import ConfigError
 
 SHIPPED_RUNS = sorted(p.stem for p in (REPO / "configs" / "runs").glob("*.yaml"))

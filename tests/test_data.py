@@ -12,7 +12,7 @@ import torch
 from support import REPO
 
 from enlace.data import ByteStream, ShardStream, prepare_shards, resolve_paths
-from enlace.data.bytestream import DataError
+from enlace.datapaths import DataError
 
 
 @pytest.fixture

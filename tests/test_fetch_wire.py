@@ -102,13 +102,14 @@ def test_nothing_off_the_offer_is_served(run_dir, tmp_path, path):
 def test_the_driver_lands_a_frame_after_what_it_holds_and_drops_the_rest(tmp_path, held, start):
     """The driver's half: the frame's bytes land at START, whatever the staging file held beyond START
     is dropped (a file the server restarted, or one that shrank), and the hash covers the whole file."""
-    from orchestrator.fetch import _NoBar, _Reader, _receive
+    from orchestrator.fetch import _receive
+    from orchestrator.wire import Progress, Reader
 
     body, local = b"0123456789", tmp_path / "f"
     if held is not None:
         local.write_bytes(held)
     hasher = hashlib.sha256((held or b"")[:start])
-    reader = _Reader(io.BytesIO(FRAME.pack(start, len(body)) + body))
-    hasher, n = _receive(reader, local, start, hasher, _NoBar())
+    reader = Reader(io.BytesIO(FRAME.pack(start, len(body)) + body))
+    hasher, n = _receive(reader, local, start, hasher, Progress("fetch", len(body), tty=False))
     want = (held or b"")[:start] + body
     assert n == len(body) and local.read_bytes() == want and hasher.hexdigest() == sha(want)

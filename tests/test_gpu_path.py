@@ -15,8 +15,8 @@ from support.configs import DETERMINISTIC, write_run
 
 from enlace import determinism, engine, maxbatch
 from enlace.config import load_config
-from enlace.config_rules import check_environment
 from enlace.dist import Dist, collective_device
+from enlace.environment import check_environment
 from enlace.errors import ConfigError
 from enlace.preflight import preflight
 

@@ -139,7 +139,7 @@ def test_slurm_print_of_a_distillation_run_needs_no_teacher_on_this_machine(repo
     from click.testing import CliRunner
 
     from enlace.config import load_config
-    from enlace.config_rules import check_environment
+    from enlace.environment import check_environment
     from enlace.errors import ConfigError
     from orchestrator.cli import main
 

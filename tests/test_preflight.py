@@ -111,9 +111,9 @@ def test_preflight_gives_up_at_its_own_budget_with_the_runs_projection(project, 
 def test_a_gpu_profile_on_a_machine_without_one_hints_at_runs_that_work_here(project):
     """Said where the device is picked (preflight, train): a Slurm login node has no GPU either."""
     from enlace.config import load_config
-    from enlace.config_rules import check_environment
     from enlace.dist import Dist
     from enlace.engine import resolve_device
+    from enlace.environment import check_environment
     from enlace.errors import ConfigError
 
     check_environment(load_config("smoke-2060", root=project))  # check-config/verify: no device question

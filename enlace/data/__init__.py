@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from enlace.config import Config
-from enlace.data.bytestream import ByteStream, resolve_paths
+from enlace.data.bytestream import ByteStream
 from enlace.data.shards import ShardStream, prepare_shards
+from enlace.datapaths import resolve_paths, run_files
 
 __all__ = [
     "ByteStream",
@@ -34,10 +35,7 @@ def build_stream(cfg: Config, split: str, batch_size: int, rank: int = 0, world:
 
 def data_files(cfg: Config) -> list[str]:
     """Every file the run reads (for `verify --for-launch`); raises DataError if one is missing."""
-    d = cfg.data
-    if d.kind == "bytes":
-        return [str(p) for p in resolve_paths(d.paths, cfg.root)]
-    return [str(p) for p in ShardStream.files(cfg.root / d.shard_dir)]
+    return [str(p) for p in run_files(cfg.data, cfg.root)]
 
 
 def data_identity(cfg: Config) -> dict:

@@ -13,48 +13,22 @@ from __future__ import annotations
 # torch is imported inside the methods that use it, so that verify's `import enlace.data` on the
 # server stays cheap. Annotations are strings (PEP 563).
 import bisect
-import glob
 import hashlib
-import os
-import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enlace.errors import EnlaceError
+from enlace.datapaths import DataError
 
 if TYPE_CHECKING:
     import torch
-
-
-class DataError(EnlaceError):
-    exit_code = 2
 
 
 def mix_seed(*parts: object) -> int:
     """A 63-bit seed from any parts; distinct parts give unrelated seeds."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
-def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
-    """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    files: list[Path] = []
-    for pattern in patterns:
-        expanded = pattern.replace("{stdlib}", stdlib)
-        if not Path(expanded).is_absolute():
-            expanded = str(root / expanded)
-        matches = sorted(Path(m) for m in glob.glob(expanded, recursive=True) if Path(m).is_file())
-        if not matches:
-            # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
-            raise DataError(
-                f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
-                "put the corpus there, or fix the pattern in the data config"
-            )
-        files.extend(m for m in matches if m not in files)
-    return files
 
 
 def check_state(state: dict, kind: str, version: int, seed: int) -> None:

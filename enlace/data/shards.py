@@ -19,19 +19,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enlace.data.bytestream import ConcatBytes, DataError, check_state, mix_seed
+from enlace.data.bytestream import ConcatBytes, check_state, mix_seed
+from enlace.datapaths import DataError, read_meta
 
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
-
-
-def _read_meta(shard_dir: Path) -> dict:
-    meta_path = shard_dir / "meta.json"
-    if not meta_path.is_file():
-        raise DataError(f"data.shard_dir: {shard_dir} has no meta.json — write it with `enlace prepare DATA --out DIR`")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("version") != 1 or meta.get("dtype") not in DTYPES:
-        raise DataError(f"{meta_path}: unsupported shard format {meta.get('version')}/{meta.get('dtype')}")
-    return meta
 
 
 if TYPE_CHECKING:
@@ -51,7 +42,7 @@ class ShardStream:
         rank: int = 0,
         world: int = 1,
     ):
-        meta = _read_meta(shard_dir)
+        meta = read_meta(shard_dir)
         dtype = DTYPES[meta["dtype"]]
         self.shards = [np.memmap(shard_dir / name, dtype=dtype, mode="r") for name in meta[split]]
         self.seq_len, self.batch_size, self.split, self.seed = seq_len, batch_size, split, seed
@@ -65,15 +56,6 @@ class ShardStream:
             )
         self.epoch, self.index, self.offset = 0, 0, 0
         self._order = self._order_for(0)
-
-    @staticmethod
-    def files(shard_dir: Path) -> list[Path]:
-        meta = _read_meta(shard_dir)
-        paths = [shard_dir / "meta.json"] + [shard_dir / n for n in meta["train"] + meta["val"]]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise DataError(f"shard files missing: {', '.join(missing)}")
-        return paths
 
     def _order_for(self, epoch: int) -> list[int]:
         if self.split == "val":

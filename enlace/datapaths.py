@@ -1,0 +1,114 @@
+"""Which files a run reads, from its data config alone: the globs of `kind: bytes` expanded, or a shard
+directory's meta.json and the shards it lists. Standard library only: the trainer resolves its data
+with it, and the driver resolves the same config the same way for `enlace-remote data push` and `data ls`.
+
+Data a run reads lives under the project's data/ (on the server: <remote_dir>/data/, which every tree
+links as data/); "{stdlib}" names the Python standard library of the machine that runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sysconfig
+from pathlib import Path, PurePosixPath
+
+from enlace.errors import EnlaceError
+
+DATA_DIR = "data"
+STDLIB = "{stdlib}"
+SHARD_DTYPES = ("uint8", "uint16")
+
+
+class DataError(EnlaceError):
+    exit_code = 2
+
+
+def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
+    """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    files: list[Path] = []
+    for pattern in patterns:
+        expanded = pattern.replace(STDLIB, stdlib)
+        if not Path(expanded).is_absolute():
+            expanded = str(root / expanded)
+        matches = sorted(Path(m) for m in glob.glob(expanded, recursive=True) if Path(m).is_file())
+        if not matches:
+            # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
+            raise DataError(
+                f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
+                "put the corpus there (from your machine: enlace-remote data push RUN), or fix the pattern"
+            )
+        files.extend(m for m in matches if m not in files)
+    return files
+
+
+def read_meta(shard_dir: Path) -> dict:
+    meta_path = shard_dir / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(f"data.shard_dir: {shard_dir} has no meta.json — write it with `enlace prepare DATA --out DIR`")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("version") != 1 or meta.get("dtype") not in SHARD_DTYPES:
+        raise DataError(f"{meta_path}: unsupported shard format {meta.get('version')}/{meta.get('dtype')}")
+    return meta
+
+
+def shard_files(shard_dir: Path) -> list[Path]:
+    """meta.json and every shard it lists; DataError naming the missing ones."""
+    meta = read_meta(shard_dir)
+    paths = [shard_dir / "meta.json"] + [shard_dir / n for n in meta["train"] + meta["val"]]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise DataError(f"shard files missing: {', '.join(missing)}")
+    return paths
+
+
+def run_files(data_cfg, root: Path) -> list[Path]:
+    """Every file a run with this DataConfig reads; DataError when one is missing."""
+    if data_cfg.kind == "bytes":
+        return resolve_paths(data_cfg.paths, root)
+    return shard_files(root / data_cfg.shard_dir)
+
+
+def under_data(pattern: str, key: str) -> str:
+    """`pattern` (a config path) relative to data/; DataError when it points elsewhere."""
+    parts = PurePosixPath(pattern.replace(os.sep, "/")).parts
+    if PurePosixPath(pattern).is_absolute() or not parts or parts[0] != DATA_DIR or ".." in parts or len(parts) < 2:
+        raise DataError(
+            f"{key}: {pattern!r} is outside the project's data/ — the data a run reads lives under data/ here and "
+            f"under <remote_dir>/data/ on the server (code travels by git): move the files into data/ and name "
+            f"them as data/..., e.g. data/corpus/**/*.txt"
+        )
+    return "/".join(parts[1:])
+
+
+def push_scope(data_cfg) -> tuple[list[str], list[str]]:
+    """What `data push` brings to the server for this DataConfig: globs relative to data/, and notes on
+    what it leaves alone ("{stdlib}" is the server's own Python's)."""
+    if data_cfg.kind == "shards":
+        return [under_data(data_cfg.shard_dir.rstrip("/"), "data.shard_dir") + "/*"], []
+    globs, notes = [], []
+    for pattern in data_cfg.paths:
+        if STDLIB in pattern:
+            notes.append(f"{pattern!r} is the server's own Python standard library: nothing to push")
+        else:
+            globs.append(under_data(pattern, "data.paths"))
+    return globs, notes
+
+
+def push_files(data_cfg, root: Path) -> list[Path]:
+    """The local files `data push` sends: those the run reads, but for the server's own stdlib."""
+    if data_cfg.kind == "shards":
+        return shard_files(root / data_cfg.shard_dir)
+    return resolve_paths([p for p in data_cfg.paths if STDLIB not in p], root)
+
+
+def in_scope(data_dir: Path, globs: list[str]) -> list[str]:
+    """The files under data_dir that `globs` (relative to it) match, as relative POSIX paths."""
+    found: set[str] = set()
+    for pattern in globs:
+        for match in glob.glob(str(data_dir / pattern), recursive=True):
+            if os.path.isfile(match):
+                found.add(Path(match).relative_to(data_dir).as_posix())
+    return sorted(found)

@@ -1,0 +1,214 @@
+"""`enlace-remote data push` / `data ls`: the server's data/ brought to exactly the files a run reads here —
+its server half (enlace/datarecv.py) on real files, the driver's plan, and the whole push over a real sshd
+(nested names with spaces and UTF-8, a file over 100 MiB, a second push that sends nothing, a changed file
+sent alone, a push killed mid-file that continues without re-sending and without a partial file in data/)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from support.configs import write_run, write_tiny_corpus
+from support.remote import PipeReader, popen_remote, remote, server_dir
+from support.repocopy import commit_all
+
+from enlace.contract import FRAME
+from enlace.datapaths import DataError, push_scope, under_data
+from enlace.datarecv import BadRequest, receive
+
+
+def _converse(data_dir: Path, listing: dict, plan: dict | None = None, bodies: dict | None = None):
+    """receive() with one listing, one plan and the files' frames; returns its two JSON answers."""
+    wire = json.dumps(listing).encode() + b"\n"
+    if plan is not None:
+        wire += json.dumps(plan).encode() + b"\n"
+        for rel, offset, _, _ in plan.get("send", []):
+            body, digest = bodies[rel]
+            wire += FRAME.pack(offset, len(body) - offset) + body[offset:] + digest
+    out = io.BytesIO()
+    receive(data_dir, io.BytesIO(wire), out)
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_the_server_half_installs_only_verified_files_and_deletes_only_in_scope(tmp_path):
+    data = tmp_path / "remote" / "data"
+    (data / "corpus").mkdir(parents=True)
+    (data / "corpus" / "old.txt").write_bytes(b"stale")
+    (data / "other.bin").write_bytes(b"not this run's")
+    good, bad = b"hello world", b"tampered"
+    listing = {
+        "files": [["corpus/a b/ü.txt", len(good), 1_000_000_000], ["corpus/x.txt", len(bad), 5]],
+        "scope": ["corpus/**/*"],
+    }
+    plan = {
+        "send": [["corpus/a b/ü.txt", 0, len(good), 1_000_000_000], ["corpus/x.txt", 0, len(bad), 5]],
+        "delete": ["corpus/old.txt"],
+    }
+    bodies = {
+        "corpus/a b/ü.txt": (good, hashlib.sha256(good).digest()),
+        "corpus/x.txt": (bad, hashlib.sha256(b"what the driver sent").digest()),  # arrived other than sent
+    }
+    first, report = _converse(data, listing, plan, bodies)
+    assert first["have"] == {"corpus/a b/ü.txt": None, "corpus/x.txt": None}
+    assert first["extra"] == [["corpus/old.txt", 5]]  # other.bin: outside the run's paths, never offered
+    assert report["written"] == ["corpus/a b/ü.txt"] and report["bad"] == ["corpus/x.txt"]
+    assert (data / "corpus" / "a b" / "ü.txt").read_bytes() == good
+    assert (data / "corpus" / "a b" / "ü.txt").stat().st_mtime_ns == 1_000_000_000
+    assert not (data / "corpus" / "x.txt").exists() and not any((tmp_path / "remote" / ".partial-push").rglob("x.txt"))
+    assert not (data / "corpus" / "old.txt").exists() and (data / "other.bin").exists()
+    again = _converse(data, listing)  # the driver only looks (data ls)
+    assert again[0]["have"]["corpus/a b/ü.txt"] == "same"
+
+
+@pytest.mark.parametrize("rel", ["../escape.txt", "/etc/passwd", "a/../../b", ".partial-push/x", "a/./b"])
+def test_the_server_half_refuses_paths_that_could_escape(tmp_path, rel):
+    with pytest.raises(BadRequest, match="refusing path"):
+        _converse(tmp_path / "data", {"files": [[rel, 1, 1]], "scope": []})
+
+
+def test_a_link_out_of_the_data_directory_is_refused(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "data" / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(BadRequest, match="leads outside"):
+        _converse(tmp_path / "data", {"files": [["link/f.txt", 1, 1]], "scope": []})
+
+
+def test_a_delete_outside_the_runs_paths_is_refused(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.bin").write_bytes(b"x")
+    with pytest.raises(BadRequest, match="not deleted"):
+        _converse(tmp_path / "data", {"files": [], "scope": ["corpus/*"]}, {"delete": ["keep.bin"]})
+    assert (tmp_path / "data" / "keep.bin").exists()
+
+
+def test_a_partial_file_continues_from_what_the_server_holds(tmp_path):
+    data, body = tmp_path / "data", os.urandom(5000)
+    (tmp_path / ".partial-push").mkdir()
+    (tmp_path / ".partial-push" / "f.bin").write_bytes(body[:3000])
+    listing = {"files": [["f.bin", len(body), 7]], "scope": ["*"]}
+    plan = {"send": [["f.bin", 3000, len(body), 7]]}
+    first, report = _converse(data, listing, plan, {"f.bin": (body, hashlib.sha256(body).digest())})
+    assert first["have"]["f.bin"] == ["partial", 3000, hashlib.sha256(body[:3000]).hexdigest()]
+    assert report["written"] == ["f.bin"] and (data / "f.bin").read_bytes() == body
+
+
+def test_data_paths_outside_data_are_refused_and_the_stdlib_is_not_pushed():
+    with pytest.raises(DataError, match="outside the project's data/"):
+        under_data("/srv/corpus/*.txt", "data.paths")
+    with pytest.raises(DataError, match="outside the project's data/"):
+        under_data("data/../enlace/*.py", "data.paths")
+
+    class Data:
+        kind, paths, shard_dir = "bytes", ["{stdlib}/*.py", "data/corpus/**/*.txt"], ""
+
+    globs, notes = push_scope(Data)
+    assert globs == ["corpus/**/*.txt"] and "server's own Python standard library" in notes[0]
+
+
+def _corpus(repo: Path) -> dict[str, bytes]:
+    """A few hundred files under data/big/: nested, spaces and UTF-8 in names, one over 100 MiB."""
+    files = {}
+    for i in range(300):
+        rel = f"big/d{i % 7}/sub {i % 3}/fíle {i} ñ.txt"
+        files[rel] = f"file {i}\n".encode() * (i + 1)
+    files["big/huge.bin"] = os.urandom(101 * 2**20)
+    for rel, body in files.items():
+        (repo / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "data" / rel).write_bytes(body)
+    (repo / "configs" / "data" / "big.yaml").write_text(
+        'kind: bytes\npaths:\n  - "data/big/**/*"\nval_fraction: 0.01\n'
+    )
+    write_run(repo, "big", data="big", training={"max_steps": 2})
+    commit_all(repo, "a run on data/big")
+    return files
+
+
+def _wait_gone(word: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while any(word in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])):
+        assert time.time() < deadline, f"a {word} process is still running"
+        time.sleep(0.05)
+
+
+def _server_files(data_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(data_dir).as_posix(): p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_push_is_exact_incremental_and_resumes_after_a_kill(sshd, user_repo):
+    files = _corpus(user_repo)
+    data_dir = server_dir(sshd, "testhost") / "data"
+    out = remote(user_repo, sshd.env, "data", "push", "big")  # a server with no tree yet: synced first
+    assert "sync:" in out.stderr and "sent 301 file(s)" in out.stderr, out.stderr
+    assert _server_files(data_dir / "big") == {k.removeprefix("big/"): v for k, v in files.items()}
+
+    out = remote(user_repo, sshd.env, "data", "push", "big")
+    assert "up to date" in out.stderr and "nothing sent" in out.stderr, out.stderr
+
+    changed = "big/d1/sub 1/fíle 1 ñ.txt"
+    (user_repo / "data" / changed).write_bytes(b"changed\n")
+    out = remote(user_repo, sshd.env, "data", "push", "big")
+    assert "sent 1 file(s), 8 B" in out.stderr, out.stderr
+    assert (data_dir / changed).read_bytes() == b"changed\n"
+
+    ls = remote(user_repo, sshd.env, "data", "ls", "big").stdout
+    assert "here: 301 files" in ls and "testhost: 301 of 301 files match, up to date" in ls, ls
+
+    # A push killed mid-file: the old huge.bin stays whole in data/, the new bytes wait outside it
+    new_huge = os.urandom(101 * 2**20)
+    (user_repo / "data" / "big" / "huge.bin").write_bytes(new_huge)
+    partial = server_dir(sshd, "testhost") / ".partial-push" / "big" / "huge.bin"
+    proc = popen_remote(user_repo, sshd.env, "data", "push", "big")
+    err = PipeReader(proc.stderr)
+    deadline = time.time() + 120
+    while not (partial.exists() and partial.stat().st_size > 2**20):
+        assert proc.poll() is None, f"the push ended before it could be stopped: {err.text()}"
+        assert time.time() < deadline, err.text()
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGSTOP)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (data_dir / "big" / "huge.bin").read_bytes() == files["big/huge.bin"]  # never half-written
+    assert not [p for p in data_dir.rglob("*") if "partial" in p.name or p.name.startswith(".")]
+    _wait_gone("data-receive")  # the server side saw its client go (end of input) and ended
+    held = partial.stat().st_size
+    assert 0 < held < len(new_huge)
+
+    out = remote(user_repo, sshd.env, "data", "push", "big")
+    assert "1 resumed where an earlier push stopped" in out.stderr, out.stderr
+    sent = float(out.stderr.split("sent 1 file(s), ")[1].split(" MiB")[0])
+    assert sent < 101, out.stderr  # what had arrived was not sent again
+    assert (data_dir / "big" / "huge.bin").read_bytes() == new_huge
+    assert not partial.exists()
+
+
+def test_a_run_reading_outside_data_is_refused_in_one_line(user_repo, sshd):
+    (user_repo / "configs" / "data" / "abs.yaml").write_text('kind: bytes\npaths:\n  - "/srv/corpus/*.txt"\n')
+    write_run(user_repo, "abs", data="abs")
+    commit_all(user_repo, "a run reading an absolute path")
+    out = remote(user_repo, sshd.env, "data", "push", "abs", check=False, host="local")
+    assert out.returncode == 2 and "outside the project's data/" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.slow
+def test_launch_push_data_is_a_stage_before_verify_and_verify_names_data_push(sshd, user_repo):
+    """A server without the corpus: verify --for-launch fails and names `data push`; launch --push-data
+    sends it between the sync and verify, and the run trains on it."""
+    write_tiny_corpus(user_repo / "data" / "tiny")
+    remote(user_repo, sshd.env, "sync")
+    out = remote(user_repo, sshd.env, "verify", "tiny", "--for-launch", check=False)
+    assert out.returncode == 3 and "enlace-remote data push" in out.stderr, out.stderr
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--push-data", "--no-preflight", "--until", "2")
+    err = out.stderr
+    assert err.index("sync:") < err.index("data push tiny → testhost: sent") < err.index("verify: tiny ready"), err
+    server = server_dir(sshd, "testhost") / "data" / "tiny"
+    assert _server_files(server) == _server_files(user_repo / "data" / "tiny")
