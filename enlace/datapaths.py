@@ -29,6 +29,7 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
     """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files."""
     stdlib = sysconfig.get_paths()["stdlib"]
     files: list[Path] = []
+    seen: set[Path] = set()
     for pattern in patterns:
         expanded = pattern.replace(STDLIB, stdlib)
         if not Path(expanded).is_absolute():
@@ -40,7 +41,8 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
                 f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
                 "put the corpus there (from your machine: enlace-remote data push RUN), or fix the pattern"
             )
-        files.extend(m for m in matches if m not in files)
+        files.extend(m for m in matches if m not in seen)
+        seen.update(matches)
     return files
 
 

@@ -128,10 +128,12 @@ def _once(session: Session, local: LocalData, push: bool, delete: bool, tick) ->
             return answer, plan, None
         try:
             wire.write(json.dumps(plan.doc()).encode() + b"\n")
+            out = _Batched(wire)
             with Progress(f"push {session.host.name}", plan.bytes + sum(o for _, o, _, _ in plan.send)) as bar:
                 for rel, offset, size, _ in plan.send:
                     bar.skip(offset)
-                    _send(wire, local.files[rel][0], offset, size, plan.prefixes.get(rel), bar, tick)
+                    _send(out, local.files[rel][0], offset, size, plan.prefixes.get(rel), bar, tick)
+            out.flush()
         except Transient:
             _answer(session, wire, reader.readline())  # the server's own refusal, when it gave one
             raise
@@ -142,11 +144,32 @@ def _once(session: Session, local: LocalData, push: bool, delete: bool, tick) ->
     return answer, plan, report
 
 
-def _send(wire, path: Path, offset: int, size: int, prefix, bar: Progress, tick) -> None:
+class _Batched:
+    """Writes to the wire, small ones gathered into one (thousands of small files: a few large writes)."""
+
+    def __init__(self, wire):
+        self.wire, self.pending = wire, bytearray()
+
+    def write(self, data) -> None:
+        if len(data) >= CHUNK // 4:
+            self.flush()
+            self.wire.write(data)
+            return
+        self.pending += data
+        if len(self.pending) >= CHUNK // 4:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.wire.write(bytes(self.pending))
+            self.pending.clear()
+
+
+def _send(out: _Batched, path: Path, offset: int, size: int, prefix, bar: Progress, tick) -> None:
     """One file's frame from `offset`, then the whole file's sha256 (prefix: the hash of what the server holds)."""
     hasher = prefix.copy() if prefix is not None else hashlib.sha256()
-    wire.write(FRAME.pack(offset, size - offset))
-    with open(path, "rb") as fh:
+    out.write(FRAME.pack(offset, size - offset))
+    with open(path, "rb", buffering=0) as fh:
         fh.seek(offset)
         left = size - offset
         while left:
@@ -155,10 +178,10 @@ def _send(wire, path: Path, offset: int, size: int, prefix, bar: Progress, tick)
             if not chunk:
                 raise EnlaceError(f"{path} shrank while it was being pushed — push again once it is written")
             hasher.update(chunk)
-            wire.write(chunk)
+            out.write(chunk)
             bar.update(len(chunk))
             left -= len(chunk)
-    wire.write(hasher.digest())
+    out.write(hasher.digest())
 
 
 def _answer(session: Session, wire, line: bytes) -> dict:

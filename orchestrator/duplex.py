@@ -80,6 +80,7 @@ class ProcessDuplex(Duplex):
             preexec_fn=die_with_us(),  # noqa: PLW1509 - the parent-death signal, Linux only (orchestrator/portable.py)
         )
         grow_pipe(self.p.stdout.fileno(), PIPE_BYTES)
+        grow_pipe(self.p.stdin.fileno(), PIPE_BYTES)  # and its stdin (data push writes it)
 
     def _read_slice(self, n: int) -> bytes | None:
         ready, _, _ = select.select([self.p.stdout], [], [], self.SLICE_S)

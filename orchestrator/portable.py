@@ -5,19 +5,20 @@ portable fallback said beside it. The driver runs on Linux and macOS laptops as 
   kernel when enlace-remote dies, even by SIGKILL. Fallback (macOS has no such signal): none is set; the
   driver ends its helpers itself on every exit it lives through, and an ssh whose driver died ends when
   its stdin pipe closes.
-- Pipe size (Linux fcntl F_SETPIPE_SZ): a 1 MiB pipe from a local helper, so one read takes more. Fallback:
-  the system's default pipe; reads are smaller, the bytes the same.
+- Pipe size (Linux fcntl F_SETPIPE_SZ): a 1 MiB pipe to and from a local helper, so one read takes more.
+  Fallback: the system's default pipe; reads are smaller, the bytes the same. Owned by enlace/sysinfo.py
+  (the server's data-receive grows its stdin the same way).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import signal
 import sys
 
+from enlace.sysinfo import grow_pipe
+
+__all__ = ["LINUX", "die_with_us", "grow_pipe"]
 LINUX = sys.platform.startswith("linux")
-F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux's value; only used on Linux
 
 
 def _set_parent_death_signal() -> None:
@@ -30,10 +31,3 @@ def die_with_us():
     """The preexec_fn for a local helper: on Linux, one that makes the kernel SIGTERM it when this process
     dies; elsewhere None (no preexec_fn at all)."""
     return _set_parent_death_signal if LINUX else None
-
-
-def grow_pipe(fd: int, size: int) -> None:
-    """Ask for a `size`-byte pipe on Linux (up to /proc/sys/fs/pipe-max-size); elsewhere keep the default."""
-    if LINUX:
-        with contextlib.suppress(OSError):  # over the limit: the default pipe still works
-            fcntl.fcntl(fd, F_SETPIPE_SZ, size)

@@ -21,6 +21,7 @@ from orchestrator.duplex import ProcessDuplex
 
 def test_helpers_start_without_prctl_or_pipe_sizing(monkeypatch):
     monkeypatch.setattr(portable, "LINUX", False)
+    monkeypatch.setattr(sysinfo, "LINUX", False)
 
     def no_fcntl(*args):
         raise AssertionError("fcntl.fcntl called on a system without F_SETPIPE_SZ")
@@ -71,6 +72,11 @@ DRIVER_MAY_IMPORT = {
     "enlace.report",
     "enlace.clitypes",
     "enlace.plot",  # the plot verb: matplotlib (and with it numpy), never torch
+    "enlace.config",  # data push/ls resolve a run's data paths here as the trainer does (yaml, stdlib)
+    "enlace.config_rules",
+    "enlace.datapaths",
+    "enlace.datarecv",  # its sha256 of a file's prefix
+    "enlace.sysinfo",  # the guarded pipe sizing (psutil, standard library)
 }
 NEVER = ("torch", "numpy")
 

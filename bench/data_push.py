@@ -1,0 +1,118 @@
+"""`enlace-remote data push` on loopback SSH (its own sshd, like the tests), against `rsync -a` over the
+same ssh host:
+
+1. a fresh push of SIZE MiB (a few large files and many small ones) vs `rsync -a` of the same directory,
+   median of --reps alternated runs, each into an emptied destination (CLI start included);
+2. a no-op push of --files small files that are all on the server already (size + mtime match).
+
+    python bench/data_push.py [--sizes 200,1024] [--reps 3] [--files 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.repocopy import commit_all, copy_worktree_repo  # noqa: E402
+from tests.support.sshd import make_server  # noqa: E402
+
+CLI = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost"]
+
+
+def corpus(root: Path, mib: int) -> None:
+    """mib MiB under root: four large files (90%) and 200 small ones, incompressible."""
+    root.mkdir(parents=True)
+    big = mib * 2**20 * 9 // 10 // 4
+    for i in range(4):
+        with open(root / f"part-{i}.bin", "wb") as fh:
+            for _ in range(big // 2**20):
+                fh.write(os.urandom(2**20))
+    small = (mib * 2**20 - 4 * (big // 2**20) * 2**20) // 200
+    for i in range(200):
+        (root / "small" / f"d{i % 10}").mkdir(parents=True, exist_ok=True)
+        (root / "small" / f"d{i % 10}" / f"f{i}.txt").write_bytes(os.urandom(small))
+
+
+def make_repo(base: Path, name: str) -> Path:
+    repo = copy_worktree_repo(base / "repo", "bench")
+    (repo / "configs" / "data" / "bench.yaml").write_text(f"kind: bytes\npaths: ['data/{name}/**/*']\n")
+    (repo / "configs" / "runs" / "bench.yaml").write_text("data: bench\nprofile: cpu\n")
+    commit_all(repo, "bench run")
+    return repo
+
+
+def run(cmd: list[str], env: dict, cwd: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, cwd=cwd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def push_vs_rsync(srv, env: dict, base: Path, repo: Path, mib: int, reps: int) -> None:
+    src = repo / "data" / f"c{mib}"
+    corpus(src, mib)
+    (repo / "configs" / "data" / "bench.yaml").write_text(f"kind: bytes\npaths: ['data/c{mib}/**/*']\n")
+    commit_all(repo, f"bench {mib}")
+    subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
+    remote_data = base / "remote-testhost" / "data"
+    ssh = " ".join(["ssh", "-F", str(srv.dir / "ssh_config"), "-o", "BatchMode=yes"])
+    push_t, rsync_t = [], []
+    for _ in range(reps):
+        shutil.rmtree(remote_data / f"c{mib}", ignore_errors=True)
+        push_t.append(run([*CLI, "data", "push", "bench"], env, repo))
+        dest = base / "rsync-dest"
+        shutil.rmtree(dest, ignore_errors=True)
+        rsync_t.append(run(["rsync", "-a", "-e", ssh, f"{src}/", f"testhost:{dest}/"], env, repo))
+        shutil.rmtree(dest, ignore_errors=True)
+    size = sum(f.stat().st_size for f in src.rglob("*") if f.is_file()) / 2**20
+    p, r = statistics.median(push_t), statistics.median(rsync_t)
+    print(f"push of {size:.0f} MiB (204 files), median of {reps}:")
+    print(f"  enlace-remote data push: {p:6.2f} s  {size / p:6.0f} MiB/s  (sha256 both sides, CLI start)")
+    print(f"  rsync -a               : {r:6.2f} s  {size / r:6.0f} MiB/s   ratio push/rsync = {r / p:.2f}x (goal >= 0.9)")
+    shutil.rmtree(src)
+
+
+def noop(env: dict, repo: Path, n: int, reps: int) -> None:
+    src = repo / "data" / "many"
+    for i in range(n):
+        (src / f"d{i % 100}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 100}" / f"f{i}.txt").write_bytes(b"x" * (i % 50 + 1))
+    (repo / "configs" / "data" / "bench.yaml").write_text("kind: bytes\npaths: ['data/many/**/*.txt']\n")
+    commit_all(repo, "bench many")
+    subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
+    run([*CLI, "data", "push", "bench"], env, repo)
+    times = [run([*CLI, "data", "push", "bench"], env, repo) for _ in range(reps)]
+    print(f"no-op push of {n} files (all on the server), median of {reps}: {statistics.median(times):.2f} s (goal < 2)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="200,1024")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--files", type=int, default=10_000)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="enlace-bench-push-"))
+    srv = make_server(base)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    try:
+        repo = make_repo(base, "c0")
+        for mib in (int(s) for s in args.sizes.split(",") if s):
+            push_vs_rsync(srv, env, base, repo, mib, args.reps)
+        noop(env, repo, args.files, args.reps)
+    finally:
+        srv.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
