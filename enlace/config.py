@@ -96,6 +96,16 @@ class DistillConfig:
     temperature: float = 2.0  # softens both distributions in the KL term
 
 
+@dataclass
+class LoggingConfig:
+    """Where metrics go besides metrics.jsonl (the source of truth); each sink is an optional extra."""
+
+    tensorboard: bool = False  # event files in the run dir's tensorboard/ (pip install 'enlace[tensorboard]')
+    wandb: Literal["off", "online", "offline"] = "off"  # Weights & Biases (pip install 'enlace[wandb]')
+    wandb_project: str = "enlace"
+    wandb_entity: str = ""  # "" = your W&B default entity
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "data": DataConfig,
@@ -104,6 +114,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "runtime": RuntimeConfig,
     "distill": DistillConfig,
+    "logging": LoggingConfig,
 }
 # Which sections each kind of file may set (a data file holds DataConfig's keys at its top level).
 PROFILE_SECTIONS = ("runtime", "training", "checkpoint")
@@ -120,6 +131,7 @@ class Config:
     checkpoint: CheckpointConfig
     runtime: RuntimeConfig
     distill: DistillConfig
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     root: Path = Path(".")  # project root: configs/, data/, runs/ live here
     files: dict[str, str] = field(default_factory=dict)  # run/profile/data → file used
     runs_root: Path | None = None  # where run dirs go (default: <root>/runs)

@@ -59,6 +59,7 @@ class StepResult:
     skipped: bool  # GradScaler skipped the update (inf/NaN gradients)
     scale: float
     terms: dict[str, torch.Tensor] = field(default_factory=dict)  # distillation: "ce" and "kd", as `loss`
+    grad_norm: torch.Tensor | None = None  # global L2 norm of the gradients before clipping (optim.grad_clip > 0)
 
 
 def pick_device(want: str) -> torch.device:
@@ -166,16 +167,17 @@ def train_step(
     if setup.dist.world > 1 and model is setup.raw_model:  # deterministic DDP: no reducer, one fixed layout
         setup.dist.average_gradients(setup.raw_model.parameters())
     phase("optimizer step")
+    grad_norm = None
     if cfg.optim.grad_clip > 0:
         scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(setup.raw_model.parameters(), cfg.optim.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(setup.raw_model.parameters(), cfg.optim.grad_clip)
     before = scaler.get_scale()
     scaler.step(opt)
     scaler.update()
     after = scaler.get_scale()
     opt.zero_grad(set_to_none=True)
     phase("done")
-    return StepResult(total, lr, scaler.is_enabled() and after < before, after, terms)
+    return StepResult(total, lr, scaler.is_enabled() and after < before, after, terms, grad_norm)
 
 
 @torch.no_grad()

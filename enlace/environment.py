@@ -3,6 +3,8 @@ config rules, which judge values alone: this module reaches torch and the distil
 
 from __future__ import annotations
 
+import importlib.util
+
 from enlace.config import Config
 from enlace.errors import ConfigError
 
@@ -24,6 +26,18 @@ def check_environment(cfg: Config) -> None:
                 f"bf16 on {torch.cuda.get_device_name()} (compute capability {major}.{minor}) is emulated: "
                 "GEMMs run slowly and attention falls back to its math kernel (B·H·T² scores in memory)",
                 "bf16 needs compute capability 8.0 (Ampere) or newer; use fp16 (with GradScaler) or fp32 here",
+            )
+    for key, package, on in (
+        ("logging.tensorboard", "tensorboard", cfg.logging.tensorboard),
+        ("logging.wandb", "wandb", cfg.logging.wandb != "off"),
+    ):
+        if on and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                cfg.origin(key),
+                key,
+                f"asks for the {package} sink, but the {package} package is not installed in this python",
+                f"pip install 'enlace[{package}]' here (on a server: enlace-remote shell -- pip install {package}), "
+                f"or turn it off (--set {key}={'false' if package == 'tensorboard' else 'off'})",
             )
     if cfg.distill.teacher:
         from enlace.distill import teacher_checkpoint

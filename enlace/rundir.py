@@ -27,6 +27,7 @@ class RunDir:
         self.path, self.enabled = path, enabled
         self.checkpoints = path / "checkpoints"
         self._log = self._metrics = None
+        self._sinks = None  # logging.tensorboard / logging.wandb (enlace/sinks.py), once open_sinks is called
         self._echo = True
         if enabled:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -70,11 +71,25 @@ class RunDir:
         if self._echo:
             print(stamped, flush=True)
 
+    def open_sinks(self, cfg, step: int) -> None:
+        """Start the configured metric sinks for a start at `step` (they then get every metric record)."""
+        if not self.enabled:
+            return
+        from enlace import sinks
+
+        remember = lambda run_id: self.update_status(wandb_id=run_id)
+        self._sinks = sinks.configured(cfg, runs.read(self.path).get("wandb_id"), remember, self.log)
+        self._sinks.start(step, cfg.to_dict())
+
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
             self._metrics.write(json.dumps(record) + "\n")
+            if self._sinks is not None:
+                self._sinks.record(record)
 
     def close(self) -> None:
+        if self._sinks is not None:
+            self._sinks.close()
         for fh in (self._log, self._metrics):
             if fh:
                 fh.close()

@@ -225,6 +225,7 @@ def _train(
         resumed_from=ckpt.name if ckpt else None,
         started_at=time.time(),
     )
+    run.open_sinks(cfg, progress["step"])
     run.metric(
         {
             "kind": "start",
@@ -288,6 +289,7 @@ def _train(
                     "elapsed_s": elapsed,
                     "scale": result.scale,
                     "skipped": result.skipped,
+                    **({"grad_norm": result.grad_norm.item()} if result.grad_norm is not None else {}),
                     **terms,
                 }
             )
