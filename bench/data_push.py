@@ -77,7 +77,9 @@ def push_vs_rsync(srv, env: dict, base: Path, repo: Path, mib: int, reps: int) -
     p, r = statistics.median(push_t), statistics.median(rsync_t)
     print(f"push of {size:.0f} MiB (204 files), median of {reps}:")
     print(f"  enlace-remote data push: {p:6.2f} s  {size / p:6.0f} MiB/s  (sha256 both sides, CLI start)")
-    print(f"  rsync -a               : {r:6.2f} s  {size / r:6.0f} MiB/s   ratio push/rsync = {r / p:.2f}x (goal >= 0.9)")
+    print(
+        f"  rsync -a               : {r:6.2f} s  {size / r:6.0f} MiB/s   ratio push/rsync = {r / p:.2f}x (goal >= 0.9)"
+    )
     shutil.rmtree(src)
 
 
