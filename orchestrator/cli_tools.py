@@ -1,5 +1,5 @@
 """enlace-remote's commands for looking at, using and tidying what was trained: sample, plot, gc, shell,
-generate."""
+generate, export, board."""
 
 from __future__ import annotations
 
@@ -206,4 +206,43 @@ def shell(remote: Remote, ctx: click.Context, run_name: str | None) -> None:
     os.execvp("ssh", [*transport.ssh_argv(), *tty, transport.remote_path("").rstrip(":"), script])
 
 
-COMMANDS = (sample, plot, gc, shell, generate, export)
+@click.command(cls=HostOptionsCommand)
+@click.option("--port", type=click.IntRange(0, 65535), default=0, help="Port on 127.0.0.1 (default: a free one).")
+@click.option(
+    "--hosts",
+    metavar="H1,H2,...",
+    default=None,
+    help="The hosts to show (default: every host in your hosts files, `local` included).",
+)
+@click.option("--no-browser", is_flag=True, help="Only print the URL; do not open a browser.")
+@with_remote
+def board(remote: Remote, port: int, hosts: str | None, no_browser: bool) -> None:
+    """A live web page of every run on every host: status, step, loss, ETA, Slurm state, restarts, newest
+    checkpoint; a run's curves (as `plot` draws them) and its log, following as they grow; several runs
+    overlaid. Served here on 127.0.0.1 only, behind a token in the URL; read-only. Ctrl-C ends it."""
+    import webbrowser
+
+    from orchestrator.board import Board
+    from orchestrator.board_http import BoardServer
+    from orchestrator.hosts import list_hosts, resolve_host
+
+    targets = (
+        [resolve_host(h.strip(), remote.repo) for h in hosts.split(",") if h.strip()]
+        if hosts
+        else list_hosts(remote.repo)
+    )
+    server = BoardServer(Board(remote.repo, targets, remote.session_for), port)
+    server.board.warm()
+    click.echo(f"board of {', '.join(h.name for h in targets)}: {server.url}", err=True)
+    click.echo("(127.0.0.1 only; the token in the URL is the key — Ctrl-C ends the board)", err=True)
+    if not no_browser:
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        click.echo("board closed", err=True)
+    finally:
+        server.server_close()
+
+
+COMMANDS = (sample, plot, gc, shell, generate, export, board)

@@ -113,16 +113,19 @@ def _seed(root: Path, name: str) -> str:
     return name
 
 
-def fetch_run_files(session: Session, run_name: str, dest: Path, names: tuple[str, ...]) -> list[str]:
+def fetch_run_files(
+    session: Session, run_name: str, dest: Path, names: tuple[str, ...], shared: bool = False
+) -> list[str]:
     """Only some run files (e.g. metrics.jsonl and run.json for `plot`). A local copy whose bytes are
-    still the start of the server's file is only extended (_seed). Returns the names fetched."""
+    still the start of the server's file is only extended (_seed). Returns the names fetched. `shared`: over
+    the host's one connection (Transport.duplex)."""
     root = dest.resolve()
 
     def plan(offer: dict[str, Any]) -> dict[str, str | None]:
         _claim(root, session.host.name, offer["run_dir"], run_name)
         return {_seed(root, _safe(n, FILE_NAME, "file")): None for n in names if n in offer["files"]}
 
-    offer, _, _ = _converse(session, run_name, root / STAGING, plan)
+    offer, _, _ = _converse(session, run_name, root / STAGING, plan, shared)
     fetched = [n for n in names if n in offer["files"]]
     for name in fetched:
         os.replace(root / STAGING / name, root / name)
@@ -131,17 +134,21 @@ def fetch_run_files(session: Session, run_name: str, dest: Path, names: tuple[st
     return fetched
 
 
-def _converse(session: Session, run_name: str, staging: Path, plan) -> tuple[dict[str, Any], dict, int]:
+def _converse(
+    session: Session, run_name: str, staging: Path, plan, shared: bool = False
+) -> tuple[dict[str, Any], dict, int]:
     """One fetch-serve conversation (again after a dropped connection, resuming): the offer, what was
     fetched and how many bytes arrived. `plan(offer)` says which paths to fetch ({path: sha256 or None});
     each lands in staging/path, verified when it has a sha256."""
     kept = f"what arrived stays in {staging}"
-    return retrying("fetch", kept, lambda tick: _converse_once(session, run_name, staging, plan, tick))
+    return retrying("fetch", kept, lambda tick: _converse_once(session, run_name, staging, plan, tick, shared))
 
 
-def _converse_once(session: Session, run_name: str, staging: Path, plan, tick) -> tuple[dict[str, Any], dict, int]:
+def _converse_once(
+    session: Session, run_name: str, staging: Path, plan, tick, shared: bool
+) -> tuple[dict[str, Any], dict, int]:
     argv = session.enlace_argv("latest", "fetch-serve", run_name, "--json")
-    with session.transport.duplex(argv, STALL_S, tick) as wire:
+    with session.transport.duplex(argv, STALL_S, tick, shared=shared) as wire:
         reader = Reader(wire)
         line = reader.readline()
         offer = _answer(session, wire, line)

@@ -92,8 +92,10 @@ class Transport:
         side when it closes). Raises Transient when the connection drops or stalls."""
         raise NotImplementedError
 
-    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]) -> Duplex:
-        """Start argv for a conversation: we write its stdin and read its stdout (fetch's wire)."""
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
+        """Start argv for a conversation: we write its stdin and read its stdout (fetch's wire). `shared`: on
+        the host's one connection even where an ssh client of its own would be faster (the board's small,
+        frequent fetches)."""
         raise NotImplementedError
 
     def ssh_argv(self) -> list[str]:
@@ -153,7 +155,7 @@ class LocalTransport(Transport):
                 if p.poll() is None:
                     p.kill()
 
-    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]) -> Duplex:
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
         from orchestrator.duplex import ProcessDuplex
 
         return ProcessDuplex(argv, stall_timeout, tick)
@@ -295,12 +297,12 @@ class SSHTransport(Transport):
         finally:
             chan.close()
 
-    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None]) -> Duplex:
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
         import shutil
 
         from orchestrator.duplex import ChannelDuplex, SystemSSHDuplex
 
-        if shutil.which("ssh"):
+        if shutil.which("ssh") and not shared:
             return SystemSSHDuplex(self, argv, stall_timeout, tick)
         return ChannelDuplex(self, argv, stall_timeout, tick)
 

@@ -1,0 +1,117 @@
+"""`enlace-remote board`: its HTTP side (127.0.0.1 only, 403 without the token), its curves as the run
+stands after a resume, and the whole page in a real headless chromium against a real sshd: two hosts' runs
+(one host unreachable), a run's curve whose last point is metrics.jsonl's, the page following a new step."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from support.browser import artifacts_dir, chromium, wait_for
+from support.remote import PipeReader, popen_remote, remote, server_dir, tiny_corpus
+
+from orchestrator.board import Board, series
+from orchestrator.board_http import BoardServer
+
+
+def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_board_answers_only_with_its_token_and_only_on_loopback(tmp_path):
+    server = BoardServer(Board(tmp_path, [], session_for=None), port=0)
+    server.serve_in_background()
+    try:
+        host, port = server.server_address
+        assert host == "127.0.0.1"
+        base = f"http://127.0.0.1:{port}"
+        assert _get(base + "/")[0] == 403
+        assert _get(base + "/api/runs")[0] == 403
+        assert _get(base + "/api/runs", {"X-Enlace-Token": "wrong"})[0] == 403
+        status, page = _get(server.url)
+        assert status == 200 and b"enlace board" in page
+        status, body = _get(base + "/api/runs", {"X-Enlace-Token": server.token})
+        assert status == 200 and json.loads(body) == {"hosts": [], "rows": []}
+        assert _get(base + "/api/run?host=nope&run=x", {"X-Enlace-Token": server.token})[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_curves_are_the_run_as_it_stands_after_a_resume_from_an_older_checkpoint(tmp_path):
+    records = [{"kind": "start", "step": 0}]
+    records += [{"kind": "train", "step": s, "loss": 5.0 - s, "lr": 0.1, "tokens_per_s": 9.0} for s in (1, 2, 3, 4)]
+    records += [{"kind": "eval", "step": 4, "val_bpb": 7.0}]
+    records += [{"kind": "start", "step": 2}, {"kind": "train", "step": 3, "loss": 0.5, "lr": 0.1, "tokens_per_s": 9}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + '\n{"kind": "tra')
+    got = series(tmp_path / "metrics.jsonl")
+    assert [p[0] for p in got["train"]] == [1, 2, 3] and got["train"][-1][1] == 0.5
+    assert got["eval"] == [] and got["starts"] == [2]  # the eval at 4 was of the attempt resumed past
+
+
+@pytest.mark.slow
+def test_the_board_in_a_real_browser(sshd, user_repo, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on: the unreachable host
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(
+        (sshd.dir / "hosts.yaml").read_text()
+        + f"  gone:\n    ssh: root@127.0.0.1:{dead_port}\n    connect_timeout: 2\n"
+    )
+    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, env, "launch", "tiny", "--no-preflight", "--until", "3")
+    proc = popen_remote(user_repo, env, "board", "--no-browser", "--hosts", "testhost,gone")
+    err = PipeReader(proc.stderr)
+    driver = None
+    try:
+        deadline = time.time() + 60
+        while not (m := re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", err.text())):
+            assert proc.poll() is None and time.time() < deadline, err.text()
+            time.sleep(0.05)
+        url = m.group(0)
+        driver = chromium(tmp_path / "chromium-profile")
+        driver.get(url)
+        row = wait_for(driver, lambda d: d.find_element("css selector", 'tr[data-host="testhost"][data-run="tiny"]'))
+        assert "stopped" in row.text and "3/30" in row.text, row.text
+        down = wait_for(driver, lambda d: d.find_element("css selector", 'tr.host-error[data-host="gone"]'))
+        assert "unreachable" in down.text, down.text
+        driver.save_screenshot(str(artifacts_dir() / "board-runs.png"))
+
+        driver.get(url + "#run=testhost:tiny")
+        server_run = server_dir(sshd, "testhost") / "runs" / "tiny"
+
+        def last_point(d):
+            line = d.find_element("css selector", 'svg[data-metric="loss"] polyline[data-run="testhost:tiny"]')
+            return int(line.get_attribute("data-last-step")), float(line.get_attribute("data-last-value"))
+
+        train = [json.loads(x) for x in (server_run / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in train if r["kind"] == "train"]
+        step, value = wait_for(driver, last_point, what="the loss curve")
+        assert step == train[-1]["step"] == 3 and value == pytest.approx(train[-1]["loss"])
+        assert "step      3/30" in driver.find_element("id", "log").text
+        driver.save_screenshot(str(artifacts_dir() / "board-run.png"))
+
+        # two more steps, on the server (launch returns at the first of them)
+        remote(user_repo, env, "launch", "tiny", "--no-preflight", "--until", "5")
+        step, value = wait_for(driver, lambda d: last_point(d)[0] == 5 and last_point(d), what="step 5 on the page")
+        train = [json.loads(x) for x in (server_run / "metrics.jsonl").read_text().splitlines()]
+        assert value == pytest.approx([r for r in train if r["kind"] == "train"][-1]["loss"])
+        wait_for(driver, lambda d: "step      5/30" in d.find_element("id", "log").text, what="the log's new step")
+        assert driver.find_elements("css selector", 'svg[data-metric="loss"] line[data-resumed-at="3"]')
+        driver.save_screenshot(str(artifacts_dir() / "board-run-updated.png"))
+    finally:
+        if driver is not None:
+            driver.quit()
+        proc.terminate()
+        proc.wait(timeout=30)
