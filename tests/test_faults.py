@@ -486,4 +486,4 @@ def test_a_run_that_wrote_its_final_status_and_is_exiting_is_not_already_running
 
 def test_set_key_errors_name_each_section_once(project):
     out = enlace(project, "check-config", "smoke-cpu", "--set", "zzz.paths=x", check=False)
-    assert out.returncode == 2 and "valid keys: checkpoint, data, distill, model," in out.stderr, out.stderr
+    assert out.returncode == 2 and "valid keys: checkpoint, data, distill, logging, model," in out.stderr, out.stderr

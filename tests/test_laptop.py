@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.configs import write_tiny_corpus
 from support.procs import install_driver
-from support.remote import remote, server_dir, tiny_corpus
+from support.remote import remote, server_dir
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +36,12 @@ def test_the_driver_alone_installs_without_torch_and_drives_every_verb(driver_ve
     assert "Ship this repo" in run("--help").stdout
     assert "testhost" in run("hosts").stdout
     run("setup")
-    tiny_corpus(server_dir(sshd, "testhost"))
+    write_tiny_corpus(user_repo / "data" / "tiny")  # the data travels from here, by the driver alone
+    pushed = run("data", "push", "tiny")
+    assert "data push tiny → testhost: sent" in pushed.stderr, pushed.stderr
+    assert sorted(p.name for p in (server_dir(sshd, "testhost") / "data" / "tiny").iterdir()) == sorted(
+        p.name for p in (user_repo / "data" / "tiny").iterdir()
+    )
     preflight = run("preflight", "tiny", "--steps", "2")
     assert "verdict" in preflight.stdout.lower() or "verdict" in preflight.stderr.lower()
     run("launch", "tiny", "--no-preflight")
@@ -54,3 +60,33 @@ def test_the_driver_alone_installs_without_torch_and_drives_every_verb(driver_ve
     assert sample.stdout.startswith("def ")
     export = run("export", "tiny", check=False)  # the trainer is not here: said, with the way on the server
     assert export.returncode == 2 and "enlace-remote shell tiny -- enlace export tiny" in export.stderr
+    _board_lists(driver, user_repo, sshd.env, "tiny")
+
+
+def _board_lists(driver: list[str], repo: Path, env: dict, run_name: str) -> None:
+    """The board from the driver-only install: its page comes from the package, its runs from the host."""
+    import os
+    import re
+    import time
+    import urllib.request
+
+    full = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env}
+    cmd = [*driver, "--host", "testhost", "board", "--no-browser", "--hosts", "testhost"]
+    proc = subprocess.Popen(cmd, cwd=repo, env=full, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        url = re.search(r"http://\S+", proc.stderr.readline()).group(0)
+        token = url.split("token=")[1]
+        with urllib.request.urlopen(url, timeout=60) as page:
+            assert b"enlace board" in page.read()
+        deadline = time.time() + 60
+        while True:
+            req = urllib.request.Request(url.split("?")[0] + "api/runs", headers={"X-Enlace-Token": token})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                rows = json.loads(r.read())["rows"]
+            if any(r.get("run_name") == run_name for r in rows) or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        assert any(r.get("run_name") == run_name and r["host"] == "testhost" for r in rows), rows
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
