@@ -10,7 +10,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from enlace.config import load_config  # noqa: E402
+from enlace.config.schema import load_config  # noqa: E402
 
 
 def smoke_config(*overrides: str):

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from _common import fixed_batches, smoke_config
-from enlace import engine
-from enlace.checkpoint import save_checkpoint
+from enlace.train import engine
+from enlace.train.checkpoint import save_checkpoint
 
 
 def child_throughput(deterministic: bool, steps: int) -> None:

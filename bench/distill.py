@@ -20,8 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from enlace.config import load_config  # noqa: E402
-from enlace.train import train  # noqa: E402
+from enlace.config.schema import load_config  # noqa: E402
+from enlace.train.loop import train  # noqa: E402
 
 
 def run(name: str, overrides: list[str], runs_root: Path, root: Path) -> dict:

@@ -35,11 +35,11 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from enlace import engine  # noqa: E402
-from enlace.config import load_config  # noqa: E402
-from enlace.data import build_stream  # noqa: E402
-from enlace.determinism import ensure_cublas_workspace  # noqa: E402
+from enlace.config.schema import load_config  # noqa: E402
+from enlace.data.streams import build_stream  # noqa: E402
 from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss  # noqa: E402
+from enlace.train import engine  # noqa: E402
+from enlace.train.determinism import ensure_cublas_workspace  # noqa: E402
 
 SMALL = ["model.seq_len=32", "model.n_layer=2", "model.n_head=2", "model.d_model=32", "training.batch_size=4"]
 WARMUP = 3
@@ -109,7 +109,7 @@ def drift(run: str, overrides: list[str], steps: int) -> dict:
 
 
 def resume(det_run: str, overrides: list[str], steps: int) -> dict:
-    from enlace.verify_resume import verify_resume
+    from enlace.preflight.verify_resume import verify_resume
 
     cfg = config(det_run, overrides)
     rep = verify_resume(cfg, det_run, overrides, steps)
@@ -128,8 +128,8 @@ def ddp(det_run: str, overrides: list[str], steps: int, device: torch.device) ->
     """DDP over every visible GPU (2 gloo processes on the CPU): `steps` straight under torchrun, and half +
     a resume in new processes; the two final checkpoints compared by bytes. Every step runs any_rank (the
     stop flag) on the group's backend, so nccl's device rule is exercised too."""
-    from enlace.checkpoint import load_checkpoint, step_dir_name
-    from enlace.verify_resume import compare_states
+    from enlace.preflight.verify_resume import compare_states
+    from enlace.train.checkpoint import load_checkpoint, step_dir_name
 
     world = torch.cuda.device_count() if device.type == "cuda" else 2
     if world < 2:
@@ -165,8 +165,8 @@ def ddp(det_run: str, overrides: list[str], steps: int, device: torch.device) ->
 
 
 def preflight_accuracy(run: str, overrides: list[str], steps: int, device: torch.device) -> dict:
-    from enlace.preflight import preflight
-    from enlace.train import train
+    from enlace.preflight.measure import preflight
+    from enlace.train.loop import train
 
     cfg = config(run, overrides)
     report = preflight(cfg, steps)

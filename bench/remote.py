@@ -146,7 +146,7 @@ def fetch_vs_rsync(srv, env: dict, repo: Path, rd: Path, base: Path, mib: int, r
     big = rd / "runs" / "long" / "checkpoints" / "step-999999"
     import torch
 
-    from enlace.checkpoint import save_checkpoint
+    from enlace.train.checkpoint import save_checkpoint
 
     n = mib * 2**20 // 4 // 4
     save_checkpoint(big.parent, 999999, {f"part{i}.pt": torch.rand(n) for i in range(4)}, keep=5)

@@ -36,8 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _common import fixed_batches, smoke_config
-from enlace import engine
 from enlace.sysinfo import mib, peak_rss_bytes, reset_peak_rss
+from enlace.train import engine
 
 
 def plain_update(loss, model, opt) -> None:
@@ -225,8 +225,8 @@ def main() -> None:
 
 
 def against_nanogpt_style(cfg, steps: int, tokens: int) -> None:
-    from enlace.data import build_stream
-    from enlace.datapaths import resolve_paths
+    from enlace.data.paths import resolve_paths
+    from enlace.data.streams import build_stream
 
     files = resolve_paths(cfg.data.paths, cfg.root)
     with tempfile.TemporaryDirectory() as tmp:

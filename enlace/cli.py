@@ -13,8 +13,11 @@ from pathlib import Path
 
 import click
 
-from enlace import cli_server, cli_slurm, cli_tools, contract
+from enlace import contract
 from enlace.clitypes import root_option, set_option
+from enlace.server import cli as cli_server
+from enlace.slurm import cli as cli_slurm
+from enlace.tools import cli as cli_tools
 
 
 @click.group(
@@ -73,9 +76,9 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2).
 
     RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
-    from enlace.environment import check_environment
+    from enlace.config.machine import check_environment
+    from enlace.config.recorded import load_run_config, resume_problem
     from enlace.errors import ConfigError
-    from enlace.runconfig import load_run_config, resume_problem
 
     try:
         cfg = load_run_config(run, overrides, root)
@@ -159,9 +162,9 @@ def train(
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits 0 (a second Ctrl-C exits
     at once, the last complete checkpoint intact; a repeated SIGTERM is the same request).
     RUN is a file stem in configs/runs/ or a path."""
-    from enlace.environment import check_environment
-    from enlace.runconfig import load_run_config
-    from enlace.train import train as run_training
+    from enlace.config.machine import check_environment
+    from enlace.config.recorded import load_run_config
+    from enlace.train.loop import train as run_training
 
     cfg = load_run_config(run, overrides, root, runs_dir, fresh=resume == "none")
     check_environment(cfg)
@@ -188,8 +191,9 @@ def prepare(data: str, out: Path, dtype: str, shard_tokens: int, val_fraction: f
 
     Use the shards with a data config of `kind: shards` and `shard_dir: OUT`. OUT appears only
     once complete."""
-    from enlace.config import load_data_config
-    from enlace.data import prepare_shards, resolve_paths
+    from enlace.config.schema import load_data_config
+    from enlace.data.paths import resolve_paths
+    from enlace.data.shards import prepare_shards
     from enlace.names import find_root
 
     root = find_root(root)
@@ -234,9 +238,9 @@ def verify_resume_cmd(
     (in a temporary runs dir); compares every parameter, optimizer tensor and scaler value by bytes
     and the logged losses after N/2. Exit 0 only when identical. Use a deterministic config
     (e.g. smoke-cpu-deterministic): without it, kernels may legitimately differ run to run."""
-    from enlace.config import load_config
-    from enlace.environment import check_environment
-    from enlace.verify_resume import verify_resume
+    from enlace.config.machine import check_environment
+    from enlace.config.schema import load_config
+    from enlace.preflight.verify_resume import verify_resume
 
     cfg = load_config(run, overrides, root)
     check_environment(cfg)
@@ -339,12 +343,12 @@ def preflight_cmd(
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6), too_slow
     (exit 10: its steps ran or projected past --budget-s; the report says what the run would take).
     Writes runs/RUN_NAME/preflight.json."""
-    from enlace.environment import check_environment
-    from enlace.maxbatch import find_max_batch, start_probe_server
-    from enlace.preflight import preflight
-    from enlace.report import format_report
-    from enlace.runconfig import load_run_config
-    from enlace.rundir import atomic_write
+    from enlace.config.machine import check_environment
+    from enlace.config.recorded import load_run_config
+    from enlace.preflight.maxbatch import find_max_batch, start_probe_server
+    from enlace.preflight.measure import preflight
+    from enlace.preflight.report import format_report
+    from enlace.train.rundir import atomic_write
 
     limit = parse_size(memory_limit)
     cfg = load_run_config(run, overrides, root)

@@ -1,5 +1,5 @@
 """Run names checked with the contract's rule (the driver and the server both validate with it), as a
-ConfigError naming where the name came from, and the project root. Kept apart from enlace.config so that the light verbs
+ConfigError naming where the name came from, and the project root. Kept apart from enlace.config.schema so that the light verbs
 (fetch-serve, runs, logs) and the driver's start-up do not pay for the config machinery (yaml,
 dataclasses, the config rules)."""
 

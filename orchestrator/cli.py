@@ -12,13 +12,14 @@ import click
 
 from enlace.contract import leave
 from enlace.errors import EnlaceError
-from orchestrator import cli_data, cli_run, cli_tools
-from orchestrator.cliutil import (
+from orchestrator.commands import data as cli_data
+from orchestrator.commands import run as cli_run
+from orchestrator.commands import tools as cli_tools
+from orchestrator.commands.common import (
     HOST_ENV,
     HostOptionsGroup,
     Remote,
     allow_dirty_option,
-    print_sync,
     set_option,
     with_remote,
 )
@@ -66,8 +67,8 @@ def hosts(ctx: click.Context) -> None:
     """List the configured hosts and their settings (`hosts add` adds one)."""
     if ctx.invoked_subcommand:
         return
-    from orchestrator.gitsync import repo_root
-    from orchestrator.hosts import list_hosts
+    from orchestrator.hosts.resolve import list_hosts
+    from orchestrator.transfer.gitsync import repo_root
 
     for h in list_hosts(repo_root(Path.cwd())):
         mark = "*" if h.name == ctx.obj["host"] else " "
@@ -105,7 +106,7 @@ def hosts_add(
     enlace-remote hosts add gpu1 --ssh alice@gpu1:2222 --remote-dir /scratch/alice/enlace"""
     import yaml
 
-    from orchestrator.hosts import add_host
+    from orchestrator.hosts.resolve import add_host
 
     entry = {
         "ssh": target,
@@ -129,7 +130,8 @@ def setup(remote: Remote, allow_dirty: bool) -> None:
     With `python: venv` (the default) the first setup builds a venv there from constraints.txt — on a
     GPU server pip fetches a CUDA wheel of torch (≈2.5 GB), so it takes minutes; pip's progress is
     shown. Every later sync, preflight and launch reuses it. (sync does the same; this says why.)"""
-    from orchestrator.gitsync import sync as do_sync
+    from orchestrator.transfer.gitsync import print_sync
+    from orchestrator.transfer.gitsync import sync as do_sync
 
     h = remote.host
     why = (
@@ -147,7 +149,8 @@ def setup(remote: Remote, allow_dirty: bool) -> None:
 @with_remote
 def sync(remote: Remote, allow_dirty: bool) -> None:
     """Push HEAD to the host and check it out there (refuses a dirty tree or git-ignored files)."""
-    from orchestrator.gitsync import sync as do_sync
+    from orchestrator.transfer.gitsync import print_sync
+    from orchestrator.transfer.gitsync import sync as do_sync
 
     print_sync(do_sync(remote.session, remote.repo, allow_dirty))
 
@@ -159,9 +162,9 @@ def sync(remote: Remote, allow_dirty: bool) -> None:
 @with_remote
 def verify(remote: Remote, run: str, for_launch: bool, overrides: tuple[str, ...]) -> None:
     """Check on the server that HEAD's tree has everything RUN needs (a checklist; exit 3 if not)."""
-    from orchestrator.gitsync import local_checks
-    from orchestrator.ship import check_run_config
-    from orchestrator.ship import verify as do_verify
+    from orchestrator.launch.ship import check_run_config
+    from orchestrator.launch.ship import verify as do_verify
+    from orchestrator.transfer.gitsync import local_checks
 
     check_run_config(remote.repo, run)
     sha = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit

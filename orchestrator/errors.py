@@ -3,6 +3,8 @@ codes from the contract. A server's refusal becomes the error its document names
 
 from __future__ import annotations
 
+import shlex
+
 from enlace import contract
 from enlace.errors import AlreadyRunning, EnlaceError
 
@@ -62,3 +64,8 @@ class CommandFailed(EnlaceError):
         self.command, self.remote_exit, self.output = command, exit_code, output
         tail = "\n".join(output.strip().splitlines()[-15:])
         super().__init__(f"on {host}: `{command}` exited {exit_code}" + (f"\n{tail}" if tail else ""))
+
+
+def short(argv: list[str]) -> str:
+    """The command for error messages, without the inlined remote.sh text."""
+    return shlex.join(["<remote.sh>" if len(a) > 200 else a for a in argv])

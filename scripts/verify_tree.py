@@ -17,6 +17,8 @@ from pathlib import Path
 NEEDED = [
     "enlace/__init__.py",
     "enlace/data/__init__.py",
+    "enlace/data/paths.py",
+    "enlace/data/streams.py",
     "enlace/data/bytestream.py",
     "enlace/data/shards.py",
     "configs/data",

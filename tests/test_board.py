@@ -15,8 +15,8 @@ import pytest
 from support.browser import artifacts_dir, chromium, wait_for
 from support.remote import PipeReader, popen_remote, remote, server_dir, tiny_corpus
 
-from orchestrator.board import Board, series
-from orchestrator.board_http import BoardServer
+from orchestrator.view.board import Board, series
+from orchestrator.view.board_http import BoardServer
 
 
 def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:

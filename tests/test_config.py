@@ -10,8 +10,8 @@ import yaml
 from support import REPO
 from support.configs import write_run
 
-from enlace.config import load_config
-from enlace.environment import check_environment
+from enlace.config.machine import check_environment
+from enlace.config.schema import load_config
 from enlace.errors import ConfigError
 
 SHIPPED_RUNS = sorted(p.stem for p in (REPO / "configs" / "runs").glob("*.yaml"))

@@ -11,8 +11,9 @@ import pytest
 import torch
 from support import REPO
 
-from enlace.data import ByteStream, ShardStream, prepare_shards, resolve_paths
-from enlace.datapaths import DataError
+from enlace.data.bytestream import ByteStream
+from enlace.data.paths import DataError, resolve_paths
+from enlace.data.shards import ShardStream, prepare_shards
 
 
 @pytest.fixture

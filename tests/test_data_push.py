@@ -1,5 +1,5 @@
 """`enlace-remote data push` / `data ls`: the server's data/ brought to exactly the files a run reads here —
-its server half (enlace/datarecv.py) on real files, the driver's plan, and the whole push over a real sshd
+its server half (enlace/server/datarecv.py) on real files, the driver's plan, and the whole push over a real sshd
 (nested names with spaces and UTF-8, a file over 100 MiB, a second push that sends nothing, a changed file
 sent alone, a push killed mid-file that continues without re-sending and without a partial file in data/)."""
 
@@ -20,8 +20,8 @@ from support.remote import PipeReader, popen_remote, remote, server_dir
 from support.repocopy import commit_all
 
 from enlace.contract import FRAME
-from enlace.datapaths import DataError, push_scope, under_data
-from enlace.datarecv import BadRequest, receive
+from enlace.data.paths import DataError, push_scope, under_data
+from enlace.server.datarecv import BadRequest, receive
 
 
 def _converse(data_dir: Path, listing: dict, plan: dict | None = None, bodies: dict | None = None):

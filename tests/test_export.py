@@ -12,7 +12,7 @@ import torch
 from support.cli import enlace
 from support.configs import write_run
 
-from enlace.sample import find_checkpoint, generate, load_model
+from enlace.tools.sample import find_checkpoint, generate, load_model
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def test_hf_export_loads_in_transformers_with_the_same_logits_and_greedy_bytes(t
 def test_safetensors_export_equals_the_checkpoints_tensors(trained, tmp_path):
     from safetensors.torch import load_file
 
-    from enlace.checkpoint import load_checkpoint
+    from enlace.train.checkpoint import load_checkpoint
 
     out = tmp_path / "st"
     enlace(trained, "export", "exp", "--format", "safetensors", "--out", str(out))

@@ -51,7 +51,7 @@ def test_disk_full_during_a_checkpoint_fails_the_run_clearly_and_relaunch_refuse
     assert "error: No space left on device while saving" in (run_dir / "train.log").read_text()
     assert not [p for p in run_dir.rglob(".*tmp*")], list(run_dir.rglob(".*tmp*"))  # no temp file left behind
     assert run_json(run_dir)["step"] >= 2  # the earlier checkpoints are intact and complete
-    from enlace.checkpoint import latest_checkpoint, verify_checkpoint
+    from enlace.train.checkpoint import latest_checkpoint, verify_checkpoint
 
     verify_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     again = enlace(project, "train", "full", "--runs-dir", str(small_disk), check=False)
@@ -70,8 +70,8 @@ def test_broken_manifests_are_named_and_a_lost_history_is_said(project):
     ckpts = _three_checkpoints(project)
     (ckpts / "step-000006" / "MANIFEST").write_text("{}")
     (ckpts / "step-000004" / "MANIFEST").write_text("{not json")
-    from enlace.checkpoint import latest_checkpoint, read_manifest
     from enlace.errors import CheckpointError
+    from enlace.train.checkpoint import latest_checkpoint, read_manifest
 
     with pytest.raises(CheckpointError, match="MANIFEST has format version None"):
         read_manifest(ckpts / "step-000006")
@@ -102,7 +102,7 @@ def test_corrupt_newest_checkpoint_names_the_previous_one_and_resume_path_contin
 def test_an_incomplete_newest_checkpoint_is_said_in_status_and_train_log(project, damage):
     """`latest` names step-000006 but it is not complete: resuming from step-000004 costs 2 steps, and
     status and train.log say so, with --resume offered — never a silent step back."""
-    from enlace import runs
+    from enlace.server import runs
 
     ckpts = _three_checkpoints(project)
     newest = ckpts / "step-000006"
@@ -132,7 +132,7 @@ def test_an_incomplete_newest_checkpoint_is_said_in_status_and_train_log(project
 
 
 def test_status_table_puts_a_runs_error_on_a_detail_line_and_host_errors_in_host_rows():
-    from orchestrator.status import format_status
+    from orchestrator.view.status import format_status
 
     base = {"step": 3, "max_steps": 10, "loss": None, "tokens_per_s": None, "elapsed_s": None, "eta_s": None}
     base |= {"updated_at": None, "commit": "abc"}
@@ -210,8 +210,8 @@ def test_fetch_needs_neither_sftp_nor_rsync(tmp_path, user_repo):
 def test_ssh_offers_aes_gcm_first_unless_the_users_ssh_config_sets_ciphers(sshd, user_repo, monkeypatch):
     """Every ssh the driver runs (fetch, git, logs) offers AES-GCM first, as the paramiko connection
     does; the Ciphers line of the host in the user's ssh config is kept."""
-    from orchestrator.hosts import resolve_host
-    from orchestrator.transport import connect
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.transport import connect
 
     def negotiated() -> str:
         transport = connect(resolve_host("testhost", user_repo))
@@ -232,11 +232,11 @@ def test_ssh_offers_aes_gcm_first_unless_the_users_ssh_config_sets_ciphers(sshd,
 def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo, monkeypatch):
     """No `ssh` binary here (a bare container, Windows without OpenSSH): the same conversation runs on a
     channel of paramiko's connection, and resumes a partial file the same way."""
-    from orchestrator import duplex
-    from orchestrator.fetch import fetch
-    from orchestrator.hosts import resolve_host
-    from orchestrator.session import Session
-    from orchestrator.transport import connect
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh import duplex
+    from orchestrator.ssh.session import Session
+    from orchestrator.ssh.transport import connect
+    from orchestrator.transfer.fetch import fetch
 
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
@@ -264,7 +264,7 @@ def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo
     here = user_repo / "runs" / "tiny" / "checkpoints" / "step-000030"
     for f in server.iterdir():
         assert (here / f.name).read_bytes() == f.read_bytes(), f.name
-    from enlace.fetchserve import RUN_FILES
+    from enlace.server.fetchserve import RUN_FILES
 
     run_files = [server.parent.parent / n for n in RUN_FILES if (server.parent.parent / n).is_file()]
     sent = sum(f.stat().st_size for f in [*server.iterdir(), *run_files])
@@ -353,7 +353,7 @@ def test_local_helpers_die_with_the_driver(tmp_path):
             "-c",
             f"""
 import subprocess, time
-from orchestrator.portable import die_with_us
+from orchestrator.ssh.portable import die_with_us
 p = subprocess.Popen(["sleep", "120"], preexec_fn=die_with_us())
 open({str(pidfile)!r}, "w").write(str(p.pid))
 time.sleep(120)
@@ -365,7 +365,7 @@ time.sleep(120)
     child = int(pidfile.read_text())
     parent.kill()
     parent.wait()
-    from enlace.runs import proc_start
+    from enlace.server.runs import proc_start
 
     wait_until(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")
 
@@ -444,7 +444,7 @@ def test_a_live_run_is_described_by_what_is_known():
 
 
 def test_a_run_that_was_only_preflighted_has_no_status_to_misread(tmp_path):
-    from enlace import runfiles
+    from enlace.server import runfiles
 
     (tmp_path / "runs" / "pre").mkdir(parents=True)
     (tmp_path / "runs" / "pre" / "preflight.json").write_text("{}")
@@ -454,8 +454,8 @@ def test_a_run_that_was_only_preflighted_has_no_status_to_misread(tmp_path):
 
 
 def test_disk_messages_name_the_real_path_not_the_trees_symlink(tmp_path):
-    from enlace.checkpoint import check_free_space
     from enlace.errors import NoSpaceError
+    from enlace.train.checkpoint import check_free_space
 
     (tmp_path / "remote" / "runs" / "r").mkdir(parents=True)
     (tmp_path / "tree").mkdir()
@@ -471,8 +471,8 @@ def test_a_run_that_wrote_its_final_status_and_is_exiting_is_not_already_running
     answering 'already running (status failed)', exit 7."""
     import time
 
-    from enlace import runs
     from enlace.contract import Status
+    from enlace.server import runs
 
     proc = subprocess.Popen(["sleep", "1.5"])
     run_dir = tmp_path / "r"

@@ -1,4 +1,4 @@
-"""The server half of fetch (enlace/fetchserve.py) on real files, without sshd: what it offers, how it
+"""The server half of fetch (enlace/server/fetchserve.py) on real files, without sshd: what it offers, how it
 resumes, what it refuses, and that a checkpoint pruned mid-fetch is still served whole."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from enlace.checkpoint import save_checkpoint
 from enlace.contract import FRAME
-from enlace.fetchserve import BadRequest, serve
+from enlace.server.fetchserve import BadRequest, serve
+from enlace.train.checkpoint import save_checkpoint
 
 
 @pytest.fixture
@@ -102,8 +102,8 @@ def test_nothing_off_the_offer_is_served(run_dir, tmp_path, path):
 def test_the_driver_lands_a_frame_after_what_it_holds_and_drops_the_rest(tmp_path, held, start):
     """The driver's half: the frame's bytes land at START, whatever the staging file held beyond START
     is dropped (a file the server restarted, or one that shrank), and the hash covers the whole file."""
-    from orchestrator.fetch import _receive
-    from orchestrator.wire import Progress, Reader
+    from orchestrator.transfer.fetch import _receive
+    from orchestrator.transfer.wire import Progress, Reader
 
     body, local = b"0123456789", tmp_path / "f"
     if held is not None:

@@ -70,7 +70,7 @@ def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
     reading on what both understand, and following an Include, which paramiko's reader cannot."""
     import paramiko
 
-    from orchestrator.hosts import resolve_host
+    from orchestrator.hosts.resolve import resolve_host
 
     (tmp_path / "more").write_text("Host inc\n  HostName 10.1.2.3\n  User carol\n  Port 2200\n")
     cfg = tmp_path / "ssh_config"
@@ -102,7 +102,7 @@ def test_paramiko_loads_without_invoke_and_match_exec_still_works(tmp_path):
     cfg = tmp_path / "ssh_config"
     cfg.write_text('Match originalhost ex exec "test -d /"\n  Port 2300\nHost *\n  User bob\n')
     code = (
-        "import sys\nfrom pathlib import Path\nfrom orchestrator.sshlib import load_paramiko, read_ssh_config\n"
+        "import sys\nfrom pathlib import Path\nfrom orchestrator.ssh.sshlib import load_paramiko, read_ssh_config\n"
         "paramiko = load_paramiko()\nbefore = 'invoke' in sys.modules\n"
         f"found = read_ssh_config(Path({str(cfg)!r}), 'ex')\n"
         "print(before, paramiko.SSHClient.__name__, found['port'], found['user'])"

@@ -13,19 +13,20 @@ from support import REPO
 from support.cli import enlace
 from support.configs import DETERMINISTIC, write_run
 
-from enlace import determinism, engine, maxbatch
-from enlace.config import load_config
-from enlace.dist import Dist, collective_device
-from enlace.environment import check_environment
+from enlace.config.machine import check_environment
+from enlace.config.schema import load_config
 from enlace.errors import ConfigError
-from enlace.preflight import preflight
+from enlace.preflight import maxbatch
+from enlace.preflight.measure import preflight
+from enlace.train import determinism, engine
+from enlace.train.dist import Dist, collective_device
 
 
 def test_any_rank_puts_its_tensor_on_the_process_groups_device(monkeypatch):
     """nccl moves CUDA tensors only: any_rank's flag must be made on cuda:LOCAL_RANK under nccl (finding 1:
     every multi-GPU run crashed at step 1). Stands in for a GPU: torch.tensor and the collective are
     recorded, not run."""
-    import enlace.dist as dist_module
+    import enlace.train.dist as dist_module
 
     made = []
     real_tensor = torch.tensor
@@ -108,7 +109,7 @@ def test_a_checkpoint_from_an_8_gpu_node_resumes_where_1_gpu_is_visible(monkeypa
 def test_verify_resume_runs_one_trainer_at_a_time_on_a_gpu_and_gpu_check_keeps_dropout(project):
     """Finding 7: two trainers and two CUDA contexts at once on a 6 GiB card; and gpu_check's resume forced
     dropout 0, so the CUDA RNG restore was never exercised."""
-    from enlace.verify_resume import side_by_side
+    from enlace.preflight.verify_resume import side_by_side
 
     write_run(project, "gpu", runtime={"device": "cuda"})
     write_run(project, "cpu", runtime={"device": "cpu"})

@@ -22,22 +22,55 @@ def modules() -> dict[str, ast.Module]:
     return out
 
 
-def module_level_imports(tree: ast.Module, known: set[str]) -> set[str]:
-    """The project modules a module imports when it is imported (not those imported inside functions)."""
-    deps = set()
+# The command-line modules: the only ones that import project modules inside functions (each verb loads
+# what it uses when it runs, so `--help` and the light verbs start without torch).
+CLI_MODULES = {
+    "enlace.cli",
+    "enlace.server.cli",
+    "enlace.slurm.cli",
+    "enlace.tools.cli",
+    "orchestrator.cli",
+    "orchestrator.commands.common",
+    "orchestrator.commands.run",
+    "orchestrator.commands.tools",
+    "orchestrator.commands.data",
+}
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    out = set()
     for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for n in ast.walk(node)}
+    return out
+
+
+def imports(tree: ast.Module, known: set[str]) -> tuple[set[str], set[str]]:
+    """The project modules a module imports: (at module level, inside functions). Imports only for type
+    checkers (`if TYPE_CHECKING:`) are not imports at run time and are left out."""
+    top_ids, skip = {id(n) for n in tree.body}, _type_checking_nodes(tree)
+    top, inner = set(), set()
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
         if isinstance(node, ast.Import):
-            deps |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            deps |= {
+            found = {a.name for a in node.names}
+        elif node.module:
+            found = {
                 f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
             }
-    return deps & known
+        else:
+            continue
+        (top if id(node) in top_ids else inner).update(found & known)
+    return top, inner
 
 
-def test_no_module_level_import_cycles():
+def test_no_import_cycles_counting_imports_inside_functions():
     mods = modules()
-    graph = {name: module_level_imports(tree, set(mods)) - {name} for name, tree in mods.items()}
+    graph = {}
+    for name, tree in mods.items():
+        top, inner = imports(tree, set(mods))
+        graph[name] = (top | inner) - {name}
     cycles = []
 
     def visit(name: str, path: list[str]) -> None:
@@ -50,6 +83,12 @@ def test_no_module_level_import_cycles():
     for name in graph:
         visit(name, [name])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_only_command_line_modules_import_project_modules_inside_functions():
+    mods = modules()
+    found = {name: sorted(imports(tree, set(mods))[1]) for name, tree in mods.items() if name not in CLI_MODULES}
+    assert not {k: v for k, v in found.items() if v}, "import these at the top of the module instead"
 
 
 # Each module is imported first in a fork of one interpreter that has imported only the third-party

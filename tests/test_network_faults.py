@@ -14,7 +14,7 @@ from support.configs import write_run
 from support.procs import Throttle
 from support.remote import PipeReader, popen_remote, remote, tiny_corpus
 
-from enlace import runs
+from enlace.server import runs
 
 
 def _steady_run(user_repo, name, log_every=10):
@@ -126,8 +126,8 @@ def test_a_host_that_took_us_is_retried_past_the_first_attempts(sshd, user_repo,
     """Three tries is the budget for a host never reached (down, or a typo). One that completed a
     handshake is there: sessions it drops are retried for the whole retry window. Seen under load:
     `logs -f` gave up when sessions were killed three times before its first command had answered."""
-    from orchestrator.hosts import resolve_host
-    from orchestrator.transport import connect
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.transport import connect
 
     for key, value in sshd.env.items():
         monkeypatch.setenv(key, value)

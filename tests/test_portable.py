@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from support import REPO
 
-from enlace import runs, sysinfo
+from enlace import sysinfo
 from enlace.contract import Status
-from orchestrator import portable
-from orchestrator.duplex import ProcessDuplex
+from enlace.server import runs
+from orchestrator.ssh import portable
+from orchestrator.ssh.duplex import ProcessDuplex
 
 
 def test_helpers_start_without_prctl_or_pipe_sizing(monkeypatch):
@@ -68,14 +69,20 @@ DRIVER_MAY_IMPORT = {
     "enlace.errors",
     "enlace.names",
     "enlace.yamlio",
-    "enlace.slurm",
-    "enlace.report",
+    "enlace.slurm",  # the packages themselves: their __init__ holds only a docstring
+    "enlace.slurm.settings",
+    "enlace.preflight",
+    "enlace.preflight.report",
     "enlace.clitypes",
-    "enlace.plot",  # the plot verb: matplotlib (and with it numpy), never torch
-    "enlace.config",  # data push/ls resolve a run's data paths here as the trainer does (yaml, stdlib)
-    "enlace.config_rules",
-    "enlace.datapaths",
-    "enlace.datarecv",  # its sha256 of a file's prefix
+    "enlace.tools",
+    "enlace.tools.plot",  # the plot verb: matplotlib (and with it numpy), never torch
+    "enlace.config",
+    "enlace.config.schema",  # data push/ls resolve a run's data paths here as the trainer does (yaml, stdlib)
+    "enlace.config.rules",
+    "enlace.data",
+    "enlace.data.paths",
+    "enlace.server",
+    "enlace.server.datarecv",  # its sha256 of a file's prefix
     "enlace.sysinfo",  # the guarded pipe sizing (psutil, standard library)
 }
 NEVER = ("torch", "numpy")
@@ -118,7 +125,7 @@ def test_the_drivers_import_closure_has_no_torch_numpy_or_trainer_module():
             if top == "enlace":
                 module = name if _module_file(name) else name.rsplit(".", 1)[0]
                 reached.add(module)
-                if module == "enlace.plot":
+                if module == "enlace.tools.plot":
                     continue  # matplotlib's numpy: the plot verb only
                 if _module_file(module):
                     todo.append(_module_file(module))
@@ -132,7 +139,7 @@ def test_driver_verbs_start_without_torch_or_numpy(verb):
     code = (
         "import sys\nfrom orchestrator.cli import main\n"
         f"try:\n    main({verb.split()!r}, standalone_mode=False)\nexcept SystemExit:\n    pass\n"
-        "bad = [m for m in ('torch', 'numpy', 'enlace.config', 'enlace.train', 'enlace.runs') if m in sys.modules]\n"
+        "bad = [m for m in ('torch', 'numpy', 'enlace.config.schema', 'enlace.train', 'enlace.server.runs') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -144,8 +151,8 @@ def test_slurm_print_of_a_distillation_run_needs_no_teacher_on_this_machine(repo
     checkpoint only the server has is not loaded here (check-config on the server checks the teacher)."""
     from click.testing import CliRunner
 
-    from enlace.config import load_config
-    from enlace.environment import check_environment
+    from enlace.config.machine import check_environment
+    from enlace.config.schema import load_config
     from enlace.errors import ConfigError
     from orchestrator.cli import main
 

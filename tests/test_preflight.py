@@ -85,9 +85,10 @@ def test_preflight_gives_up_at_its_own_budget_with_the_runs_projection(project, 
     measured steps project past it. The steps are made slow by sleeping in a stand-in train_step."""
     import time
 
-    from enlace import contract, engine
-    from enlace.config import load_config
-    from enlace.preflight import preflight
+    from enlace import contract
+    from enlace.config.schema import load_config
+    from enlace.preflight.measure import preflight
+    from enlace.train import engine
 
     real_step = engine.train_step
 
@@ -110,11 +111,11 @@ def test_preflight_gives_up_at_its_own_budget_with_the_runs_projection(project, 
 
 def test_a_gpu_profile_on_a_machine_without_one_hints_at_runs_that_work_here(project):
     """Said where the device is picked (preflight, train): a Slurm login node has no GPU either."""
-    from enlace.config import load_config
-    from enlace.dist import Dist
-    from enlace.engine import resolve_device
-    from enlace.environment import check_environment
+    from enlace.config.machine import check_environment
+    from enlace.config.schema import load_config
     from enlace.errors import ConfigError
+    from enlace.train.dist import Dist
+    from enlace.train.engine import resolve_device
 
     check_environment(load_config("smoke-2060", root=project))  # check-config/verify: no device question
     with pytest.raises(ConfigError) as e:

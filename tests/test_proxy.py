@@ -12,7 +12,7 @@ import pytest
 from support.remote import remote, tiny_corpus
 
 from orchestrator.errors import UsageError
-from orchestrator.hosts import Host, proxy_command
+from orchestrator.hosts.resolve import Host, proxy_command
 
 
 def _sessionless_connections(sshd) -> int:

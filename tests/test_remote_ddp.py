@@ -8,7 +8,7 @@ import json
 import pytest
 from support.remote import keeps_stepping, remote, tiny_corpus
 
-from enlace.checkpoint import load_checkpoint
+from enlace.train.checkpoint import load_checkpoint
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from support.procs import trainers_under
 from support.remote import keeps_stepping, remote, tiny_corpus
 from support.sshd import make_server
 
-from enlace.checkpoint import load_checkpoint
+from enlace.train.checkpoint import load_checkpoint
 
 
 def _free_port() -> int:

@@ -44,19 +44,19 @@ def test_sync_and_verify_a_clean_tree(sshd, user_repo, host):
 @pytest.mark.parametrize("host", ["testhost", "local"])
 def test_dirty_tree_refused_and_allow_dirty_ships_head_only(sshd, user_repo, host):
     marker = f"# local edit {uuid.uuid4().hex}\n"
-    with open(user_repo / "enlace" / "model.py", "a") as fh:
+    with open(user_repo / "enlace" / "train" / "model.py", "a") as fh:
         fh.write(marker)
     out = remote(user_repo, sshd.env, "sync", host=host, check=False)
-    assert out.returncode == 3 and "enlace/model.py" in out.stderr and "--allow-dirty" in out.stderr
+    assert out.returncode == 3 and "enlace/train/model.py" in out.stderr and "--allow-dirty" in out.stderr
     assert not (_remote_dir(sshd, host) / "trees").exists() or not any((_remote_dir(sshd, host) / "trees").iterdir())
     out = remote(user_repo, sshd.env, "sync", "--allow-dirty", host=host)
     assert "NOT shipped" in out.stderr
-    shipped = (_remote_dir(sshd, host) / "trees" / _head(user_repo) / "enlace" / "model.py").read_text()
+    shipped = (_remote_dir(sshd, host) / "trees" / _head(user_repo) / "enlace" / "train" / "model.py").read_text()
     assert (
         marker not in shipped
         and shipped
         == subprocess.run(
-            ["git", "-C", str(user_repo), "show", "HEAD:enlace/model.py"], capture_output=True, text=True
+            ["git", "-C", str(user_repo), "show", "HEAD:enlace/train/model.py"], capture_output=True, text=True
         ).stdout
     )
 
@@ -78,8 +78,8 @@ def _historic_repo(tmp_path: Path, user_repo: Path) -> Path:
 def _sync_without_the_ignore_check(repo, env, monkeypatch) -> None:
     """Ship HEAD as an enlace without the local ignore check did (gitsync.sync's check_ignored=False): the
     product command line has no such switch."""
-    from orchestrator.cliutil import Remote
-    from orchestrator.gitsync import sync
+    from orchestrator.commands.common import Remote
+    from orchestrator.transfer.gitsync import sync
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -102,7 +102,7 @@ def test_historic_gitignore_bug_is_refused_locally_and_caught_on_the_server(sshd
     _sync_without_the_ignore_check(bad, sshd.env, monkeypatch)
     out = remote(bad, sshd.env, "verify", "tiny", check=False)
     assert out.returncode == 3
-    assert "enlace/data/__init__.py" in out.stderr and "configs/runs/tiny.yaml" in out.stderr
+    assert "enlace/data/streams.py" in out.stderr and "configs/runs/tiny.yaml" in out.stderr
     assert "[FAIL] import enlace.data" in out.stderr
 
 

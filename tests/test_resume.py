@@ -12,9 +12,9 @@ import torch
 from support.cli import enlace
 from support.configs import DETERMINISTIC, write_run
 
-from enlace import determinism
-from enlace.checkpoint import load_checkpoint, save_checkpoint
-from enlace.verify_resume import compare_states
+from enlace.preflight.verify_resume import compare_states
+from enlace.train import determinism
+from enlace.train.checkpoint import load_checkpoint, save_checkpoint
 
 RESUME_RUN = {
     **DETERMINISTIC,

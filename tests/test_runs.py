@@ -1,4 +1,4 @@
-"""Run state (enlace/runs.py), the exit-code table and the wire protocol: fast tests, no sshd."""
+"""Run state (enlace/server/runs.py), the exit-code table and the wire protocol: fast tests, no sshd."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import time
 import pytest
 from support import REPO
 
-from enlace import contract, runs
+from enlace import contract
 from enlace.contract import Status
+from enlace.server import runs
 
 
 def test_exit_codes_are_one_table_used_by_every_part():

@@ -39,9 +39,9 @@ def test_the_bar_tells_python_from_noise():
 def test_smoke_cpu_samples_python_and_its_step_0_weights_do_not(project, tmp_path):
     import torch
 
-    from enlace.checkpoint import save_checkpoint
-    from enlace.model import ByteGPT, ModelConfig
-    from enlace.sample import find_checkpoint, generate, generate_streams, load_model
+    from enlace.tools.sample import find_checkpoint, generate, generate_streams, load_model
+    from enlace.train.checkpoint import save_checkpoint
+    from enlace.train.model import ByteGPT, ModelConfig
 
     enlace(project, "train", "smoke-cpu", timeout=1800)  # the README's main job, as shipped
     model, trainer = load_model(find_checkpoint(project / "runs" / "smoke-cpu"), torch.device("cpu"))

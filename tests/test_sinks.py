@@ -1,4 +1,4 @@
-"""The optional metric sinks (enlace/sinks.py) with the real packages: TensorBoard's event files read back
+"""The optional metric sinks (enlace/train/sinks.py) with the real packages: TensorBoard's event files read back
 with TensorBoard's own reader, W&B in offline mode; across a stop and a resume from an older checkpoint;
 and a sink that fails drops out with one line in train.log while training goes on."""
 
@@ -78,8 +78,8 @@ def test_a_failing_sink_is_said_once_and_training_goes_on(project):
 def test_a_sink_without_its_package_is_a_config_error_before_the_run(project, monkeypatch):
     import importlib.util
 
-    from enlace.config import load_config
-    from enlace.environment import check_environment
+    from enlace.config.machine import check_environment
+    from enlace.config.schema import load_config
     from enlace.errors import ConfigError
 
     real = importlib.util.find_spec

@@ -13,10 +13,10 @@ import pytest
 from support import REPO
 from support.remote import remote
 
-from enlace import runs
 from enlace.contract import Status
-from enlace.slurm import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_from, time_limit_s
-from orchestrator.status import slurm_cell
+from enlace.server import runs
+from enlace.slurm.settings import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_from, time_limit_s
+from orchestrator.view.status import slurm_cell
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_the_batch_script_carries_the_settings_and_quotes_the_paths(tmp_path):
 
 def test_slurm_keys_need_scheduler_slurm_and_valid_values(tmp_path, monkeypatch):
     from orchestrator.errors import UsageError
-    from orchestrator.hosts import resolve_host
+    from orchestrator.hosts.resolve import resolve_host
 
     hosts = tmp_path / "hosts.yaml"
     monkeypatch.setenv("ENLACE_HOSTS_FILE", str(hosts))
@@ -143,7 +143,7 @@ def test_a_repeated_sigterm_is_one_stop_request_and_a_second_ctrl_c_exits():
     def after(*signals: str) -> subprocess.CompletedProcess:
         kills = "; ".join(f"os.kill(os.getpid(), signal.{name})" for name in signals)
         code = (
-            "import os, signal\nfrom enlace.train import StopSignal\n"
+            "import os, signal\nfrom enlace.train.loop import StopSignal\n"
             f"s = StopSignal(on_second=lambda name: None)\n{kills}\nprint('asked by', s.signame)"
         )
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -13,8 +13,8 @@ from support.cli import enlace, run_json
 from support.configs import DETERMINISTIC, write_run
 from support.forkserver import start_enlace
 
-from enlace.checkpoint import latest_checkpoint, load_checkpoint
-from enlace.verify_resume import compare_states
+from enlace.preflight.verify_resume import compare_states
+from enlace.train.checkpoint import latest_checkpoint, load_checkpoint
 
 
 def _start(project, name, *args):
@@ -144,8 +144,8 @@ def test_stop_never_overwrites_a_final_status_nor_signals_twice(tmp_path):
     first stop is stopping gets no second SIGTERM, and its status is left as the trainer wrote it."""
     import subprocess
 
-    from enlace import runs
     from enlace.contract import Status
+    from enlace.server import runs
 
     for recorded in (Status.STOPPED, Status.STOPPING):
         run_dir = tmp_path / recorded.value

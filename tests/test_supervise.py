@@ -1,4 +1,4 @@
-"""The supervisor (enlace/supervise.py) heals a detached run: a SIGKILLed trainer restarts from its newest
+"""The supervisor (enlace/server/supervise.py) heals a detached run: a SIGKILLed trainer restarts from its newest
 checkpoint and ends bit for bit where an uninterrupted run ends; a stopped (SIGSTOP) trainer is a stall:
 its stacks go to train.log, it is restarted; a config error, a `stop` and spent restarts are not retried.
 Real processes throughout: `enlace start` detaches the supervisor exactly as `launch` does."""
@@ -15,8 +15,8 @@ from support.configs import DETERMINISTIC, write_run
 from support.procs import Throttle
 from support.remote import wait_until
 
-from enlace.checkpoint import load_checkpoint
-from enlace.verify_resume import compare_states
+from enlace.preflight.verify_resume import compare_states
+from enlace.train.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def _at_step(project, name: str, step: int, restarts: int = 0) -> int:
 
 
 def _ended(project, name: str) -> dict:
-    from enlace import runs
+    from enlace.server import runs
 
     wait_until(lambda: not runs.observe(project / "runs" / name)["alive"], 300, f"{name} to end")
     return runs.observe(project / "runs" / name)

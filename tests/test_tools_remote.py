@@ -97,7 +97,7 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
 
 def test_gc_plans_around_a_checkout_in_progress(tmp_path):
     """A checkout being made (trees/.tmp-SHA-PID, ready an instant before its rename) is never gc's to remove."""
-    from enlace.cleanup import plan
+    from enlace.server.cleanup import plan
 
     for name in ("a" * 40, f".tmp-{'b' * 40}-123"):
         (tmp_path / "trees" / name).mkdir(parents=True)

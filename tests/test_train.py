@@ -62,8 +62,8 @@ def test_deterministic_mode_is_switched_on_and_off_without_importing_the_compile
 
     code = (
         "import sys, torch\n"
-        "from enlace import determinism\n"
-        "from enlace.config import RuntimeConfig\n"
+        "from enlace.train import determinism\n"
+        "from enlace.config.schema import RuntimeConfig\n"
         "cpu = torch.device('cpu')\n"
         "determinism.configure(RuntimeConfig(deterministic=True), cpu)\n"
         "on = torch.are_deterministic_algorithms_enabled()\n"
@@ -81,8 +81,8 @@ def test_train_step_frees_the_logits_before_backward(project):
 
     import torch
 
-    from enlace import engine
-    from enlace.config import load_config
+    from enlace.config.schema import load_config
+    from enlace.train import engine
 
     write_run(project, "step")
     setup = engine.build_setup(load_config("step", [], root=project))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enlace.datapaths import DataError
+from enlace.data.paths import DataError
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from enlace.data.bytestream import ConcatBytes, check_state, mix_seed
-from enlace.datapaths import DataError, read_meta
+from enlace.data.paths import DataError, read_meta
 
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
 

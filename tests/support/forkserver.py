@@ -31,11 +31,18 @@ import tempfile
 import threading
 from pathlib import Path
 
-from orchestrator.portable import die_with_us
+from orchestrator.ssh.portable import die_with_us
 
 from . import REPO
 
-PRELOAD = ("torch", "torch._dynamo", "enlace.cli", "enlace.train", "enlace.preflight", "enlace.sample")
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "enlace.cli",
+    "enlace.train.loop",
+    "enlace.preflight.measure",
+    "enlace.tools.sample",
+)
 READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "LD_", "TORCH", "CUDA")
 
 

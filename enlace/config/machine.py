@@ -1,0 +1,44 @@
+"""What a valid config needs of the machine it runs on (a GPU's bf16, a teacher checkpoint). Apart from the
+config rules, which judge values alone: this module reaches torch and the distillation code, the driver never."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from enlace.config.schema import Config
+from enlace.errors import ConfigError
+from enlace.train.distill import teacher_checkpoint
+
+
+def check_environment(cfg: Config) -> None:
+    """What a valid config needs of the machine it will run on: a GPU that computes bf16 natively when bf16
+    runs there, and a complete teacher checkpoint. Checked where the run starts (check-config and verify on
+    the server, train, preflight), never when a config is only loaded: the driver's machine has neither
+    the server's GPU nor its checkpoints."""
+    rt = cfg.runtime  # (a missing GPU is said where the device is picked: a Slurm login node has none)
+    if rt.precision == "bf16" and rt.device != "cpu":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
+            major, minor = torch.cuda.get_device_capability()
+            raise ConfigError(
+                cfg.origin("runtime.precision"),
+                "runtime.precision",
+                f"bf16 on {torch.cuda.get_device_name()} (compute capability {major}.{minor}) is emulated: "
+                "GEMMs run slowly and attention falls back to its math kernel (B·H·T² scores in memory)",
+                "bf16 needs compute capability 8.0 (Ampere) or newer; use fp16 (with GradScaler) or fp32 here",
+            )
+    for key, package, on in (
+        ("logging.tensorboard", "tensorboard", cfg.logging.tensorboard),
+        ("logging.wandb", "wandb", cfg.logging.wandb != "off"),
+    ):
+        if on and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                cfg.origin(key),
+                key,
+                f"asks for the {package} sink, but the {package} package is not installed in this python",
+                f"pip install 'enlace[{package}]' here (on a server: enlace-remote shell -- pip install {package}), "
+                f"or turn it off (--set {key}={'false' if package == 'tensorboard' else 'off'})",
+            )
+    if cfg.distill.teacher:
+        teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, before anything runs

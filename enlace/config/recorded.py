@@ -1,0 +1,57 @@
+"""A run's config as its launches recorded it: the --set values run.json keeps (a plain `train RUN` resumes
+a run extended with --set training.max_steps=M), and whether this config can resume its checkpoints.
+Apart from enlace/config/schema.py, which composes a config from files alone and is light enough for the driver."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+from enlace.config.schema import Config, load_config
+from enlace.server.runs import read
+
+
+def load_run_config(
+    run: str,
+    overrides: typing.Sequence[str] = (),
+    root: Path | None = None,
+    runs_root: Path | None = None,
+    fresh: bool = False,
+) -> Config:
+    """load_config with the run's own --set values first: those its launches recorded in run.json. A plain
+    `train RUN` (or `launch RUN`) then resumes a run that was extended with --set training.max_steps=M.
+    `overrides` given now win key by key; `fresh` (--resume none) leaves the recorded ones out."""
+    cfg = load_config(run, overrides, root)
+    cfg.runs_root = runs_root
+    if fresh:
+        return cfg
+    recorded = read(cfg.run_dir).get("overrides") or []
+    given = {o.partition("=")[0].strip() for o in overrides}
+    inherited = [o for o in recorded if isinstance(o, str) and o.partition("=")[0].strip() not in given]
+    if not inherited:
+        return cfg
+    cfg = load_config(run, [*inherited, *overrides], root)
+    cfg.runs_root = runs_root
+    cfg.warnings.append(
+        f"this run's own --set {' '.join(inherited)} (recorded in run.json when it was launched) applies; a --set "
+        "given now wins, and --resume none starts afresh without them"
+    )
+    return cfg
+
+
+def resume_problem(cfg: Config) -> str | None:
+    """Before a launch that resumes: the first value a checkpoint must share (fingerprint_fields) on which
+    this config and the one the run last trained with (run.json) disagree, said with what to type. None
+    when it would resume, or there is nothing to resume. training.max_steps may differ: that extends."""
+    saved, now = dict(read(cfg.run_dir).get("fingerprint") or {}), cfg.fingerprint_fields()
+    if not saved or not (cfg.run_dir / "checkpoints" / "latest").exists():
+        return None
+    for key in sorted(set(saved) | set(now)):
+        if key != "training.max_steps" and saved.get(key) != now.get(key):
+            old, new = saved.get(key), now.get(key)
+            return (
+                f"{cfg.run_name}'s checkpoints were trained with {key}={old!r}, this config gives {new!r}: they "
+                f"cannot resume it — put it back (--set {key}={old}), or start afresh: "
+                f"enlace-remote launch {cfg.run_name} --resume none"
+            )
+    return None

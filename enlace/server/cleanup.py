@@ -1,0 +1,87 @@
+"""`enlace gc`: free the server's disk of checkouts and venvs no run needs any more.
+
+    <remote_dir>/trees/<sha>/    one checkout per synced commit
+    <remote_dir>/venvs/<hash>/   one venv per pyproject.toml + constraints.txt (python: venv)
+
+Kept: the tree of every run that is alive or can still be resumed (any status but finished), the
+`keep` most recently synced trees, and the venvs those trees use. data/ and runs/ are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from enlace.contract import Status
+from enlace.errors import EnlaceError
+from enlace.server import runs
+
+
+def remote_dir_of(tree: Path) -> Path:
+    """The remote_dir a checked-out tree lives in (<remote_dir>/trees/<sha>)."""
+    if tree.parent.name != "trees" or not (tree / ".enlace-ready").exists():
+        raise EnlaceError(f"{tree} is not a checked-out tree under <remote_dir>/trees/: gc runs on a server")
+    return tree.parent.parent
+
+
+def venv_key(tree: Path) -> str:
+    """The venv a tree uses: the same hash scripts/remote.sh computes (pyproject.toml + constraints.txt)."""
+    h = hashlib.sha256()
+    for name in ("pyproject.toml", "constraints.txt"):
+        path = tree / name
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):  # a file that vanished meanwhile
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
+    """What gc would remove and why the rest stays."""
+    trees = sorted(  # not a .tmp- checkout: it is ready only an instant before its rename to trees/<sha>
+        (p for p in (remote_dir / "trees").iterdir() if not p.name.startswith(".") and (p / ".enlace-ready").exists()),
+        key=lambda p: (p / ".enlace-ready").stat().st_mtime,
+        reverse=True,
+    )  # newest first
+    needed: dict[str, str] = {}
+    for run_dir in sorted((remote_dir / "runs").glob("*/run.json")):
+        row = runs.observe(run_dir.parent)
+        commit = row.get("commit") or ""
+        if row["status"] != Status.FINISHED and commit:
+            needed.setdefault(commit, f"run {row['run_name']} ({row['status']})")
+    for tree in trees[:keep]:
+        needed.setdefault(tree.name, "among the newest synced")
+    kept = [t for t in trees if t.name in needed]
+    venvs_needed = {venv_key(t) for t in kept}
+    venv_dirs = (
+        [p for p in (remote_dir / "venvs").iterdir() if not p.name.startswith(".")]
+        if (remote_dir / "venvs").is_dir()
+        else []
+    )
+    remove = [t for t in trees if t.name not in needed] + [v for v in venv_dirs if v.name not in venvs_needed]
+    return {
+        "remote_dir": str(remote_dir),
+        "kept": {t.name: needed[t.name] for t in kept},
+        "remove": [{"path": str(p), "bytes": _size(p)} for p in remove],
+    }
+
+
+def collect(remote_dir: Path, keep: int, dry_run: bool) -> dict[str, Any]:
+    report = plan(remote_dir, keep)
+    if not dry_run:
+        for entry in report["remove"]:
+            shutil.rmtree(entry["path"], ignore_errors=True)
+    report["freed_bytes"] = 0 if dry_run else sum(e["bytes"] for e in report["remove"])
+    report["dry_run"] = dry_run
+    return report

@@ -1,0 +1,279 @@
+"""`enlace` verbs for the driver (enlace-remote) on the server: runs, start, wait, stop, logs,
+fetch-serve, data-receive, data-files. With --json each answers exactly one JSON document on stdout — errors too,
+as {"ok": false, "error", "exit_code"} — and progress on stderr; `logs` streams the raw log bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from enlace import contract
+from enlace.clitypes import Seconds, root_option, set_option
+from enlace.names import find_root
+
+
+def _runs_root(root: Path | None) -> Path:
+    return find_root(root) / "runs"
+
+
+@click.command("runs")
+@click.argument("run_name", required=False)
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
+    """Status of the runs in runs/ (or one RUN_NAME); a run whose process vanished shows crashed."""
+    from enlace.server import runfiles, runs
+
+    rows = (
+        [runs.observe(runfiles.launched_run_dir(_runs_root(root), run_name))]
+        if run_name
+        else runfiles.all_status(_runs_root(root))
+    )
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for r in rows:
+        loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
+        click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}/{r['max_steps']} loss {loss}")
+
+
+def policy_options(fn):
+    """--restarts, --stall-timeout, --backoff: the supervisor's policy (enlace/server/supervise.py)."""
+    fn = click.option(
+        "--backoff",
+        type=click.FloatRange(0, 3600),
+        default=10.0,
+        show_default=True,
+        help="Seconds before the first restart; each next one waits 3x longer.",
+    )(fn)
+    fn = click.option(
+        "--stall-timeout",
+        type=Seconds(),
+        default=None,
+        help="Seconds without a new step (once the run has trained) that count as hung; default: 10x the "
+        "longest gap between the run's steps so far, at least 300.",
+    )(fn)
+    return click.option(
+        "--restarts",
+        type=click.IntRange(0, 100),
+        default=3,
+        show_default=True,
+        help="Restarts from the newest checkpoint after a crash or a stall (not after a stop or a config error).",
+    )(fn)
+
+
+@click.command("start", hidden=True)
+@click.argument("run_name")
+@click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
+@root_option
+@policy_options
+@click.option("--json", "as_json", is_flag=True)
+def start_cmd(
+    run_name: str,
+    pyargs: tuple[str, ...],
+    root: Path | None,
+    restarts: int,
+    stall_timeout: float | None,
+    backoff: float,
+    as_json: bool,
+) -> None:
+    """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME under its supervisor, unless
+    it is running (exit 7)."""
+    from enlace.names import validate_run_name
+    from enlace.server import runs
+
+    validate_run_name(run_name, "RUN_NAME")
+    project = find_root(root)
+    policy = ["--restarts", str(restarts), "--backoff", str(backoff)]
+    policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
+    supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
+    doc = runs.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, dict(os.environ))
+    click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
+
+
+@click.command("supervise", hidden=True)
+@click.argument("run_name")
+@click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
+@root_option
+@policy_options
+def supervise_cmd(
+    run_name: str,
+    pyargs: tuple[str, ...],
+    root: Path | None,
+    restarts: int,
+    stall_timeout: float | None,
+    backoff: float,
+) -> None:
+    """Run `python PYARGS` for RUN_NAME and heal it: restart after a crash or a stall from the newest
+    checkpoint, at most --restarts times (enlace/server/supervise.py says what is retried and what is not)."""
+    from enlace.server import runs
+    from enlace.server.supervise import Policy, Supervisor, exit_code
+
+    run_dir = _runs_root(root) / run_name
+    env = {**runs.torchrun_env(run_dir), **os.environ}
+    outcome = Supervisor(run_dir, [sys.executable, *pyargs], Policy(restarts, stall_timeout, backoff), env).run()
+    sys.exit(exit_code(outcome))
+
+
+@click.command("wait", hidden=True)
+@click.argument("run_name")
+@click.option("--launch-id", required=True, help="The launch to wait for (from `start`).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True)
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, as_json: bool) -> None:
+    """Wait here, on the server, until that launch has logged its first step or ended; print its status
+    row. Phases (building the model, resuming, ...) go to stderr as they change."""
+    from enlace.server import runfiles, runs
+
+    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
+    row = runs.wait_started(run_dir, launch_id, timeout, on_phase=lambda p: click.echo(f"  {p} ...", err=True))
+    click.echo(json.dumps(row) if as_json else f"{run_name}: {row['status']} at step {row['step']}")
+
+
+@click.command("stop")
+@click.argument("run_name")
+@root_option
+@click.option("--grace", type=Seconds(), default=120.0, show_default=True, help="Seconds to wait for the checkpoint.")
+@click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
+@click.option("--json", "as_json", is_flag=True)
+def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json: bool) -> None:
+    """SIGTERM a detached run (it checkpoints and exits), wait up to --grace seconds. A run that is not
+    running is left as it is (exit 0, says so)."""
+    from enlace.server import runfiles, runs
+
+    report = runs.stop(runfiles.run_dir_of(_runs_root(root), run_name), grace, kill)
+    click.echo(
+        json.dumps(report)
+        if as_json
+        else f"{run_name}: {report['status']} at step {report['step']}, latest checkpoint {report['latest_checkpoint']}"
+    )
+    sys.exit(0 if report["stopped"] else 1)
+
+
+@click.command("logs")
+@click.argument("run_name")
+@root_option
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Start at this byte of train.log.")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming until the run ends; exit with its code.")
+@click.option(
+    "--tail-offset",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only print (as JSON) the byte offset where the last N lines start.",
+)
+@click.option(
+    "--heartbeat-s",
+    type=click.FloatRange(min=0.1),
+    default=15.0,
+    envvar="ENLACE_HEARTBEAT_S",
+    show_default=True,
+    help="With -f: a newline on stderr after this many quiet seconds, so the driver tells a quiet run "
+    "from a dead connection (env ENLACE_HEARTBEAT_S).",
+)
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="With --tail-offset: accepted (always JSON).")
+def logs_cmd(
+    run_name: str,
+    root: Path | None,
+    offset: int,
+    follow: bool,
+    tail_offset: int | None,
+    heartbeat_s: float,
+    as_json: bool,
+) -> None:
+    """Print RUN_NAME's train.log from a byte offset (raw bytes: the one verb whose stdout is not JSON).
+    With -f, exit with the run's exit code once it has ended (0 finished/stopped, 8 crashed)."""
+    from enlace.server import runfiles
+
+    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
+    if tail_offset is not None:
+        click.echo(json.dumps({"offset": runfiles.tail_offset(run_dir, tail_offset)}))
+        return
+    sys.exit(runfiles.stream_log(run_dir, offset, follow, heartbeat_s))
+
+
+@click.command("gc")
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Also keep this many of the most recently synced trees.",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
+    """Remove trees/<sha> and venvs/<hash> no run needs (kept: trees of live or resumable runs, the newest
+    --keep, and their venvs). Never touches data/ or runs/. Runs in a tree on the server."""
+    from enlace.server.cleanup import collect, remote_dir_of
+
+    rep = collect(remote_dir_of(find_root(root)), keep, dry_run)
+    if as_json:
+        click.echo(json.dumps(rep))
+        return
+    for e in rep["remove"]:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {e['path']} ({e['bytes'] / 2**20:.1f} MiB)")
+
+
+@click.command("fetch-serve", hidden=True)
+@click.argument("run_name")
+@root_option
+@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the offer is always JSON.")
+def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
+    """For fetch: offer RUN_NAME's complete checkpoints and run files (one JSON line), read which
+    files the driver wants from stdin, send them (enlace/server/fetchserve.py has the wire)."""
+    from enlace.server import fetchserve, runfiles
+
+    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
+    fetchserve.serve(run_dir, sys.stdin.buffer, sys.stdout.buffer)
+
+
+@click.command("data-receive", hidden=True)
+@root_option
+@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the answers are always JSON.")
+def data_receive_cmd(root: Path | None, as_json: bool) -> None:
+    """For data push and data ls: compare the driver's file list with data/, then take the files it sends
+    (enlace/server/datarecv.py has the wire)."""
+    from enlace.server import datarecv
+
+    datarecv.receive(find_root(root) / "data", sys.stdin.buffer, sys.stdout.buffer)
+
+
+@click.command("data-files")
+@click.argument("run")
+@set_option
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
+    """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
+    from enlace.config.recorded import load_run_config
+    from enlace.data.streams import data_files
+    from enlace.errors import EnlaceError
+
+    cfg = load_run_config(run, overrides, root)
+    try:
+        files = data_files(cfg)
+    except EnlaceError as e:
+        click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
+        sys.exit(contract.VERIFY)
+    click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
+
+
+COMMANDS = (
+    runs_cmd,
+    start_cmd,
+    supervise_cmd,
+    wait_cmd,
+    stop_cmd,
+    logs_cmd,
+    gc_cmd,
+    fetch_serve_cmd,
+    data_receive_cmd,
+    data_files_cmd,
+)

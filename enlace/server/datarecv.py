@@ -1,0 +1,206 @@
+"""The server half of `enlace-remote data push` and `data ls`: one process compares the driver's list of
+files with the data directory, then receives what differs on the same stdin (fetch's wire, the other way;
+enlace/server/fetchserve.py). Standard library only.
+
+The wire, on this process's stdin/stdout (PATHs and GLOBs relative to the data directory):
+
+    driver → server   one JSON line: {"files": [[PATH, SIZE, MTIME_NS], ...], "scope": [GLOB, ...]}
+    server → driver   one JSON line: {"ok": true, "data_dir", "have": {PATH: STATE}, "extra": [[PATH, SIZE]]}
+                      STATE: "same" (size and mtime agree); ["sha256", HEX] (same size, another mtime: its
+                      hash); ["partial", N, PREFIX_HEX] (an earlier push left N bytes of it); null (absent,
+                      or another size). extra: files the scope matches here that the driver did not list
+    driver → server   one JSON line: {"send": [[PATH, OFFSET, SIZE, MTIME_NS], ...], "touch": [[PATH, MTIME_NS]],
+                      "delete": [PATH, ...]}; or nothing (end of input: `ls`, --dry-run, nothing to do)
+    driver → server   per sent file: START and N (8 bytes big-endian each; START is OFFSET), N bytes, then the
+                      sha256 of the whole file (32 bytes)
+    server → driver   one JSON line: {"ok": true, "written": [PATH], "bad": [PATH], "touched": K, "deleted": [PATH]}
+
+A file arrives in <data_dir>/../.partial-push/PATH, is hashed as it arrives, and is renamed into data/ only
+when its sha256 matches the driver's: a running job never reads a half-written file, and what a dropped
+connection left there is where the next push continues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from enlace.contract import FRAME
+from enlace.data.paths import in_scope
+from enlace.errors import EnlaceError
+from enlace.sysinfo import grow_pipe
+
+STAGING = ".partial-push"
+CHUNK = 4 << 20
+
+
+class BadRequest(EnlaceError):
+    pass
+
+
+def checked(data_dir: Path, rel: str) -> Path:
+    """data_dir/rel, refused unless it is a plain relative path that stays inside data_dir."""
+    parts = rel.split("/")  # as given: PurePosixPath would quietly drop "." and empty parts
+    if "\0" in rel or rel.startswith("/") or any(p in ("..", ".", "") for p in parts):
+        raise BadRequest(f"data push: refusing path {rel!r}: it could escape the data directory")
+    if parts[0] == STAGING:
+        raise BadRequest(f"data push: refusing path {rel!r}: the staging directory is not data")
+    target = data_dir / rel
+    real = os.path.realpath(target.parent)
+    if real != str(data_dir) and not real.startswith(str(data_dir) + os.sep):
+        raise BadRequest(f"data push: {rel!r} leads outside {data_dir} (a link?): refused")
+    return target
+
+
+def file_sha256(path: Path, count: int | None = None):
+    """The sha256 object of path's first `count` bytes (all of it when None)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        left = count
+        while left is None or left > 0:
+            chunk = fh.read(CHUNK if left is None else min(CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h
+
+
+def state_of(data_dir: Path, staging: Path, rel: str, size: int, mtime_ns: int, hashers: dict) -> Any:
+    """What this side holds of one file (see the wire); a partial's prefix hash is kept in `hashers`."""
+    target = checked(data_dir, rel)
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        st = None
+    if st is not None and st.st_size == size and st.st_mtime_ns == mtime_ns:
+        return "same"
+    partial = staging / rel
+    if partial.is_file() and 0 < partial.stat().st_size <= size:
+        hashers[rel] = file_sha256(partial)
+        return ["partial", partial.stat().st_size, hashers[rel].hexdigest()]
+    if st is not None and st.st_size == size:
+        return ["sha256", file_sha256(target).hexdigest()]
+    return None
+
+
+def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO) -> dict[str, Any] | None:
+    """Answer the driver's list, then take what it sends (see the module doc). Returns the final report,
+    or None when the driver only looked."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real pipe (a test's BytesIO)
+        grow_pipe(requests.fileno(), CHUNK // 4)  # sshd's pipe to us: 1 MiB reads instead of 64 KiB ones
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(os.path.realpath(data_dir))
+    staging = data_dir.parent / STAGING
+    first = _json_line(requests, "file list")
+    if first is None:
+        return None
+    files = {str(p): (int(s), int(m)) for p, s, m in first["files"]}
+    hashers: dict[str, Any] = {}
+    have = {rel: state_of(data_dir, staging, rel, s, m, hashers) for rel, (s, m) in files.items()}
+    extra = [[rel, (data_dir / rel).stat().st_size] for rel in in_scope(data_dir, first["scope"]) if rel not in files]
+    _write_line(out, {"ok": True, "data_dir": str(data_dir), "have": have, "extra": extra})
+    plan = _json_line(requests, "plan")
+    if plan is None:
+        return None
+    report: dict[str, Any] = {"ok": True, "written": [], "bad": [], "touched": 0, "deleted": []}
+    for rel, mtime_ns in plan.get("touch", []):
+        if isinstance(have.get(rel), list) and have[rel][0] == "sha256":  # the same bytes: only the mtime differs
+            os.utime(checked(data_dir, rel), ns=(mtime_ns, mtime_ns))
+            report["touched"] += 1
+    for rel, offset, size, mtime_ns in plan.get("send", []):
+        if files.get(rel, (None,))[0] != size or not 0 <= offset <= size:
+            raise BadRequest(f"data push: {rel!r} from byte {offset} was not in the list")
+        hasher = hashers.get(rel) if offset else None
+        ok = _take(requests, checked(data_dir, rel), staging / rel, offset, size, mtime_ns, hasher or hashlib.sha256())
+        report["written" if ok else "bad"].append(rel)
+    extras = {rel for rel, _ in extra}
+    for rel in plan.get("delete", []):
+        if rel not in extras:
+            raise BadRequest(f"data push: {rel!r} is not one this run's data paths match here: not deleted")
+        checked(data_dir, rel).unlink(missing_ok=True)
+        report["deleted"].append(rel)
+    _write_line(out, report)
+    return report
+
+
+def _take(requests: BinaryIO, target: Path, partial: Path, offset: int, size: int, mtime_ns: int, hasher) -> bool:
+    """One file's frame into `partial`, then renamed to `target` when its sha256 matches the trailer."""
+    start, count = FRAME.unpack(_exactly(requests, FRAME.size))
+    if start != offset or start + count != size:
+        raise BadRequest(f"data push: {target.name}: frame {start}+{count} does not match the plan")
+    _mkdir(partial.parent)
+    buf = memoryview(bytearray(min(count, CHUNK) or 1))
+    with open(partial, "r+b" if start and partial.exists() else "wb", buffering=0) as fh:
+        fh.truncate(start)
+        fh.seek(start)
+        left = count
+        while left:
+            n = requests.readinto(buf[: min(left, len(buf))])
+            if not n:
+                raise BadRequest("data push: the driver went away in mid-file (what arrived stays for the next push)")
+            _write_all(fh, buf[:n])
+            hasher.update(buf[:n])
+            left -= n
+    if _exactly(requests, 32) != hasher.digest():
+        partial.unlink()
+        return False
+    os.utime(partial, ns=(mtime_ns, mtime_ns))
+    _mkdir(target.parent)
+    try:
+        os.replace(partial, target)
+    except OSError:  # data/ on another file system than its parent: copy beside the target, then rename
+        tmp = target.with_name(f".{target.name}.enlace-push")
+        shutil.copy2(partial, tmp)
+        os.replace(tmp, target)
+        partial.unlink()
+    return True
+
+
+def _write_all(fh, view: memoryview) -> None:
+    while view:
+        view = view[fh.write(view) :]
+
+
+_MADE: set[Path] = set()
+
+
+def _mkdir(path: Path) -> None:
+    """mkdir -p, once per directory per push (thousands of small files share a few directories)."""
+    if path not in _MADE:
+        path.mkdir(parents=True, exist_ok=True)
+        _MADE.add(path)
+
+
+def _exactly(stream: BinaryIO, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            raise BadRequest("data push: the driver went away in mid-transfer")
+        buf.extend(chunk)
+    return bytes(buf)
+
+
+def _json_line(stream: BinaryIO, what: str) -> dict | None:
+    line = stream.readline()
+    if not line.strip():
+        return None
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        raise BadRequest(f"data push: unreadable {what} {line[:200]!r}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest(f"data push: unreadable {what}")
+    return doc
+
+
+def _write_line(out: BinaryIO, doc: dict) -> None:
+    out.write(json.dumps(doc).encode() + b"\n")
+    out.flush()

@@ -1,0 +1,139 @@
+"""The server half of `enlace-remote fetch`: one process answers what may be fetched and then serves
+the bytes on the same stdout, so a whole fetch is one SSH channel on the driver's one connection (no
+second connection for rsync, no separate manifest call). The driver hashes while it receives.
+
+The wire, on this process's stdin/stdout:
+
+    server → driver   one JSON line: the offer — complete checkpoints with their MANIFEST entries,
+                      the run files with their sizes (or {"ok": false, "error", "exit_code"}, then exit)
+    driver → server   one JSON line: {"send": [[PATH, OFFSET, PREFIX_SHA256], ...]}, PATHs relative
+                      to the run dir, each one the offer lists; OFFSET > 0 resumes a file the driver
+                      holds the first OFFSET bytes of, whose sha256 is PREFIX_SHA256
+    server → driver   per requested file: START and N (8 bytes big-endian each), then N bytes: the file
+                      from START, which is OFFSET when the prefixes agree, else 0 (a different file:
+                      the driver starts it again); then this process exits 0
+
+Every offered file is opened before the offer is written, and served from that open descriptor: a
+checkpoint a live run prunes meanwhile, or a run.json it replaces, is still served whole and
+consistent (the sizes in the offer are those of the open files; a growing log is served up to its
+size at offer time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from enlace.contract import FRAME, RUN_FILES
+from enlace.errors import CheckpointError, EnlaceError
+from enlace.train.checkpoint import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
+
+
+class BadRequest(EnlaceError):
+    pass
+
+
+def _open(path: Path) -> tuple[int, int] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    return fd, os.fstat(fd).st_size
+
+
+def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """The offer and {path: (open fd, size)} for every file in it. A checkpoint that vanishes while
+    it is being opened (pruned by a live run) is left out whole."""
+    held: dict[str, tuple[int, int]] = {}
+    ckpts = []
+    for ckpt in complete_checkpoints(run_dir / "checkpoints"):
+        try:
+            m = read_manifest(ckpt)
+        except CheckpointError:
+            continue  # pruned between listing and reading
+        opened = {name: _open(ckpt / name) for name in [*m["files"], MANIFEST]}
+        if None in opened.values():
+            for got in opened.values():
+                if got:
+                    os.close(got[0])
+            continue
+        held.update({f"checkpoints/{ckpt.name}/{name}": got for name, got in opened.items()})
+        ckpts.append({"name": ckpt.name, "step": m["step"], "files": m["files"], "manifest_bytes": opened[MANIFEST][1]})
+    files = {}
+    for name in RUN_FILES:
+        got = _open(run_dir / name)
+        if got:
+            held[name] = got
+            files[name] = got[1]
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    offer = {
+        "run_name": run_dir.name,
+        "run_dir": str(run_dir.resolve()),
+        "checkpoints": ckpts,
+        "files": files,
+        "latest": latest.name if latest else None,
+    }
+    return offer, held
+
+
+def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO) -> None:
+    """Write the offer, read the driver's request, send the requested bytes (see the module doc)."""
+    offer, held = open_offer(run_dir)
+    out.write(json.dumps(offer).encode() + b"\n")
+    out.flush()
+    line = requests.readline()
+    if not line:
+        return  # the driver had all it wanted already (or went away)
+    try:
+        wanted = [(str(p), int(o), str(h)) for p, o, h in json.loads(line)["send"]]
+    except (ValueError, KeyError, TypeError):
+        raise BadRequest(f"fetch: unreadable request {line[:200]!r}") from None
+    for path, offset, _ in wanted:
+        if path not in held or offset < 0:
+            raise BadRequest(f"fetch: {path!r} from byte {offset} is not on offer")
+    fd_out = out.fileno()
+    for path, offset, prefix_sha256 in wanted:
+        fd, size = held[path]
+        start = offset if offset and offset <= size and _prefix_sha256(fd, offset) == prefix_sha256 else 0
+        out.write(FRAME.pack(start, size - start))
+        out.flush()
+        _send(fd, fd_out, start, size - start)
+
+
+def _prefix_sha256(fd: int, count: int) -> str:
+    h, offset = hashlib.sha256(), 0
+    while offset < count:
+        chunk = os.pread(fd, min(count - offset, 1 << 20), offset)
+        if not chunk:
+            break
+        h.update(chunk)
+        offset += len(chunk)
+    return h.hexdigest()
+
+
+def _send(fd: int, fd_out: int, offset: int, count: int) -> None:
+    """`count` bytes of fd from `offset` to fd_out: sendfile, else (an old kernel, an odd stdout) reads."""
+    try:
+        while count:
+            sent = os.sendfile(fd_out, fd, offset, min(count, 1 << 24))
+            if sent == 0:
+                raise EnlaceError(f"fetch: a file ended {count} bytes early (truncated on the server?)")
+            offset, count = offset + sent, count - sent
+    except OSError as e:
+        if e.errno not in (22, 38):  # EINVAL, ENOSYS: sendfile cannot write there; copy instead
+            raise
+        while count:
+            chunk = os.pread(fd, min(count, 1 << 20), offset)
+            if not chunk:
+                raise EnlaceError(f"fetch: a file ended {count} bytes early (truncated on the server?)") from None
+            _write_all(fd_out, chunk)
+            offset, count = offset + len(chunk), count - len(chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -1,0 +1,214 @@
+"""The supervisor: the detached process `launch` starts. It runs the trainer (or torchrun) as its child,
+outlives it, and heals the run without anyone watching:
+
+    the child ends with a final status (finished, stopped)    done
+    the child fails with one of enlace's own verdicts         done, not retried: a config or checkpoint
+      (exit 2 config/checkpoint, 3, 7, 9 disk full)            error, full disk — a retry cannot fix them
+    the child dies without a final status (a signal, the OOM  wait (backoff: B, 3B, 9B s), start it again
+      killer), or fails with an exception (exit 1: a CUDA or  from the newest complete checkpoint; up to
+      NCCL error)                                               `restarts` times, then `crashed`, "gave up"
+    no new step for `stall_timeout` s once it has trained     its Python stacks into train.log (SIGUSR2:
+      (a hung collective, a dead mount)                        faulthandler), SIGTERM, SIGKILL after the
+                                                               grace, and a restart as above
+    SIGTERM to the supervisor (`stop`)                        one SIGTERM to the child; never restarted
+
+The stall timeout, unless given, is derived from what the run shows: ten times the longest gap between
+two of its step updates so far (evals and checkpoints included), never under MIN_STALL_S. The time to the
+first step (imports, compile, data scan) is never a stall. Each restart is a `supervisor:` line in
+train.log and counted in run.json (`restarts`). On Slurm the batch step (enlace/slurm/job.py) is this
+supervisor with the time-limit signal and the requeue added. Stdlib and psutil only (no torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from enlace import contract
+from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
+from enlace.server import runs
+from enlace.train.checkpoint import latest_checkpoint
+
+NOT_RETRIED = frozenset({contract.USAGE, contract.VERIFY, contract.ALREADY_RUNNING, contract.NO_SPACE})
+MIN_STALL_S = 300.0  # a derived stall timeout is never shorter (evals, checkpoints, a slow filesystem)
+TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
+
+
+def say(line: str) -> None:
+    """A line in train.log (the supervisor's stdout is train.log), stamped like the trainer's."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {line}", flush=True)
+
+
+@dataclass
+class Policy:
+    restarts: int = 3
+    stall_timeout: float | None = None  # None: derived (see the module's docstring)
+    backoff: float = 10.0  # the first wait before a restart; each next one is 3x longer
+
+
+@dataclass
+class Outcome:
+    """How the supervised run ended: its status in run.json, the child's exit code, and why."""
+
+    status: Status
+    exit_code: int
+    why: str = ""
+    signalled: set[str] = field(default_factory=set)  # "term", "limit": what the supervisor was told
+
+
+class Supervisor:
+    """Runs `argv` for the run in `run_dir` until it ends for good (see the module's docstring).
+
+    `signals`: extra signals that ask the run to stop and not be restarted (Slurm's USR1 at the time
+    limit), each mapped to the name it is reported under; SIGTERM is always one ("term")."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        argv: list[str],
+        policy: Policy,
+        env: dict[str, str],
+        signals: dict[int, str] | None = None,
+        on_stop: Callable[[str], None] = lambda name: None,
+        poll: float = 0.2,
+    ):
+        self.run_dir, self.argv, self.policy, self.env, self.poll = run_dir, argv, policy, env, poll
+        self.signals = {signal.SIGTERM: "term", **(signals or {})}
+        self.on_stop = on_stop
+        self.got: set[str] = set()
+        self.child: subprocess.Popen | None = None
+        self._stall_s = 0.0
+
+    def on_signal(self, signum, frame) -> None:
+        self.got.add(self.signals[signum])
+
+    def run(self) -> Outcome:
+        for s in self.signals:
+            signal.signal(s, self.on_signal)
+        restarts = 0
+        while True:
+            code, stalled = self._run_child()
+            st = runs.read(self.run_dir)
+            status = runs.recorded_status(st)  # what the trainer wrote last (none: it died without a word)
+            if self.got:  # a stop (or Slurm's limit): what the trainer did with it is the outcome
+                return Outcome(status, code, "stopped", set(self.got))
+            if (status in ENDED_CLEANLY or code == 0) and not stalled:  # a clean exit is no crash (a rank-1
+                return Outcome(status, 0)  # host of a multi-host run records no status of its own)
+            if status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
+                return Outcome(status, st["exit_code"], "not retried: a retry cannot fix it")
+            if code in NOT_RETRIED:  # refused before it could record why (a config error at load)
+                runs.update(self.run_dir, status=Status.FAILED, exit_code=code, error=last_line(self.run_dir))
+                return Outcome(Status.FAILED, code, "not retried: a retry cannot fix it")
+            cause = self._cause(code, stalled, st)
+            if restarts >= self.policy.restarts:
+                why = (
+                    f"gave up after {restarts} restart{'s' if restarts != 1 else ''}: {cause}"
+                    if self.policy.restarts
+                    else f"{cause} (not restarted: --restarts 0)"
+                )
+                say(why)
+                runs.update(self.run_dir, status=Status.CRASHED, error=why, exit_code=contract.CRASHED)
+                return Outcome(Status.CRASHED, contract.CRASHED, why)
+            restarts += 1
+            wait = self.policy.backoff * 3 ** (restarts - 1)
+            say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s, from the newest checkpoint")
+            phase = f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts})"
+            runs.new_attempt(self.run_dir, phase=phase, restarts=restarts)
+            if self._sleep(wait):
+                runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart")
+                return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
+
+    def _cause(self, code: int, stalled: bool, st: dict) -> str:
+        where = f"at step {st.get('step', 0)} (newest checkpoint {self._newest()})"
+        if stalled:
+            return f"the trainer stalled {where}: no new step for {self._stall_s:.0f} s"
+        if code < 0:
+            return f"the trainer was killed by {signal.Signals(-code).name} {where}"
+        return f"the trainer exited {code} {where}" + (f": {st['error']}" if st.get("error") else "")
+
+    def _newest(self) -> str:
+
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        return ckpt.name if ckpt else "none"
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait `seconds`; True if a stop came meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.got:
+                return True
+            time.sleep(self.poll)
+        return bool(self.got)
+
+    def _run_child(self) -> tuple[int, bool]:
+        """Start the child and watch it; (its exit code, whether it was ended for a stall)."""
+        # in the supervisor's own process group: `stop --kill` (killpg) ends the trainer with it
+        self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env)
+        forwarded, stalled = False, False
+        last_step, last_change, longest_gap = None, time.monotonic(), 0.0
+        while (code := self.child.poll()) is None:
+            st = runs.read(self.run_dir)
+            if self.got and not forwarded and (st.get("pid") or st.get("status") not in ACTIVE):
+                # one SIGTERM, once the trainer has recorded itself (its handler is in place by then)
+                self.on_stop(sorted(self.got)[0])
+                self.child.send_signal(signal.SIGTERM)
+                forwarded = True
+            step, now = st.get("step"), time.monotonic()
+            if st.get("status") == Status.RUNNING and step:
+                if step != last_step:
+                    if last_step is not None:
+                        longest_gap = max(longest_gap, now - last_change)
+                    last_step, last_change = step, now
+                elif not forwarded and now - last_change > self._stall_after(longest_gap):
+                    self._end_stalled(st)
+                    stalled = forwarded = True
+            time.sleep(self.poll)
+        return code, stalled
+
+    def _stall_after(self, longest_gap: float) -> float:
+        self._stall_s = self.policy.stall_timeout or max(MIN_STALL_S, 10 * longest_gap)
+        return self._stall_s
+
+    def _end_stalled(self, st: dict) -> None:
+        """Stacks into train.log, then SIGTERM, then SIGKILL of the child and all it started after the grace."""
+        import psutil
+
+        say(f"no new step for {self._stall_s:.0f} s at step {st.get('step')}: the trainer's stacks follow")
+        try:
+            tree = [psutil.Process(self.child.pid), *psutil.Process(self.child.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        trainers = [p for p in tree if p.pid == st.get("pid")] or tree[1:] or tree  # torchrun: its ranks
+        for proc in trainers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGUSR2)  # faulthandler, registered by the trainer
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGCONT)  # a stopped process handles it once continued
+        time.sleep(1.0)  # the dump is written by a C handler at once; this only orders the log lines
+        with contextlib.suppress(ProcessLookupError):
+            self.child.send_signal(signal.SIGTERM)
+        try:
+            self.child.wait(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            for proc in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            self.child.wait()
+
+
+def last_line(run_dir: Path) -> str:
+    """The last non-empty line of the run's train.log (what a trainer that could not record its error said)."""
+    log = run_dir / "train.log"
+    lines = [ln for ln in log.read_text(errors="replace").splitlines()[-20:] if ln.strip()] if log.exists() else []
+    return lines[-1].strip() if lines else "the trainer exited before writing to train.log"
+
+
+def exit_code(outcome: Outcome) -> int:
+    """The supervisor's own exit code: 0 when the run ended cleanly, else the contract's code for it."""
+    return 0 if outcome.status in ENDED_CLEANLY else (outcome.exit_code or contract.FAILED)

@@ -1,0 +1,133 @@
+"""The batch step of a Slurm run (`enlace slurm-job`, exec'd by the job script on the compute node).
+
+    start   record the job id, node and requeue count in run.json; log them in train.log
+    train   run the trainer (`srun torchrun` for several processes) under the supervisor
+            (enlace/server/supervise.py): a crash or a stall is restarted within the job; its output is the
+            job's output, which is the run's train.log
+    signals USR1 (Slurm, signal_grace s before the time limit, to this step only: `B:`) and
+            SIGTERM (stop, scancel, preemption) → one SIGTERM to the trainer once it has recorded
+            itself: it finishes its step, checkpoints and exits 0. The job script ignores USR1 until
+            the handler is in place, and a start with less than signal_grace + 60 s left counts as
+            signalled (Slurm may send it up to a minute early, possibly while it was ignored)
+    end     after USR1, a run short of max_steps requeues its own job (`scontrol requeue`) until
+            max_requeues is spent; after SIGTERM it never does (a stop stays stopped; a preempted
+            or requeued job is put back in the queue by Slurm itself)
+
+Stdlib only (the trainer, not this step, imports torch).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from enlace.contract import ACTIVE, Status
+from enlace.server import runs
+from enlace.server.supervise import Policy, Supervisor, last_line
+from enlace.slurm.settings import SlurmError, time_left_s
+
+EARLY_S = 60  # Slurm's docs: the --signal may come up to 60 s before the time asked for
+
+
+def say(line: str) -> None:
+    """A line in train.log (this step's stdout is the job's output file), stamped like the trainer's."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} slurm: {line}", flush=True)
+
+
+def distributed_argv(python: str, train: list[str], gpus: int, nodes: int, job_id: str, log: Path) -> list[str]:
+    """srun one torchrun per node, c10d rendezvous at the allocation's first node. Each task's stdout
+    (the trainer's echo of its own log lines) is dropped; stderr (tracebacks) goes to train.log."""
+    head = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
+    port = 20000 + int(job_id) % 20000  # one port per job: two jobs sharing a node do not collide
+    return [
+        "srun",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--output=/dev/null",
+        f"--error={log}",
+        "--open-mode=append",
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={gpus}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={head}:{port}",
+        f"--rdzv-id={job_id}",
+        *train,
+    ]
+
+
+def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues: int, grace: int) -> int:
+    """The whole batch step; returns its exit code (0 when the run stopped or finished cleanly). The trainer
+    runs under the supervisor (enlace/server/supervise.py: restarts after a crash or a stall, within this job);
+    Slurm's USR1 is one more stop signal, and the requeue after it this step's own action."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise SlurmError("`enlace slurm-job` runs inside a Slurm batch job (SLURM_JOB_ID is not set)")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+    def announce(name: str) -> None:
+        if name == "limit":
+            say(
+                f"the job's time limit is near: checkpointing, then requeueing (requeue {restarts + 1} of at most "
+                f"{max_requeues})"
+                if restarts < max_requeues
+                else f"the job's time limit is near: checkpointing; max_requeues ({max_requeues}) is spent"
+            )
+
+    argv = [sys.executable, *train]
+    if gpus > 1 or nodes > 1:
+        argv = distributed_argv(sys.executable, train, gpus, nodes, job_id, run_dir / "train.log")
+    env = {**runs.torchrun_env(run_dir), **os.environ}
+    sup = Supervisor(run_dir, argv, Policy(), env, signals={signal.SIGUSR1: "limit"}, on_stop=announce)
+    for s in (signal.SIGUSR1, signal.SIGTERM):  # first of all: the job script ignored USR1 until now
+        signal.signal(s, sup.on_signal)
+    node = socket.gethostname()
+    say(f"job {job_id} on {node}" + (f", start {restarts + 1} (requeued {restarts}×)" if restarts else ""))
+    runs.new_attempt(
+        run_dir, phase=f"starting on {node} (Slurm job {job_id})", job_id=job_id, requeues=restarts, node=node
+    )
+    left = time_left_s(job_id)
+    if left is not None and left <= grace + EARLY_S:  # Slurm may have sent USR1 while it was ignored
+        say(f"{left}s left before the time limit (signal_grace {grace}s, and Slurm signals up to {EARLY_S}s early)")
+        sup.got.add("limit")
+    outcome = sup.run()
+    code, got = outcome.exit_code, outcome.signalled
+    st = runs.read(run_dir)
+    ended = st.get("status") in (Status.STOPPED, Status.FINISHED)
+    short = st.get("step", 0) < (st.get("max_steps") or 0)
+    if "limit" in got and "term" not in got and st.get("status") == Status.STOPPED and short:
+        if restarts < max_requeues:
+            return _requeue(run_dir, job_id, st)
+        say(
+            f"max_requeues ({max_requeues}) reached: the run stays stopped at step {st.get('step')} with its "
+            "checkpoint — `enlace-remote launch` continues it"
+        )
+        runs.update(run_dir, requeue_limit_reached=True)
+    elif "term" in got and ended:
+        say(f"SIGTERM (stop, scancel or preemption): checkpointed at step {st.get('step')}")
+    elif st.get("status") in ACTIVE:  # ended before it could record why (bad config, missing module, ...)
+        runs.update(run_dir, status=Status.FAILED, exit_code=code or 1, error=last_line(run_dir))
+    return 0 if ended else (code or 1)
+
+
+def _requeue(run_dir: Path, job_id: str, st: dict) -> int:
+    say(f"checkpointed at step {st.get('step')}; requeueing job {job_id}")
+    runs.update(run_dir, status=Status.PENDING, phase="requeued: waiting for Slurm to start it again")
+    r = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if r.returncode != 0:
+        say(
+            f"scontrol requeue {job_id} failed: {(r.stderr or r.stdout).strip()} — the run stays stopped with its "
+            "checkpoint; `enlace-remote launch` continues it"
+        )
+        runs.update(run_dir, status=Status.STOPPED, error=f"scontrol requeue failed: {r.stderr.strip()[-200:]}")
+    return 0

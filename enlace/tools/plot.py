@@ -1,0 +1,134 @@
+"""`enlace plot`: a run's curves as one PNG (matplotlib, Agg: no display needed).
+
+Panels: training loss (raw and an EMA), val bpb at each eval, learning rate, tokens/s — all against
+step. Where the run started again (a resume), stopped, or was requeued, a dotted vertical line marks
+the step. Several runs are overlaid in one colour each, with a legend. The title names the run(s),
+commit and parameter count. The data: metrics.jsonl (one record per logged step, eval, start and
+end) and run.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from enlace.errors import EnlaceError
+
+PANELS = {  # metric → (record kind, field, y label)
+    "loss": ("train", "loss", "train loss (nats/byte)"),
+    "val_bpb": ("eval", "val_bpb", "val bits/byte"),
+    "lr": ("train", "lr", "learning rate"),
+    "tokens_per_s": ("train", "tokens_per_s", "tokens/s"),
+}
+EMA = 0.6  # per logged point, debiased (as TensorBoard's smoothing): follows a short run without lagging
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """Series and markers of one run directory (local: plot draws here, never on the server)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise EnlaceError(f"{run_dir}: no metrics.jsonl — has the run logged a step yet?")
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a crash: the rest still plots
+            continue
+    try:  # run.json as fetched (plot reads files; run state itself is enlace/server/runs.py's, on the server)
+        state = json.loads((run_dir / "run.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        state = {}
+    series = {
+        m: [(r["step"], r[field]) for r in records if r.get("kind") == kind and field in r]
+        for m, (kind, field, _) in PANELS.items()
+    }
+    starts = [r for r in records if r.get("kind") == "start"]
+    markers = [(r["step"], "resume" if r.get("resumed_from") else "start") for r in starts if r["step"] > 0]
+    markers += [
+        (r["step"], r["status"])
+        for r in records
+        if r.get("kind") == "summary" and r.get("status") == "stopped" and "step" in r
+    ]
+    markers += [(r["step"], "requeue") for r in records if r.get("kind") == "requeue"]
+    params = next((r.get("params") for r in reversed(starts) if r.get("params")), None)
+    return {
+        "name": run_dir.name,
+        "series": series,
+        "markers": sorted(markers),
+        "commit": state.get("commit"),
+        "params": params,
+        "status": state.get("status"),
+    }
+
+
+def ema(values: list[float], alpha: float = EMA) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values, start=1):
+        acc = alpha * acc + (1 - alpha) * v
+        out.append(acc / (1 - alpha**i))  # debiased: the first points are not pulled towards 0
+    return out
+
+
+def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
+    """Draw `metrics` of every run into `out` (PNG); returns what was drawn (for tests and --json)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [read_run(d) for d in run_dirs]
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 2.6 * len(metrics)), sharex=True, squeeze=False)
+    drawn: dict[str, Any] = {"runs": [], "out": str(out)}
+    for i, run in enumerate(runs):
+        colour = f"C{i}"
+        for ax, metric in zip(axes[:, 0], metrics):
+            pts = run["series"][metric]
+            if not pts:
+                continue
+            steps, values = zip(*pts)
+            if metric == "loss":
+                ax.plot(steps, values, color=colour, alpha=0.25, linewidth=0.8)
+                ax.plot(steps, ema(list(values)), color=colour, label=run["name"])
+            else:
+                ax.plot(
+                    steps,
+                    values,
+                    color=colour,
+                    marker="o" if metric == "val_bpb" else None,
+                    markersize=3,
+                    label=run["name"],
+                )
+            for step, what in run["markers"]:
+                ax.axvline(step, color=colour, linestyle=":", linewidth=1)
+                if metric == metrics[0]:
+                    ax.annotate(
+                        what,
+                        (step, 1),
+                        xycoords=("data", "axes fraction"),
+                        fontsize=7,
+                        color=colour,
+                        rotation=90,
+                        va="top",
+                        ha="right",
+                    )
+        drawn["runs"].append(
+            {"name": run["name"], "markers": run["markers"], "points": {m: len(run["series"][m]) for m in metrics}}
+        )
+    for ax, metric in zip(axes[:, 0], metrics):
+        ax.set_ylabel(PANELS[metric][2], fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8, loc="upper right")
+    axes[-1, 0].set_xlabel("step")
+    title = ", ".join(r["name"] for r in runs)
+    first = runs[0]
+    details = [
+        f"commit {first['commit'][:12]}" if first.get("commit") else "",
+        f"{first['params'] / 1e6:.2f}M params" if first.get("params") else "",
+    ]
+    fig.suptitle(f"{title} — {' · '.join(d for d in details if d)}", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return drawn

@@ -1,0 +1,96 @@
+"""Distillation: a student trained from a frozen teacher checkpoint, as one more term of its loss.
+
+    loss = (1 - alpha) · CE(student, targets) + alpha · T² · KL(teacher_T ‖ student_T)
+
+`distill.teacher` is a run name on this machine (its newest complete checkpoint, under <root>/runs/)
+or a checkpoint dir. The teacher's model config comes from its checkpoint (any depth or width; same
+vocab; seq_len at least the student's). It is loaded once (verified, weights_only), frozen, in eval
+mode, on the student's device, and runs under the student's autocast. Its identity — the sha256 of
+its MANIFEST — goes into every checkpoint; resuming with another teacher is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from enlace.errors import ConfigError
+from enlace.names import RUN_NAME_RE
+from enlace.train.checkpoint import latest_checkpoint, manifest_problem
+from enlace.train.trained import load_model
+
+if TYPE_CHECKING:
+    import torch
+
+    from enlace.config.schema import Config
+
+
+def teacher_checkpoint(cfg: Config) -> Path:
+    """The teacher's complete checkpoint; a ConfigError naming the file, the key and the fix if there is none."""
+
+    ref = cfg.distill.teacher
+    where = cfg.origin("distill.teacher")
+    if "/" in ref:
+        path = Path(ref) if Path(ref).is_absolute() else cfg.root / ref
+        problem = manifest_problem(path)
+        if problem:
+            raise ConfigError(
+                where,
+                "distill.teacher",
+                f"{ref} is not a complete checkpoint ({problem.split(': ', 1)[-1]})",
+                "name a checkpoint dir with a MANIFEST, or a run name",
+            )
+        return path
+
+    if not RUN_NAME_RE.fullmatch(ref):
+        raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
+    ckpt = latest_checkpoint(cfg.root / "runs" / ref / "checkpoints")
+    if ckpt is None:
+        raise ConfigError(
+            where,
+            "distill.teacher",
+            f"run {ref!r} has no complete checkpoint on this machine "
+            f"(looked in {cfg.root / 'runs' / ref / 'checkpoints'})",
+            f"train the teacher first (enlace train {ref}), or name a checkpoint dir",
+        )
+    return ckpt
+
+
+def identity(ckpt: Path) -> str:
+    """A checkpoint's identity: the sha256 of its MANIFEST (which holds the sha256 of every file)."""
+    return hashlib.sha256((ckpt / "MANIFEST").read_bytes()).hexdigest()
+
+
+def load_teacher(cfg: Config, device: torch.device) -> tuple[torch.nn.Module, dict]:
+    """The frozen teacher on `device`, and {checkpoint, identity, params} for the log and checkpoints."""
+    ckpt = teacher_checkpoint(cfg)
+    model, _ = load_model(ckpt, device)
+    t, s = model.cfg, cfg.model
+    if t.vocab_size != s.vocab_size:
+        raise ConfigError(
+            cfg.origin("distill.teacher"),
+            "distill.teacher",
+            f"the teacher's vocab_size {t.vocab_size} differs from the student's {s.vocab_size}",
+            "distill between models of one vocabulary",
+        )
+    if t.seq_len < s.seq_len:
+        raise ConfigError(
+            cfg.origin("model.seq_len"),
+            "model.seq_len",
+            f"{s.seq_len} is longer than the teacher's seq_len {t.seq_len}",
+            f"use model.seq_len <= {t.seq_len}",
+        )
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, {"checkpoint": str(ckpt), "identity": identity(ckpt), "params": model.num_params()}
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T² · KL(teacher_T ‖ student_T), mean over tokens. Logits (B, T, V); computed in fp32."""
+    import torch.nn.functional as F
+
+    v = student_logits.size(-1)
+    s = F.log_softmax(student_logits.float().view(-1, v) / temperature, dim=-1)
+    t = F.log_softmax(teacher_logits.float().view(-1, v) / temperature, dim=-1)
+    return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature**2

@@ -1,0 +1,33 @@
+"""A trained model from its checkpoint: a run's newest complete one (or a checkpoint directory as given),
+loaded with its own config in eval mode. Sampling, distillation's teacher, generate and export all start here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enlace.config.schema import ModelConfig
+from enlace.errors import CheckpointError
+from enlace.train.checkpoint import latest_checkpoint, load_checkpoint
+from enlace.train.model import ByteGPT
+
+
+def find_checkpoint(target: Path) -> Path:
+    """A checkpoint dir as given, or the newest complete checkpoint of a run dir."""
+    if (target / "MANIFEST").is_file():
+        return target
+    ckpt = latest_checkpoint(target / "checkpoints")
+    if ckpt is None:
+        raise CheckpointError(f"{target}: neither a checkpoint (no MANIFEST) nor a run with a complete checkpoint")
+    return ckpt
+
+
+def load_model(ckpt: Path, device: torch.device) -> tuple[ByteGPT, dict[str, Any]]:
+    """The checkpoint's model (its own config: any width or depth) in eval mode, and its trainer record."""
+    files = load_checkpoint(ckpt, "cpu")
+    trainer = files["trainer.pt"]
+    model = ByteGPT(ModelConfig(**trainer["config"]["model"]))
+    model.load_state_dict(files["model.pt"])
+    return model.to(device).eval(), trainer

@@ -1,0 +1,116 @@
+"""What every enlace-remote command shares: the Remote (repo, host, one session per host), the
+global options that may stand after a verb, and the options and output several verbs use."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+
+HOST_ENV = "ENLACE_REMOTE_HOST"
+
+
+class Remote:
+    """What every command needs: the repo, the chosen host, and (lazily) one session with it."""
+
+    def __init__(self, host_name: str, accept_new_host_key: bool):
+        from orchestrator.hosts.resolve import resolve_host
+        from orchestrator.transfer.gitsync import repo_root
+
+        self.repo = repo_root(Path.cwd())
+        self.host = resolve_host(host_name, self.repo)
+        self.accept_new = accept_new_host_key
+        self._sessions: dict = {}
+
+    @property
+    def session(self):
+        return self.session_for(self.host)
+
+    def session_for(self, host):
+        """One session (one connection) per host for this invocation."""
+        if host.name not in self._sessions:
+            from orchestrator.ssh.session import Session
+            from orchestrator.ssh.transport import connect
+
+            self._sessions[host.name] = Session(connect(host, self.accept_new), self.repo)
+        return self._sessions[host.name]
+
+    def close(self) -> None:
+        for session in self._sessions.values():
+            session.close()
+
+
+def _remember(key: str):
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value:  # given after the verb: it wins over the one before it (or the environment)
+            ctx.obj[key] = value
+
+    return callback
+
+
+class HostOptionsCommand(click.Command):
+    """Every verb also takes the global options after it: `enlace-remote status --host gpu1`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.params += [
+            click.Option(
+                ["--host"],
+                metavar="NAME",
+                expose_value=False,
+                callback=_remember("host"),
+                help="The host (as the global --host; may stand after the verb).",
+            ),
+            click.Option(
+                ["--accept-new-host-key"],
+                is_flag=True,
+                expose_value=False,
+                callback=_remember("accept_new_host_key"),
+                help="As the global option.",
+            ),
+        ]
+
+
+class HostOptionsGroup(click.Group):
+    command_class = HostOptionsCommand
+
+
+def with_remote(fn):
+    """Pass the command a Remote for the chosen host (the global options are parsed by then, also when
+    given after the verb); its sessions close with click's context."""
+
+    @click.pass_context
+    @functools.wraps(fn)
+    def wrapper(ctx: click.Context, *args, **kwargs):
+        remote = Remote(ctx.obj["host"], ctx.obj["accept_new_host_key"])
+        ctx.call_on_close(remote.close)
+        return fn(remote, *args, **kwargs)
+
+    return wrapper
+
+
+def _check_overrides(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """Each --set is SECTION.KEY=VALUE; a run_name given here is checked now, before any I/O (the server
+    checks every other key with its config loader)."""
+    from enlace.contract import RUN_NAME_RE, RUN_NAME_RULE
+
+    for value in values:
+        key, eq, new = value.partition("=")
+        if not eq or not key.strip():
+            raise click.BadParameter(f"{value!r}: expected SECTION.KEY=VALUE, e.g. training.max_steps=50")
+        if key.strip() == "run_name" and not RUN_NAME_RE.fullmatch(new):
+            raise click.BadParameter(f"run_name={new!r} is not a valid name: {RUN_NAME_RULE}")
+    return values
+
+
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    callback=_check_overrides,
+    metavar="SECTION.KEY=VALUE",
+    help="Override one config value on the server (as `enlace --set`), e.g. --set training.max_steps=50; recorded "
+    "in the run's frozen config.yaml and run.json. Repeatable.",
+)
+allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")

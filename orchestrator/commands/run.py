@@ -1,0 +1,398 @@
+"""enlace-remote's run commands: preflight, launch, status, stop, logs, fetch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from enlace.clitypes import Seconds
+from enlace.contract import VERDICT as VERDICT_EXIT
+from enlace.names import validate_run_name
+from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, set_option, with_remote
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Measured steps.")
+@click.option("--max-batch", is_flag=True, help="Also find the largest batch_size that fits.")
+@click.option(
+    "--budget-s",
+    type=click.FloatRange(min=10),
+    default=300.0,
+    show_default=True,
+    help="Preflight's own time on the server; past it the verdict is too_slow (exit 10).",
+)
+@allow_dirty_option
+@set_option
+@with_remote
+def preflight(
+    remote: Remote,
+    run: str,
+    steps: int,
+    max_batch: bool,
+    budget_s: float,
+    allow_dirty: bool,
+    overrides: tuple[str, ...],
+) -> None:
+    """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
+
+    Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable, 10 too
+    slow (its steps ran past --budget-s: the report says what the whole run would take)."""
+    from orchestrator.launch import ship, stages
+
+    ship.check_run_config(remote.repo, run)
+    sha, run_name = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
+    extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
+    extra += ship.set_args(overrides)
+    report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra)
+    sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run", required=False)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Launch although preflight's verdict says not to (oom, unstable, too_slow, no_space): the run starts and "
+    "may fail the same way. (A running run is never replaced: stop it first.)",
+)
+@click.option("--no-preflight", is_flag=True, help="Skip preflight.")
+@click.option("--follow", "-f", is_flag=True, help="Continue into `logs -f`.")
+@click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP", help="Passed to enlace train.")
+@click.option(
+    "--gpus",
+    default=None,
+    metavar="N|all",
+    help="Run under torchrun with N processes per host (all: every visible GPU).",
+)
+@click.option(
+    "--hosts",
+    default=None,
+    metavar="H1,H2,...",
+    help="One run across several hosts (one torchrun each, rendezvous at H1, which holds rank 0's "
+    "log and checkpoints). Needs --gpus.",
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1024, 65535),
+    default=29500,
+    show_default=True,
+    help="With --hosts: the rendezvous port on the first host.",
+)
+@click.option(
+    "--slurm",
+    is_flag=True,
+    help="With --print: print the sbatch script for RUN and exit (submit it yourself). A host with "
+    "`scheduler: slurm` launches through Slurm anyway.",
+)
+@click.option("--print", "print_only", is_flag=True, help="With --slurm: only print the script; touch nothing.")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="On a Slurm host: nodes (one torchrun each; default: the host's `nodes`).",
+)
+@click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
+@click.option(
+    "--restarts",
+    type=click.IntRange(0, 100),
+    default=3,
+    show_default=True,
+    help="The server's supervisor restarts a crashed or hung trainer from its newest checkpoint this many times "
+    "(not a multi-host --hosts run) "
+    "(never a stopped run or a config error).",
+)
+@click.option(
+    "--stall-timeout",
+    type=Seconds(),
+    default=None,
+    metavar="S",
+    help="Seconds without a new step that count as hung (default: 10x the run's longest gap between steps, "
+    "at least 300).",
+)
+@click.option(
+    "--resume",
+    default="latest",
+    show_default=True,
+    metavar="latest|none|PATH",
+    help="Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
+    "dir such as checkpoints/step-000040 (when the newest one is corrupt).",
+)
+@click.option(
+    "--allow-data-change",
+    is_flag=True,
+    help="Passed to enlace train: resume although the server's data differs from the checkpoint's.",
+)
+@click.option(
+    "--allow-teacher-change",
+    is_flag=True,
+    help="Passed to enlace train (distillation): resume although the teacher checkpoint changed.",
+)
+@click.option(
+    "--push-data",
+    is_flag=True,
+    help="Before verify: bring the server's data/ to the files RUN reads here (as `enlace-remote data push RUN`).",
+)
+@allow_dirty_option
+@set_option
+@with_remote
+def launch(
+    remote: Remote,
+    run: str | None,
+    force: bool,
+    no_preflight: bool,
+    follow: bool,
+    until: int | None,
+    gpus: str | None,
+    hosts: str | None,
+    master_port: int,
+    slurm: bool,
+    print_only: bool,
+    nodes: int | None,
+    no_wait: bool,
+    restarts: int,
+    stall_timeout: float | None,
+    resume: str,
+    allow_data_change: bool,
+    allow_teacher_change: bool,
+    push_data: bool,
+    allow_dirty: bool,
+    overrides: tuple[str, ...],
+) -> None:
+    """Sync, (push data,) verify --for-launch, preflight, then train RUN detached on the host.
+
+    Without RUN: the host's default_run, else the last run launched there from this repo. The
+    trainer survives the SSH session; a stopped or finished run resumes from its latest checkpoint.
+    --gpus N runs `torchrun --standalone --nproc-per-node N`; --hosts a,b runs one torchrun per host.
+
+    On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
+    is an sbatch job (`srun torchrun` for --nodes/--gpus) that checkpoints and requeues itself
+    before its time limit; launch shows why it is pending and waits for the first step."""
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.launch import choose, ship, stages
+
+    run = ship.check_run_config(remote.repo, choose.choose_run(remote.repo, remote.host, run))
+    spec = (
+        _slurm_spec(remote, slurm, print_only, nodes, hosts, gpus)
+        if slurm or print_only or nodes or remote.host.slurm
+        else None
+    )
+    train_args = (
+        (["--until", str(until)] if until else [])
+        + (["--resume", resume] if resume != "latest" else [])
+        + (["--allow-data-change"] if allow_data_change else [])
+        + (["--allow-teacher-change"] if allow_teacher_change else [])
+        + ship.set_args(overrides)
+    )
+    nproc = _nproc(gpus, spec)
+    if print_only:
+        from orchestrator.launch.slurm import print_script
+        from orchestrator.transfer.gitsync import local_checks
+
+        commit = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit
+        name = ship.local_run_name(remote.repo, run, overrides)
+        click.echo(print_script(spec, remote.host, remote.repo, commit, run, name, nproc, train_args))
+        return
+    targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
+    if hosts and (len(targets) < 2 or not gpus):
+        raise click.UsageError("--hosts needs at least two hosts and --gpus N")
+    data = None
+    if push_data:
+        from orchestrator.commands.data import local_data_of
+
+        data = local_data_of(remote, run, overrides)
+    for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
+        if hosts:
+            click.echo(f"== {host.name}", err=True)
+        sha, run_name = ship.ship(
+            remote.session_for(host), remote.repo, run, allow_dirty, True, overrides, fresh=resume == "none", data=data
+        )
+    first = remote.session_for(targets[0])
+    if not stages.worth_launching(first, run_name, overrides):
+        return
+    if not no_preflight:
+        report = stages.remote_preflight(
+            first, sha, run, remote.repo, run_name, ["--steps", "5", *ship.set_args(overrides)]
+        )
+        if report["verdict"] in VERDICT_EXIT and not force:
+            click.echo(
+                f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True
+            )
+            sys.exit(VERDICT_EXIT[report["verdict"]])
+    if spec:
+        from orchestrator.launch.slurm import submit
+
+        started = submit(first, sha, run_name, spec, nproc, ["-m", "enlace", "train", run, *train_args])
+        choose.remember_run(remote.repo, remote.host.name, run)
+        return stages.wait_and_follow(first, run_name, started, no_wait, follow)
+    started = None
+    for rank, host in enumerate(targets):
+        rdzv = (
+            {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1", "port": master_port}
+            if hosts
+            else None
+        )
+        # one host's trainer restarted alone would wait for its peers' rendezvous: a multi-host run is not restarted
+        policy = ["--restarts", str(0 if hosts else restarts)]
+        policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
+        doc = stages.start_detached(
+            remote.session_for(host), sha, run_name, stages.train_command(run, train_args, gpus, rdzv), policy
+        )
+        started = started or doc
+        choose.remember_run(remote.repo, host.name, run)
+    stages.wait_and_follow(first, run_name, started, no_wait, follow)
+
+
+def _slurm_spec(remote: Remote, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):
+    """The Slurm settings: the host's (with --nodes); for --print on a plain host, defaults asking for --gpus."""
+    from enlace.slurm.settings import SlurmSpec
+    from orchestrator.launch.slurm import spec_for
+
+    if print_only and not slurm:
+        raise click.UsageError("--print goes with --slurm: `launch RUN --slurm --print`")
+    if hosts:
+        raise click.UsageError("--hosts is for plain SSH hosts; on Slurm, --nodes K asks the scheduler for K nodes")
+    if not remote.host.slurm and not print_only:
+        raise click.UsageError(
+            f"host {remote.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
+            "time, ...) to its hosts.yaml entry (README: On a Slurm cluster), or print a script "
+            "to submit yourself with --slurm --print"
+        )
+    plain = SlurmSpec(gpus_per_node=int(gpus) if gpus and gpus.isdigit() else 0)
+    return spec_for(remote.host.slurm or plain, nodes)
+
+
+def _nproc(gpus: str | None, spec) -> int | str | None:
+    """Processes per node: --gpus; on Slurm, the host's gpus_per_node by default (1 on a CPU partition)."""
+    if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
+        raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
+    if not spec:
+        return gpus
+    if gpus == "all":
+        return spec.gpus_per_node or 1
+    n = int(gpus) if gpus else (spec.gpus_per_node or 1)
+    if spec.gpus_per_node and n > spec.gpus_per_node:
+        raise click.BadParameter(
+            f"{n} processes per node, but the host's jobs ask for gpus_per_node: {spec.gpus_per_node}",
+            param_hint="--gpus",
+        )
+    return n
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_name", required=False)
+@click.option("--all", "everywhere", is_flag=True, help="Every run on every configured host (asked in parallel).")
+@click.option("--json", "as_json", is_flag=True)
+@with_remote
+def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool) -> None:
+    """The host's runs: status, step, loss, val bpb, tokens/s, elapsed, ETA, age of the last update,
+    commit (`crashed` if the process vanished without a final status). --all: every host, one table;
+    a host that does not answer is a row saying so."""
+    from orchestrator.view import status as table
+
+    if everywhere:
+        from orchestrator.hosts.resolve import list_hosts
+
+        rows = table.status_everywhere(list_hosts(remote.repo), remote.session_for)
+        click.echo(json.dumps(rows, indent=1) if as_json else table.format_status(rows, hosts=True))
+        return
+    args = ["runs", *([validate_run_name(run_name, "RUN_NAME")] if run_name else []), "--json"]
+    rows = remote.session.enlace_json("latest", *args)
+    text = table.format_status(rows, full=bool(run_name)) if rows else "no runs on this host"
+    click.echo(json.dumps(rows, indent=1) if as_json else text)
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_name", required=False)
+@click.option(
+    "--grace",
+    type=Seconds(),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the trainer's checkpoint (longer than a save; at most a day).",
+)
+@click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
+@with_remote
+def stop(remote: Remote, run_name: str | None, grace: float, kill: bool) -> None:
+    """SIGTERM the run (default: the run last launched there): it finishes its step, saves a checkpoint and
+    exits; report the checkpoint. Once only: a second stop waits for the same checkpoint."""
+    from orchestrator.launch import choose
+
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    args = ["stop", run_name, "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
+    rep = remote.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
+    if not rep["was_running"]:
+        click.echo(
+            f"{run_name} is not running ({rep['status']} at step {rep['step']}); nothing to stop. Latest "
+            f"checkpoint {rep['latest_checkpoint']}"
+        )
+        return
+    click.echo(
+        f"{run_name}: {rep['status']} at step {rep['step']}"
+        + (" (killed)" if rep["killed"] else "")
+        + f"; latest checkpoint {rep['latest_checkpoint']}"
+    )
+    if not rep["stopped"]:
+        click.echo(f"still running after {grace:g}s — rerun with --kill to force it", err=True)
+        sys.exit(1)
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_name", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Follow until the run ends; exit with its exit status.")
+@click.option(
+    "--tail", "tail_lines", type=click.IntRange(min=0), default=None, metavar="N", help="Start N lines from the end."
+)
+@click.option(
+    "--read-timeout",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    help="Reconnect (from the same byte) when no data arrives for this long.",
+)
+@with_remote
+def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, read_timeout: float) -> None:
+    """Print RUN_NAME's train.log (default: the run last launched on the host); -f follows it across
+    dropped connections (no line lost or repeated) and exits with the run's exit code."""
+    from orchestrator.launch import choose
+    from orchestrator.view.logs import follow_log, tail_start
+
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    remote.session.enlace_json("latest", "runs", run_name)  # a clear error if absent
+    offset = tail_start(remote.session, run_name, tail_lines) if tail_lines is not None else 0
+    sys.exit(follow_log(remote.session, run_name, offset, follow, read_timeout))
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_name", required=False)
+@click.option("--latest", "which", flag_value="latest", default=True, help="Only the newest checkpoint (default).")
+@click.option("--all", "which", flag_value="all", help="Every complete checkpoint.")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Local run directory (default: runs/RUN_NAME in this repo).",
+)
+@with_remote
+def fetch(remote: Remote, run_name: str | None, which: str, dest: Path | None) -> None:
+    """Pull complete checkpoints (verified against MANIFEST) and run.json, config.yaml,
+    metrics.jsonl, train.log. Incremental and resumable, over the one SSH connection (neither rsync
+    nor SFTP needed); each file is hashed as it arrives."""
+    from orchestrator.launch import choose
+    from orchestrator.transfer.fetch import fetch as do_fetch
+
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    rep = do_fetch(remote.session, run_name, dest or remote.repo / "runs" / run_name, which == "all")
+    mib = rep["bytes"] / 2**20
+    rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
+    click.echo(
+        f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
+        f"{len(rep['skipped'])} already here; {mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
+        f"{rep['method']}) → {rep['dest']}"
+    )
+
+
+COMMANDS = (preflight, launch, status, stop, logs, fetch)

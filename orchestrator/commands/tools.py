@@ -1,0 +1,248 @@
+"""enlace-remote's commands for looking at, using and tidying what was trained: sample, plot, gc, shell,
+generate, export, board."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from enlace.names import validate_run_name
+from orchestrator.commands.common import HostOptionsCommand, Remote, with_remote
+from orchestrator.ssh.session import SHA_RE
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_name", required=False)
+@click.option("--prompt", default=None, help="Text to continue.")
+@click.option("--bytes", "n_bytes", type=click.IntRange(1, 1_000_000), default=500, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0, 10), default=0.8, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=1), default=None)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True)
+@with_remote
+def sample(
+    remote: Remote,
+    run_name: str | None,
+    prompt: str | None,
+    n_bytes: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+) -> None:
+    """Generate text from RUN_NAME's newest checkpoint on the server (on its GPU); print it here."""
+    from orchestrator.launch import choose
+
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    args = ["sample", run_name, "--bytes", str(n_bytes), "--temperature", str(temperature), "--seed", str(seed)]
+    args += (["--prompt", prompt] if prompt is not None else []) + (["--top-k", str(top_k)] if top_k else [])
+    rep = remote.session.enlace_json("latest", *args, timeout=3600)
+    sys.stdout.write(rep["text"] + "\n")
+    click.echo(
+        f"[{rep['bytes']} bytes at {rep['bytes_per_s']} bytes/s on {remote.host.name} ({rep['device']}), "
+        f"step {rep['step']}, seed {seed}]",
+        err=True,
+    )
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_names", nargs=-1, metavar="[RUN_NAME...]")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="PNG to write.")
+@click.option("--metrics", default="loss,val_bpb,lr,tokens_per_s", show_default=True, help="Comma-separated panels.")
+@with_remote
+def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: str) -> None:
+    """Fetch only metrics.jsonl and run.json of each run (incremental) into runs/RUN_NAME here, and draw
+    them locally with `enlace plot` (matplotlib; nothing heavy runs on the server)."""
+    from enlace.tools.plot import plot as draw
+    from orchestrator.launch import choose
+    from orchestrator.transfer.fetch import fetch_run_files
+
+    names = list(run_names) or [choose.choose_run(remote.repo, remote.host, None, last_first=True)]
+    dirs = []
+    for name in names:
+        validate_run_name(name, "RUN")
+        dirs.append(remote.repo / "runs" / name)
+        fetch_run_files(remote.session, name, dirs[-1], ("metrics.jsonl", "run.json"))
+    target = out or (dirs[0] / "curves.png" if len(dirs) == 1 else dirs[0].parent / ("+".join(names) + ".png"))
+    draw(dirs, target, [m.strip() for m in metrics.split(",") if m.strip()])
+    click.echo(str(target))
+
+
+@click.command(cls=HostOptionsCommand)
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Also keep this many of the most recently synced trees.",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@with_remote
+def gc(remote: Remote, keep: int, dry_run: bool) -> None:
+    """Free the server's disk: remove trees/<sha> and venvs/<hash> that no live or resumable run uses
+    (the newest --keep trees stay too). Never touches data/ or runs/."""
+    rep = remote.session.enlace_json("latest", "gc", "--keep", str(keep), *(["--dry-run"] if dry_run else []))
+    for entry in rep["remove"]:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {entry['path']} ({entry['bytes'] / 2**20:.1f} MiB)")
+    for sha, why in rep["kept"].items():
+        click.echo(f"kept trees/{sha[:12]}: {why}", err=True)
+    total = sum(e["bytes"] for e in rep["remove"]) / 2**20
+    click.echo(f"{'would free' if dry_run else 'freed'} {total:.1f} MiB on {remote.host.name}", err=True)
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("teacher", metavar="RUN")
+@click.option("--bytes", "n_bytes", type=click.IntRange(1024, 10**10), required=True, help="How many bytes in all.")
+@click.option(
+    "--out",
+    default="data/distill",
+    show_default=True,
+    help="The shard directory on the server, relative to the synced tree (data/ is <remote_dir>/data).",
+)
+@click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True)
+@click.option(
+    "--streams", type=click.IntRange(1, 4096), default=64, show_default=True, help="Texts drawn side by side."
+)
+@with_remote
+def generate(remote: Remote, teacher: str, n_bytes: int, out: str, temperature: float, seed: int, streams: int) -> None:
+    """`enlace generate` on the server, on its GPU: TEACHER's own text as token shards in OUT (sequence-level
+    distillation data; configs/data/distill.yaml reads data/distill). Progress and ETA here as it runs; the
+    text is kept on the server as it is drawn, so a stopped generate, run again with the same arguments,
+    continues; stopping this command (Ctrl-C, a lost connection) stops the server's generate too.
+
+    \b
+    enlace-remote generate smoke-cpu --bytes 2000000            # then: enlace-remote launch distill-cpu"""
+    validate_run_name(teacher, "RUN")
+    args = ["generate", teacher, "--bytes", str(n_bytes), "--out", out, "--temperature", str(temperature)]
+    args += ["--seed", str(seed), "--streams", str(streams)]
+    rep = remote.session.stream_json(
+        "latest", *args, on_progress=lambda line: click.echo(line, err=True), stall_timeout=900
+    )
+    click.echo(f"{rep['summary']} (on {remote.host.name})")
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run_name", required=False)
+@click.option("--format", "fmt", type=click.Choice(["hf", "safetensors"]), default="hf", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: exports/RUN_NAME-FORMAT here.")
+@with_remote
+def export(remote: Remote, run_name: str | None, fmt: str, out: Path | None) -> None:
+    """Fetch RUN_NAME's newest checkpoint (verified against its MANIFEST, as `fetch` does) and export it here
+    with `enlace export` (docs/export.md): a directory transformers loads as GPT-2, or plain safetensors.
+    Exporting needs the trainer on this machine (pip install '.[train]'); on a driver-only laptop the
+    message says how to export on the server instead."""
+    import importlib.util
+    import subprocess
+
+    from orchestrator.errors import UsageError
+    from orchestrator.launch import choose
+    from orchestrator.transfer.fetch import fetch as do_fetch
+
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("safetensors") is None:
+        raise UsageError(
+            "exporting needs the trainer on this machine: pip install -c constraints.txt '.[train]' — or export on "
+            f"the server: enlace-remote shell {run_name} -- enlace export {run_name} --out exports/{run_name}"
+        )
+    dest = remote.repo / "runs" / run_name
+    rep = do_fetch(remote.session, run_name, dest, False)
+    ckpt = dest / "checkpoints" / (rep["fetched"] or rep["skipped"])[-1]
+    target = out or remote.repo / "exports" / f"{run_name}-{fmt}"
+    cmd = [sys.executable, "-m", "enlace", "export", str(ckpt), "--format", fmt, "--out", str(target)]
+    done = subprocess.run(cmd, cwd=remote.repo, stdin=subprocess.DEVNULL)
+    if done.returncode:
+        sys.exit(done.returncode)
+
+
+class AfterDashCommand(HostOptionsCommand):
+    """Everything after the first `--` is kept as it was typed (click would drop the `--` and leave
+    `shell -- CMD` indistinguishable from `shell RUN CMD`): the words are in ctx.meta["after_dash"]."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            args, ctx.meta["after_dash"] = args[:i], args[i + 1 :]
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=AfterDashCommand)
+@click.argument("run_name", required=False)
+@click.pass_context
+@with_remote
+def shell(remote: Remote, ctx: click.Context, run_name: str | None) -> None:
+    """A shell on the host in the run's synced tree, as `ssh` gives one: `shell [RUN]` is interactive,
+    `shell [RUN] -- CMD...` runs CMD (its words joined with spaces, as ssh joins them: `-- 'pwd; ls'` is
+    two commands). The server's python (venv) is first on PATH, `enlace` runs the trainer's CLI there,
+    and $ENLACE_RUN_DIR is the run's directory (runs/RUN under remote_dir).
+
+    \b
+    enlace-remote shell smoke-cpu
+    enlace-remote shell smoke-cpu -- 'tail -n 3 $ENLACE_RUN_DIR/train.log; enlace runs'"""
+    from orchestrator.launch import choose
+
+    command = ctx.meta.get("after_dash", [])
+    run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
+    session = remote.session
+    row = session.enlace_json("latest", "runs", run_name)[0]  # a clear error for a run that is not there
+    session.setup()
+    commit = row["commit"] if SHA_RE.fullmatch(row.get("commit") or "") else "latest"  # a run started by hand
+    tree = session.call_json("checkout", commit, session.host.python, *session.host.pip_args)
+    run_dir = f"{session.remote_dir}/runs/{run_name}"
+    bindir = tree["python"].rsplit("/", 1)[0]
+    inner = " ".join(command) if command else 'exec "${SHELL:-bash}" -l'
+    script = (
+        f'cd {shlex.quote(tree["tree"])} && export PATH={shlex.quote(bindir)}:"$PATH" '
+        f'ENLACE_RUN_DIR={shlex.quote(run_dir)} ENLACE_ROOT="$PWD" PYTHONPATH="$PWD" && '
+        f'enlace() {{ {shlex.quote(tree["python"])} -m enlace "$@"; }} && export -f enlace && {inner}'
+    )
+    if remote.host.local:
+        os.execvp("bash", ["bash", "-c", script])
+    transport = session.transport
+    tty = ["-t"] if sys.stdin.isatty() else []  # with a terminal, Ctrl-C and a lost client end CMD there too
+    remote.close()
+    os.execvp("ssh", [*transport.ssh_argv(), *tty, transport.remote_path("").rstrip(":"), script])
+
+
+@click.command(cls=HostOptionsCommand)
+@click.option("--port", type=click.IntRange(0, 65535), default=0, help="Port on 127.0.0.1 (default: a free one).")
+@click.option(
+    "--hosts",
+    metavar="H1,H2,...",
+    default=None,
+    help="The hosts to show (default: every host in your hosts files, `local` included).",
+)
+@click.option("--no-browser", is_flag=True, help="Only print the URL; do not open a browser.")
+@with_remote
+def board(remote: Remote, port: int, hosts: str | None, no_browser: bool) -> None:
+    """A live web page of every run on every host: status, step, loss, ETA, Slurm state, restarts, newest
+    checkpoint; a run's curves (as `plot` draws them) and its log, following as they grow; several runs
+    overlaid. Served here on 127.0.0.1 only, behind a token in the URL; read-only. Ctrl-C ends it."""
+    import webbrowser
+
+    from orchestrator.hosts.resolve import list_hosts, resolve_host
+    from orchestrator.view.board import Board
+    from orchestrator.view.board_http import BoardServer
+
+    targets = (
+        [resolve_host(h.strip(), remote.repo) for h in hosts.split(",") if h.strip()]
+        if hosts
+        else list_hosts(remote.repo)
+    )
+    server = BoardServer(Board(remote.repo, targets, remote.session_for), port)
+    server.board.warm()
+    click.echo(f"board of {', '.join(h.name for h in targets)}: {server.url}", err=True)
+    click.echo("(127.0.0.1 only; the token in the URL is the key — Ctrl-C ends the board)", err=True)
+    if not no_browser:
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        click.echo("board closed", err=True)
+    finally:
+        server.server_close()
+
+
+COMMANDS = (sample, plot, gc, shell, generate, export, board)

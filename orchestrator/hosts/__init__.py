@@ -1,0 +1,2 @@
+"""Which host a name means: hosts files, ~/.ssh/config through `ssh -G`, `local`, ProxyJump
+(resolve.py), and the hosts file's typed schema (schema.py). May import: errors, the contract."""

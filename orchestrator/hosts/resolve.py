@@ -1,0 +1,313 @@
+"""Hosts: where runs go. `--host NAME` / ENLACE_REMOTE_HOST, default `local`.
+
+Settings come from two YAML files, the per-user one winning key by key:
+
+    configs/hosts.yaml                    repo defaults (shipped)
+    ~/.config/enlace/hosts.yaml           per user (ENLACE_HOSTS_FILE overrides the path)
+
+    defaults: {remote_dir: ~/enlace, python: python3, connect_timeout: 10}
+    hosts:
+      gpu1: {ssh: alice@gpu1.example.org:2222, remote_dir: /scratch/enlace, default_run: smoke-2060}
+      box:  {}              # an ~/.ssh/config alias: HostName/User/Port/IdentityFile come from there
+
+A NAME not in the files is itself the SSH target: an ~/.ssh/config alias or user@host[:port].
+The host `local` runs the same pipeline on this machine without SSH, in .enlace/local/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from enlace.slurm.settings import KEYS as SLURM_KEYS
+from enlace.slurm.settings import SlurmSpec, spec_from
+from orchestrator.errors import UsageError
+from orchestrator.hosts import schema as hostfile
+from orchestrator.hosts.schema import NAME_RE, TARGET_RE
+from orchestrator.ssh.sshlib import read_ssh_config  # no ssh client (or it refused the file)
+
+
+@dataclass
+class Host:
+    name: str
+    local: bool
+    remote_dir: str
+    python: str
+    hostname: str = ""
+    user: str | None = None
+    port: int = 22
+    identity_files: list[str] = field(default_factory=list)
+    known_hosts: str = str(Path("~/.ssh/known_hosts").expanduser())
+    connect_timeout: float = 10.0
+    default_run: str | None = None
+    pip_args: list[str] = field(default_factory=list)  # for `python: venv`: e.g. --index-url URL, --find-links DIR
+    slurm: SlurmSpec | None = None  # `scheduler: slurm`: a login node; runs go through sbatch
+    configured: bool = True  # False: NAME was in no hosts file (taken as an ssh alias or user@host)
+    ciphers: str | None = None  # the Ciphers line ~/.ssh/config gives it, if any
+    proxy_jump: str | None = None  # ~/.ssh/config's ProxyJump for it: [user@]host[:port] hops, comma-separated
+    proxy_command: str | None = None  # ~/.ssh/config's ProxyCommand for it, tokens (%h, %p, ...) unexpanded
+    known: tuple[str, ...] = ()  # the host names the files define (for messages)
+
+    @property
+    def known_hosts_key(self) -> str:
+        """How known_hosts names this host: `host` on port 22, `[host]:port` otherwise."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+    def describe(self) -> str:
+        if self.local:
+            return f"local (this machine, {self.remote_dir})"
+        return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}{self.via} ({self.remote_dir})"
+
+    @property
+    def via(self) -> str:
+        """How ~/.ssh/config reaches it, for messages: ` via HOP,...`, ` via ProxyCommand`, or nothing."""
+        return f" via {self.proxy_jump}" if self.proxy_jump else " via ProxyCommand" if self.proxy_command else ""
+
+
+def user_hosts_file() -> Path:
+    return Path(os.environ.get("ENLACE_HOSTS_FILE") or "~/.config/enlace/hosts.yaml").expanduser()
+
+
+def ssh_config_file() -> Path:
+    return Path(os.environ.get("ENLACE_SSH_CONFIG") or "~/.ssh/config").expanduser()
+
+
+def load_host_table(repo: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(defaults, hosts) merged from the repo's configs/hosts.yaml and the user's file."""
+    defaults: dict[str, Any] = {}
+    hosts: dict[str, dict[str, Any]] = {}
+    for path in (repo / "configs" / "hosts.yaml", user_hosts_file()):
+        data = hostfile.load(path)
+        defaults.update(data.get("defaults") or {})
+        for name, entry in (data.get("hosts") or {}).items():
+            hosts.setdefault(name, {}).update(entry or {})
+    return defaults, hosts
+
+
+def resolve_host(name: str, repo: Path) -> Host:
+    defaults, table = load_host_table(repo)
+    entry = {**defaults, **table.get(name, {})}
+    if name == "local":
+        remote_dir = table.get("local", {}).get("remote_dir") or str(repo / ".enlace" / "local")
+        python = table.get("local", {}).get("python") or sys.executable
+        return Host(
+            "local",
+            True,
+            str(Path(remote_dir).expanduser()),
+            python,
+            default_run=entry.get("default_run"),
+            slurm=_scheduler(table.get("local", {}), "local"),
+        )
+    target = entry.get("ssh") or name
+    if name not in table:  # --host NAME is itself the target: checked before any connection
+        try:
+            hostfile.check_target(name)
+        except ValueError as e:
+            raise UsageError(f"--host {name!r}: {e.args[0]} — {e.args[1]}") from None
+    m = TARGET_RE.fullmatch(target)
+    alias = m.group("host")
+    cfg = _ssh_config_lookup(alias)
+    port = _port(next(p for p in (m.group("port"), entry.get("port"), cfg.get("port"), 22) if p is not None), name)
+    identity = entry.get("identity_file")
+    identities = [identity] if identity else cfg.get("identityfile", [])
+    if identity and not Path(identity).expanduser().is_file():
+        raise UsageError(
+            f"host {name}: identity_file {identity}: no such file — give the path of your SSH private key "
+            "(e.g. ~/.ssh/id_ed25519), or leave identity_file out to use ssh-agent and ~/.ssh/id_*"
+        )
+    known = entry.get("known_hosts") or (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
+    return Host(
+        name=name,
+        local=False,
+        remote_dir=entry.get("remote_dir", "~/enlace"),
+        python=entry.get("python", "venv"),
+        hostname=cfg.get("hostname", alias).strip("[]"),
+        user=m.group("user") or entry.get("user") or cfg.get("user"),
+        port=port,
+        identity_files=[str(Path(p).expanduser()) for p in identities],
+        known_hosts=str(Path(known).expanduser()),
+        connect_timeout=float(entry.get("connect_timeout") or 10),
+        default_run=entry.get("default_run"),
+        pip_args=_pip_args(entry.get("pip_args"), name),
+        slurm=_scheduler(entry, name),
+        configured=name in table or bool(set(cfg) - {"hostname"}),
+        ciphers=cfg.get("ciphers"),
+        proxy_jump=_unless_none(cfg.get("proxyjump")),
+        proxy_command=_unless_none(cfg.get("proxycommand")),
+        known=("local", *sorted(n for n in table if n != "local")),
+    )
+
+
+def _unless_none(value: str | None) -> str | None:
+    return None if value is None or value.lower() == "none" else value
+
+
+JUMP_RE = re.compile(r"(?:(?P<user>[^@:/\s]+)@)?(?P<host>[A-Za-z0-9._-]+)(?::(?P<port>\d+))?")
+
+
+def proxy_command(host: Host, ssh_options: list[str]) -> str | None:
+    """The command line that carries a connection to `host` when ~/.ssh/config reaches it through another
+    (for paramiko, which has no ProxyJump and does not expand tokens), run by /bin/sh as ssh runs it:
+    ProxyCommand with %h %p %r %% expanded, or `ssh -W HOST:PORT` through ProxyJump's hops. None: direct."""
+    shell = _shell_command(host, ssh_options)
+    return shlex.join(["/bin/sh", "-c", f"exec {shell}"]) if shell else None
+
+
+def _shell_command(host: Host, ssh_options: list[str]) -> str | None:
+    if host.proxy_command:
+
+        def token(m: re.Match) -> str:
+            values = {"h": host.hostname, "p": str(host.port), "r": host.user or _local_user(), "%": "%"}
+            if m.group(1) not in values:
+                raise UsageError(
+                    f"host {host.name}: ProxyCommand {host.proxy_command!r}: enlace expands %h, %p, %r and %%, not "
+                    f"%{m.group(1)} — spell it out in ~/.ssh/config"
+                )
+            return values[m.group(1)]
+
+        return re.sub(r"%(.)", token, host.proxy_command)
+    if not host.proxy_jump:
+        return None
+    if not shutil.which("ssh"):
+        raise UsageError(f"host {host.name}: its ProxyJump ({host.proxy_jump}) needs OpenSSH's ssh client on PATH")
+    *via, last = [hop.strip() for hop in host.proxy_jump.split(",")]
+    m = JUMP_RE.fullmatch(last)
+    if not m:
+        raise UsageError(f"host {host.name}: ProxyJump {host.proxy_jump!r}: cannot read {last!r} as [user@]host[:port]")
+    first = ["-J", ",".join(via)] if via else []  # the hops before the last, as ssh itself would take them
+    port = ["-p", m.group("port")] if m.group("port") else []
+    dest = f"{m.group('user')}@{m.group('host')}" if m.group("user") else m.group("host")
+    return shlex.join(["ssh", *ssh_options, *first, *port, "-W", f"{host.hostname}:{host.port}", "--", dest])
+
+
+def _local_user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+def _scheduler(entry: dict[str, Any], name: str) -> SlurmSpec | None:
+    """`scheduler: slurm` and its keys (enlace/slurm/settings.py checks each value); Slurm keys without it are refused."""
+    kind = entry.get("scheduler") or "ssh"
+    if kind not in ("ssh", "slurm"):
+        raise UsageError(f"host {name}: scheduler: {kind!r} — use `slurm` (a login node) or leave it out (plain SSH)")
+    given = sorted(k for k in SLURM_KEYS if entry.get(k) is not None)
+    if kind == "ssh":
+        if given:
+            raise UsageError(f"host {name}: {', '.join(given)} only apply to a Slurm host — add `scheduler: slurm`")
+        return None
+    return spec_from(entry, f"host {name}")
+
+
+def _pip_args(value: Any, name: str) -> list[str]:
+    return list(value or [])  # its shape was checked when the file was read (hostfile)
+
+
+def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Write (or merge into) the user's hosts file: hosts.NAME gets `entry`'s keys. Returns the file and
+    the host's resulting entry."""
+    if not NAME_RE.fullmatch(name) or name == "local":
+        raise UsageError(f"host name {name!r}: use 1-64 characters of [A-Za-z0-9._-] (and not `local`)")
+    given = {k: v for k, v in entry.items() if v not in (None, [])}
+    option = {"ssh": "--ssh", "remote_dir": "--remote-dir", "python": "--python", "pip_args": "--pip-arg"}
+    for key, value in given.items():  # the option's value must pass the file's own schema
+        try:
+            hostfile.CHECKS[key](value)
+        except ValueError as e:
+            flag = option.get(key, "--" + key.replace("_", "-"))
+            raise UsageError(f"{flag} {value!r}: {e.args[0]} — {e.args[1]}") from None
+    path = user_hosts_file()
+    data = hostfile.load(path)  # refuses a broken or duplicated file instead of appending to it
+    hosts = data.get("hosts") or {}
+    hosts[name] = {**(hosts.get(name) or {}), **given}
+    data["hosts"] = hosts
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(
+        "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
+        + yaml.safe_dump(data, sort_keys=False)
+    )
+    os.replace(tmp, path)
+    return path, hosts[name]
+
+
+def _port(value: Any, name: str) -> int:
+    """A TCP port, 1-65535: anything else is refused before it reaches a socket (which would wrap it)."""
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = -1
+    if isinstance(value, bool) or not 1 <= port <= 65535:
+        raise UsageError(f"host {name}: port {value!r} is not a TCP port — use a number from 1 to 65535")
+    return port
+
+
+def _ssh_config_lookup(alias: str) -> dict[str, Any]:
+    """What the ssh config file sets for `alias`, keys lowercased, identityfile a list, hostname always
+    (as paramiko's SSHConfig.lookup answers). Asked of the ssh client when there is one, so Include,
+    Match and the rest resolve as for every ssh and git call, and no command pays paramiko's import
+    (sshlib) to start: the settings where `ssh -G` with the file differs from `ssh -G` without it."""
+    path = ssh_config_file()
+    if not path.is_file():
+        return {}
+    mine, bare = _ssh_client_settings(alias, str(path), os.devnull)
+    if mine and bare:
+        found = {k: v if k == "identityfile" else v[0] for k, v in mine.items() if v != bare.get(k)}
+        return {**found, "hostname": mine["hostname"][0]}
+
+    return read_ssh_config(path, alias)
+
+
+def _ssh_client_settings(alias: str, *configs: str) -> list[dict[str, list[str]] | None]:
+    """`ssh -G` per config file, run side by side: the client's resolved settings for `alias` under
+    each, key -> values in order (None where there is no ssh client or it refused the file)."""
+    import subprocess
+
+    def settings(out: str) -> dict[str, list[str]] | None:
+        found: dict[str, list[str]] = {}
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            found.setdefault(key, []).append(value)
+        return found if "hostname" in found else None
+
+    procs: list[subprocess.Popen] = []
+    try:
+        for config in configs:
+            argv = ["ssh", "-G", "-F", config, "--", alias]
+            pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
+            procs.append(subprocess.Popen(argv, text=True, **pipes))
+    except OSError:  # no ssh client
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+        return [None] * len(configs)
+    answers = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=10)
+            answers.append(settings(out) if proc.returncode == 0 else None)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            answers.append(None)
+    return answers
+
+
+def list_hosts(repo: Path) -> list[Host]:
+    _, table = load_host_table(repo)
+    names = ["local", *sorted(n for n in table if n != "local")]
+    return [resolve_host(n, repo) for n in names]
+
+
+def known_names(repo: Path) -> list[str]:
+    """Host names from the hosts files (for messages about an unknown host)."""
+    _, table = load_host_table(repo)
+    return ["local", *sorted(n for n in table if n != "local")]

@@ -1,0 +1,182 @@
+"""The hosts file's schema: what `defaults:` and each `hosts.NAME:` entry may hold, checked key by key
+when the file is read (as run configs are), so that a wrong type or range is one line naming the file,
+the host, the key and the fix (exit 2) — never a traceback from deep inside a connection.
+
+The Slurm keys are checked by the contract's SlurmSpec (enlace/slurm/settings.py); this module checks the rest.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from enlace.slurm.settings import KEYS as SLURM_KEYS
+from enlace.yamlio import DuplicateKey, load_yaml_unique
+from orchestrator.errors import UsageError
+
+# user@host[:port]; a host is dot-separated labels (no empty label, none starting with `-`) or [IPv6]
+LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
+TARGET_RE = re.compile(
+    rf"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*)@)?(?P<host>{LABEL}(?:\.{LABEL})*\.?|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d+))?"
+)
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class HostFileError(UsageError):
+    """One wrong key: `{file}: hosts.{name}.{key}: {problem} — {fix}`."""
+
+    def __init__(self, where: str, problem: str, fix: str = ""):
+        super().__init__(f"{where}: {problem}" + (f" — {fix}" if fix else ""))
+
+
+def _text(value: Any, fix: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{value!r} is not a text value", fix)
+    if CONTROL.search(value):
+        raise ValueError(f"{value!r} holds a control character (a newline?)", fix)
+    return value
+
+
+def check_target(value: Any) -> str:
+    fix = "use USER@HOST[:PORT] or an ~/.ssh/config alias, e.g. alice@gpu1.example.org:2222"
+    if not isinstance(value, str) or not TARGET_RE.fullmatch(value):
+        raise ValueError(f"{value!r} is neither an ~/.ssh/config alias nor user@host[:port]", fix)
+    m = TARGET_RE.fullmatch(value)
+    if m.group("port"):
+        check_port(int(m.group("port")))
+    return value
+
+
+def check_remote_dir(value: Any) -> str:
+    fix = "use an absolute path, ~ or ~/DIR (e.g. ~/enlace or /scratch/alice/enlace)"
+    value = _text(value, fix)
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with `-` (it would read as an option)", fix)
+    if value.startswith("~") and value != "~" and not value.startswith("~/"):
+        raise ValueError(f"{value!r}: another user's home (~user) is not expanded", fix)
+    return value
+
+
+def check_python(value: Any) -> str:
+    value = _text(value, "use `venv` (built on the server) or the path of a python that has torch")
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with `-`", "use `venv` or a path such as /usr/bin/python3")
+    return value
+
+
+def check_run(value: Any) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a run name", "1-64 characters of [A-Za-z0-9._-], e.g. smoke-2060")
+    return value
+
+
+def check_path(value: Any) -> str:
+    return _text(value, "a file path, e.g. ~/.ssh/id_ed25519")
+
+
+def check_timeout(value: Any) -> float:
+    fix = "seconds, a number from 1 to 600, e.g. 10"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{value!r} is not a number", fix)
+    if not math.isfinite(value) or not 0 < value <= 600:
+        raise ValueError(f"{value!r} is out of range", fix)
+    return float(value)
+
+
+def check_user(value: Any) -> str:
+    if not isinstance(value, str) or not USER_RE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a user name", "1-64 characters of [A-Za-z0-9._-], e.g. alice")
+    return value
+
+
+def check_port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ValueError(f"{value!r} is not a TCP port", "use a number from 1 to 65535")
+    return value
+
+
+def check_pip_args(value: Any) -> list[str]:
+    fix = "a list, one pip argument per item: [--index-url, https://...]"
+    if not isinstance(value, list) or not all(isinstance(v, str) and not CONTROL.search(v) for v in value):
+        raise ValueError(f"{value!r} is not a list of strings", fix)
+    return value
+
+
+def check_scheduler(value: Any) -> str:
+    if value not in ("ssh", "slurm"):
+        raise ValueError(f"{value!r} is not a scheduler", "use `slurm` (a login node) or leave it out (plain SSH)")
+    return value
+
+
+CHECKS = {
+    "ssh": check_target,
+    "remote_dir": check_remote_dir,
+    "python": check_python,
+    "default_run": check_run,
+    "identity_file": check_path,
+    "known_hosts": check_path,
+    "connect_timeout": check_timeout,
+    "user": check_user,
+    "port": check_port,
+    "pip_args": check_pip_args,
+    "scheduler": check_scheduler,
+}
+HOST_KEYS = frozenset(CHECKS) | frozenset(SLURM_KEYS)
+
+
+def check_entry(entry: Any, where: str) -> dict[str, Any]:
+    """One `defaults:` or `hosts.NAME:` mapping, every key checked; the Slurm keys are left to SlurmSpec."""
+    if entry is None:
+        return {}
+    if not isinstance(entry, dict):
+        raise HostFileError(
+            where, f"{entry!r} is not a mapping", "give the host's keys on indented lines, e.g. `ssh: alice@gpu1`"
+        )
+    for key, value in entry.items():
+        if key not in HOST_KEYS:
+            raise HostFileError(f"{where}.{key}", "unknown key", f"valid: {', '.join(sorted(HOST_KEYS))}")
+        if key in CHECKS and value is not None:
+            try:
+                CHECKS[key](value)
+            except ValueError as e:
+                problem, fix = e.args
+                raise HostFileError(f"{where}.{key}", problem, fix) from None
+    return entry
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A hosts file, its whole shape and every key checked; {} when there is none."""
+
+    if not path.is_file():
+        return {}
+    try:
+        data = load_yaml_unique(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise HostFileError(str(path), f"not UTF-8 text (byte {e.start})", "save it as UTF-8") from None
+    except DuplicateKey as e:
+        raise UsageError(
+            f"{path}: line {e.again}: {e.key!r} is given twice (first at line {e.first}); YAML would keep "
+            f"only the last and silently drop the first — merge them into one `{e.key}:` entry"
+        ) from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: not valid YAML ({e.__class__.__name__}) — fix the syntax") from None
+    if not isinstance(data, dict):
+        raise HostFileError(str(path), "expected `defaults:` and `hosts:` mappings at the top level")
+    for key in data:
+        if key not in ("defaults", "hosts"):
+            raise HostFileError(str(path), f"unknown key {key!r}", "the file has `defaults:` and `hosts:`")
+    check_entry(data.get("defaults"), f"{path}: defaults")
+    hosts = data.get("hosts") or {}
+    if not isinstance(hosts, dict):
+        raise HostFileError(f"{path}: hosts", "is not a mapping", "write `hosts:` then one `NAME:` per host, indented")
+    for name, entry in hosts.items():
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise HostFileError(f"{path}: hosts", f"{name!r} is not a host name", "1-64 characters of [A-Za-z0-9._-]")
+        check_entry(entry, f"{path}: hosts.{name}")
+    return data

@@ -1,0 +1,93 @@
+"""Stage 1 of launch and preflight: ship the commit and check on the server that the run can start
+there (sync, then verify), after the local check that RUN names a config in this checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import yaml
+
+from enlace.contract import run_name_of
+from enlace.names import validate_run_name
+from enlace.yamlio import load_yaml_unique
+from orchestrator.errors import UsageError, VerifyError
+from orchestrator.launch.choose import run_argument
+from orchestrator.ssh.session import Session
+from orchestrator.transfer.datapush import push
+from orchestrator.transfer.gitsync import print_sync, sync
+
+
+def check_run_config(repo: Path, run: str) -> str:
+    """RUN names configs/runs/RUN.yaml in this checkout (what sync ships): a typo is caught here, before any
+    connection, with the closest names."""
+    import difflib
+
+    run_argument(run)
+    have = sorted(p.stem for p in (repo / "configs" / "runs").glob("*.yaml"))
+    if run not in have:
+        close = difflib.get_close_matches(run, have, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UsageError(f"no run config {run!r} in configs/runs/ — {hint}runs: {', '.join(have) or 'none'}")
+    return run
+
+
+def local_run_name(repo: Path, run: str, overrides=()) -> str:
+    """The name RUN will run under, by the contract's rule, from this checkout's run file alone: the driver
+    loads no trainer config (that is the server's, whose loader is the only schema)."""
+
+    path = repo / "configs" / "runs" / f"{run}.yaml"
+    try:
+        layer = load_yaml_unique(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise UsageError(
+            f"configs/runs/{run}.yaml: cannot be read ({e.__class__.__name__}) — check-config says why"
+        ) from None
+    sets = {k.strip(): v for k, _, v in (o.partition("=") for o in overrides)}
+    name, given_by = run_name_of(layer if isinstance(layer, dict) else {}, run, sets)
+    return validate_run_name(name, "--set" if given_by == "--set" else f"configs/runs/{run}.yaml")
+
+
+def set_args(overrides: tuple[str, ...] | list[str]) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def verify(session: Session, sha: str, run: str, for_launch: bool = False, overrides=(), fresh: bool = False) -> dict:
+    """The server-side checklist for RUN in trees/SHA; prints it, raises VerifyError naming what is missing."""
+    args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
+    args += set_args(overrides)
+    doc = session.call_json("verify", *args, ok_codes=(0, 3))
+    if "checks" not in doc:
+        raise VerifyError(f"verify on {session.host.name}: {doc.get('error', 'failed')}")
+    for c in doc["checks"]:
+        mark = " ok " if c["ok"] else "FAIL"
+        click.echo(f"  [{mark}] {c['name']}" + (f" — {c['detail']}" if c["detail"] else ""), err=True)
+    for warning in doc.get("warnings") or []:
+        click.echo(f"  [warn] {warning}", err=True)
+    if not doc["ok"]:
+        failed = "; ".join(f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["ok"])
+        raise VerifyError(f"verify {run} on {session.host.name} failed: {failed}")
+    click.echo(f"verify: {run} ready on {session.host.name} at {sha[:12]}", err=True)
+    return doc
+
+
+def ship(
+    session,
+    repo: Path,
+    run: str,
+    allow_dirty: bool,
+    for_launch: bool,
+    overrides=(),
+    fresh: bool = False,
+    data=None,
+) -> tuple[str, str]:
+    """Stage 1 of launch (and preflight): sync, push `data` (launch --push-data: RUN's data files,
+    orchestrator/transfer/datapush.py), verify on one host; (commit, run_name). Raises if anything is missing there;
+    the run name comes from the server's own config check (one round trip)."""
+
+    rep = sync(session, repo, allow_dirty)
+    print_sync(rep)
+    if data is not None and data.files:
+        push(session, repo, data)
+    doc = verify(session, rep.commit, run, for_launch, overrides, fresh)
+    return rep.commit, validate_run_name(doc["run_name"], "run_name")

@@ -1,0 +1,71 @@
+"""enlace-remote's side of a Slurm host: submit a run (`enlace submit` on the login node), run a verb
+as a short job on a compute node (`enlace on-node`), and the batch script for users who submit it
+themselves (`launch --slurm --print`). What the job does is enlace/slurm/job.py's."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+
+import click
+
+from enlace.slurm.settings import SlurmSpec, job_script, job_step_args
+from orchestrator.ssh.session import Session
+
+
+def spec_for(spec: SlurmSpec, nodes: int | None) -> SlurmSpec:
+    """The host's settings with launch's --nodes (when given) in place of its `nodes`."""
+    return dataclasses.replace(spec, nodes=nodes) if nodes else spec
+
+
+def on_node(spec: SlurmSpec, args: tuple[str, ...]) -> tuple[str, ...]:
+    """`enlace ARGS` as `enlace on-node`: srun on a compute node (login nodes have no GPU)."""
+    return ("on-node", "--slurm", json.dumps(spec.to_json()), "--", *args)
+
+
+def submit(session: Session, sha: str, run_name: str, spec: SlurmSpec, gpus: int, pyargs: list[str]) -> dict:
+    """sbatch the run on the login node; its job id goes into run.json. Not retried after a dropped
+    session (it may have been submitted): a rerun says the run is live."""
+    doc = session.enlace_json(
+        sha,
+        "submit",
+        run_name,
+        "--slurm",
+        json.dumps(spec.to_json()),
+        "--gpus",
+        str(gpus),
+        "--",
+        *pyargs,
+        idempotent=False,
+    )
+    click.echo(
+        f"submitted {run_name} to Slurm on {session.host.name}: job {doc['job_id']} (script "
+        f"runs/{run_name}/slurm/job-{doc['job_id']}.sh), commit {sha[:12]}",
+        err=True,
+    )
+    return doc
+
+
+def print_script(spec: SlurmSpec, host, repo, commit: str, run: str, run_name: str, gpus: int, train_args) -> str:
+    """The batch script for a user who submits it on the cluster's login node: absolute paths to the synced
+    tree of `commit` and the server's python (as setup/sync build them), the same #SBATCH settings and job
+    step (time-limit checkpoint and requeue) as `launch` uses — one job_script for both."""
+    rd = host.remote_dir
+    base = '"$HOME"' + shlex.quote(rd[1:]) if rd == "~" or rd.startswith("~/") else shlex.quote(rd)
+    tree = f"{base}/trees/{commit}"
+    if host.python == "venv":  # remote.sh's venv key: the first 16 hex of sha256(pyproject.toml + constraints.txt)
+        key = hashlib.sha256((repo / "pyproject.toml").read_bytes() + (repo / "constraints.txt").read_bytes())
+        python = f"{base}/venvs/{key.hexdigest()[:16]}/bin/python"
+    else:
+        python = shlex.quote(host.python)
+    job = job_step_args(spec, run_name, gpus, ["-m", "enlace", "train", run, *train_args])
+    header = (
+        f"enlace run {run_name} for host {host.name}: commit {commit[:12]}'s tree and the server's python, as\n"
+        f"`enlace-remote --host {host.name} sync` leaves them (sync first). Submit it on the login node:\n"
+        "sbatch THIS_FILE. Its output is the run's train.log. Near the time limit the trainer checkpoints\n"
+        "and the job requeues itself (up to max_requeues)."
+    )
+    env = {"ENLACE_COMMIT": commit, "PYTHONUNBUFFERED": "1"}
+    return job_script(spec, run_name, tree, python, env, job, header, log_here=True)

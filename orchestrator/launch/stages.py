@@ -1,0 +1,163 @@
+"""Stages 2-5 of launch, each one function: preflight (remote_preflight; on a Slurm host as a job on a
+compute node), refuse a live or finished run (worth_launching), start (start_detached, or
+orchestrator/launch/slurm.py's submit), wait for the first step and follow the log (wait_and_follow).
+Stage 1, shipping the commit, is orchestrator/launch/ship.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from enlace.contract import VERDICT, Status, describe_live, ended_message, exit_code_of
+from enlace.errors import EnlaceError
+from enlace.preflight.report import format_report
+from orchestrator.errors import AlreadyRunning, from_doc
+from orchestrator.launch.slurm import on_node
+from orchestrator.ssh.session import Session
+from orchestrator.view.logs import follow_log
+
+
+def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name: str, extra: list[str]) -> dict:
+    """Run `enlace preflight RUN --json` on the server (on a Slurm host: as a short job on a compute node),
+    streaming its progress lines; save the report under the local runs/<run_name>/ and print the table.
+    If this client dies, so does the server's preflight (it must not overlap the next one on the GPU)."""
+
+    args = ("preflight", run, "--json", *extra)
+    if session.host.slurm:
+        args = on_node(session.host.slurm, args)
+    report = session.stream_json(
+        sha,
+        *args,
+        on_progress=lambda line: click.echo(line, err=True),
+        stall_timeout=900,
+        ok_codes=(0, *VERDICT.values()),
+    )
+    local = repo / "runs" / run_name
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
+    click.echo(format_report(report))
+    return report
+
+
+def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
+    """Before any preflight: a live run is refused at once (its preflight would compete with it); a
+    finished run is said to be finished, with how to extend it (False: nothing to launch)."""
+    rows = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name]
+    if not rows:
+        return True
+    row = rows[0]
+    if row.get("checkpoint_warning"):
+        click.echo(
+            f"warning: {row['checkpoint_warning']} — to resume from another checkpoint: enlace-remote launch "
+            f"{run_name} --resume checkpoints/step-N (or --resume none to start afresh)",
+            err=True,
+        )
+    if row["alive"] and not Status(row["status"]).is_terminal:  # a failed run still exiting is not running
+        raise AlreadyRunning(_running_message(session, row))
+    extends = any(o.startswith("training.max_steps=") for o in overrides)
+    if row["status"] == "finished" and not extends:
+        click.echo(
+            f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "
+            f"{row['latest_checkpoint']}); nothing to train. To train further, raise max_steps: "
+            f"`enlace-remote launch {run_name} --set training.max_steps={2 * (row['max_steps'] or 1)}` "
+            "resumes from that checkpoint",
+            err=True,
+        )
+        return False
+    return True
+
+
+def _running_message(session: Session, row: dict) -> str:
+    name = row["run_name"]
+    return (
+        f"{name} is already running on {session.host.name} ({describe_live(row)}) — `enlace-remote stop {name}` "
+        "first, or follow it with "
+        f"`enlace-remote logs {name} -f`"
+    )
+
+
+def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous: dict | None = None) -> list[str]:
+    """The python arguments that start training: `-m enlace train RUN`, under torchrun for --gpus."""
+    train = ["-m", "enlace", "train", run, *train_args]
+    if not gpus:
+        return train
+    nproc = "gpu" if gpus == "all" else gpus  # torchrun's "gpu": every visible GPU
+    if rendezvous is None:
+        return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *train]
+    # Several hosts: a fixed node rank per host (node 0 = the first host, which holds rank 0, its
+    # log and its checkpoints), rendezvous at the first host.
+    return [
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={rendezvous['nnodes']}",
+        f"--node-rank={rendezvous['node_rank']}",
+        f"--master-addr={rendezvous['addr']}",
+        f"--master-port={rendezvous['port']}",
+        f"--nproc-per-node={nproc}",
+        *train,
+    ]
+
+
+def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str], policy: list[str] = ()) -> dict:
+    """Start `python PYARGS` (the trainer, or torchrun) detached on the host under its supervisor (`policy`:
+    --restarts, --stall-timeout): `enlace start`, which refuses a live run. Not retried after a dropped
+    session (it may have started): a rerun says so."""
+    try:
+        doc = session.enlace_json(sha, "start", run_name, *policy, "--", *pyargs, idempotent=False)
+    except AlreadyRunning:
+        row = session.enlace_json("latest", "runs", run_name)[0]
+        raise AlreadyRunning(_running_message(session, row)) from None
+    click.echo(f"launched {run_name} on {session.host.name}: pid {doc['pid']}, commit {sha[:12]}", err=True)
+    return doc
+
+
+def log_since(session: Session, run_name: str, offset: int) -> str:
+    return session.transport.run(
+        session.enlace_argv("latest", "logs", run_name, "--offset", str(offset)), check=False
+    ).stdout
+
+
+def wait_first_step(session: Session, run_name: str, started: dict, wait_s: float = 600) -> dict:
+    """Wait (on the server, one call) until the trainer we started logged a step or ended; show its
+    phases meanwhile. A run that ended badly fails here with its error and log tail."""
+    row = session.stream_json(
+        "latest",
+        "wait",
+        run_name,
+        "--launch-id",
+        started["launch_id"],
+        "--timeout",
+        str(wait_s),
+        on_progress=lambda line: click.echo(line, err=True),
+        stall_timeout=wait_s + 60,
+    )
+    if row["waited"] == "timeout":
+        where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
+        raise EnlaceError(
+            f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
+            f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`"
+        )
+    if row["status"] not in ("running", "finished", "stopped"):
+        tail = "\n".join(log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:])
+        raise from_doc({"error": f"{ended_message(row)}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
+    how = (
+        f"resumed from checkpoints/{row['resumed_from']}"
+        if row["resumed_from"]
+        else "no complete checkpoint: starting from step 0"
+    )
+    click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
+    return row
+
+
+def wait_and_follow(session, run_name: str, started: dict, no_wait: bool, follow: bool) -> None:
+    """Wait for the first step (the server decides; a pending Slurm job says why), then maybe follow."""
+
+    if no_wait:
+        click.echo(f"not waiting: `enlace-remote status {run_name}` or `enlace-remote logs {run_name} -f`", err=True)
+        return
+    wait_first_step(session, run_name, started)
+    if follow:
+        sys.exit(follow_log(session, run_name, started["log_offset"], follow=True))

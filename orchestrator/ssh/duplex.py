@@ -1,0 +1,175 @@
+"""A command we talk to both ways, on the host's one SSH connection or as a local process: we write
+its stdin and read its stdout as a byte stream (fetch's wire, enlace/server/fetchserve.py)."""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import Transient, UnreachableError, short
+from orchestrator.ssh.portable import die_with_us, grow_pipe
+from orchestrator.ssh.sshlib import load_paramiko
+
+PIPE_BYTES = 1 << 20  # a local process's stdout pipe, and the most one read of it asks for
+
+if TYPE_CHECKING:
+    from orchestrator.ssh.transport import SSHTransport
+
+
+class Duplex:
+    """A command we talk to both ways. `read` waits in short slices, calling `tick` between them (the
+    caller's Ctrl-C check); no byte for stall_timeout s, or a dropped connection, raises Transient.
+    `finish` closes our side and returns the exit code and the stderr text."""
+
+    SLICE_S = 0.5
+
+    def __init__(self, what: str, stall_timeout: float, tick: Callable[[], None]):
+        self.what, self.stall_timeout, self.tick = what, stall_timeout, tick
+
+    def read(self, n: int) -> bytes:
+        """Up to n bytes of stdout (what has arrived, so often fewer); b"" at its end."""
+        quiet_since = time.monotonic()
+        while True:
+            self.tick()
+            chunk = self._read_slice(n)
+            if chunk is not None:
+                return chunk
+            if time.monotonic() - quiet_since > self.stall_timeout:
+                raise Transient(f"{self.what}: no data for {self.stall_timeout:g}s", started=True)
+
+    def _read_slice(self, n: int) -> bytes | None:
+        """Bytes, b"" at the end, or None when nothing came within SLICE_S."""
+        raise NotImplementedError
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Duplex:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ProcessDuplex(Duplex):
+    """A local process (the `local` host). Its own session (our Ctrl-C is ours to handle), dying with us,
+    its stdout a 1 MiB pipe where the system allows (fewer, larger reads for fetch)."""
+
+    def __init__(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], what: str = ""):
+        super().__init__(what or short(argv), stall_timeout, tick)
+        self.err = tempfile.TemporaryFile()
+        self.p = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            start_new_session=True,
+            preexec_fn=die_with_us(),  # noqa: PLW1509 - the parent-death signal, Linux only (orchestrator/ssh/portable.py)
+        )
+        grow_pipe(self.p.stdout.fileno(), PIPE_BYTES)
+        grow_pipe(self.p.stdin.fileno(), PIPE_BYTES)  # and its stdin (data push writes it)
+
+    def _read_slice(self, n: int) -> bytes | None:
+        ready, _, _ = select.select([self.p.stdout], [], [], self.SLICE_S)
+        # os.read allocates all it asks for: never more than the pipe holds
+        return os.read(self.p.stdout.fileno(), min(n, PIPE_BYTES)) if ready else None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.p.stdin.write(data)
+            self.p.stdin.flush()
+        except (BrokenPipeError, ConnectionResetError):  # it ended (a dropped connection, or it refused)
+            raise Transient(f"{self.what}: the other side stopped reading", started=True) from None
+
+    def finish(self) -> tuple[int, str]:
+        self.p.stdin.close()
+        code = self.p.wait()
+        self.err.seek(0)
+        return code, self.err.read().decode(errors="replace")
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        for f in (self.p.stdin, self.p.stdout, self.err):
+            f.close()
+
+
+class SystemSSHDuplex(ProcessDuplex):
+    """A command over the system ssh client (same host key file, key and options as git's): OpenSSH's
+    C crypto runs on its own core while we hash and write, faster than paramiko's channel with its
+    per-packet Python (docs/benchmarks.md). The command's connection is its own: a verb using it opens no
+    other."""
+
+    def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
+        self.host = transport.host.name
+        ssh = [
+            *transport.ssh_argv(),
+            "-o",
+            "ServerAliveInterval=15",
+            transport.remote_path("").rstrip(":"),
+            shlex.join(argv),
+        ]
+        super().__init__(ssh, stall_timeout, tick, what=short(argv))
+
+    def finish(self) -> tuple[int, str]:
+        code, err = super().finish()
+        if code == 255:  # ssh's own failure, not the command's
+            reason = err.strip().splitlines()[-1] if err.strip() else "ssh exited 255"
+            if "Permission denied" in err or "Host key verification failed" in err:
+                raise UnreachableError(f"{self.host}: {reason}")
+            raise Transient(f"{self.host}: {reason}", started=True)
+        return code, err
+
+
+class ChannelDuplex(Duplex):
+    """A command on its own channel of the host's paramiko connection (when there is no ssh client)."""
+
+    def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
+        super().__init__(short(argv), stall_timeout, tick)
+        self.transport = transport
+        self.dropped = (EOFError, OSError, load_paramiko().SSHException)  # the connection went away
+        try:  # paramiko's default 2 MiB window: a larger one is slower (its buffer copies)
+            self.chan = transport._connection().get_transport().open_session()
+            self.chan.settimeout(self.SLICE_S)
+            self.chan.exec_command(shlex.join(argv))
+        except self.dropped as e:
+            raise transport._dropped(e, started=False) from None
+
+    def _read_slice(self, n: int) -> bytes | None:
+        try:  # all paramiko's buffer holds, up to n: a capped read leaves a remainder it moves, and more
+            return self.chan.recv(n)  # reads send more window adjusts
+        except TimeoutError:
+            return None
+        except self.dropped as e:
+            raise self.transport._dropped(e, started=True) from None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except self.dropped as e:
+            raise self.transport._dropped(e, started=True) from None
+
+    def finish(self) -> tuple[int, str]:
+        self.chan.shutdown_write()
+        self.chan.settimeout(None)
+        code = self.chan.recv_exit_status()
+        err = bytearray()
+        while self.chan.recv_stderr_ready():
+            err.extend(self.chan.recv_stderr(1 << 16))
+        return code, err.decode(errors="replace")
+
+    def close(self) -> None:
+        self.chan.close()

@@ -1,0 +1,375 @@
+"""The only module that talks SSH. One connection per enlace-remote invocation, reused.
+
+`Transport.run(argv)` runs a command on the host and returns its stdout, stderr and exit code;
+`Transport.stream(argv, ...)` passes stdout and stderr bytes to two callbacks as they arrive. argv is
+shlex-joined into one command string (every element quoted; callers validate names first).
+`SSHTransport` is paramiko's SSHClient, used directly (README, Development: why not fabric), with host keys
+checked against known_hosts (RejectPolicy: unknown and changed keys are refused), TCP_NODELAY and
+keepalive on, a deadline on every command and one channel loop for `run` and `stream`.
+`LocalTransport` runs the same argv on this machine. `Transport.duplex(argv)` starts a command to
+talk to both ways (orchestrator/ssh/duplex.py: a channel of the same connection, or a local process).
+
+Transient faults — a refused or timed-out connect, a handshake or auth *timeout* on a lossy network,
+a killed session — raise `Transient`; `run` retries them with bounded backoff (saying so on stderr),
+a rejected key or password never. git uses the system `ssh` with the same host, port,
+identity and strict checking.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import selectors
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError, short
+from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file
+from orchestrator.ssh.duplex import ChannelDuplex, ProcessDuplex, SystemSSHDuplex
+from orchestrator.ssh.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
+from orchestrator.ssh.sshlib import load_paramiko
+
+if TYPE_CHECKING:
+    from orchestrator.ssh.duplex import Duplex
+
+BACKOFF_S = (0.5, 1, 2, 4, 8, 10)
+DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+OnData = Callable[[bytes], None]
+
+
+@dataclass
+class Result:
+    stdout: str
+    stderr: str
+    exited: int
+
+
+class DeadlinePassed(Exception):
+    """A command ran past its timeout (not a connection fault: it is not retried)."""
+
+
+def backoff(attempt: int) -> float:
+    return BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+
+
+class Transport:
+    host: Host
+    retry_s: float = 90.0  # how long `run` keeps retrying transient faults once the host has answered
+    first_attempts: int = 3  # a host never reached in this invocation: likely down or misnamed
+    answered: bool = False  # set once a connection was made (the host is there and takes us)
+
+    def run(self, argv: list[str], timeout: float = 120, check: bool = True, idempotent: bool = True) -> Result:
+        """Run argv; transient faults are retried for up to retry_s (first_attempts tries while the host has
+        not answered yet). A command that is not idempotent is retried only when it provably never started."""
+        attempt, deadline = 0, time.monotonic() + self.retry_s
+        while True:
+            try:
+                result = self._check(argv, self._run_once(argv, timeout, idempotent), check)
+                self.answered = True
+                return result
+            except Transient as e:
+                out_of_tries = attempt + 1 >= self.first_attempts if not self.answered else time.monotonic() > deadline
+                if out_of_tries or (e.started and not idempotent):
+                    raise
+                delay = backoff(attempt)
+                attempt += 1
+                click.echo(f"enlace-remote: {self.host.name}: {e.message}; retrying in {delay:g}s", err=True)
+                time.sleep(delay)
+
+    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
+        raise NotImplementedError
+
+    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        """Run argv, passing stdout and stderr bytes to the callbacks as they arrive; returns the exit
+        code. The command's stdin stays open while we live (`enlace --exit-with-client` ends the server
+        side when it closes). Raises Transient when the connection drops or stalls."""
+        raise NotImplementedError
+
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
+        """Start argv for a conversation: we write its stdin and read its stdout (fetch's wire). `shared`: on
+        the host's one connection even where an ssh client of its own would be faster (the board's small,
+        frequent fetches)."""
+        raise NotImplementedError
+
+    def ssh_argv(self) -> list[str]:
+        """The system ssh command (for git, `shell`), or [] for the local host."""
+        return []
+
+    def remote_path(self, path: str) -> str:
+        """How git and ssh address `path` on the host."""
+        return path
+
+    def close(self) -> None:
+        pass
+
+    def _check(self, argv: list[str], result: Result, check: bool) -> Result:
+        if check and result.exited != 0:
+            raise CommandFailed(self.host.name, short(argv), result.exited, result.stdout + result.stderr)
+        return result
+
+
+class LocalTransport(Transport):
+    def __init__(self, host: Host):
+        self.host = host
+
+    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            raise CommandFailed("local", short(argv), -1, f"timed out after {timeout}s\n{e.stdout or ''}") from None
+        return Result(p.stdout, p.stderr, p.returncode)
+
+    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        # Its own session (a server-side `killpg` never reaches us); stdin a pipe we never write, which
+        # closes when this process dies, however it dies.
+        with (
+            subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            ) as p,
+            selectors.DefaultSelector() as sel,
+        ):
+            sel.register(p.stdout, selectors.EVENT_READ, on_stdout)
+            sel.register(p.stderr, selectors.EVENT_READ, on_stderr)
+            try:
+                while sel.get_map():
+                    for key, _ in sel.select():
+                        chunk = os.read(key.fd, 1 << 16)
+                        if chunk:
+                            key.data(chunk)
+                        else:
+                            sel.unregister(key.fileobj)
+                return p.wait()
+            finally:
+                if p.poll() is None:
+                    p.kill()
+
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
+
+        return ProcessDuplex(argv, stall_timeout, tick)
+
+
+class SSHTransport(Transport):
+    def __init__(self, host: Host, accept_new_host_key: bool = False):
+        self.host, self.accept_new = host, accept_new_host_key
+        self._client = None
+
+    # -- connection -------------------------------------------------------------------------
+    def _connection(self):
+        """The SSHClient, connected (again, after a drop)."""
+        if self._client is not None and self._client.get_transport() and self._client.get_transport().is_active():
+            return self._client
+        paramiko = load_paramiko()
+
+        h = self.host
+        client = paramiko.SSHClient()
+        if Path(h.known_hosts).is_file():
+            client.load_host_keys(h.known_hosts)
+        policy = AcceptNewHostKey(h.known_hosts) if self.accept_new else paramiko.RejectPolicy()
+        client.set_missing_host_key_policy(policy)
+        where = f"{h.name} ({h.hostname}:{h.port}{h.via})"
+        try:
+            client.connect(
+                h.hostname,
+                port=h.port,
+                username=h.user,
+                key_filename=h.identity_files or None,
+                look_for_keys=not h.identity_files,
+                timeout=h.connect_timeout,
+                banner_timeout=h.connect_timeout,
+                auth_timeout=h.connect_timeout,
+                transport_factory=_gcm_first,
+                sock=self._proxy(paramiko),
+            )
+        except paramiko.BadHostKeyException as e:
+            raise UnreachableError(
+                f"{where}: the host key has CHANGED (the server now offers {e.key.get_name()} {fingerprint(e.key)}, "
+                f"known_hosts has {fingerprint(e.expected_key)}) — refusing to connect: this may be an attack. If the "
+                f"server was really reinstalled, remove the old key with: ssh-keygen -R "
+                f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}"
+            ) from None
+        except paramiko.AuthenticationException as e:
+            if "timeout" in str(e).lower() or "EOF" in str(e):  # the network, not the credentials
+                raise Transient(f"{where}: the SSH handshake did not complete ({e})") from None
+            raise UnreachableError(
+                f"{where}: authentication rejected ({e}); keys tried: "
+                f"{', '.join(h.identity_files) or 'ssh-agent / ~/.ssh/id_*'}"
+            ) from None
+        except paramiko.SSHException as e:
+            if "not found in known_hosts" in str(e):
+                raise UnreachableError(unknown_key_message(h, where)) from None
+            raise Transient(f"{where}: SSH handshake failed ({e})") from None
+        except socket.gaierror as e:
+            where_from = (
+                "it is in no hosts file (configs/hosts.yaml, ~/.config/enlace/hosts.yaml) nor ~/.ssh/config"
+                if not h.configured
+                else "check its ssh: / HostName"
+            )
+            raise UsageError(
+                f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}); {where_from}. "
+                f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} "
+                "--ssh USER@HOST"
+            ) from None
+        except (TimeoutError, OSError, EOFError) as e:
+            timed_out = isinstance(e, (socket.timeout, TimeoutError))  # EOFError (a banner cut off) has no strerror
+            reason = "timed out" if timed_out else (getattr(e, "strerror", None) or str(e) or type(e).__name__)
+            raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
+        transport = client.get_transport()
+        if isinstance(transport.sock, socket.socket):  # not a proxy's pipe
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # paramiko leaves Nagle on
+        transport.set_keepalive(15)
+        self._client, self.answered = client, True  # sessions cut after this are a network's, not a typo's
+        return client
+
+    def _proxy(self, paramiko):
+        """What ~/.ssh/config reaches the host through (ProxyCommand, ProxyJump) as a pipe; None: direct."""
+        command = proxy_command(self.host, self._client_options())
+        return paramiko.ProxyCommand(command) if command else None
+
+    def _dropped(self, e: BaseException, started: bool) -> Transient:
+        self._client = None
+        return Transient(f"{self.host.name}: connection lost ({str(e) or type(e).__name__})", started=started)
+
+    # -- commands ---------------------------------------------------------------------------
+    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
+        out, err = bytearray(), bytearray()
+        try:
+            code = self._exec(argv, out.extend, err.extend, stall_timeout=timeout, deadline=time.monotonic() + timeout)
+        except DeadlinePassed:
+            raise CommandFailed(self.host.name, short(argv), -1, f"timed out after {timeout}s") from None
+        return Result(out.decode(errors="replace"), err.decode(errors="replace"), code)
+
+    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        return self._exec(argv, on_stdout, on_stderr, stall_timeout, deadline=None)
+
+    def _exec(
+        self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float, deadline: float | None
+    ) -> int:
+        """One command on its own channel: its bytes to the callbacks as they come; its exit code. A drop,
+        a kill or `stall_timeout` s without data raise Transient; passing `deadline` raises DeadlinePassed."""
+        paramiko = load_paramiko()
+
+        try:
+            chan = self._connection().get_transport().open_session()
+        except (EOFError, OSError, paramiko.SSHException) as e:  # the transport died under us
+            raise self._dropped(e, started=False) from None
+        try:
+            chan.exec_command(shlex.join(argv))
+            quiet_since = time.monotonic()
+            while not (chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready()):
+                got = False
+                if chan.recv_ready():
+                    on_stdout(chan.recv(1 << 16))
+                    got = True
+                if chan.recv_stderr_ready():
+                    on_stderr(chan.recv_stderr(1 << 16))
+                    got = True
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlinePassed
+                if got:
+                    quiet_since = time.monotonic()
+                    continue
+                if chan.exit_status_ready():
+                    continue  # ended: the loop's condition stops once the buffers are drained
+                if chan.closed or not chan.get_transport().is_active():
+                    raise ConnectionError("connection closed before the command ended")
+                if time.monotonic() - quiet_since > stall_timeout:
+                    raise ConnectionError(f"no data for {stall_timeout:g}s")
+                select.select([chan], [], [], 0.2)  # the channel's fileno wakes us on stdout/stderr data or EOF
+            status = chan.recv_exit_status()
+            if status == -1:  # the session ended without an exit status: killed under us
+                raise ConnectionError("the session ended without an exit status")
+            return status
+        except (EOFError, OSError, paramiko.SSHException) as e:
+            raise self._dropped(e, started=True) from None
+        finally:
+            chan.close()
+
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
+        import shutil
+
+        if shutil.which("ssh") and not shared:
+            return SystemSSHDuplex(self, argv, stall_timeout, tick)
+        return ChannelDuplex(self, argv, stall_timeout, tick)
+
+    # -- git / ssh ---------------------------------------------------------------------------
+    def ssh_argv(self) -> list[str]:
+        h = self.host
+        argv = [
+            "ssh",
+            *self._client_options(),
+            "-o",
+            f"UserKnownHostsFile={h.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"Ciphers={h.ciphers or SSH_CIPHERS}",
+            "-p",
+            str(h.port),
+        ]
+        if h.proxy_command:  # we name the HostName, so ssh would not apply the alias's own block
+            argv += ["-o", f"ProxyCommand={h.proxy_command}"]
+        elif h.proxy_jump:
+            argv += ["-o", f"ProxyJump={h.proxy_jump}"]
+        # The keys paramiko tries (~ is $HOME), also for ssh, which would look in the passwd entry's home
+        keys = h.identity_files or [str(k) for k in (Path.home() / ".ssh" / n for n in DEFAULT_KEYS) if k.is_file()]
+        for key in keys:
+            argv += ["-i", key]
+        return argv
+
+    def _client_options(self) -> list[str]:
+        """What every ssh the driver starts carries, to the host or to a hop on the way there: no prompts,
+        the host's connect timeout, and the user's ssh config (or none)."""
+        cfg = ssh_config_file()
+        timeout = f"ConnectTimeout={int(self.host.connect_timeout)}"
+        return ["-o", "BatchMode=yes", "-o", timeout, "-F", str(cfg) if cfg.is_file() else "/dev/null"]
+
+    def remote_path(self, path: str) -> str:
+        user = f"{self.host.user}@" if self.host.user else ""
+        return f"{user}{self.host.hostname}:{path}"
+
+    def git_url(self, path: str) -> str:
+        user = f"{self.host.user}@" if self.host.user else ""
+        return f"ssh://{user}{self.host.hostname}:{self.host.port}{path}"
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+# OpenSSH's default cipher set (ssh_config(5), 6.5 to 9.x) with AES-GCM first, as _gcm_first does for paramiko:
+# with AES instructions it outruns chacha20-poly1305, ssh's own first choice (docs/benchmarks.md).
+SSH_CIPHERS = ",".join(
+    [
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+        "chacha20-poly1305@openssh.com",
+        "aes128-ctr",
+        "aes192-ctr",
+        "aes256-ctr",
+    ]
+)
+
+
+def _gcm_first(sock, **kwargs):
+    """paramiko's Transport, offering AES-GCM first where this paramiko has it (from 3.5 on), the rest
+    of its list after: one AEAD call per packet instead of AES-CTR plus a separate HMAC (fetch's fallback
+    without an ssh client runs on this connection; bench/remote.py measures it)."""
+    paramiko = load_paramiko()
+
+    transport = paramiko.Transport(sock, **kwargs)
+    opts = transport.get_security_options()
+    opts.ciphers = sorted(opts.ciphers, key=lambda name: "-gcm@" not in name)  # stable: the rest keep their order
+    return transport
+
+
+def connect(host: Host, accept_new_host_key: bool = False) -> Transport:
+    return LocalTransport(host) if host.local else SSHTransport(host, accept_new_host_key)

@@ -1,0 +1,248 @@
+"""`data push RUN` and `data ls RUN`: bring the server's <remote_dir>/data/ to the files RUN reads here.
+
+    local  data/...                          resolved from RUN's config by the trainer's own rules
+                                             (enlace/data/paths.py), so what is pushed is what it will read
+    server <remote_dir>/data/...             the same relative paths; a file appears whole (renamed in)
+    server <remote_dir>/.partial-push/...    what a dropped connection left: the next push continues it
+
+One conversation with `enlace data-receive` (enlace/server/datarecv.py has the wire) over the host's one SSH
+connection: we list our files (path, size, mtime), the server says what it holds, we send what differs
+(a file of the same size but another mtime is compared by sha256 first, and only touched when it is the
+same), each followed by its sha256, which the server checks before it renames the file in. Nothing is
+deleted there unless --delete, and then only files this run's data paths match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enlace.config.schema import load_config
+from enlace.contract import FRAME, ErrorKind
+from enlace.data.paths import DATA_DIR, push_files, push_scope
+from enlace.errors import EnlaceError
+from enlace.server.datarecv import file_sha256
+from orchestrator.errors import Transient, UsageError
+from orchestrator.ssh.session import Session
+from orchestrator.transfer.gitsync import print_sync, sync
+from orchestrator.transfer.wire import Progress, Reader, human_bytes, retrying
+
+STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
+CHUNK = 4 << 20
+
+
+@dataclass
+class LocalData:
+    """What RUN reads here: globs relative to data/, notes on what is not pushed, and each file by its
+    path relative to data/ → (local path, size, mtime in ns)."""
+
+    run: str
+    globs: list[str]
+    notes: list[str]
+    files: dict[str, tuple[Path, int, int]]
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for _, size, _ in self.files.values())
+
+
+@dataclass
+class Plan:
+    send: list[list] = field(default_factory=list)  # [path, offset, size, mtime_ns]
+    touch: list[list] = field(default_factory=list)  # [path, mtime_ns]: same bytes, another mtime
+    delete: list[str] = field(default_factory=list)
+    same: int = 0
+    prefixes: dict[str, Any] = field(default_factory=dict)  # path → sha256 of the bytes the server holds
+
+    @property
+    def bytes(self) -> int:
+        return sum(size - offset for _, offset, size, _ in self.send)
+
+    def doc(self) -> dict:
+        return {"send": self.send, "touch": self.touch, "delete": self.delete}
+
+
+def local_data(repo: Path, run: str, overrides=()) -> LocalData:
+    """RUN's data files in this checkout, resolved as the trainer resolves them."""
+
+    cfg = load_config(run, overrides, repo)
+    globs, notes = push_scope(cfg.data)
+    files = {}
+    for path in push_files(cfg.data, repo) if globs else []:
+        st = path.stat()
+        files[path.relative_to(repo / DATA_DIR).as_posix()] = (path, st.st_size, st.st_mtime_ns)
+    return LocalData(run, globs, notes, files)
+
+
+def _sha256(path: Path, count: int | None = None):
+
+    return file_sha256(path, count)
+
+
+def decide(local: LocalData, have: dict[str, Any], extra: list, delete: bool) -> Plan:
+    """What to send, touch and delete, from the server's answer (enlace/server/datarecv.py: STATE)."""
+    plan = Plan()
+    for rel, (path, size, mtime) in local.files.items():
+        state = have.get(rel)
+        if state == "same":
+            plan.same += 1
+            continue
+        offset = 0
+        if isinstance(state, list) and state[0] == "sha256":
+            if _sha256(path).hexdigest() == state[1]:
+                plan.touch.append([rel, mtime])
+                plan.same += 1
+                continue
+        elif isinstance(state, list) and state[0] == "partial":
+            held, prefix = int(state[1]), _sha256(path, int(state[1]))
+            if held <= size and prefix.hexdigest() == state[2]:
+                offset, plan.prefixes[rel] = held, prefix
+        plan.send.append([rel, offset, size, mtime])
+    if delete:
+        plan.delete = [rel for rel, _ in extra]
+    return plan
+
+
+def converse(session: Session, local: LocalData, push: bool, delete: bool = False) -> tuple[dict, Plan, dict | None]:
+    """The server's answer, the plan and (when `push` and there is something to do) its report."""
+    kept = "what arrived stays in <remote_dir>/.partial-push on the server"
+    return retrying("data push", kept, lambda tick: _once(session, local, push, delete, tick))
+
+
+def _once(session: Session, local: LocalData, push: bool, delete: bool, tick) -> tuple[dict, Plan, dict | None]:
+    argv = session.enlace_argv("latest", "data-receive", "--json")
+    listing = {"files": [[rel, s, m] for rel, (_, s, m) in local.files.items()], "scope": local.globs}
+    with session.transport.duplex(argv, STALL_S, tick) as wire:
+        reader = Reader(wire, "data push")
+        try:
+            wire.write(json.dumps(listing).encode() + b"\n")
+        except Transient:
+            _answer(session, wire, reader.readline())  # the server refused before reading (e.g. nothing synced)
+            raise
+        answer = _answer(session, wire, reader.readline())
+        plan = decide(local, answer["have"], answer["extra"], delete)
+        if not push or not (plan.send or plan.touch or plan.delete):
+            wire.finish()
+            return answer, plan, None
+        try:
+            wire.write(json.dumps(plan.doc()).encode() + b"\n")
+            out = _Batched(wire)
+            with Progress(f"push {session.host.name}", plan.bytes + sum(o for _, o, _, _ in plan.send)) as bar:
+                for rel, offset, size, _ in plan.send:
+                    bar.skip(offset)
+                    _send(out, local.files[rel][0], offset, size, plan.prefixes.get(rel), bar, tick)
+            out.flush()
+        except Transient:
+            _answer(session, wire, reader.readline())  # the server's own refusal, when it gave one
+            raise
+        report = _answer(session, wire, reader.readline())
+        code, err = wire.finish()
+        if code != 0:
+            raise EnlaceError(f"data push to {session.host.name}: the server side exited {code}: {err.strip()[-500:]}")
+    return answer, plan, report
+
+
+class _Batched:
+    """Writes to the wire, small ones gathered into one (thousands of small files: a few large writes)."""
+
+    def __init__(self, wire):
+        self.wire, self.pending = wire, bytearray()
+
+    def write(self, data) -> None:
+        if len(data) >= CHUNK // 4:
+            self.flush()
+            self.wire.write(data)
+            return
+        self.pending += data
+        if len(self.pending) >= CHUNK // 4:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.wire.write(bytes(self.pending))
+            self.pending.clear()
+
+
+def _send(out: _Batched, path: Path, offset: int, size: int, prefix, bar: Progress, tick) -> None:
+    """One file's frame from `offset`, then the whole file's sha256 (prefix: the hash of what the server holds)."""
+    hasher = prefix.copy() if prefix is not None else hashlib.sha256()
+    out.write(FRAME.pack(offset, size - offset))
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(offset)
+        left = size - offset
+        while left:
+            tick()
+            chunk = fh.read(min(left, CHUNK))
+            if not chunk:
+                raise EnlaceError(f"{path} shrank while it was being pushed — push again once it is written")
+            hasher.update(chunk)
+            out.write(chunk)
+            bar.update(len(chunk))
+            left -= len(chunk)
+    out.write(hasher.digest())
+
+
+def _answer(session: Session, wire, line: bytes) -> dict:
+    """The server's JSON line, or its refusal raised as the error it names."""
+    try:
+        doc = json.loads(line)
+        if isinstance(doc, dict) and doc.get("ok") is not False:
+            return doc
+    except json.JSONDecodeError:
+        pass
+    code, err = wire.finish()
+    if not line.strip() and code == 0:
+        raise Transient("data push: the server side ended early", started=True)
+    return session.answer("enlace data-receive", line.decode(errors="replace"), err, code, (0,))
+
+
+def push(session: Session, repo: Path, local: LocalData, delete: bool = False, dry_run: bool = False) -> Plan:
+    """The whole push to one host (a sync first when it has no tree yet); its summary on stderr. Raises
+    when a file arrived corrupted (it was not installed)."""
+    import time
+
+    import click
+
+    t0 = time.perf_counter()
+    _, plan, report = synced_first(session, repo, lambda: converse(session, local, not dry_run, delete))
+    if report and report["bad"]:
+        raise UsageError(
+            f"{session.host.name}: {len(report['bad'])} file(s) arrived corrupted and were not installed "
+            f"({', '.join(report['bad'][:3])}) — push again"
+        )
+    click.echo(summary(session.host.name, local, plan, report, dry_run, time.perf_counter() - t0), err=True)
+    return plan
+
+
+def synced_first(session: Session, repo: Path, fn):
+    """fn(), after a sync when the server has no tree yet (data-receive runs in the newest one)."""
+    try:
+        return fn()
+    except EnlaceError as e:
+        if getattr(e, "kind", None) != ErrorKind.NOT_SYNCED:
+            raise
+
+    print_sync(sync(session, repo, allow_dirty=False))
+    return fn()
+
+
+def summary(host: str, local: LocalData, plan: Plan, report: dict | None, dry_run: bool, seconds: float) -> str:
+    """One line for the user: what was (or would be) sent, touched, deleted, and what already matched."""
+    total = f"{len(local.files)} files, {human_bytes(local.bytes)}"
+    if not (plan.send or plan.touch or plan.delete):
+        return f"data push {local.run} → {host}: up to date ({total}); nothing sent"
+    verb = "would send" if dry_run else "sent"
+    parts = [f"{verb} {len(plan.send)} file(s), {human_bytes(plan.bytes)}"]
+    resumed = sum(1 for _, o, _, _ in plan.send if o)
+    if resumed:
+        parts.append(f"{resumed} resumed where an earlier push stopped")
+    if plan.touch:
+        parts.append(f"{len(plan.touch)} only re-dated (same bytes)")
+    if plan.delete:
+        parts.append(f"{'would delete' if dry_run else 'deleted'} {len(plan.delete)}")
+    parts.append(f"{plan.same} already there")
+    rate = f" in {seconds:.1f}s ({human_bytes(plan.bytes / max(seconds, 1e-6))}/s)" if not dry_run else ""
+    return f"data push {local.run} → {host}: " + ", ".join(parts) + f" ({total}){rate}"

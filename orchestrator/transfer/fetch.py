@@ -1,0 +1,257 @@
+"""`fetch [RUN]`: pull complete checkpoints back, verified, incrementally, resumably.
+
+    local runs/<run>/.partial-fetch/       one transfer's staging area, kept across interruptions
+    local runs/<run>/checkpoints/step-N/   appears only once every file matched the sha256 in the
+                                           server's MANIFEST (then renamed in from staging)
+
+The whole fetch is one conversation with `enlace fetch-serve` on the server (enlace/server/fetchserve.py has
+the wire) over the host's one SSH connection: it offers the complete checkpoints and run files, we ask
+for what is missing here (a short staging file resumes from its end when its bytes still match), and
+each file is hashed as it arrives, so verification costs no second pass. A dropped connection is
+retried from where it stopped. Every remote name is checked before it becomes a local path: nothing
+can land outside the destination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from enlace.contract import FRAME
+from enlace.errors import EnlaceError
+from orchestrator.errors import UsageError
+from orchestrator.ssh.session import Session
+from orchestrator.transfer.wire import Progress, Reader, retrying
+
+CKPT_NAME = re.compile(r"step-\d{6,}")
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+STAGING = ".partial-fetch"
+STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
+
+
+class CorruptCheckpoint(EnlaceError):
+    pass
+
+
+def _safe(name: str, pattern: re.Pattern, what: str) -> str:
+    if not pattern.fullmatch(name) or ".." in name:
+        raise EnlaceError(f"refusing {what} name {name!r} from the server: it could escape the destination")
+    return name
+
+
+def _already_here(final: Path, files: dict) -> bool:
+    """Fetched and verified before: the local MANIFEST lists exactly the server's files."""
+    try:
+        return json.loads((final / "MANIFEST").read_text())["files"] == files
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return False
+
+
+def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict[str, Any]:
+    """Fetch RUN's newest (or every) complete checkpoint and its run files into `dest`."""
+    root = dest.resolve()
+
+    def plan(offer: dict[str, Any]) -> dict[str, str | None]:
+        if not offer["checkpoints"]:
+            raise UsageError(
+                f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
+                "— wait for the first checkpoint.every steps, or stop the run to make it save"
+            )
+        _claim(root, session.host.name, offer["run_dir"], run_name)
+        listed = offer["checkpoints"]
+        wanted = listed if all_checkpoints else [c for c in listed if c["name"] == offer["latest"]] or listed[-1:]
+        want: dict[str, str | None] = {}  # path → its sha256 (None: a run file, taken as it is now)
+        for ck in wanted:
+            name = _safe(ck["name"], CKPT_NAME, "checkpoint")
+            if _already_here(root / "checkpoints" / name, ck["files"]):
+                continue
+            for fname, entry in ck["files"].items():
+                want[f"checkpoints/{name}/{_safe(fname, FILE_NAME, 'file')}"] = entry["sha256"]
+            want[f"checkpoints/{name}/MANIFEST"] = None
+        for fname in offer["files"]:
+            want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
+        return want
+
+    t0 = time.perf_counter()
+    offer, want, got = _converse(session, run_name, root / STAGING, plan)
+    (root / "checkpoints").mkdir(parents=True, exist_ok=True)
+    report = {"run_name": run_name, "dest": str(root), "fetched": [], "skipped": [], "bytes": got, "method": "ssh"}
+    for ck in offer["checkpoints"]:
+        final = root / "checkpoints" / ck["name"]
+        partial = root / STAGING / "checkpoints" / ck["name"]
+        if f"checkpoints/{ck['name']}/MANIFEST" in want:  # each file arrived and matched its sha256
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(partial, final)
+            report["fetched"].append(ck["name"])
+        elif _already_here(final, ck["files"]):
+            report["skipped"].append(ck["name"])
+    if offer["latest"] and (root / "checkpoints" / offer["latest"]).is_dir():
+        tmp = root / "checkpoints" / ".latest.tmp"
+        tmp.write_text(offer["latest"] + "\n")
+        os.replace(tmp, root / "checkpoints" / "latest")
+    for fname in offer["files"]:
+        os.replace(root / STAGING / fname, root / fname)
+    shutil.rmtree(root / STAGING, ignore_errors=True)
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def _seed(root: Path, name: str) -> str:
+    """Start a run file's staging copy from the one fetched before: when its bytes are still the start
+    of the server's file (metrics.jsonl and train.log only grow), only the rest travels."""
+    if (root / name).is_file() and not (root / STAGING / name).exists():
+        (root / STAGING).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, root / STAGING / name)
+    return name
+
+
+def fetch_run_files(
+    session: Session, run_name: str, dest: Path, names: tuple[str, ...], shared: bool = False
+) -> list[str]:
+    """Only some run files (e.g. metrics.jsonl and run.json for `plot`). A local copy whose bytes are
+    still the start of the server's file is only extended (_seed). Returns the names fetched. `shared`: over
+    the host's one connection (Transport.duplex)."""
+    root = dest.resolve()
+
+    def plan(offer: dict[str, Any]) -> dict[str, str | None]:
+        _claim(root, session.host.name, offer["run_dir"], run_name)
+        return {_seed(root, _safe(n, FILE_NAME, "file")): None for n in names if n in offer["files"]}
+
+    offer, _, _ = _converse(session, run_name, root / STAGING, plan, shared)
+    fetched = [n for n in names if n in offer["files"]]
+    for name in fetched:
+        os.replace(root / STAGING / name, root / name)
+    with contextlib.suppress(OSError):  # emptied: no .partial-fetch/ left behind (one still holding bytes stays)
+        (root / STAGING).rmdir()
+    return fetched
+
+
+def _converse(
+    session: Session, run_name: str, staging: Path, plan, shared: bool = False
+) -> tuple[dict[str, Any], dict, int]:
+    """One fetch-serve conversation (again after a dropped connection, resuming): the offer, what was
+    fetched and how many bytes arrived. `plan(offer)` says which paths to fetch ({path: sha256 or None});
+    each lands in staging/path, verified when it has a sha256."""
+    kept = f"what arrived stays in {staging}"
+    return retrying("fetch", kept, lambda tick: _converse_once(session, run_name, staging, plan, tick, shared))
+
+
+def _converse_once(
+    session: Session, run_name: str, staging: Path, plan, tick, shared: bool
+) -> tuple[dict[str, Any], dict, int]:
+    argv = session.enlace_argv("latest", "fetch-serve", run_name, "--json")
+    with session.transport.duplex(argv, STALL_S, tick, shared=shared) as wire:
+        reader = Reader(wire)
+        line = reader.readline()
+        offer = _answer(session, wire, line)
+        want = plan(offer)
+        request, hashers = [], {}
+        for rel in want:
+            local = staging / rel
+            local.parent.mkdir(parents=True, exist_ok=True)
+            have = local.stat().st_size if local.is_file() else 0
+            hashers[rel] = _prefix_hash(local, have)
+            request.append([rel, have, hashers[rel].hexdigest()])
+        wire.write(json.dumps({"send": request}).encode() + b"\n")
+        got = 0
+        with Progress("fetch", sum(_size(offer, rel) for rel in want)) as bar:
+            for rel, offset, _ in request:
+                hashers[rel], n = _receive(reader, staging / rel, offset, hashers[rel], bar)
+                got += n
+        code, err = wire.finish()
+        if code != 0:
+            raise EnlaceError(f"fetch from {session.host.name}: the server side exited {code}: {err.strip()[-500:]}")
+    for rel, sha in want.items():
+        if sha is not None and hashers[rel].hexdigest() != sha:
+            (staging / rel).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
+            raise CorruptCheckpoint(
+                f"{rel}: sha256 does not match the server's MANIFEST — not installed. If this repeats, the "
+                "file is corrupt on the server; fetch an older checkpoint with --all"
+            )
+    return offer, want, got
+
+
+def _answer(session: Session, wire, line: bytes) -> dict[str, Any]:
+    """The offer, or the server's refusal raised as the error it names."""
+    try:
+        doc = json.loads(line)
+        if doc.get("ok") is not False:
+            return doc
+    except json.JSONDecodeError:
+        pass
+    code, err = wire.finish()
+    return session.answer("enlace fetch-serve", line.decode(errors="replace"), err, code, (0,))
+
+
+def _size(offer: dict[str, Any], rel: str) -> int:
+    if rel in offer["files"]:
+        return offer["files"][rel]
+    _, name, fname = rel.split("/")
+    ck = next(c for c in offer["checkpoints"] if c["name"] == name)
+    return ck["manifest_bytes"] if fname == "MANIFEST" else ck["files"][fname]["bytes"]
+
+
+def _prefix_hash(path: Path, count: int):
+    h = hashlib.sha256()
+    if count:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h
+
+
+def _receive(reader: Reader, local: Path, offset: int, hasher, bar):
+    """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0),
+    hashed as it arrives. Returns the file's sha256 object and the bytes received."""
+    start, count = FRAME.unpack(reader.exactly(FRAME.size))
+    if start != offset:  # the server's file is not what we hold the start of: take it whole
+        hasher = hashlib.sha256()
+    bar.skip(start)
+    left = count
+    with open(local, "r+b" if local.exists() else "wb") as fh:
+        # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to
+        # disk when it is closed (auto_da_alloc), and the fetch's last rmdir would wait for that
+        if fh.seek(0, os.SEEK_END) > start:
+            fh.truncate(start)
+        fh.seek(start)
+        while left:
+            chunk = reader.some(left)  # what has arrived, up to the frame's end
+            fh.write(chunk)
+            hasher.update(chunk)
+            bar.update(len(chunk))
+            left -= len(chunk)
+    return hasher, count
+
+
+ORIGIN = ".enlace-origin.json"
+
+
+def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
+    """A fetched run remembers where it came from; the same name from another host or directory is
+    refused (mixing two runs' checkpoints, logs and `latest` in one directory loses both)."""
+    origin = {"host": host, "run_dir": run_dir}
+    path = root / ORIGIN
+    if path.is_file():
+        have = json.loads(path.read_text())
+        if have != origin:
+            raise UsageError(
+                f"{root} holds {run_name} fetched from {have['host']} ({have['run_dir']}); fetching "
+                f"{run_name} from {host} ({run_dir}) would mix two runs — fetch it elsewhere: "
+                f"--dest {root.parent / (run_name + '@' + host)}"
+            )
+        return
+    if (root / "checkpoints").is_dir() and any((root / "checkpoints").iterdir()):
+        raise UsageError(
+            f"{root} already holds checkpoints of unknown origin (a local run?); fetching {run_name} from "
+            f"{host} would mix them — fetch it elsewhere: --dest {root.parent / (run_name + '@' + host)}"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(origin) + "\n")

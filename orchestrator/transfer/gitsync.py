@@ -1,0 +1,139 @@
+"""`sync`: ship the commit with git, and refuse what would not arrive.
+
+Anything git ignores never reaches the server: an unanchored `data/` once hid enlace/data/ and
+configs/data/, and the server got a package that could not import. So sync refuses when git
+ignores any file under the shipped dirs, quoting the .gitignore line responsible.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from orchestrator.errors import UsageError, VerifyError
+from orchestrator.ssh.session import SHA_RE, Session
+
+SHIPPED_DIRS = ("enlace", "configs", "scripts")
+BUILD_LITTER = ("__pycache__/", ".pyc", ".pyo")  # ignored on purpose, regenerated on the server
+
+
+def git(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> str:
+    p = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    if check and p.returncode != 0:
+        raise UsageError(f"`git {' '.join(args)}` failed in {repo}: {(p.stderr or p.stdout).strip()}")
+    return p.stdout
+
+
+def repo_root(start: Path) -> Path:
+    p = subprocess.run(["git", "-C", str(start), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise UsageError(
+            f"{start} is not inside a git repository — enlace-remote ships code with git; run it "
+            "from your enlace checkout"
+        )
+    root = Path(p.stdout.strip())
+    if not (root / "scripts" / "remote.sh").is_file() or not (root / "enlace").is_dir():
+        raise UsageError(
+            f"{root} is a git repository but not an enlace checkout (no scripts/remote.sh or enlace/) "
+            "— run enlace-remote from your enlace checkout"
+        )
+    return root
+
+
+def ignored_shipped_files(repo: Path) -> list[tuple[str, str]]:
+    """(path, 'source:line:pattern') for every file under the shipped dirs that git ignores."""
+    untracked = git(repo, "ls-files", "--others", "--ignored", "--exclude-standard", "--", *SHIPPED_DIRS).split("\n")
+    tracked = git(repo, "ls-files", "--cached", "--ignored", "--exclude-standard", "--", *SHIPPED_DIRS).split("\n")
+    paths = [p for p in untracked + tracked if p and not any(x in p for x in BUILD_LITTER)]
+    if not paths:
+        return []
+    p = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--stdin"],
+        input="\n".join(paths),
+        capture_output=True,
+        text=True,
+    )
+    out = []
+    for line in p.stdout.splitlines():
+        source, _, path = line.partition("\t")
+        out.append((path, source))
+    return sorted(set(out))
+
+
+@dataclass
+class SyncReport:
+    commit: str
+    dirty: list[str] = field(default_factory=list)
+    pushed: bool = False
+    seconds: float = 0.0
+    tree: str = ""
+
+
+def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> SyncReport:
+    dirty = [line for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines() if line]
+    if dirty and not allow_dirty:
+        listing = "\n".join(f"  {d}" for d in dirty[:30]) + ("\n  ..." if len(dirty) > 30 else "")
+        raise VerifyError(
+            f"the working tree has uncommitted changes; they would NOT ship:\n{listing}\n"
+            "commit them, or pass --allow-dirty to ship HEAD without them"
+        )
+    if check_ignored:
+        bad = ignored_shipped_files(repo)
+        if bad:
+            listing = "\n".join(f"  {path}   (ignored by {source})" for path, source in bad[:40])
+            raise VerifyError(
+                f"git ignores {len(bad)} file(s) the server needs — they would never arrive:\n{listing}\n"
+                "fix .gitignore (anchor root-only entries with a leading slash, e.g. /data/), "
+                "then add and commit the files"
+            )
+    sha = git(repo, "rev-parse", "HEAD").strip()
+    if not SHA_RE.fullmatch(sha):
+        raise UsageError(f"cannot read HEAD in {repo} — make a first commit")
+    return SyncReport(commit=sha, dirty=dirty)
+
+
+def sync(session: Session, repo: Path, allow_dirty: bool = False, check_ignored: bool = True) -> SyncReport:
+    """Push HEAD to <remote_dir>/repo.git, check it out under trees/<sha>, prepare the python."""
+    t0 = time.perf_counter()
+    report = local_checks(repo, allow_dirty, check_ignored)
+    state = session.setup(report.commit)
+    if not state["have_tree"]:
+        push(session, repo, report.commit)
+        report.pushed = True
+    # idempotent; with `python: venv` the first checkout builds the venv: pip's progress is shown as it comes
+    argv = session.argv("checkout", report.commit, session.host.python, *session.host.pip_args)
+    done = session.stream_call(
+        argv, "remote.sh checkout", lambda line: click.echo(f"  server: {line}", err=True), stall_timeout=1800
+    )
+    report.tree = done["tree"]
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def push(session: Session, repo: Path, sha: str) -> None:
+    dest = f"{session.remote_dir}/repo.git"
+    t = session.transport
+    env = {}
+    if t.ssh_argv():
+        dest = t.git_url(dest)
+        env["GIT_SSH_COMMAND"] = shlex.join(t.ssh_argv())
+    git(repo, "push", "--quiet", "--force", dest, f"{sha}:refs/enlace/{sha}", env=env)
+
+
+def print_sync(rep) -> None:
+    if rep.dirty:
+        click.echo(
+            f"warning: --allow-dirty: {len(rep.dirty)} uncommitted change(s) NOT shipped; "
+            f"the server gets HEAD {rep.commit[:12]}",
+            err=True,
+        )
+    sent = "pushed and checked out" if rep.pushed else "already on the server"
+    click.echo(f"sync: {rep.commit[:12]} {sent} ({rep.tree}) in {rep.seconds:.2f}s", err=True)

@@ -1,0 +1,94 @@
+"""The board's web server: the page (orchestrator/view/board.html, one file with its script and style, no CDN)
+and its JSON, on 127.0.0.1 only, every request carrying the board's token (in the URL the page is opened
+with, as Jupyter does; the page sends it back in a header). Read-only: nothing here changes a run.
+
+    GET /?token=T                          the page
+    GET /api/runs                          every run on every host (rows as `status --all --json` has them)
+    GET /api/run?host=H&run=R&log=N        one run's curves, run.json and its log from byte N (-1: its tail)
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from urllib.parse import parse_qs, urlsplit
+
+from enlace.contract import RUN_NAME_RE
+from orchestrator.view.board import Board
+
+TOKEN_HEADER = "X-Enlace-Token"
+
+
+class BoardServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, board: Board, port: int = 0, token: str | None = None):
+        self.board, self.token = board, token or secrets.token_urlsafe(24)
+        self.page = resources.files("orchestrator.view").joinpath("board.html").read_bytes()
+        super().__init__(("127.0.0.1", port), Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/?token={self.token}"
+
+    def serve_in_background(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, daemon=True, name="board-http")
+        thread.start()
+        return thread
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: BoardServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:
+        pass  # the terminal shows the board's URL, not every request
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")  # the token never leaves in a Referer
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, doc, status: int = HTTPStatus.OK) -> None:
+        self._send(status, json.dumps(doc).encode(), "application/json")
+
+    def _authorized(self, query: dict) -> bool:
+        given = self.headers.get(TOKEN_HEADER) or (query.get("token") or [""])[0]
+        return hmac.compare_digest(given.encode(), self.server.token.encode())
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        if not self._authorized(query):
+            self._send(
+                HTTPStatus.FORBIDDEN,
+                b"403: this board needs its token: open the URL enlace-remote board printed\n",
+                "text/plain",
+            )
+            return
+        if url.path == "/":
+            self._send(HTTPStatus.OK, self.server.page, "text/html; charset=utf-8")
+        elif url.path == "/api/runs":
+            self._json({"hosts": list(self.server.board.hosts), "rows": self.server.board.runs()})
+        elif url.path == "/api/run":
+            host, run = (query.get("host") or [""])[0], (query.get("run") or [""])[0]
+            if host not in self.server.board.hosts or not RUN_NAME_RE.fullmatch(run):
+                self._json({"error": f"no such host or run: {host!r} {run!r}"}, HTTPStatus.NOT_FOUND)
+                return
+            try:
+                offset = int((query.get("log") or ["-1"])[0])
+            except ValueError:
+                offset = -1
+            self._json(self.server.board.run(host, run, offset))
+        else:
+            self._json({"error": f"no page {url.path}"}, HTTPStatus.NOT_FOUND)

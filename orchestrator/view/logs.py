@@ -1,0 +1,80 @@
+"""`logs RUN [-f]`: stream train.log from a byte offset; survive dropped connections.
+
+The driver counts the bytes it has written out; after a drop, a stall past the read timeout, or a
+failed reconnect (sshd restarting, a lossy network), it reconnects with backoff and asks the server
+for the log from exactly that offset — no line lost, none repeated. It gives up only after
+`give_up_s` seconds without a single successful reconnect. The server sends a newline on stderr
+when the log is quiet, so a long eval is not mistaken for a dead connection.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from enlace import contract
+from enlace.contract import ended_message
+from enlace.errors import EnlaceError
+from orchestrator.errors import Transient
+from orchestrator.ssh.session import Session
+from orchestrator.ssh.transport import backoff
+
+
+def follow_log(
+    session: Session,
+    run_name: str,
+    offset: int,
+    follow: bool,
+    stall_timeout: float = 60,
+    give_up_s: float = 600,
+    out=None,
+) -> int:
+    """Print the log from `offset`; returns the run's exit code with `follow`, else 0."""
+    out = out or sys.stdout.buffer
+    failures, last_ok = 0, time.monotonic()
+    while True:
+        argv = session.enlace_argv(
+            "latest", "logs", run_name, "--offset", str(offset), *(["--follow"] if follow else []), tied=True
+        )
+        written = 0
+
+        def on_data(chunk: bytes) -> None:
+            nonlocal written
+            out.write(chunk)
+            out.flush()
+            written += len(chunk)
+
+        try:
+            code = session.transport.stream(argv, on_data, _notices, stall_timeout)
+        except Transient as e:
+            offset += written
+            if written:
+                failures, last_ok = 0, time.monotonic()
+            if time.monotonic() - last_ok > give_up_s:
+                raise EnlaceError(
+                    f"logs {run_name}: gave up after {give_up_s:g}s without a working connection "
+                    f"({e.message}); the run itself is unaffected — rerun `enlace-remote logs "
+                    f"{run_name} -f`"
+                ) from None
+            delay = backoff(failures)
+            failures += 1
+            click.echo(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]", err=True)
+            time.sleep(delay)
+            continue
+        if follow and code not in (contract.OK, contract.USAGE):
+            row = session.enlace_json("latest", "runs", run_name)[0]
+            click.echo(f"enlace-remote: {ended_message(row)}", err=True)
+        return code
+
+
+def _notices(chunk: bytes) -> None:
+    """The server's stderr: blank lines are heartbeats; anything else (a pending Slurm job) is shown."""
+    for line in chunk.decode(errors="replace").splitlines():
+        if line.strip():
+            click.echo(f"[{line.strip()}]", err=True)
+
+
+def tail_start(session: Session, run_name: str, lines: int) -> int:
+    return session.enlace_json("latest", "logs", run_name, "--tail-offset", str(lines))["offset"]

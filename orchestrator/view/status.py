@@ -1,0 +1,112 @@
+"""The status table: one host's runs, or every host's asked in parallel; Slurm runs get a SLURM column."""
+
+from __future__ import annotations
+
+import time
+
+from enlace.contract import ErrorKind
+from enlace.errors import EnlaceError
+from enlace.preflight.report import duration
+
+DETAIL_WIDTH = 100  # a detail line (a run's error, a skipped checkpoint) is cut here in the table
+
+
+def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> str:
+    """The status table; with `hosts`, rows carry a "host", and a host that did not answer is a row with a
+    "host_error". A run's error and checkpoint warning go on a detail line under its row (cut to
+    DETAIL_WIDTH unless `full`), so the STATUS column keeps its width."""
+    now = time.time()
+    jobs = any(r.get("job_id") for r in rows)
+    head = (
+        *(("HOST",) if hosts else ()),
+        "RUN",
+        "STATUS",
+        "STEP",
+        "LOSS",
+        "VAL BPB",
+        "TOK/S",
+        "ELAPSED",
+        "ETA",
+        "AGE",
+        "COMMIT",
+        *(("SLURM",) if jobs else ()),
+    )
+    table, details = [head], [[]]
+    for r in rows:
+        lead = (r["host"],) if hosts else ()
+        if r.get("host_error"):
+            table.append((*lead, "-", r["host_error"]))
+            details.append([])
+            continue
+        table.append(
+            (
+                *lead,
+                r["run_name"],
+                r["status"] + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
+                f"{r['step']}/{r['max_steps']}",
+                f"{r['loss']:.4f}" if r["loss"] is not None else "-",
+                f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
+                f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
+                duration(r["elapsed_s"]),
+                duration(r["eta_s"]),
+                duration(now - r["updated_at"]) if r.get("updated_at") else "-",
+                (r["commit"] or "-")[:12],
+                *((slurm_cell(r),) if jobs else ()),
+            )
+        )
+        details.append(_details(r, full))
+    widths = [max(len(str(row[i])) for row in table if len(row) == len(head)) for i in range(len(head))]
+    lines = []
+    for row, extra in zip(table, details):
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines += extra
+    return "\n".join(lines)
+
+
+def _details(row: dict, full: bool) -> list[str]:
+    """The lines under a run's row: why it failed, a skipped checkpoint."""
+    found = []
+    if row.get("error") and row["status"] in ("failed", "stopped", "crashed"):
+        found.append(f"error: {row['error']}")
+    if row.get("checkpoint_warning"):
+        found.append(f"warning: {row['checkpoint_warning']}")
+    out = []
+    for text in found:
+        text = " ".join(text.split())  # one line, whatever the error held
+        if not full and len(text) > DETAIL_WIDTH:
+            text = text[: DETAIL_WIDTH - 1] + f"… (enlace-remote status {row['run_name']}: all of it)"
+        out.append(f"    └ {text}")
+    return out
+
+
+def slurm_cell(row: dict) -> str:
+    """`job 12 PENDING (Priority), requeued 2×` for a Slurm run, `-` for the others."""
+    if not row.get("job_id"):
+        return "-"
+    text = f"job {row['job_id']} {row.get('slurm_state') or 'gone'}"
+    if row.get("slurm_reason") and row.get("slurm_state") not in ("RUNNING", "COMPLETED"):
+        text += f" ({row['slurm_reason']})"
+    if row.get("requeues"):
+        text += f", requeued {row['requeues']}×"
+    if row.get("requeue_limit_reached"):
+        text += ", max_requeues reached"
+    return text
+
+
+def status_everywhere(hosts: list, session_for) -> list[dict]:
+    """Every run on every host, the hosts asked in parallel; a host that does not answer is one row saying
+    so (never an abort). Takes as long as the slowest host."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(host) -> list[dict]:
+        try:
+            rows = session_for(host).enlace_json("latest", "runs")
+        except EnlaceError as e:
+            text = e.format_message().splitlines()[0]
+            if getattr(e, "kind", None) == ErrorKind.NOT_SYNCED:
+                return [{"host": host.name, "host_error": "no runs (nothing synced there yet)"}]
+            return [{"host": host.name, "host_error": f"unreachable: {text.removeprefix('on ' + host.name + ': ')}"}]
+        return [{"host": host.name, **r} for r in rows] or [{"host": host.name, "host_error": "no runs"}]
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return [row for rows in pool.map(ask, hosts) for row in rows]
