@@ -171,8 +171,9 @@ def launch(
     On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
     is an sbatch job (`srun torchrun` for --nodes/--gpus) that checkpoints and requeues itself
     before its time limit; launch shows why it is pending and waits for the first step."""
+    from orchestrator.commands.data import local_data_of
     from orchestrator.hosts.resolve import resolve_host
-    from orchestrator.launch import choose, ship, stages
+    from orchestrator.launch import choose, pipeline, ship
 
     run = ship.check_run_config(remote.repo, choose.choose_run(remote.repo, remote.host, run))
     spec = (
@@ -199,51 +200,27 @@ def launch(
     targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
     if hosts and (len(targets) < 2 or not gpus):
         raise click.UsageError("--hosts needs at least two hosts and --gpus N")
-    data = None
-    if push_data:
-        from orchestrator.commands.data import local_data_of
-
-        data = local_data_of(remote, run, overrides)
-    for host in targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
-        if hosts:
-            click.echo(f"== {host.name}", err=True)
-        sha, run_name = ship.ship(
-            remote.session_for(host), remote.repo, run, allow_dirty, True, overrides, fresh=resume == "none", data=data
-        )
-    first = remote.session_for(targets[0])
-    if not stages.worth_launching(first, run_name, overrides):
-        return
-    if not no_preflight:
-        report = stages.remote_preflight(
-            first, sha, run, remote.repo, run_name, ["--steps", "5", *ship.set_args(overrides)]
-        )
-        if report["verdict"] in VERDICT_EXIT and not force:
-            click.echo(
-                f"launch aborted: preflight verdict {report['verdict']} (use --force to launch anyway)", err=True
-            )
-            sys.exit(VERDICT_EXIT[report["verdict"]])
-    if spec:
-        from orchestrator.launch.slurm import submit
-
-        started = submit(first, sha, run_name, spec, nproc, ["-m", "enlace", "train", run, *train_args])
-        choose.remember_run(remote.repo, remote.host.name, run)
-        return stages.wait_and_follow(first, run_name, started, no_wait, follow)
-    started = None
-    for rank, host in enumerate(targets):
-        rdzv = (
-            {"nnodes": len(targets), "node_rank": rank, "addr": targets[0].hostname or "127.0.0.1", "port": master_port}
-            if hosts
-            else None
-        )
-        # one host's trainer restarted alone would wait for its peers' rendezvous: a multi-host run is not restarted
-        policy = ["--restarts", str(0 if hosts else restarts)]
-        policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
-        doc = stages.start_detached(
-            remote.session_for(host), sha, run_name, stages.train_command(run, train_args, gpus, rdzv), policy
-        )
-        started = started or doc
-        choose.remember_run(remote.repo, host.name, run)
-    stages.wait_and_follow(first, run_name, started, no_wait, follow)
+    policy = ["--restarts", str(0 if hosts else restarts)]  # one host's trainer alone would wait for its peers
+    policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
+    plan = pipeline.Plan(
+        run=run,
+        targets=targets,
+        train_args=train_args,
+        overrides=overrides,
+        allow_dirty=allow_dirty,
+        fresh=resume == "none",
+        data=local_data_of(remote, run, overrides) if push_data else None,
+        preflight=not no_preflight,
+        force=force,
+        wait=not no_wait,
+        follow=follow,
+        gpus=gpus,
+        nproc=nproc,
+        master_port=master_port,
+        policy=policy,
+        slurm=spec,
+    )
+    pipeline.run(plan, remote.session_for, remote.repo)
 
 
 def _slurm_spec(remote: Remote, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):

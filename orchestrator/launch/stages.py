@@ -1,12 +1,11 @@
-"""Stages 2-5 of launch, each one function: preflight (remote_preflight; on a Slurm host as a job on a
-compute node), refuse a live or finished run (worth_launching), start (start_detached, or
-orchestrator/launch/slurm.py's submit), wait for the first step and follow the log (wait_and_follow).
-Stage 1, shipping the commit, is orchestrator/launch/ship.py."""
+"""What launch's stages do on the server (orchestrator/launch/pipeline.py runs them in order): preflight
+(remote_preflight; on a Slurm host as a job on a compute node), refuse a live or finished run
+(worth_launching), start the trainer detached (train_command, start_detached; Slurm's submit is
+orchestrator/launch/slurm.py), wait for its first step (wait_first_step). Shipping the commit is ship.py."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -17,7 +16,6 @@ from enlace.preflight.report import format_report
 from orchestrator.errors import AlreadyRunning, from_doc
 from orchestrator.launch.slurm import on_node
 from orchestrator.ssh.session import Session
-from orchestrator.view.logs import follow_log
 
 
 def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name: str, extra: list[str]) -> dict:
@@ -150,14 +148,3 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
     )
     click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
     return row
-
-
-def wait_and_follow(session, run_name: str, started: dict, no_wait: bool, follow: bool) -> None:
-    """Wait for the first step (the server decides; a pending Slurm job says why), then maybe follow."""
-
-    if no_wait:
-        click.echo(f"not waiting: `enlace-remote status {run_name}` or `enlace-remote logs {run_name} -f`", err=True)
-        return
-    wait_first_step(session, run_name, started)
-    if follow:
-        sys.exit(follow_log(session, run_name, started["log_offset"], follow=True))

@@ -1,0 +1,210 @@
+"""`enlace-remote launch` as one ordered pipeline of stages, run by `run(plan)` over a backend:
+
+    ship       sync HEAD (with --push-data, the run's data too) and verify it on every host → commit, run name
+    decide     refuse a live run (its preflight would compete with it); a finished run is said, not relaunched
+    preflight  measure on the server (on a Slurm host, as a short job on a compute node); a bad verdict stops
+    start      the backend starts the trainer: detached under its supervisor (SSH), or as an sbatch job (Slurm)
+    wait       until the trainer logs its first step (a pending Slurm job says why it waits)
+    follow     the log until the run ends (--follow)
+
+The click command parses options into a Plan; `stages_for(plan)` says which stages it runs (--no-preflight,
+--no-wait and --follow change the list) and `backend_for(plan)` on what. A plain SSH host and the `local`
+host are the SSH backend (the local one over a local transport); a `scheduler: slurm` host is the Slurm one.
+Stopping, a run's state and its log are the server's verbs on either backend (the server knows a Slurm job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from enlace.contract import VERDICT
+from enlace.errors import EnlaceError
+from enlace.slurm.settings import SlurmSpec
+from orchestrator.launch import choose, ship, stages
+from orchestrator.launch.slurm import submit
+from orchestrator.view.logs import follow_log
+
+STOP = object()  # a stage's answer when the launch ends there (nothing more to do)
+
+
+class PreflightRefused(EnlaceError):
+    """Preflight's verdict says not to launch (exit code: the verdict's)."""
+
+    def __init__(self, verdict: str):
+        super().__init__(f"launch aborted: preflight verdict {verdict} (use --force to launch anyway)")
+        self.exit_code = VERDICT[verdict]
+
+
+@dataclass
+class Plan:
+    """What one `launch` will do, from its options."""
+
+    run: str  # the run config's stem
+    targets: list  # hosts: one, or several for one run across hosts (--hosts: one torchrun each)
+    train_args: list[str]  # passed to `enlace train` (--until, --resume, --set ...)
+    overrides: tuple[str, ...] = ()
+    allow_dirty: bool = False
+    fresh: bool = False  # --resume none
+    data: Any = None  # --push-data: the run's local data files (orchestrator/transfer/datapush.py)
+    preflight: bool = True
+    force: bool = False
+    wait: bool = True
+    follow: bool = False
+    gpus: str | None = None  # processes per host: --gpus N|all (SSH)
+    nproc: int | str | None = None  # processes per node (Slurm: the host's gpus_per_node by default)
+    master_port: int = 29500
+    policy: list[str] = field(default_factory=list)  # the supervisor's: --restarts, --stall-timeout
+    slurm: SlurmSpec | None = None
+
+
+@dataclass
+class Launch:
+    """What the stages found so far."""
+
+    plan: Plan
+    session_for: Callable
+    repo: Path
+    backend: Backend
+    sha: str = ""
+    run_name: str = ""
+    started: dict | None = None
+
+    @property
+    def first(self):
+        return self.session_for(self.plan.targets[0])
+
+
+class Backend:
+    """Where the trainer runs. `start` is the backend's own; the rest are the server's verbs, which know
+    both (a Slurm run's state carries its job; its stop cancels the job)."""
+
+    name = "backend"
+
+    def start(self, launch: Launch) -> dict:
+        raise NotImplementedError
+
+    def state(self, session, run_name: str) -> dict | None:
+        rows = session.enlace_json("latest", "runs", run_name)
+        return rows[0] if rows else None
+
+    def stop(self, session, run_name: str, grace: float) -> dict:
+        return session.enlace_json("latest", "stop", run_name, "--grace", str(grace), timeout=grace + 60)
+
+    def logs(self, session, run_name: str, offset: int) -> str:
+        return stages.log_since(session, run_name, offset)
+
+
+class SSHBackend(Backend):
+    """A plain host (or `local`): `enlace start` detaches the trainer under its supervisor; with several
+    hosts, one torchrun each, rendezvousing at the first."""
+
+    name = "ssh"
+
+    def start(self, launch: Launch) -> dict:
+        plan, started = launch.plan, None
+        many = len(plan.targets) > 1
+        for rank, host in enumerate(plan.targets):
+            rdzv = None
+            if many:
+                addr = plan.targets[0].hostname or "127.0.0.1"
+                rdzv = {"nnodes": len(plan.targets), "node_rank": rank, "addr": addr, "port": plan.master_port}
+            command = stages.train_command(plan.run, plan.train_args, plan.gpus, rdzv)
+            doc = stages.start_detached(launch.session_for(host), launch.sha, launch.run_name, command, plan.policy)
+            started = started or doc
+            choose.remember_run(launch.repo, host.name, plan.run)
+        return started
+
+
+class SlurmBackend(Backend):
+    """A `scheduler: slurm` host: sbatch on its login node; the job checkpoints and requeues itself."""
+
+    name = "slurm"
+
+    def start(self, launch: Launch) -> dict:
+        plan = launch.plan
+        pyargs = ["-m", "enlace", "train", plan.run, *plan.train_args]
+        started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc, pyargs)
+        choose.remember_run(launch.repo, plan.targets[0].name, plan.run)
+        return started
+
+
+def backend_for(plan: Plan) -> Backend:
+    return SlurmBackend() if plan.slurm else SSHBackend()
+
+
+# -- the stages ---------------------------------------------------------------------------------------
+
+
+def _ship(launch: Launch):
+    plan = launch.plan
+    for host in plan.targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
+        if len(plan.targets) > 1:
+            click.echo(f"== {host.name}", err=True)
+        launch.sha, launch.run_name = ship.ship(
+            launch.session_for(host),
+            launch.repo,
+            plan.run,
+            plan.allow_dirty,
+            True,
+            plan.overrides,
+            fresh=plan.fresh,
+            data=plan.data,
+        )
+
+
+def _decide(launch: Launch):
+    return None if stages.worth_launching(launch.first, launch.run_name, launch.plan.overrides) else STOP
+
+
+def _preflight(launch: Launch):
+    plan = launch.plan
+    extra = ["--steps", "5", *ship.set_args(plan.overrides)]
+    report = stages.remote_preflight(launch.first, launch.sha, plan.run, launch.repo, launch.run_name, extra)
+    if report["verdict"] in VERDICT and not plan.force:
+        raise PreflightRefused(report["verdict"])
+
+
+def _start(launch: Launch):
+    launch.started = launch.backend.start(launch)
+
+
+def _wait(launch: Launch):
+    stages.wait_first_step(launch.first, launch.run_name, launch.started)
+
+
+def _follow(launch: Launch):
+    code = follow_log(launch.first, launch.run_name, launch.started["log_offset"], follow=True)
+    raise SystemExit(code)
+
+
+STAGES: dict[str, Callable[[Launch], Any]] = {
+    "ship": _ship,
+    "decide": _decide,
+    "preflight": _preflight,
+    "start": _start,
+    "wait": _wait,
+    "follow": _follow,
+}
+
+
+def stages_for(plan: Plan) -> list[str]:
+    """The stages `plan` runs, in order."""
+    skip = {"preflight": not plan.preflight, "wait": not plan.wait, "follow": not (plan.wait and plan.follow)}
+    return [name for name in STAGES if not skip.get(name, False)]
+
+
+def run(plan: Plan, session_for: Callable, repo: Path) -> Launch:
+    """Run the plan's stages in order; a stage that answers STOP ends the launch there."""
+    launch = Launch(plan, session_for, repo, backend_for(plan))
+    for name in stages_for(plan):
+        if STAGES[name](launch) is STOP:
+            break
+    if not plan.wait and launch.started is not None:
+        name = launch.run_name
+        click.echo(f"not waiting: `enlace-remote status {name}` or `enlace-remote logs {name} -f`", err=True)
+    return launch

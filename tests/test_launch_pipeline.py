@@ -1,0 +1,68 @@
+"""`enlace-remote launch` as one pipeline (orchestrator/launch/pipeline.py): the stages a plan runs, in order,
+and the plans the command line builds for a plain host and a Slurm host, handed to the same `run`. (The
+pipeline's stages against real hosts: test_remote_run.py, test_slurm.py, test_remote_multihost.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli import main
+from orchestrator.launch import pipeline
+from orchestrator.launch.pipeline import Plan, SlurmBackend, SSHBackend, backend_for, stages_for
+
+
+def test_the_stages_a_plan_runs_in_order():
+    plan = Plan(run="tiny", targets=["h"], train_args=[])
+    assert stages_for(plan) == ["ship", "decide", "preflight", "start", "wait"]
+    plan.preflight = False
+    assert stages_for(plan) == ["ship", "decide", "start", "wait"]
+    plan.follow = True
+    assert stages_for(plan) == ["ship", "decide", "start", "wait", "follow"]
+    plan.wait = False  # --no-wait: nothing to follow either
+    assert stages_for(plan) == ["ship", "decide", "start"]
+
+
+def test_a_stage_that_says_stop_ends_the_launch(monkeypatch):
+    ran = []
+    fake = {name: (lambda n: lambda launch: ran.append(n))(name) for name in pipeline.STAGES}
+    fake["decide"] = lambda launch: ran.append("decide") or pipeline.STOP  # e.g. the run has finished
+    monkeypatch.setattr(pipeline, "STAGES", fake)
+    pipeline.run(Plan(run="tiny", targets=["h"], train_args=[]), session_for=None, repo=None)
+    assert ran == ["ship", "decide"]
+
+
+@pytest.fixture
+def planned(user_repo, tmp_path, monkeypatch):
+    """Run `enlace-remote ARGS` in the user's repo with pipeline.run replaced by a recorder: the plan it built."""
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(
+        "hosts:\n  gpu: {ssh: alice@gpu.example.org}\n"
+        "  cluster: {ssh: bob@login.example.org, scheduler: slurm, partition: gpu, gpus_per_node: 4}\n"
+    )
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(hosts))
+    monkeypatch.chdir(user_repo)
+    plans = []
+    monkeypatch.setattr(pipeline, "run", lambda plan, session_for, repo: plans.append(plan))
+
+    def launch(*args: str) -> Plan:
+        result = CliRunner().invoke(main, ["launch", *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return plans[-1]
+
+    return launch
+
+
+def test_a_plain_host_and_a_slurm_host_run_the_same_pipeline(planned):
+    ssh = planned("tiny", "--host", "gpu")
+    assert isinstance(backend_for(ssh), SSHBackend) and [h.name for h in ssh.targets] == ["gpu"]
+    assert stages_for(ssh) == ["ship", "decide", "preflight", "start", "wait"]
+    assert ssh.policy == ["--restarts", "3"]
+
+    quick = planned("tiny", "--host", "gpu", "--no-preflight", "--until", "5", "--follow")
+    assert stages_for(quick) == ["ship", "decide", "start", "wait", "follow"]
+    assert quick.train_args == ["--until", "5"]
+
+    slurm = planned("tiny", "--host", "cluster")
+    assert isinstance(backend_for(slurm), SlurmBackend) and slurm.nproc == 4
+    assert stages_for(slurm) == stages_for(ssh)  # the same stages; only `start` differs by backend
