@@ -8,6 +8,7 @@ import sys
 import pytest
 import yaml
 from support import REPO
+from support.cli import enlace
 from support.configs import write_run
 
 from enlace.config.machine import check_environment
@@ -145,3 +146,8 @@ def test_cli_check_config_json(project):
     assert out.returncode == 0, out.stderr
     doc = yaml.safe_load(out.stdout)
     assert doc["ok"] is True and doc["config"]["model"]["d_model"] == 32
+
+
+def test_set_key_errors_name_each_section_once(project):
+    out = enlace(project, "check-config", "smoke-cpu", "--set", "zzz.paths=x", check=False)
+    assert out.returncode == 2 and "valid keys: checkpoint, data, distill, logging, model," in out.stderr, out.stderr

@@ -8,11 +8,12 @@ import shutil
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from support.configs import write_run
 from support.procs import Throttle
-from support.remote import PipeReader, popen_remote, remote, tiny_corpus
+from support.remote import PipeReader, popen_remote, remote, tiny_corpus, wait_until
 
 from enlace.server import runs
 
@@ -141,3 +142,29 @@ def test_a_host_that_took_us_is_retried_past_the_first_attempts(sshd, user_repo,
     finally:
         transport.close()
     assert result.stdout.strip() == "answered" and count.read_text().strip() == "4"
+
+
+@pytest.mark.slow
+def test_the_fixtures_session_kill_cuts_a_non_root_accounts_connection(tmp_path, fresh_user):
+    """For a non-root account sshd keeps a second, unprivileged process per connection; the fixture's kill
+    must end that too, or a test of reconnects passes with none."""
+    from support.sshd import make_server
+
+    srv = make_server(tmp_path, name="fresh", own_homes=True)
+    try:
+        ssh_dir = Path(f"/home/{fresh_user}/.ssh")
+        ssh_dir.mkdir(mode=0o700)
+        shutil.copy(srv.dir / "client_key.pub", ssh_dir / "authorized_keys")
+        subprocess.run(["chown", "-R", f"{fresh_user}:", str(ssh_dir)], check=True)
+        client = subprocess.Popen(
+            ["ssh", "-F", str(srv.dir / "ssh_config"), "-l", fresh_user, "fresh", "echo up; exec sleep 120"],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert client.stdout.readline().strip() == "up"  # the session is live
+        wait_until(lambda: "@notty" in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout)
+        assert srv.kill_sessions() == 1
+        assert client.wait(timeout=60) != 0  # the connection dropped: ssh ended without the command's status
+    finally:
+        srv.stop()

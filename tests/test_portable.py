@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from support import REPO
+from support.remote import wait_until
 
 from enlace import sysinfo
 from enlace.contract import Status
@@ -167,3 +169,29 @@ def test_slurm_print_of_a_distillation_run_needs_no_teacher_on_this_machine(repo
     cfg = load_config("distill-cpu", root=repo_template)  # values only: loads without the teacher
     with pytest.raises(ConfigError, match=r"distill\.teacher"):
         check_environment(cfg)  # where the run starts, the missing teacher is one clear error
+
+
+def test_local_helpers_die_with_the_driver(tmp_path):
+    """Local helpers (git) run with PR_SET_PDEATHSIG: a SIGKILLed enlace-remote leaves none writing on."""
+    pidfile = tmp_path / "child.pid"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
+import subprocess, time
+from orchestrator.ssh.portable import die_with_us
+p = subprocess.Popen(["sleep", "120"], preexec_fn=die_with_us())
+open({str(pidfile)!r}, "w").write(str(p.pid))
+time.sleep(120)
+""",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+    child = int(pidfile.read_text())
+    parent.kill()
+    parent.wait()
+    from enlace.server.runs import proc_start
+
+    wait_until(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")

@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
-from support.cli import enlace
+from support import REPO
+from support.cli import enlace, run_json
+from support.configs import write_run
 from support.procs import trainers_under
-from support.remote import PipeReader, popen_remote, remote, server_dir, tiny_corpus, wait_until
+from support.remote import PipeReader, popen_remote, remote, server_dir, status_row, tiny_corpus, wait_until
 from support.repocopy import commit_all
-
-
-def _status(user_repo, sshd, host, run):
-    return json.loads(remote(user_repo, sshd.env, "status", run, "--json", host=host).stdout)[0]
 
 
 @pytest.mark.slow
@@ -30,7 +30,7 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
     logs = remote(user_repo, sshd.env, "logs", "tiny", "-f", host=host)
     server_run = server_dir(sshd, host) / "runs" / "tiny"
     assert logs.stdout.encode() == (server_run / "train.log").read_bytes()
-    assert "step     30/30" in logs.stdout and _status(user_repo, sshd, host, "tiny")["status"] == "finished"
+    assert "step     30/30" in logs.stdout and status_row(user_repo, sshd.env, host, "tiny")["status"] == "finished"
 
     out = remote(user_repo, sshd.env, "fetch", host=host)
     assert "1 checkpoint(s) fetched (step-000030)" in out.stdout
@@ -69,16 +69,18 @@ def test_trainer_survives_client_killed_mid_launch_and_mid_logs(sshd, user_repo)
     wait_until(lambda: run_json.exists() and json.loads(run_json.read_text()).get("launcher_pid"), what="launch")
     client.kill()  # mid-launch: the trainer was started detached
     client.wait()
-    wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["step"] >= 3, what="steps after the client died")
+    wait_until(
+        lambda: status_row(user_repo, sshd.env, "testhost", "long")["step"] >= 3, what="steps after the client died"
+    )
     follower = popen_remote(user_repo, sshd.env, "logs", "long", "-f")
     PipeReader(follower.stdout).grows()  # streaming
     follower.kill()  # mid-logs -f
     follower.wait()
-    step = _status(user_repo, sshd, "testhost", "long")["step"]
-    wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["step"] > step + 3, what="training to go on")
+    step = status_row(user_repo, sshd.env, "testhost", "long")["step"]
+    wait_until(lambda: status_row(user_repo, sshd.env, "testhost", "long")["step"] > step + 3, what="training to go on")
     out = remote(user_repo, sshd.env, "stop", "long")
     assert "stopped" in out.stdout and "latest checkpoint step-" in out.stdout
-    st = _status(user_repo, sshd, "testhost", "long")
+    st = status_row(user_repo, sshd.env, "testhost", "long")
     assert st["status"] == "stopped" and st["latest_checkpoint"] == f"step-{st['step']:06d}"
 
 
@@ -117,9 +119,9 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--restarts", "0")  # a stopped run resumes
     assert "resumed from checkpoints/step-" in out.stderr
     # SIGKILL the trainer behind enlace's back (no supervisor restarts): status must say crashed.
-    pid = _status(user_repo, sshd, "testhost", "long")["pid"]
+    pid = status_row(user_repo, sshd.env, "testhost", "long")["pid"]
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: _status(user_repo, sshd, "testhost", "long")["status"] == "crashed", what="crashed")
+    wait_until(lambda: status_row(user_repo, sshd.env, "testhost", "long")["status"] == "crashed", what="crashed")
     assert "crashed" in remote(user_repo, sshd.env, "status").stdout
 
 
@@ -184,5 +186,98 @@ def test_a_config_its_checkpoints_cannot_resume_is_refused_before_anything_start
     assert out.returncode == 3, out.stderr
     assert "tiny's checkpoints were trained with model.n_layer=2, this config gives 3" in out.stderr
     assert "enlace-remote launch tiny --resume none" in out.stderr
-    assert _status(user_repo, sshd, "testhost", "tiny")["status"] == "stopped"  # nothing was started
+    assert status_row(user_repo, sshd.env, "testhost", "tiny")["status"] == "stopped"  # nothing was started
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2")
+
+
+@pytest.mark.parametrize("host", ["testhost", "local"])
+def test_killing_the_client_during_preflight_ends_the_servers_preflight(sshd, user_repo, host):
+    """A model whose first step takes tens of seconds here: the preflight prints nothing meanwhile (as
+    a GPU preflight compiling or in a long step), so only being tied to its client can end it."""
+    write_run(
+        user_repo,
+        "heavy",
+        model={"d_model": 768, "n_layer": 12, "n_head": 12, "seq_len": 256},
+        training={"batch_size": 16},
+    )
+    from support.repocopy import commit_all
+
+    commit_all(user_repo, "heavy")
+    remote(user_repo, sshd.env, "sync", host=host)
+    cmd = [
+        sys.executable,
+        "-c",
+        "from orchestrator.cli import run_main; run_main()",
+        "--host",
+        host,
+        "preflight",
+        "heavy",
+        "--steps",
+        "3",
+    ]
+    client = subprocess.Popen(
+        cmd,
+        cwd=user_repo,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env},
+    )
+    where = str(server_dir(sshd, host))
+    while b"building the model" not in client.stderr.readline():  # its last line before the long first step
+        assert client.poll() is None, client.stderr.read()
+    assert _preflights_under(where)
+    client.kill()
+    client.wait()
+    wait_until(lambda: not _preflights_under(where), timeout=8, what="the server's preflight to end with its client")
+
+
+def _preflights_under(path: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            if b"preflight" in cmd and state != "Z" and os.readlink(f"/proc/{pid}/cwd").startswith(path):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_set_passes_through_launch_and_is_recorded(sshd, user_repo):
+    tiny_corpus(server_dir(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=7", host="local")
+    remote(user_repo, sshd.env, "logs", "-f", host="local")  # no RUN: the run just launched
+    run = server_dir(sshd, "local") / "runs" / "tiny"
+    assert run_json(run)["status"] == "finished" and run_json(run)["step"] == 7
+    assert (
+        run_json(run)["overrides"] == ["training.max_steps=7"] and "max_steps: 7" in (run / "config.yaml").read_text()
+    )
+
+
+@pytest.mark.slow
+def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
+    tiny_corpus(server_dir(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", host="local")
+    remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
+    out = remote(user_repo, sshd.env, "launch", "tiny", host="local")
+    assert "tiny is finished: step 30 of 30" in out.stderr and "--set training.max_steps=60" in out.stderr
+    assert "preflight" not in out.stdout  # said at once: no preflight, no new process
+    out = remote(
+        user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=40", host="local"
+    )
+    assert "resumed from checkpoints/step-000030" in out.stderr
+    remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
+    assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
+
+
+@pytest.mark.slow
+def test_running_run_is_refused_before_preflight(sshd, user_repo):
+    tiny_corpus(server_dir(sshd, "local"))
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight", host="local")
+    out = remote(user_repo, sshd.env, "launch", "long", host="local", check=False)
+    assert out.returncode == 7 and "already running" in out.stderr and "warm-up step" not in out.stderr
+    assert remote(user_repo, sshd.env, "stop", "long", host="local").returncode == 0
+    again = remote(user_repo, sshd.env, "stop", "long", host="local")  # stopping a stopped run: said, exit 0
+    assert "is not running (stopped" in again.stdout

@@ -7,31 +7,22 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from support import REPO
-from support.remote import remote
-
-
-def _remote_dir(sshd, host):
-    return sshd.dir.parent / f"remote-{host}"
-
-
-def _head(repo: Path) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+from support.remote import connections, head, remote, server_dir
 
 
 @pytest.mark.parametrize("host", ["testhost", "local"])
 def test_sync_and_verify_a_clean_tree(sshd, user_repo, host):
     out = remote(user_repo, sshd.env, "sync", host=host)
-    sha = _head(user_repo)
+    sha = head(user_repo)
     assert sha[:12] in out.stderr and "pushed and checked out" in out.stderr
-    tree = _remote_dir(sshd, host) / "trees" / sha
-    assert _head(tree) == sha
-    assert (tree / "data").resolve() == (_remote_dir(sshd, host) / "data").resolve()
+    tree = server_dir(sshd, host) / "trees" / sha
+    assert head(tree) == sha
+    assert (tree / "data").resolve() == (server_dir(sshd, host) / "data").resolve()
     again = remote(user_repo, sshd.env, "sync", host=host)
     assert "already on the server" in again.stderr
     out = remote(user_repo, sshd.env, "verify", "tiny", host=host)
@@ -48,10 +39,10 @@ def test_dirty_tree_refused_and_allow_dirty_ships_head_only(sshd, user_repo, hos
         fh.write(marker)
     out = remote(user_repo, sshd.env, "sync", host=host, check=False)
     assert out.returncode == 3 and "enlace/train/model.py" in out.stderr and "--allow-dirty" in out.stderr
-    assert not (_remote_dir(sshd, host) / "trees").exists() or not any((_remote_dir(sshd, host) / "trees").iterdir())
+    assert not (server_dir(sshd, host) / "trees").exists() or not any((server_dir(sshd, host) / "trees").iterdir())
     out = remote(user_repo, sshd.env, "sync", "--allow-dirty", host=host)
     assert "NOT shipped" in out.stderr
-    shipped = (_remote_dir(sshd, host) / "trees" / _head(user_repo) / "enlace" / "train" / "model.py").read_text()
+    shipped = (server_dir(sshd, host) / "trees" / head(user_repo) / "enlace" / "train" / "model.py").read_text()
     assert (
         marker not in shipped
         and shipped
@@ -131,19 +122,18 @@ def test_changed_host_key_refused_even_with_accept_new(sshd, user_repo, tmp_path
 def test_injection_in_run_name_refused_before_any_remote_io(sshd, user_repo):
     target = Path(f"/tmp/pwned-{uuid.uuid4().hex}")
     sshd.kill_sessions()
-    before = (sshd.dir / "sshd.log").read_text().count("Accepted publickey")
+    before = connections(sshd)
     out = remote(user_repo, sshd.env, "verify", f"x; touch {target}", check=False)
     assert out.returncode == 2 and "not a valid name" in out.stderr
     assert not target.exists()
-    assert (sshd.dir / "sshd.log").read_text().count("Accepted publickey") == before  # never connected
+    assert connections(sshd) == before  # never connected
 
 
 def test_unreachable_host_fails_fast_with_host_and_reason(sshd, user_repo):
     sshd.stop()
-    t0 = time.time()
     out = remote(user_repo, sshd.env, "sync", check=False)
     assert out.returncode == 4 and "testhost" in out.stderr and "cannot connect" in out.stderr
-    assert time.time() - t0 < 5 + 5  # connect timeout 5 s in the fixture's hosts.yaml, plus start-up
+    assert out.stderr.count("retrying in") <= 2, out.stderr  # a host never reached: 3 attempts, then the error
 
 
 def test_hosts_lists_local_and_configured(sshd, user_repo):
@@ -151,9 +141,9 @@ def test_hosts_lists_local_and_configured(sshd, user_repo):
     assert "local" in out.stdout and "testhost" in out.stdout and f"127.0.0.1:{sshd.port}" in out.stdout
 
 
-def test_help_is_fast_and_never_imports_torch():
+def test_help_imports_neither_torch_nor_paramiko():
     code = (
-        "import sys, time; t=time.perf_counter(); from orchestrator.cli import main\n"
+        "import sys\nfrom orchestrator.cli import main\n"
         "from click.testing import CliRunner; r = CliRunner().invoke(main, ['--help'])\n"
         "assert r.exit_code == 0 and 'Exit codes' in r.output\n"
         "print(json.dumps({'torch': 'torch' in sys.modules, 'paramiko': 'paramiko' in sys.modules}))"
@@ -171,3 +161,31 @@ def test_server_side_refusals_are_one_clear_line(sshd, user_repo, tmp_path):
     assert out.returncode == 2 and "nothing has been synced" in out.stderr and "Traceback" not in out.stderr
     out = remote(user_repo, env, "sync", host="local", check=False)
     assert out.returncode == 3 and "no usable python on the server" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unwritable_remote_dir_is_explained(sshd, user_repo, tmp_path):
+    hosts = tmp_path / "h.yaml"
+    hosts.write_text("hosts:\n  testhost: {remote_dir: /proc/enlace, connect_timeout: 5}\n")
+    out = remote(user_repo, {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}, "sync", check=False)
+    assert out.returncode == 2 and "cannot create remote_dir /proc/enlace" in out.stderr and "remote_dir:" in out.stderr
+
+
+def test_a_python_without_dependencies_is_named_with_the_venv_fix(sshd, user_repo, tmp_path):
+    bare = tmp_path / "bare-venv"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)  # no torch, no click
+    hosts = tmp_path / "h.yaml"
+    hosts.write_text(f"hosts:\n  local: {{remote_dir: {tmp_path}/srv, python: {bare}/bin/python}}\n")
+    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
+    remote(user_repo, env, "sync", host="local")
+    out = remote(user_repo, env, "verify", "tiny", host="local", check=False)
+    assert out.returncode == 3 and "lacks enlace's dependencies" in out.stderr and "python: venv" in out.stderr
+
+
+def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", check=False)
+    rd = server_dir(sshd, "testhost")
+    assert (
+        out.returncode == 3
+        and f"{rd}/data/tiny/*.txt" in out.stderr
+        and "trees/" not in out.stderr.split("looked for")[-1]
+    )

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from support.cli import enlace
+from support.cli import enlace, run_json
 from support.configs import DETERMINISTIC, write_run
 
 from enlace.preflight.verify_resume import compare_states
@@ -148,3 +148,16 @@ def test_an_extended_run_resumes_with_a_plain_train_and_keeps_its_schedule(proje
         "ext's checkpoints were trained with model.n_layer=2, this config gives 3"
         in json.loads(fresh.stdout)["resume_problem"]
     )
+
+
+@pytest.mark.slow
+def test_resume_on_different_data_is_refused_with_the_override(project):
+    write_run(project, "d", training={"max_steps": 4, "eval_every": 0}, checkpoint={"every": 2})
+    enlace(project, "train", "d", "--until", "2")
+    extra = project / "data" / "tiny" / "zz-extra.txt"
+    extra.write_text("another machine's stdlib has one more file\n")
+    out = enlace(project, "train", "d", check=False)
+    assert out.returncode == 2 and "the data differs from the checkpoint's" in out.stderr
+    assert "--allow-data-change" in out.stderr
+    out = enlace(project, "train", "d", "--allow-data-change")
+    assert run_json(project / "runs" / "d")["status"] == "finished"

@@ -7,10 +7,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 from support import REPO
+from support.cli import enlace
+from support.configs import write_run
 
 from enlace import contract
 from enlace.contract import Status
@@ -102,9 +103,8 @@ def test_start_refuses_a_live_run_and_wait_sees_its_death(tmp_path):
     assert row["alive"] and row["status"] == "starting" and row["launch_id"] == doc["launch_id"]
     with pytest.raises(runs.AlreadyRunning, match="already running"):
         runs.start(run_dir, [sys.executable, "-c", "pass"], tmp_path, {})
-    t0 = time.monotonic()
     rep = runs.stop(run_dir, grace=10, kill=False)  # no trainer: SIGTERM ends the sleeper without a status
-    assert rep["stopped"] and rep["was_running"] and time.monotonic() - t0 < 10
+    assert rep["stopped"] and rep["was_running"] and not rep["killed"]  # SIGTERM did it, within the grace
     assert runs.observe(run_dir)["status"] == "crashed"
     again = runs.start(run_dir, [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path, {})
     row = runs.wait_started(run_dir, again["launch_id"], timeout=30)
@@ -176,3 +176,62 @@ def test_remote_sh_latest_is_the_most_recently_checked_out_tree(tmp_path):
     assert latest() == shas["new"]
     os.utime(rd / "trees" / shas["old"] / ".enlace-ready", (2e9, 2e9))  # old checked out again, later
     assert latest() == shas["old"]
+
+
+def test_status_table_puts_a_runs_error_on_a_detail_line_and_host_errors_in_host_rows():
+    from orchestrator.view.status import format_status
+
+    base = {"step": 3, "max_steps": 10, "loss": None, "tokens_per_s": None, "elapsed_s": None, "eta_s": None}
+    base |= {"updated_at": None, "commit": "abc"}
+    rows = [
+        {"host": "gpu1", "run_name": "smoke", "status": "failed", "error": "ConfigError: " + "x" * 250, **base},
+        {"host": "gpu2", "host_error": "unreachable: connection refused"},
+    ]
+    lines = format_status(rows, hosts=True).splitlines()
+    assert lines[1].split()[:3] == ["gpu1", "smoke", "failed"]
+    assert lines[2].strip().startswith("└ error: ConfigError: xxx") and "enlace-remote status smoke" in lines[2]
+    assert len(lines[2]) < 180 and max(len(line) for line in lines[:2]) < 120
+    assert lines[3].split()[:3] == ["gpu2", "-", "unreachable:"]
+    full = format_status(rows[:1], hosts=True, full=True)
+    assert "x" * 250 in full
+
+
+def test_a_live_run_is_described_by_what_is_known():
+    from enlace.contract import describe_live
+
+    starting = {"status": "starting", "phase": "building the model", "pid": None, "step": 0, "max_steps": None}
+    assert describe_live(starting) == "starting: building the model"
+    running = {"status": "running", "phase": "training", "pid": 42, "step": 24, "max_steps": 500}
+    assert describe_live(running) == "running, step 24 of 500, pid 42"
+
+
+def test_a_run_that_was_only_preflighted_has_no_status_to_misread(tmp_path):
+    from enlace.server import runfiles
+
+    (tmp_path / "runs" / "pre").mkdir(parents=True)
+    (tmp_path / "runs" / "pre" / "preflight.json").write_text("{}")
+    with pytest.raises(runfiles.NoSuchRun, match="has not been launched on this host"):
+        runfiles.launched_run_dir(tmp_path / "runs", "pre")
+    assert runfiles.all_status(tmp_path / "runs") == []
+
+
+def test_a_run_that_wrote_its_final_status_and_is_exiting_is_not_already_running(tmp_path):
+    """After a failed launch the trainer may still be exiting: the next launch waits for it instead of
+    answering 'already running (status failed)', exit 7."""
+    from enlace.contract import Status
+    from enlace.server import runs
+
+    proc = subprocess.Popen(["sleep", "1.5"])
+    run_dir = tmp_path / "r"
+    runs.update(run_dir, status=Status.FAILED, pid=proc.pid, pid_start=runs.proc_start(proc.pid), error="boom")
+    with runs.launching(run_dir) as (launch_id, _):
+        assert proc.poll() is not None and launch_id  # it waited for the exit, then launched
+    proc.wait()
+
+
+def test_runs_table_rounds_loss(project):
+    write_run(project, "r", training={"max_steps": 2, "eval_every": 0})
+    enlace(project, "train", "r")
+    out = enlace(project, "runs").stdout
+    loss = out.split("loss ")[1].split()[0]
+    assert "finished" in out and len(loss.split(".")[1]) == 4, out

@@ -51,16 +51,15 @@ def test_sigterm_finishes_step_saves_and_resumes_exactly(project, tmp_path):
     run_dir = project / "runs" / "det"
     proc = _start(project, "det")
     _wait_for_step(run_dir, 3, proc)
-    sent = time.time()
+    at_signal = run_json(run_dir)["step"]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    took = time.time() - sent
+    assert proc.wait(timeout=120) == 0
     state = run_json(run_dir)
     assert state["status"] == "stopped" and state["exit_code"] == 0
     stopped_at = state["step"]
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     assert ckpt.name == f"step-{stopped_at:06d}"
-    assert took < 10, took  # one tiny step + one save, plus interpreter exit
+    assert stopped_at <= at_signal + 2, (at_signal, stopped_at)  # it finished the step under way, then saved
 
     # Resume to stopped_at + 3 and compare with a straight run to the same step.
     target = str(stopped_at + 3)

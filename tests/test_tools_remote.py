@@ -6,7 +6,7 @@ import json
 import socket
 
 import pytest
-from support.remote import remote, server_dir, tiny_corpus
+from support.remote import head, remote, server_dir, tiny_corpus
 from support.repocopy import commit_all
 
 
@@ -38,12 +38,12 @@ def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "testhost"))
     trees = server_dir(sshd, "testhost") / "trees"
     remote(user_repo, sshd.env, "launch", "long", "--no-preflight")  # live, on commit A
-    commits = [_head(user_repo)]
+    commits = [head(user_repo)]
     for i in range(2):  # commits B and C, synced
         (user_repo / f"note-{i}.txt").write_text(str(i))
         commit_all(user_repo, f"note {i}")
         remote(user_repo, sshd.env, "sync")
-        commits.append(_head(user_repo))
+        commits.append(head(user_repo))
     assert sorted(p.name for p in trees.iterdir()) == sorted(commits)
     dry = remote(user_repo, sshd.env, "gc", "--dry-run")
     assert f"would remove {trees / commits[1]}" in dry.stdout and sorted(p.name for p in trees.iterdir()) == sorted(
@@ -54,12 +54,6 @@ def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
     assert "run long (running)" in out.stderr and "freed" in out.stderr
     assert (server_dir(sshd, "testhost") / "runs" / "long" / "run.json").exists()  # runs/ untouched
     remote(user_repo, sshd.env, "stop", "long")
-
-
-def _head(repo) -> str:
-    import subprocess
-
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 @pytest.mark.slow
@@ -88,7 +82,7 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
             tiny_corpus(server_dir(sshd, "local"))
             remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2", host=host)
         out = remote(user_repo, sshd.env, "shell", "tiny", "--", "pwd", host=host)
-        assert f"/trees/{_head(user_repo)}" in out.stdout.strip(), out.stdout + out.stderr  # the run's synced tree
+        assert f"/trees/{head(user_repo)}" in out.stdout.strip(), out.stdout + out.stderr  # the run's synced tree
         # no RUN: the last launched; after `--` the words are one command line, as ssh joins them
         out = remote(user_repo, sshd.env, "shell", "--", "echo $ENLACE_RUN_DIR;", "enlace runs", host=host)
         first, *rest = out.stdout.splitlines()

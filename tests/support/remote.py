@@ -104,3 +104,20 @@ def wait_until(cond, timeout: float = 120, what: str = "condition") -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def status_row(repo: Path, env: dict, host: str, run: str) -> dict:
+    """`enlace-remote status RUN --json`'s row, asked of `host`."""
+    import json
+
+    return json.loads(remote(repo, env, "status", run, "--json", host=host).stdout)[0]
+
+
+def head(repo: Path) -> str:
+    """The commit `repo` has checked out."""
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def connections(sshd) -> int:
+    """How many SSH logins the fixture's sshd has accepted so far."""
+    return (sshd.dir / "sshd.log").read_text().count("Accepted publickey")

@@ -1,0 +1,129 @@
+"""Checkpoints under faults: a full disk, broken or incomplete MANIFESTs, a corrupt newest checkpoint — each
+named, with the way to resume from the one before."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from support.cli import enlace, run_json
+from support.configs import write_run
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.2 MiB tmpfs: room for two tiny checkpoints, not three (needs root and mount)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root): the disk-full test needs a real small filesystem")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.slow
+def test_disk_full_during_a_checkpoint_fails_the_run_clearly_and_relaunch_refuses(project, small_disk):
+    write_run(project, "full", checkpoint={"every": 2, "keep": 10}, training={"max_steps": 200, "eval_every": 0})
+    # ≈0.4 MiB a checkpoint: two fit (train checks that before it starts), the third cannot
+    out = enlace(project, "train", "full", "--runs-dir", str(small_disk), check=False)
+    run_dir = small_disk / "full"
+    state = run_json(run_dir)
+    assert out.returncode == 9, out.stdout[-2000:] + out.stderr[-2000:]
+    assert state["status"] == "failed" and state["exit_code"] == 9
+    assert state["error"].startswith("No space left on device while saving step-") and "MiB free" in state["error"]
+    assert "needs ≈" in state["error"] and "Traceback" not in out.stderr
+    assert "error: No space left on device while saving" in (run_dir / "train.log").read_text()
+    assert not [p for p in run_dir.rglob(".*tmp*")], list(run_dir.rglob(".*tmp*"))  # no temp file left behind
+    assert run_json(run_dir)["step"] >= 2  # the earlier checkpoints are intact and complete
+    from enlace.train.checkpoint import latest_checkpoint, verify_checkpoint
+
+    verify_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
+    again = enlace(project, "train", "full", "--runs-dir", str(small_disk), check=False)
+    assert again.returncode == 9 and "2 checkpoints need" in again.stderr, again.stderr  # refused before training
+    assert run_json(run_dir)["status"] == "failed"
+
+
+def _three_checkpoints(project, name="ck"):
+    write_run(project, name, checkpoint={"every": 2, "keep": 5}, training={"max_steps": 6, "eval_every": 0})
+    enlace(project, "train", name)
+    return project / "runs" / name / "checkpoints"
+
+
+@pytest.mark.slow
+def test_broken_manifests_are_named_and_a_lost_history_is_said(project):
+    ckpts = _three_checkpoints(project)
+    (ckpts / "step-000006" / "MANIFEST").write_text("{}")
+    (ckpts / "step-000004" / "MANIFEST").write_text("{not json")
+    from enlace.errors import CheckpointError
+    from enlace.train.checkpoint import latest_checkpoint, read_manifest
+
+    with pytest.raises(CheckpointError, match="MANIFEST has format version None"):
+        read_manifest(ckpts / "step-000006")
+    with pytest.raises(CheckpointError, match="MANIFEST is not valid JSON"):
+        read_manifest(ckpts / "step-000004")
+    assert latest_checkpoint(ckpts).name == "step-000002"
+    (ckpts / "step-000002" / "MANIFEST").unlink()  # every checkpoint is gone now
+    out = enlace(project, "train", "ck", "--set", "training.max_steps=7")
+    assert "ignored (not a complete checkpoint): " in out.stdout and "MANIFEST is not valid JSON" in out.stdout
+    assert "no complete checkpoint: starting from step 0" in out.stdout
+
+
+@pytest.mark.slow
+def test_corrupt_newest_checkpoint_names_the_previous_one_and_resume_path_continues(project):
+    ckpts = _three_checkpoints(project)
+    model = ckpts / "step-000006" / "model.pt"
+    model.write_bytes(model.read_bytes()[:-10] + b"0123456789")
+    out = enlace(project, "train", "ck", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "step-000006" in out.stderr and "--resume checkpoints/step-000004" in out.stderr, out.stderr
+    out = enlace(project, "train", "ck", "--resume", "checkpoints/step-000004")
+    assert "resumed from checkpoints/step-000004 at step 4" in out.stdout
+    assert run_json(project / "runs" / "ck")["status"] == "finished"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["manifest-deleted", "manifest-empty", "files-removed", "dir-removed"])
+def test_an_incomplete_newest_checkpoint_is_said_in_status_and_train_log(project, damage):
+    """`latest` names step-000006 but it is not complete: resuming from step-000004 costs 2 steps, and
+    status and train.log say so, with --resume offered — never a silent step back."""
+    from enlace.server import runs
+
+    ckpts = _three_checkpoints(project)
+    newest = ckpts / "step-000006"
+    if damage == "manifest-deleted":
+        (newest / "MANIFEST").unlink()
+    elif damage == "manifest-empty":
+        (newest / "MANIFEST").write_text("{}")
+    elif damage == "files-removed":
+        for f in newest.iterdir():
+            f.unlink()
+    else:
+        shutil.rmtree(newest)
+    said = "step-000006 is incomplete ({}): resuming from step-000004; 2 steps will be trained again"
+    reason = {
+        "manifest-deleted": "no MANIFEST",
+        "manifest-empty": "MANIFEST has format version None; this enlace reads v1",
+        "files-removed": "no MANIFEST",
+        "dir-removed": "missing",
+    }[damage]
+    assert runs.observe(project / "runs" / "ck")["checkpoint_warning"] == said.format(reason)
+    out = enlace(project, "train", "ck")
+    assert "resumed from checkpoints/step-000004 at step 4" in out.stdout
+    assert f"warning: {said.format(reason)} — to resume from another checkpoint: --resume" in out.stdout
+    log = (project / "runs" / "ck" / "train.log").read_text()
+    assert said.format(reason) in log
+    assert runs.observe(project / "runs" / "ck")["checkpoint_warning"] is None  # step-000006 written anew
+
+
+def test_disk_messages_name_the_real_path_not_the_trees_symlink(tmp_path):
+    from enlace.errors import NoSpaceError
+    from enlace.train.checkpoint import check_free_space
+
+    (tmp_path / "remote" / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "runs").symlink_to(tmp_path / "remote" / "runs")
+    with pytest.raises(NoSpaceError) as e:
+        check_free_space(tmp_path / "tree" / "runs" / "r" / "checkpoints", need_each=1 << 60)
+    assert str(tmp_path / "remote" / "runs" / "r" / "checkpoints") in e.value.message
+    assert str(tmp_path / "tree") not in e.value.message

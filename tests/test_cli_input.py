@@ -1,0 +1,88 @@
+"""Bad input at the command line: each mistake gets one line naming what was wrong and how to fix it, a
+non-zero exit code and no traceback, before any connection where it can be."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from support import REPO
+from support.remote import connections, remote, server_dir, tiny_corpus
+
+
+def _cli(args: list[str], cwd, tmp_path, monkeypatch):
+    """enlace-remote ARGS in-process (click's CliRunner), from `cwd`, with no hosts file of the user's."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.chdir(cwd)
+    return CliRunner().invoke(main, args)
+
+
+@pytest.mark.parametrize("grace", ["nan", "-5", "inf", "0", "86401", "soon"])
+def test_stop_grace_is_validated(tmp_path, monkeypatch, grace):
+    result = _cli(["--host", "local", "stop", "tiny", "--grace", grace], REPO, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and "--grace" in result.output, result.output
+    assert isinstance(result.exception, SystemExit)  # a user error, said; never a traceback
+
+
+@pytest.mark.parametrize("port", ["99999999", "0", "65536"])
+def test_ports_are_range_checked(tmp_path, monkeypatch, port):
+    result = _cli(["--host", f"root@127.0.0.1:{port}", "status"], REPO, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and "not a TCP port" in result.output, result.output
+    assert isinstance(result.exception, SystemExit)  # a user error, said; never a traceback
+
+
+def test_a_git_repo_that_is_not_an_enlace_checkout_is_named(tmp_path, monkeypatch):
+    other = tmp_path / "other"
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    result = _cli(["--host", "local", "status"], other, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and "not an enlace checkout" in result.output, result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["launch", "tiny", "--set", "run_name=$(touch /tmp/x)"], ["run_name='$(touch /tmp/x)'", "not a valid name"]),
+        (["preflight", "tiny", "--set", "run_name=a b"], ["run_name='a b'"]),
+        (["launch", "tiny", "--set", "training.max_steps"], ["SECTION.KEY=VALUE"]),
+        (["launch", "/path/x.yaml"], ["run config's stem, not a path", "launch 'x'"]),
+        (["launch", "configs/runs/smoke-cpu.yaml"], ["stem, not a path", "launch 'smoke-cpu'"]),
+    ],
+)
+def test_names_are_refused_where_they_are_given(tmp_path, monkeypatch, args, words):
+    result = _cli(["--host", "local", *args], REPO, tmp_path, monkeypatch)
+    assert result.exit_code == 2, result.output
+    for word in words:
+        assert word in result.output, result.output
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("remote_dir", ["-x", "~root/x", "a\nb", ""])
+def test_remote_sh_refuses_a_remote_dir_it_would_misread(tmp_path, remote_dir):
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "remote.sh"), remote_dir, "setup"], capture_output=True, text=True, cwd=tmp_path
+    )
+    doc = json.loads(out.stdout)
+    assert out.returncode == 2 and doc["exit_code"] == 2 and "absolute path, ~ or ~/DIR" in doc["error"]
+    assert list(tmp_path.iterdir()) == []  # nothing created, no option read
+
+
+def test_run_name_typo_is_caught_before_connecting(sshd, user_repo):
+    before = connections(sshd)
+    for verb in ("preflight", "launch", "verify"):
+        out = remote(user_repo, sshd.env, verb, "tinny", check=False)
+        assert out.returncode == 2 and "did you mean 'tiny'?" in out.stderr, out.stderr
+        assert out.stderr.count("Error:") == 1  # said once
+    assert connections(sshd) == before  # nothing was synced or asked
+
+
+def test_global_options_work_after_the_verb(sshd, user_repo):
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, sshd.env, "sync")
+    out = remote(user_repo, {**sshd.env, "ENLACE_REMOTE_HOST": "nowhere"}, "status", "--host", "testhost", host="local")
+    assert out.returncode == 0 and "no runs on this host" in out.stdout

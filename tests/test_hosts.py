@@ -1,0 +1,133 @@
+"""Which host a name means and how it is reached: the hosts files, `hosts add`, ~/.ssh/config as the ssh
+client reads it, host keys and their fingerprints, the ciphers offered, a server that speaks no SSH."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from support import REPO
+from support.remote import remote
+
+
+def test_ssh_offers_aes_gcm_first_unless_the_users_ssh_config_sets_ciphers(sshd, user_repo, monkeypatch):
+    """Every ssh the driver runs (fetch, git, logs) offers AES-GCM first, as the paramiko connection
+    does; the Ciphers line of the host in the user's ssh config is kept."""
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.transport import connect
+
+    def negotiated() -> str:
+        transport = connect(resolve_host("testhost", user_repo))
+        argv = [*transport.ssh_argv(), "-v", transport.remote_path("").rstrip(":"), "true"]
+        out = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return re.search(r"kex: server->client cipher: (\S+)", out.stderr).group(1)
+
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    assert negotiated() == "aes128-gcm@openssh.com"
+    config = sshd.dir / "ssh_config"
+    config.write_text(config.read_text() + "  Ciphers aes256-ctr\n")
+    assert negotiated() == "aes256-ctr"
+
+
+def test_unknown_host_lists_the_known_ones(sshd, user_repo):
+    out = remote(user_repo, sshd.env, "status", host="gpu-nowhere", check=False)
+    assert out.returncode == 2 and "is in no hosts file" in out.stderr and "testhost" in out.stderr
+    assert "enlace-remote hosts add gpu-nowhere" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_hosts_add_merges_and_duplicate_keys_are_refused(sshd, user_repo, tmp_path):
+    path = tmp_path / "fresh" / "enlace" / "hosts.yaml"  # the folder does not exist yet
+    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(path)}
+    remote(user_repo, env, "hosts", "add", "gpu1", "--ssh", "alice@gpu1.example.org:2222")
+    out = remote(user_repo, env, "hosts", "add", "gpu2", "--ssh", "bob@gpu2", "--remote-dir", "/scratch/bob")
+    assert "gpu2:" in out.stdout and "/scratch/bob" in out.stdout
+    listing = remote(user_repo, env, "hosts").stdout
+    assert (
+        "alice@gpu1.example.org:2222" in listing
+        and "bob@gpu2:22 (/scratch/bob)" in listing
+        and "python venv" in listing
+    )
+    path.write_text(path.read_text() + "hosts:\n  gpu3: {ssh: c@d}\n")  # what `cat >>` did to users
+    out = remote(user_repo, env, "hosts", check=False)
+    assert out.returncode == 2 and "'hosts' is given twice" in out.stderr and "line" in out.stderr
+    out = remote(user_repo, env, "hosts", "add", "bad", "--ssh", "x@y:70000", check=False)
+    assert out.returncode == 2 and "not a TCP port" in out.stderr
+
+
+def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
+    """Host settings come from `ssh -G` (what every ssh and git call will use), matching paramiko's
+    reading on what both understand, and following an Include, which paramiko's reader cannot."""
+    import paramiko
+
+    from orchestrator.hosts.resolve import resolve_host
+
+    (tmp_path / "more").write_text("Host inc\n  HostName 10.1.2.3\n  User carol\n  Port 2200\n")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Include {tmp_path}/more\nHost box\n  HostName 127.0.0.1\n  Port 2222\n  User alice\n"
+        f"  IdentityFile /keys/box\n  UserKnownHostsFile {tmp_path}/kh\n  Ciphers aes256-ctr\nHost *.lab\n  User bob\n"
+    )
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(cfg))
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "none.yaml"))
+    reader = paramiko.SSHConfig.from_path(str(cfg))
+    for alias in ("box", "gpu.lab", "plain.example.org"):
+        h = resolve_host(alias, tmp_path)
+        want = reader.lookup(alias)
+        assert (h.hostname, h.user, h.port) == (want["hostname"], want.get("user"), int(want.get("port", 22)))
+        assert h.identity_files == want.get("identityfile", []) and h.configured == (alias != "plain.example.org")
+        default_known = str(Path("~/.ssh/known_hosts").expanduser())
+        assert h.known_hosts == (str(tmp_path / "kh") if alias == "box" else default_known)
+        assert h.ciphers == ("aes256-ctr" if alias == "box" else None)
+    inc = resolve_host("inc", tmp_path)
+    assert (inc.hostname, inc.user, inc.port, inc.configured) == ("10.1.2.3", "carol", 2200, True)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-ssh-client-here"))  # then paramiko reads the file
+    box = resolve_host("box", tmp_path)
+    assert (box.hostname, box.user, box.port, box.ciphers) == ("127.0.0.1", "alice", 2222, "aes256-ctr")
+
+
+def test_paramiko_loads_without_invoke_and_match_exec_still_works(tmp_path):
+    """The driver's paramiko import leaves out `invoke` (paramiko's import 100 -> 61 ms, on every remote command);
+    an ssh config paramiko reads (no ssh client) that uses `Match exec` gets it back and resolves."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text('Match originalhost ex exec "test -d /"\n  Port 2300\nHost *\n  User bob\n')
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom orchestrator.ssh.sshlib import load_paramiko, read_ssh_config\n"
+        "paramiko = load_paramiko()\nbefore = 'invoke' in sys.modules\n"
+        f"found = read_ssh_config(Path({str(cfg)!r}), 'ex')\n"
+        "print(before, paramiko.SSHClient.__name__, found['port'], found['user'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "SSHClient", "2300", "bob"]
+
+
+def test_host_key_messages_show_sha256_fingerprints(sshd, user_repo):
+    (sshd.dir / "known_hosts").write_text("")
+    out = remote(user_repo, sshd.env, "status", check=False)
+    assert out.returncode == 4 and "The server offers ssh-ed25519 SHA256:" in out.stderr, out.stderr
+    from support.sshd import keygen
+
+    keygen(sshd.dir / "other_key")
+    kind, key = (sshd.dir / "other_key.pub").read_text().split()[:2]
+    (sshd.dir / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
+    out = remote(user_repo, sshd.env, "status", check=False)
+    assert out.returncode == 4 and "CHANGED" in out.stderr and out.stderr.count("SHA256:") == 2, out.stderr
+    fp = subprocess.run(["ssh-keygen", "-l", "-f", str(sshd.dir / "host_key.pub")], capture_output=True, text=True)
+    assert fp.stdout.split()[1] in out.stderr  # exactly what ssh-keygen -l prints
+
+
+def test_a_server_that_speaks_no_ssh_gives_one_clean_error(sshd, user_repo, tmp_path):
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        threading.Thread(target=lambda: [srv.accept()[0].close() for _ in range(3)], daemon=True).start()
+        out = remote(user_repo, sshd.env, "status", host=f"root@127.0.0.1:{port}", check=False)
+    assert out.returncode == 4 and "Traceback" not in out.stderr and "SSH handshake failed" in out.stderr
+    assert out.stderr.count("Error:") == 1
