@@ -54,28 +54,48 @@ newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, 
   echo "${newest##*/}"
 }
 
+has_nvidia_driver() { command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia/version ]; }
+CPU_INDEX=https://download.pytorch.org/whl/cpu
+reachable() {  # URL: answers within 5 s (a closed network fails at once, at DNS)
+  "$(sys_python)" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+}
+
 resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (status 1 if there is none)
   local tree=$RD/trees/$1 py=$2; shift 2
   if [ "$py" != venv ]; then
     command -v "$py" >/dev/null 2>&1 || return 1
     command -v "$py"; return
   fi
-  # One venv per pyproject+constraints (pip args say where wheels come from, not what is installed)
+  # One venv per pyproject+constraints (pip args say where wheels come from, not what is installed), shared
+  # by every remote_dir of this account: built once under ~/.cache/enlace/venvs/KEY-FLAVOR, linked as
+  # $RD/venvs/KEY (what a printed Slurm script and gc name). FLAVOR: cuda, or cpu on a host with no NVIDIA
+  # driver, whose torch comes from PyTorch's CPU index (≈200 MB instead of the CUDA build's ≈4.7 GB).
   local key; key=$(cat "$tree/pyproject.toml" "$tree/constraints.txt" 2>/dev/null | sha256sum | cut -c1-16)
-  local venv=$RD/venvs/$key
+  local link=$RD/venvs/$key flavor=cuda size="≈4.7 GB" index=()
+  if ! has_nvidia_driver; then
+    flavor=cpu; size="≈200 MB"
+    if [ $# -eq 0 ]; then  # the user's pip args (their index) win
+      if reachable "$CPU_INDEX/"; then index=(--extra-index-url "$CPU_INDEX")
+      else echo "no NVIDIA driver here, but $CPU_INDEX does not answer: pip's own index decides the torch build" >&2; fi
+    fi
+  fi
+  local cache=${XDG_CACHE_HOME:-${HOME:-$RD}/.cache}/enlace/venvs
+  local venv=$cache/$key-$flavor
   if [ ! -x "$venv/bin/python" ]; then
-    local tmp=$RD/venvs/.tmp-$key-$$ torch_pin
+    local tmp=$cache/.tmp-$key-$flavor-$$ torch_pin
     torch_pin=$(grep -E '^torch==' "$tree/constraints.txt" || echo torch)
-    mkdir -p "$RD/venvs"; rm -rf "$tmp"
-    echo "building the server's python: a venv in $venv with $torch_pin, numpy, pyyaml, click, psutil from" \
-         "constraints.txt${*:+ (pip $*)} — on a GPU server pip fetches a CUDA wheel of torch (≈2.5 GB): minutes" >&2
+    mkdir -p "$cache"; rm -rf "$tmp"
+    echo "building the server's python: a venv in $venv ($flavor build of $torch_pin, $size; numpy, pyyaml, click," \
+         "psutil from constraints.txt${*:+; pip $*}) — shared by every remote_dir of this account: minutes" >&2
     "$(sys_python)" -m venv "$tmp" >&2 || { rm -rf "$tmp"; return 1; }
     "$tmp/bin/python" -m pip install --progress-bar off --disable-pip-version-check -c "$tree/constraints.txt" \
-      "$@" torch numpy pyyaml click psutil safetensors >&2 || { rm -rf "$tmp"; return 1; }
-    mv -T "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another sync may have won the race
+      "${index[@]}" "$@" torch numpy pyyaml click psutil safetensors >&2 || { rm -rf "$tmp"; return 1; }
+    mv -T "$tmp" "$venv" 2>/dev/null || rm -rf "$tmp"  # another build may have won the race
     echo "built $venv" >&2
   fi
-  echo "$venv/bin/python"
+  mkdir -p "$RD/venvs"
+  [ "$(readlink "$link" 2>/dev/null)" = "$venv" ] || ln -sfn "$venv" "$link"
+  echo "$link/bin/python"
 }
 NO_PYTHON="no usable python on the server (the venv build failed, or python: names none): see the messages above; set python: in hosts.yaml to venv (pip_args: for another wheel index) or to a python with torch"
 

@@ -60,6 +60,24 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
     for key in ("ENLACE_HOSTS_FILE", "ENLACE_SSH_CONFIG", "ENLACE_REMOTE_HOST", "PYTHONPATH", "VIRTUAL_ENV"):
         env.pop(key, None)
     pip = [f"--pip-arg={a}" for a in ("--find-links", str(WHEELS))] if WHEELS.is_dir() else []
+
+    def as_laptop(argv: list[str]) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            argv,
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            stdin=subprocess.DEVNULL,
+            user=laptop_user,
+            group=laptop_user,
+            extra_groups=[],
+        )
+        assert out.returncode == 0, f"{shlex.join(argv)}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        assert "Traceback" not in out.stderr, out.stderr
+        return out
+
     try:
         for line in readme_commands():
             line = line.replace("alice@gpu1.example.org", f"{fresh_user}@127.0.0.1:{srv.port}")
@@ -72,24 +90,20 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
             if argv[1] == "preflight":  # the data goes to <remote_dir>/data by hand, before the run reads it
                 tiny_corpus(server_home / "enlace")
                 subprocess.run(["chown", "-R", f"{fresh_user}:", str(server_home / "enlace" / "data")], check=True)
-            out = subprocess.run(
-                argv,
-                cwd=repo,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=1200,
-                stdin=subprocess.DEVNULL,
-                user=laptop_user,
-                group=laptop_user,
-                extra_groups=[],
-            )
-            assert out.returncode == 0, f"{line}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-            assert "Traceback" not in out.stderr, out.stderr
+            out = as_laptop(argv)
             if argv[1] == "setup":
                 assert "building the server's python" in out.stderr and "built " in out.stderr
         venvs = list((server_home / "enlace" / "venvs").iterdir())
         assert len(venvs) == 1 and (venvs[0] / "bin" / "python").exists()  # python: venv, the default
+        # no NVIDIA driver on this server: the CPU build, in the account's shared cache, linked from remote_dir
+        shared = server_home / ".cache" / "enlace" / "venvs" / f"{venvs[0].name}-cpu"
+        assert venvs[0].is_symlink() and Path(os.readlink(venvs[0])) == shared
+        # a second remote_dir of the same account: the venv is not built again
+        ssh = f"{fresh_user}@127.0.0.1:{srv.port}"
+        as_laptop(["enlace-remote", "hosts", "add", "gpu2", "--ssh", ssh, "--remote-dir", "~/enlace2", *pip])
+        again = as_laptop(["enlace-remote", "--host", "gpu2", "setup"])
+        assert "building the server's python" not in again.stderr, again.stderr
+        assert Path(os.readlink(server_home / "enlace2" / "venvs" / venvs[0].name)) == shared
         hosts_file = home / ".config" / "enlace" / "hosts.yaml"
         assert f"{fresh_user}@127.0.0.1:{srv.port}" in hosts_file.read_text()
         assert hosts_file.stat().st_uid == _uid(laptop_user)  # written by the laptop user, in their HOME

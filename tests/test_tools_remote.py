@@ -131,3 +131,20 @@ def test_generate_on_the_server_shows_progress_stops_with_the_client_and_continu
     out = remote(user_repo, sshd.env, *args)
     assert "continuing an interrupted generate" in out.stderr and "train + " in out.stdout
     assert (rd / "data" / "gen").is_dir() and not (rd / "data" / "gen.partial").exists()
+
+
+def test_gc_removes_a_remote_dirs_venv_link_never_the_shared_venv(tmp_path):
+    """venvs/<key> is a link into the account's shared cache (other remote_dirs use it too): gc drops the link."""
+    from enlace.server.cleanup import collect
+
+    shared = tmp_path / "cache" / "enlace" / "venvs" / "0123456789abcdef-cpu"
+    (shared / "bin").mkdir(parents=True)
+    (shared / "bin" / "python").write_text("")
+    rd = tmp_path / "rd"
+    (rd / "venvs").mkdir(parents=True)
+    (rd / "runs").mkdir()
+    (rd / "trees").mkdir()
+    (rd / "venvs" / "0123456789abcdef").symlink_to(shared)
+    report = collect(rd, keep=1, dry_run=False)
+    assert report["remove"] == [{"path": str(rd / "venvs" / "0123456789abcdef"), "bytes": 0}]
+    assert not (rd / "venvs" / "0123456789abcdef").exists() and (shared / "bin" / "python").is_file()

@@ -1,7 +1,8 @@
 """`enlace gc`: free the server's disk of checkouts and venvs no run needs any more.
 
     <remote_dir>/trees/<sha>/    one checkout per synced commit
-    <remote_dir>/venvs/<hash>/   one venv per pyproject.toml + constraints.txt (python: venv)
+    <remote_dir>/venvs/<hash>    a link to the account's shared venv for a pyproject.toml + constraints.txt
+                                 (~/.cache/enlace/venvs/<hash>-cpu|cuda; python: venv): gc removes the link
 
 Kept: the tree of every run that is alive or can still be resumed (any status but finished), the
 `keep` most recently synced trees, and the venvs those trees use. data/ and runs/ are never touched.
@@ -73,7 +74,8 @@ def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
     return {
         "remote_dir": str(remote_dir),
         "kept": {t.name: needed[t.name] for t in kept},
-        "remove": [{"path": str(p), "bytes": _size(p)} for p in remove],
+        # a venv link's target is shared by the account's other remote_dirs: only the link goes
+        "remove": [{"path": str(p), "bytes": 0 if p.is_symlink() else _size(p)} for p in remove],
     }
 
 
@@ -81,7 +83,10 @@ def collect(remote_dir: Path, keep: int, dry_run: bool) -> dict[str, Any]:
     report = plan(remote_dir, keep)
     if not dry_run:
         for entry in report["remove"]:
-            shutil.rmtree(entry["path"], ignore_errors=True)
+            if os.path.islink(entry["path"]):
+                os.unlink(entry["path"])
+            else:
+                shutil.rmtree(entry["path"], ignore_errors=True)
     report["freed_bytes"] = 0 if dry_run else sum(e["bytes"] for e in report["remove"])
     report["dry_run"] = dry_run
     return report
