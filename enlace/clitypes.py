@@ -36,3 +36,15 @@ root_option = click.option(
     default=None,
     help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
 )
+
+
+def gc_options(fn):
+    """`gc`'s options, the same on both command lines (enlace-remote gc passes them to enlace gc)."""
+    fn = click.option("--dry-run", is_flag=True, help="Only say what would be removed.")(fn)
+    return click.option(
+        "--keep",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Also keep this many of the most recently synced trees.",
+    )(fn)

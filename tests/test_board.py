@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 from support.browser import artifacts_dir, chromium, wait_for
-from support.remote import PipeReader, popen_remote, remote, server_dir, tiny_corpus
+from support.remote import PipeReader, env_with_a_dead_host, popen_remote, remote, server_dir, tiny_corpus
 
 from orchestrator.view.board import Board, series
 from orchestrator.view.board_http import BoardServer
@@ -60,15 +59,7 @@ def test_curves_are_the_run_as_it_stands_after_a_resume_from_an_older_checkpoint
 
 @pytest.mark.slow
 def test_the_board_in_a_real_browser(sshd, user_repo, tmp_path):
-    with socket.socket() as s:  # a port nobody listens on: the unreachable host
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
-    hosts = tmp_path / "hosts.yaml"
-    hosts.write_text(
-        (sshd.dir / "hosts.yaml").read_text()
-        + f"  gone:\n    ssh: root@127.0.0.1:{dead_port}\n    connect_timeout: 2\n"
-    )
-    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
+    env = env_with_a_dead_host(sshd, tmp_path)  # `gone`: the unreachable host
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, env, "launch", "tiny", "--no-preflight", "--until", "3")
     proc = popen_remote(user_repo, env, "board", "--no-browser", "--hosts", "testhost,gone")

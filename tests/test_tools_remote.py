@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
-from support.remote import head, remote, server_dir, tiny_corpus
+from support.remote import env_with_a_dead_host, head, remote, server_dir, tiny_corpus
 from support.repocopy import commit_all
 
 
 @pytest.mark.slow
 def test_status_all_shows_every_host_and_a_down_one_as_a_row(sshd, user_repo, tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
-    hosts = tmp_path / "hosts.yaml"
-    hosts.write_text(
-        (sshd.dir / "hosts.yaml").read_text()
-        + f"  gone:\n    ssh: root@127.0.0.1:{dead_port}\n    connect_timeout: 2\n"
-    )
-    env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
+    env = env_with_a_dead_host(sshd, tmp_path)
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, env, "launch", "tiny", "--no-preflight", "--until", "3")
     out = remote(user_repo, env, "status", "--all")

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
-from enlace.clitypes import Seconds, root_option, set_option
+from enlace.clitypes import Seconds, gc_options, root_option, set_option
 from enlace.names import find_root
 
 
@@ -198,14 +198,7 @@ def logs_cmd(
 
 
 @click.command("gc")
-@click.option(
-    "--keep",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Also keep this many of the most recently synced trees.",
-)
-@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@gc_options
 @root_option
 @click.option("--json", "as_json", is_flag=True)
 def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:

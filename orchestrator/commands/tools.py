@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from enlace.clitypes import gc_options
 from enlace.names import validate_run_name
 from orchestrator.commands.common import HostOptionsCommand, Remote, with_remote
 from orchestrator.ssh.session import SHA_RE
@@ -71,14 +72,7 @@ def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: 
 
 
 @click.command(cls=HostOptionsCommand)
-@click.option(
-    "--keep",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Also keep this many of the most recently synced trees.",
-)
-@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@gc_options
 @with_remote
 def gc(remote: Remote, keep: int, dry_run: bool) -> None:
     """Free the server's disk: remove trees/<sha> and venvs/<hash> that no live or resumable run uses

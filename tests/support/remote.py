@@ -121,3 +121,18 @@ def head(repo: Path) -> str:
 def connections(sshd) -> int:
     """How many SSH logins the fixture's sshd has accepted so far."""
     return (sshd.dir / "sshd.log").read_text().count("Accepted publickey")
+
+
+def env_with_a_dead_host(sshd, tmp_path: Path, name: str = "gone") -> dict:
+    """sshd's environment with one more host in its hosts file, `name`, on a port nobody listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(
+        (sshd.dir / "hosts.yaml").read_text()
+        + f"  {name}:\n    ssh: root@127.0.0.1:{dead_port}\n    connect_timeout: 2\n"
+    )
+    return {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
