@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from enlace.contract import RUN_NAME_RE, RUN_NAME_RULE
+
 
 class Seconds(click.ParamType):
     """A duration in seconds: finite, above 0, at most a day (nan, inf and negatives are refused)."""
@@ -23,12 +25,26 @@ class Seconds(click.ParamType):
         return seconds
 
 
+def _check_overrides(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """Each --set is SECTION.KEY=VALUE; a run_name given here is checked now, before any I/O (every other key
+    is checked by the config loader, where the run's config is loaded)."""
+    for value in values:
+        key, eq, new = value.partition("=")
+        if not eq or not key.strip():
+            raise click.BadParameter(f"{value!r}: expected SECTION.KEY=VALUE, e.g. training.max_steps=50")
+        if key.strip() == "run_name" and not RUN_NAME_RE.fullmatch(new):
+            raise click.BadParameter(f"run_name={new!r} is not a valid name: {RUN_NAME_RULE}")
+    return values
+
+
 set_option = click.option(
     "--set",
     "overrides",
     multiple=True,
+    callback=_check_overrides,
     metavar="SECTION.KEY=VALUE",
-    help="Override one config value (highest precedence), e.g. --set training.max_steps=50. Repeatable.",
+    help="Override one config value (highest precedence), e.g. --set training.max_steps=50; a launch records it "
+    "in the run's config.yaml and run.json. Repeatable.",
 )
 root_option = click.option(
     "--root",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from enlace.clitypes import set_option
 from enlace.contract import leave
 from enlace.errors import EnlaceError
 from orchestrator.commands import data as cli_data
@@ -20,7 +21,6 @@ from orchestrator.commands.common import (
     HostOptionsGroup,
     Remote,
     allow_dirty_option,
-    set_option,
     with_remote,
 )
 from orchestrator.errors import EXIT_CODES_HELP

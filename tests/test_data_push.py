@@ -212,3 +212,7 @@ def test_launch_push_data_is_a_stage_before_verify_and_verify_names_data_push(ss
     assert err.index("sync:") < err.index("data push tiny → testhost: sent") < err.index("verify: tiny ready"), err
     server = server_dir(sshd, "testhost") / "data" / "tiny"
     assert _server_files(server) == _server_files(user_repo / "data" / "tiny")
+    # several hosts at once, in parallel: each gets what it lacks (testhost: nothing; local: everything)
+    out = remote(user_repo, sshd.env, "data", "push", "tiny", "--hosts", "testhost,local")
+    assert "data push tiny → testhost: up to date" in out.stderr and "data push tiny → local: sent" in out.stderr
+    assert _server_files(server_dir(sshd, "local") / "data" / "tiny") == _server_files(user_repo / "data" / "tiny")

@@ -90,27 +90,4 @@ def with_remote(fn):
     return wrapper
 
 
-def _check_overrides(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
-    """Each --set is SECTION.KEY=VALUE; a run_name given here is checked now, before any I/O (the server
-    checks every other key with its config loader)."""
-    from enlace.contract import RUN_NAME_RE, RUN_NAME_RULE
-
-    for value in values:
-        key, eq, new = value.partition("=")
-        if not eq or not key.strip():
-            raise click.BadParameter(f"{value!r}: expected SECTION.KEY=VALUE, e.g. training.max_steps=50")
-        if key.strip() == "run_name" and not RUN_NAME_RE.fullmatch(new):
-            raise click.BadParameter(f"run_name={new!r} is not a valid name: {RUN_NAME_RULE}")
-    return values
-
-
-set_option = click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    callback=_check_overrides,
-    metavar="SECTION.KEY=VALUE",
-    help="Override one config value on the server (as `enlace --set`), e.g. --set training.max_steps=50; recorded "
-    "in the run's frozen config.yaml and run.json. Repeatable.",
-)
 allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")

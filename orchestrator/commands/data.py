@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import click
 
-from orchestrator.commands.common import HostOptionsGroup, Remote, set_option, with_remote
+from enlace.clitypes import set_option
+from orchestrator.commands.common import HostOptionsGroup, Remote, with_remote
 from orchestrator.errors import UsageError
 
 hosts_option = click.option(

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from enlace.clitypes import Seconds
+from enlace.clitypes import Seconds, set_option
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.names import validate_run_name
-from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, set_option, with_remote
+from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
 
 
 @click.command(cls=HostOptionsCommand)
