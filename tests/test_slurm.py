@@ -152,6 +152,9 @@ def test_pending_then_running_logs_stop_scancel_fetch(login, user_repo, cluster,
     assert "Restarts=0" in cluster.run("scontrol", "show", "job", job, "-o").stdout  # a stop is not requeued
     assert follow.wait(timeout=120) == 0  # logs -f followed it from pending to its clean stop
     assert "slurm: SIGTERM (stop, scancel or preemption): checkpointed" in train_log(login, "long")
+    assert "CANCELLED ***` line Slurm may print next is this stop, not a failure" in train_log(login, "long")
+    out = remote(user_repo, login.env, "status", "long", host="cluster").stdout
+    assert f"job {job} COMPLETED (stopped)" in out, out
 
     remote(user_repo, login.env, "fetch", "long", host="cluster")
     local = user_repo / "runs" / "long" / "checkpoints"

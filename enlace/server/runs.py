@@ -353,6 +353,11 @@ def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str,
         _wait(live, 60)
         return _stop_report(run_dir, observe(run_dir), was_running=True, killed=False)
     if transition(run_dir, Status.STOPPING, STOPPABLE):
+        _say_in_log(
+            run_dir,
+            f"stop: Slurm is asked to end job {job_id} (SIGTERM: the trainer checkpoints and exits); the "
+            f"`*** JOB {job_id} ... CANCELLED ***` line Slurm may print next is this stop, not a failure",
+        )
         slurm.cancel(job_id, "TERM")
     killed = not _wait(live, grace) and kill
     if killed:
@@ -360,6 +365,12 @@ def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str,
         _wait(live, 120)
         update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="cancelled by stop --kill")
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
+
+
+def _say_in_log(run_dir: Path, text: str) -> None:
+    """One line in the run's train.log, as the trainer stamps its own (appended: the job writes there too)."""
+    with contextlib.suppress(OSError), open(run_dir / "train.log", "a") as fh:
+        fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
 
 def _wait(busy, timeout: float) -> bool:

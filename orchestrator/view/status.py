@@ -84,6 +84,8 @@ def slurm_cell(row: dict) -> str:
     if not row.get("job_id"):
         return "-"
     text = f"job {row['job_id']} {row.get('slurm_state') or 'gone'}"
+    if row.get("status") == "stopped" and row.get("slurm_state") in ("COMPLETED", "CANCELLED"):
+        text += " (stopped)"  # how Slurm recorded the job a stop ended: a clean end either way
     if row.get("slurm_reason") and row.get("slurm_state") not in ("RUNNING", "COMPLETED"):
         text += f" ({row['slurm_reason']})"
     if row.get("requeues"):
