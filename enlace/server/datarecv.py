@@ -114,11 +114,13 @@ def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO) -> dict[str, Any]
         if isinstance(have.get(rel), list) and have[rel][0] == "sha256":  # the same bytes: only the mtime differs
             os.utime(checked(data_dir, rel), ns=(mtime_ns, mtime_ns))
             report["touched"] += 1
+    made: set[Path] = set()
     for rel, offset, size, mtime_ns in plan.get("send", []):
         if files.get(rel, (None,))[0] != size or not 0 <= offset <= size:
             raise BadRequest(f"data push: {rel!r} from byte {offset} was not in the list")
         hasher = hashers.get(rel) if offset else None
-        ok = _take(requests, checked(data_dir, rel), staging / rel, offset, size, mtime_ns, hasher or hashlib.sha256())
+        target, partial = checked(data_dir, rel), staging / rel
+        ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
         report["written" if ok else "bad"].append(rel)
     extras = {rel for rel, _ in extra}
     for rel in plan.get("delete", []):
@@ -130,12 +132,15 @@ def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO) -> dict[str, Any]
     return report
 
 
-def _take(requests: BinaryIO, target: Path, partial: Path, offset: int, size: int, mtime_ns: int, hasher) -> bool:
-    """One file's frame into `partial`, then renamed to `target` when its sha256 matches the trailer."""
+def _take(
+    requests: BinaryIO, target: Path, partial: Path, offset: int, size: int, mtime_ns: int, hasher, made: set[Path]
+) -> bool:
+    """One file's frame into `partial`, then renamed to `target` when its sha256 matches the trailer. `made`:
+    the directories this push has created (thousands of small files share a few)."""
     start, count = FRAME.unpack(_exactly(requests, FRAME.size))
     if start != offset or start + count != size:
         raise BadRequest(f"data push: {target.name}: frame {start}+{count} does not match the plan")
-    _mkdir(partial.parent)
+    _mkdir(partial.parent, made)
     buf = memoryview(bytearray(min(count, CHUNK) or 1))
     with open(partial, "r+b" if start and partial.exists() else "wb", buffering=0) as fh:
         fh.truncate(start)
@@ -152,7 +157,7 @@ def _take(requests: BinaryIO, target: Path, partial: Path, offset: int, size: in
         partial.unlink()
         return False
     os.utime(partial, ns=(mtime_ns, mtime_ns))
-    _mkdir(target.parent)
+    _mkdir(target.parent, made)
     try:
         os.replace(partial, target)
     except OSError:  # data/ on another file system than its parent: copy beside the target, then rename
@@ -168,14 +173,11 @@ def _write_all(fh, view: memoryview) -> None:
         view = view[fh.write(view) :]
 
 
-_MADE: set[Path] = set()
-
-
-def _mkdir(path: Path) -> None:
-    """mkdir -p, once per directory per push (thousands of small files share a few directories)."""
-    if path not in _MADE:
+def _mkdir(path: Path, made: set[Path]) -> None:
+    """mkdir -p, once per directory per push."""
+    if path not in made:
         path.mkdir(parents=True, exist_ok=True)
-        _MADE.add(path)
+        made.add(path)
 
 
 def _exactly(stream: BinaryIO, n: int) -> bytes:

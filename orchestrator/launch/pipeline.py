@@ -80,23 +80,13 @@ class Launch:
 
 
 class Backend:
-    """Where the trainer runs. `start` is the backend's own; the rest are the server's verbs, which know
-    both (a Slurm run's state carries its job; its stop cancels the job)."""
+    """Where the trainer runs: `start` is the backend's own. A run's state, its stop and its log are the
+    server's verbs on either backend (a Slurm run's row carries its job; its stop cancels the job)."""
 
     name = "backend"
 
     def start(self, launch: Launch) -> dict:
         raise NotImplementedError
-
-    def state(self, session, run_name: str) -> dict | None:
-        rows = session.enlace_json("latest", "runs", run_name)
-        return rows[0] if rows else None
-
-    def stop(self, session, run_name: str, grace: float) -> dict:
-        return session.enlace_json("latest", "stop", run_name, "--grace", str(grace), timeout=grace + 60)
-
-    def logs(self, session, run_name: str, offset: int) -> str:
-        return stages.log_since(session, run_name, offset)
 
 
 class SSHBackend(Backend):

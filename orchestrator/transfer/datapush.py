@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import click
 
 from enlace.config.schema import load_config
 from enlace.contract import FRAME, ErrorKind
 from enlace.data.paths import DATA_DIR, push_files, push_scope
 from enlace.errors import EnlaceError
 from enlace.server.datarecv import file_sha256
-from orchestrator.errors import Transient, UsageError
+from orchestrator.errors import Transient
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.gitsync import print_sync, sync
 from orchestrator.transfer.wire import Progress, Reader, human_bytes, retrying
@@ -77,11 +80,6 @@ def local_data(repo: Path, run: str, overrides=()) -> LocalData:
     return LocalData(run, globs, notes, files)
 
 
-def _sha256(path: Path, count: int | None = None):
-
-    return file_sha256(path, count)
-
-
 def decide(local: LocalData, have: dict[str, Any], extra: list, delete: bool) -> Plan:
     """What to send, touch and delete, from the server's answer (enlace/server/datarecv.py: STATE)."""
     plan = Plan()
@@ -92,12 +90,12 @@ def decide(local: LocalData, have: dict[str, Any], extra: list, delete: bool) ->
             continue
         offset = 0
         if isinstance(state, list) and state[0] == "sha256":
-            if _sha256(path).hexdigest() == state[1]:
+            if file_sha256(path).hexdigest() == state[1]:
                 plan.touch.append([rel, mtime])
                 plan.same += 1
                 continue
         elif isinstance(state, list) and state[0] == "partial":
-            held, prefix = int(state[1]), _sha256(path, int(state[1]))
+            held, prefix = int(state[1]), file_sha256(path, int(state[1]))
             if held <= size and prefix.hexdigest() == state[2]:
                 offset, plan.prefixes[rel] = held, prefix
         plan.send.append([rel, offset, size, mtime])
@@ -202,14 +200,10 @@ def _answer(session: Session, wire, line: bytes) -> dict:
 def push(session: Session, repo: Path, local: LocalData, delete: bool = False, dry_run: bool = False) -> Plan:
     """The whole push to one host (a sync first when it has no tree yet); its summary on stderr. Raises
     when a file arrived corrupted (it was not installed)."""
-    import time
-
-    import click
-
     t0 = time.perf_counter()
     _, plan, report = synced_first(session, repo, lambda: converse(session, local, not dry_run, delete))
     if report and report["bad"]:
-        raise UsageError(
+        raise EnlaceError(  # not the user's mistake: a transfer that went wrong, said as such
             f"{session.host.name}: {len(report['bad'])} file(s) arrived corrupted and were not installed "
             f"({', '.join(report['bad'][:3])}) — push again"
         )
