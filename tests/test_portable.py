@@ -136,6 +136,20 @@ def test_the_drivers_import_closure_has_no_torch_numpy_or_trainer_module():
     assert reached <= DRIVER_MAY_IMPORT, sorted(reached - DRIVER_MAY_IMPORT)
 
 
+@pytest.mark.parametrize("verb", ["check-config smoke-cpu --json", "check-config distill-cpu --json", "runs --json"])
+def test_server_verbs_a_launch_calls_before_training_start_without_torch(verb, tmp_path):
+    """verify's check-config (also of a distillation run, whose teacher is looked for) and the run list answer
+    without importing torch: each launch waits on them, and torch's import alone is about 2 s of CPU."""
+    code = (
+        "import sys\nfrom enlace.cli import main\n"
+        f"try:\n    main({[*verb.split(), '--root', str(REPO)]!r}, standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert '"ok"' in out.stdout or "run_name" in out.stdout or out.stdout.startswith("["), out.stdout[-500:]
+
+
 @pytest.mark.parametrize("verb", ["--help", "hosts", "status --help", "launch --help", "fetch --help"])
 def test_driver_verbs_start_without_torch_or_numpy(verb):
     code = (

@@ -1,13 +1,16 @@
 """What a valid config needs of the machine it runs on (a GPU's bf16, a teacher checkpoint). Apart from the
-config rules, which judge values alone: this module reaches torch and the distillation code, the driver never."""
+config rules, which judge values alone: this module reaches the checkpoints (and torch, for a GPU run), the
+driver never. check-config imports it before every launch, so torch stays out of a CPU run's checks."""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from enlace.config.schema import Config
 from enlace.errors import ConfigError
-from enlace.train.distill import teacher_checkpoint
+from enlace.names import RUN_NAME_RE
+from enlace.train.checkpoint import latest_checkpoint, manifest_problem
 
 
 def check_environment(cfg: Config) -> None:
@@ -42,3 +45,34 @@ def check_environment(cfg: Config) -> None:
             )
     if cfg.distill.teacher:
         teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, before anything runs
+
+
+def teacher_checkpoint(cfg: Config) -> Path:
+    """The teacher's complete checkpoint; a ConfigError naming the file, the key and the fix if there is none."""
+
+    ref = cfg.distill.teacher
+    where = cfg.origin("distill.teacher")
+    if "/" in ref:
+        path = Path(ref) if Path(ref).is_absolute() else cfg.root / ref
+        problem = manifest_problem(path)
+        if problem:
+            raise ConfigError(
+                where,
+                "distill.teacher",
+                f"{ref} is not a complete checkpoint ({problem.split(': ', 1)[-1]})",
+                "name a checkpoint dir with a MANIFEST, or a run name",
+            )
+        return path
+
+    if not RUN_NAME_RE.fullmatch(ref):
+        raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
+    ckpt = latest_checkpoint(cfg.root / "runs" / ref / "checkpoints")
+    if ckpt is None:
+        raise ConfigError(
+            where,
+            "distill.teacher",
+            f"run {ref!r} has no complete checkpoint on this machine "
+            f"(looked in {cfg.root / 'runs' / ref / 'checkpoints'})",
+            f"train the teacher first (enlace train {ref}), or name a checkpoint dir",
+        )
+    return ckpt

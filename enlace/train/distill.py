@@ -15,46 +15,14 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from enlace.config.machine import teacher_checkpoint
 from enlace.errors import ConfigError
-from enlace.names import RUN_NAME_RE
-from enlace.train.checkpoint import latest_checkpoint, manifest_problem
 from enlace.train.trained import load_model
 
 if TYPE_CHECKING:
     import torch
 
     from enlace.config.schema import Config
-
-
-def teacher_checkpoint(cfg: Config) -> Path:
-    """The teacher's complete checkpoint; a ConfigError naming the file, the key and the fix if there is none."""
-
-    ref = cfg.distill.teacher
-    where = cfg.origin("distill.teacher")
-    if "/" in ref:
-        path = Path(ref) if Path(ref).is_absolute() else cfg.root / ref
-        problem = manifest_problem(path)
-        if problem:
-            raise ConfigError(
-                where,
-                "distill.teacher",
-                f"{ref} is not a complete checkpoint ({problem.split(': ', 1)[-1]})",
-                "name a checkpoint dir with a MANIFEST, or a run name",
-            )
-        return path
-
-    if not RUN_NAME_RE.fullmatch(ref):
-        raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
-    ckpt = latest_checkpoint(cfg.root / "runs" / ref / "checkpoints")
-    if ckpt is None:
-        raise ConfigError(
-            where,
-            "distill.teacher",
-            f"run {ref!r} has no complete checkpoint on this machine "
-            f"(looked in {cfg.root / 'runs' / ref / 'checkpoints'})",
-            f"train the teacher first (enlace train {ref}), or name a checkpoint dir",
-        )
-    return ckpt
 
 
 def identity(ckpt: Path) -> str:
