@@ -75,11 +75,14 @@ def main() -> int:
     )
     # The module must come from this tree: an installed copy elsewhere (e.g. an editable install)
     # would hide a tree that lacks it.
+    # Every dependency is looked for (find_spec), not imported: torch's import alone costs ~2 s per launch.
     imp_p = start(
         "-c",
-        "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
+        "import os, importlib.util, enlace.data as d; f = os.path.realpath(d.__file__); "
         "assert f.startswith(os.path.realpath(os.getcwd()) + os.sep), 'imported from ' + f + "
-        "', not from this tree: the tree lacks enlace/data/'",
+        "', not from this tree: the tree lacks enlace/data/'\n"
+        f"for m in {DEPENDENCIES!r}:\n"
+        "    if importlib.util.find_spec(m) is None: raise ModuleNotFoundError(f\"No module named '{m}'\")",
     )
     cc_p = start("-m", "enlace", "check-config", run_ref, "--json", *set_args)  # both checks run side by side
     imp, cc = finish(imp_p), finish(cc_p)

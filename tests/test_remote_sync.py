@@ -181,6 +181,23 @@ def test_a_python_without_dependencies_is_named_with_the_venv_fix(sshd, user_rep
     assert out.returncode == 3 and "lacks enlace's dependencies" in out.stderr and "python: venv" in out.stderr
 
 
+def test_verify_names_a_missing_torch_without_importing_it(tmp_path):
+    """The import check looks for every dependency (find_spec) instead of importing torch, whose import alone
+    costs ~2 s on every launch; a python without torch is still named with the venv fix."""
+    bare = tmp_path / "bare-venv"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)
+    sha = head(REPO)
+    out = subprocess.run(
+        [str(bare / "bin" / "python"), "scripts/verify_tree.py", sha, "smoke-cpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert out.returncode == 3 and not checks["import enlace.data"]["ok"]
+    assert "No module named 'torch'" in checks["import enlace.data"]["detail"] and "python: venv" in out.stdout
+
+
 def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
     out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", check=False)
     rd = server_dir(sshd, "testhost")
