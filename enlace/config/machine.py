@@ -49,7 +49,6 @@ def check_environment(cfg: Config) -> None:
 
 def teacher_checkpoint(cfg: Config) -> Path:
     """The teacher's complete checkpoint; a ConfigError naming the file, the key and the fix if there is none."""
-
     ref = cfg.distill.teacher
     where = cfg.origin("distill.teacher")
     if "/" in ref:
