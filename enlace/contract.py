@@ -14,6 +14,7 @@ numpy or the trainer's modules.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import os
@@ -61,14 +62,16 @@ def help_text() -> str:
 
 
 def leave(code: object) -> NoReturn:
-    """Exit with `code` (as sys.exit takes it); without torch loaded, at once: stdout and stderr flushed,
-    the interpreter's teardown skipped (callers have closed what they opened). torch registers atexit
-    hooks that must run (compile workers, distributed), so a process that loaded it exits the normal way."""
-    if "torch" in sys.modules:
-        sys.exit(code)
+    """Exit with `code` (as sys.exit takes it) at once: stdout and stderr flushed, the interpreter's
+    teardown skipped (callers have closed what they opened): tearing down a process that loaded torch is
+    slow and frees only what the OS frees anyway (docs/benchmarks.md). The atexit hooks torch registers
+    (compile workers, data loaders, logging) still run first; without torch, where none is needed, none
+    runs."""
     if code is not None and not isinstance(code, int):  # sys.exit("text"): Python prints it, exits 1
         print(code, file=sys.stderr)
         code = 1
+    if "torch" in sys.modules:
+        atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) or a closed stream
             stream.flush()

@@ -40,18 +40,21 @@ def test_exit_codes_are_one_table_used_by_every_part():
     ("code", "imports", "rc", "hook_ran"),
     [(3, "", 3, False), (None, "", 0, False), ("why", "", 1, False), (3, "import torch", 3, True)],
 )
-def test_leave_flushes_and_skips_teardown_unless_torch_is_loaded(code, imports, rc, hook_ran):
+def test_leave_flushes_and_skips_teardown_but_runs_torchs_exit_hooks(code, imports, rc, hook_ran):
     """Both CLIs end in contract.leave: output and exit code as with sys.exit; the interpreter's teardown
-    (here: an atexit hook) skipped, except in a process that loaded torch, whose hooks must run."""
+    (here: a module global's finalizer) skipped; atexit hooks run only in a process that loaded torch,
+    whose hooks must run."""
     script = (
         f"import atexit, sys\n{imports}\nfrom enlace.contract import leave\n"
-        "atexit.register(lambda: print('teardown', file=sys.stderr))\n"
+        "atexit.register(lambda: print('hook', file=sys.stderr))\n"
+        "class Finalized:\n    def __del__(self): print('finalized', file=sys.stderr)\n"
+        "kept = Finalized()\n"
         f"print('out', end=''); print('err', end='', file=sys.stderr); leave({code!r})\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == rc and out.stdout == "out", out
     assert out.stderr.startswith("err") and ("why" in out.stderr) == (code == "why")
-    assert ("teardown" in out.stderr) == hook_ran, out.stderr
+    assert ("hook" in out.stderr) == hook_ran and "finalized" not in out.stderr, out.stderr
 
 
 def test_liveness_is_pid_and_start_time_never_argv(tmp_path):
