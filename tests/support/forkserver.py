@@ -44,6 +44,9 @@ PRELOAD = (
     "enlace.tools.sample",
 )
 READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "LD_", "TORCH", "CUDA")
+# What torch writes into os.environ itself, once in use, and reads only then: a test process that ran
+# a compiled or exported model has it set, and must not lose the fork server for the rest of its tests.
+SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
 
 
 # -- the client (the test's side) ----------------------------------------------------------------
@@ -127,7 +130,7 @@ class _Client:
 
     def serves(self, env: dict) -> bool:
         """Whether a fork of this server can stand for a fresh `python -m enlace` under `env`."""
-        keys = {k for k in {*env, *self.env} if k.startswith(READ_AT_IMPORT) and k != "PYTHONPATH"}
+        keys = {k for k in {*env, *self.env} if k.startswith(READ_AT_IMPORT)} - {"PYTHONPATH", *SET_BY_TORCH}
         return self.proc.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
 
     def start(self, argv: list[str], cwd: Path, env: dict, merge_stderr: bool = False) -> Forked:
