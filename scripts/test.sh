@@ -2,7 +2,7 @@
 # The test command (README, CI): bootstrap .venv, then pytest. Extra arguments go to pytest.
 # The SSH tests need /usr/sbin/sshd and git (Debian: openssh-server git).
 # Tests run on min(cores + 1, 4) pytest-xdist workers (the Slurm tests share one: --dist loadgroup; the
-# extra worker runs while another waits on Slurm's clock or a network fault; figures in README.md);
+# extra worker runs while another waits on Slurm's clock or a network fault; figures in docs/benchmarks.md);
 # ENLACE_TEST_WORKERS=0 runs them one at a time in this process, and an -n of your own wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
