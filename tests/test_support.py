@@ -18,6 +18,7 @@ def _kind(env_changes: dict[str, str]) -> type:
 
 
 def test_a_fork_stands_for_a_fresh_interpreter_unless_an_import_time_setting_differs(monkeypatch):
+    monkeypatch.delenv("ENLACE_TEST_FORKSERVER", raising=False)  # the harness as it runs by default
     assert _kind({}) is Forked
     # torch sets its inductor cache dir in os.environ on first use: a test that compiled keeps the fork
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_test")
