@@ -74,7 +74,7 @@ def main() -> int:
         f"configs/runs/{run_ref}.yaml present", run_file.is_file(), "" if run_file.is_file() else f"missing: {run_file}"
     )
     # The module must come from this tree: an installed copy elsewhere (e.g. an editable install) would hide
-    # a tree that lacks it. The dependencies are looked for, not imported: torch's import is ~2 s per launch.
+    # a tree that lacks it. The dependencies are looked for, not imported: torch's import is slow.
     imp_p = start(
         "-c",
         "import os, importlib.util, enlace.data as d; f = os.path.realpath(d.__file__); "

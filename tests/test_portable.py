@@ -146,7 +146,7 @@ def test_the_drivers_import_closure_has_no_torch_numpy_or_trainer_module():
 )
 def test_server_verbs_a_launch_calls_before_training_start_without_torch(verb, answer, project):
     """verify's check-config (of a distillation run too: the answer shows its teacher was looked for) and the run
-    list answer without importing torch: each launch waits on them, and torch's import alone is ~2 s of CPU."""
+    list answer without importing torch: each launch waits on them, and torch's import is slow."""
     code = (
         "import sys\nfrom enlace.cli import main\n"
         f"try:\n    main({[*verb.split(), '--root', str(project)]!r}, standalone_mode=False)\nexcept SystemExit:\n    pass\n"

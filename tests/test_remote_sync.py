@@ -183,7 +183,7 @@ def test_a_python_without_dependencies_is_named_with_the_venv_fix(sshd, user_rep
 
 def test_verify_names_a_missing_torch_without_importing_it(tmp_path):
     """The import check looks for every dependency (find_spec) instead of importing torch, whose import alone
-    costs ~2 s on every launch; a python without torch is still named with the venv fix."""
+    is slow and paid on every launch; a python without torch is still named with the venv fix."""
     bare = tmp_path / "bare-venv"
     subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)
     sha = head(REPO)
