@@ -181,7 +181,7 @@ def test_a_python_without_dependencies_is_named_with_the_venv_fix(sshd, user_rep
     assert out.returncode == 3 and "lacks enlace's dependencies" in out.stderr and "python: venv" in out.stderr
 
 
-def test_verify_names_a_missing_torch_without_importing_it(tmp_path):
+def test_verify_names_a_missing_torch_with_the_venv_fix(tmp_path):
     """The import check looks for every dependency (find_spec) instead of importing torch, whose import alone
     is slow and paid on every launch; a python without torch is still named with the venv fix."""
     bare = tmp_path / "bare-venv"
