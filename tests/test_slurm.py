@@ -185,8 +185,8 @@ def test_time_limit_requeues_and_resumes_exactly_and_max_requeues_stops_the_run(
         "det",
         run_name="det",
         **DETERMINISTIC,
-        training={**TINY["training"], "max_steps": 3000, "log_every": 100, "eval_every": 0},
-        checkpoint={"every": 1000, "keep": 2},
+        training={**TINY["training"], "max_steps": 1500, "log_every": 100, "eval_every": 0},
+        checkpoint={"every": 500, "keep": 2},
     )
     write_run(
         user_repo,
@@ -225,8 +225,8 @@ def test_time_limit_requeues_and_resumes_exactly_and_max_requeues_stops_the_run(
     log = train_log(login, "det")
     assert "time limit is near" in log and "SIGTERM (stop, scancel or preemption)" in log, log
     assert run_json(login, "det")["requeues"] >= 2 and log.count("resumed from checkpoints/") >= 2, log
-    ours = load_checkpoint(rd / "runs" / "det" / "checkpoints" / "step-003000")
-    straight = load_checkpoint(tmp_path / "ref" / "det" / "checkpoints" / "step-003000")
+    ours = load_checkpoint(rd / "runs" / "det" / "checkpoints" / "step-001500")
+    straight = load_checkpoint(tmp_path / "ref" / "det" / "checkpoints" / "step-001500")
     assert compare_states(ours, straight)["identical"]
     out = remote(user_repo, login.env, "status", "det", host="cluster").stdout
     assert "finished" in out and "requeued" in out, out

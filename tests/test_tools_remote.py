@@ -104,7 +104,7 @@ def test_generate_on_the_server_shows_progress_stops_with_the_client_and_continu
     tiny_corpus(rd)
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight")
     remote(user_repo, sshd.env, "logs", "tiny", "-f")
-    args = ("generate", "tiny", "--bytes", "40000", "--streams", "2", "--out", "data/gen")
+    args = ("generate", "tiny", "--bytes", "16000", "--streams", "2", "--out", "data/gen")
     client = popen_remote(user_repo, sshd.env, *args)
     err = PipeReader(client.stderr)
     wait_until(lambda: err.text().count("generate: ") >= 2, what="two progress lines")
