@@ -4,11 +4,11 @@ stdlib's .py files), samples text that looks like Python, and its untrained weig
 A 500-byte sample at temperature 0.8 passes with at least 95 % printable ASCII and at least one of
 `def `, `import `, `return`. One sample cannot be asked for all three: in 500-byte windows of the
 corpus itself `import ` occurs in 7 % and all three together in 2.4 % (`def ` 48 %, `return` 48 %,
-one of them 65 %). Measured on smoke-cpu as shipped: 58 of 64 samples pass when it trains on one
-thread (as here under pytest-xdist), 42 of 64 on two (the README's main job; `def ` in 25 of them);
-the config before it, with four times the compute, 39 of 64. So the test draws 24 and asks for at
-least 6 (at 61 % that fails with probability 0.007 %, at 50 % 0.3 %) with `def ` and `return` both
-among them (`def ` in 39 % of samples: none in 24 has probability 7e-6); the step-0 weights pass none."""
+one of them 65 %). What the shipped config reaches, on one thread (as here under pytest-xdist) and on
+two (the README's main job), is in docs/benchmarks.md ("The smoke-cpu recipe"): most samples pass, with
+`def ` in at least a quarter of them. So the test draws 24 and asks for at least 6 (at a 61 % pass rate
+that fails with probability 0.007 %, at 50 % with 0.3 %) with `def ` and `return` both among them (at
+28 % none of 24 holds `def ` with probability 0.04 %); the step-0 weights pass none."""
 
 from __future__ import annotations
 
