@@ -82,7 +82,7 @@ def main() -> None:
     srv = make_server(base)
     env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
     # Timed as on a user's machine, where Python caches bytecode: with PYTHONDONTWRITEBYTECODE set (some
-    # sandboxes set it) every driver start compiles its modules again, measured 20-40 ms of fetch's 0.7 s.
+    # sandboxes set it) every driver start would compile its modules again.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     rd = base / "remote-testhost"
     try:

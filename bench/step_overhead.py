@@ -5,15 +5,15 @@
 2. vs a nanoGPT-style script written here (its own model class of the same shape, a memmapped
    train.bin of the same smoke-corpus bytes, random offsets per step, AdamW, clipping, cosine lr),
    enlace reading the same bytes through its data stream: a regression in enlace's model, data
-   path or step shows here even when (1) does not. Goal: ratio >= 0.95 (it was ≈1.0).
+   path or step shows here even when (1) does not. Goal: ratio >= 0.95.
 3. what enlace's step adds in absolute terms: per-step time of both loops on a model so small (and on one
    thread) that the step is all overhead; in µs, what a regression of the step itself would move.
 
 The two loops take turns step by step (A B B A ...), each step timed; a ratio is the median, over the
-pairs of neighbouring steps, of time(baseline step) / time(enlace step). Timing blocks of 30 steps
-instead read 0.92-1.02 between runs of unchanged code on this 2-core VM: the host stalls steps now and
-then, some by 0.5-1.3 s, and a block's time carries every stall in it; a stall moves one pair of steps
-here, and the median drops it. Step by step it read 0.993-1.034 in 21 runs, idle and beside a hog.
+pairs of neighbouring steps, of time(baseline step) / time(enlace step). Timed in blocks of steps
+instead, unchanged code read differently from run to run: the host stalls single steps now and then,
+and a block's time carries every stall in it; a stall moves one pair of steps here, and the median
+drops it (the figures of both ways: docs/benchmarks.md).
 
     python bench/step_overhead.py [--steps 360]
 """
@@ -195,8 +195,8 @@ def main() -> None:
     if args.child:
         return child(args.child, 30)
     # Subnormal floats flush to zero, in every loop, set before torch starts its worker threads (they
-    # inherit it): unflushed, the nanoGPT-style loop slowed from 39 to 47 ms/step over 360 steps while
-    # enlace's stayed at 40, and (2) read 1.2-1.3 — the baseline's drift, and a cover for a 20 % regression.
+    # inherit it): unflushed, the nanoGPT-style loop drifted slower over the run while enlace's did not,
+    # and (2) read the baseline's drift, which could hide a regression (docs/benchmarks.md).
     torch.set_flush_denormal(True)
 
     cfg = smoke_config()

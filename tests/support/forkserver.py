@@ -1,8 +1,8 @@
 """Run the `enlace` CLI as a fork of a process that has already imported torch.
 
-Every `python -m enlace train` pays ≈2.5 s of CPU before its first step here: importing torch (≈1 s)
-and torch._dynamo, which torch.optim imports when the first optimizer is built (≈1.2 s). The tests
-start about a hundred of them. A fork of a process that has done those imports, and nothing else (no
+Every `python -m enlace train` pays seconds of CPU before its first step: importing torch, and
+torch._dynamo, which torch.optim imports when the first optimizer is built (the figures are in
+docs/benchmarks.md). The tests start about a hundred of them. A fork of a process that has done those imports, and nothing else (no
 tensor op has run in it, so no OpenMP pool exists to break in the fork), runs the same CLI code at
 once. Each call is still its own process: its own pid, stdio, cwd, environment, exit status and end.
 
