@@ -1,12 +1,15 @@
-"""The test harness's own promises: a fork of the warm server stands for `python -m enlace` exactly
-when nothing torch reads at import differs (tests/support/forkserver.py)."""
+"""The test harness's own promises: a fork of the warm server stands for `python -m enlace`, and for the
+driver, exactly when nothing torch reads at import differs (tests/support/forkserver.py)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from subprocess import PIPE
 
 from support import REPO
-from support.forkserver import Forked, Fresh, start_enlace
+from support.forkserver import Forked, Fresh, start_enlace, start_python
 
 
 def _kind(env_changes: dict[str, str]) -> type:
@@ -24,3 +27,17 @@ def test_a_fork_stands_for_a_fresh_interpreter_unless_an_import_time_setting_dif
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_test")
     assert _kind({}) is Forked
     assert _kind({"OMP_NUM_THREADS": "7"}) is Fresh  # read when torch loads: only a new interpreter has it
+
+
+def test_a_forked_driver_says_what_a_new_interpreter_says(tmp_path, monkeypatch):
+    """`enlace-remote` as support/remote.py runs it: forked, its exit status and both streams are the
+    ones a new interpreter gives (here: run outside a git repository)."""
+    monkeypatch.delenv("ENLACE_TEST_FORKSERVER", raising=False)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "local", "status"]
+    forked = start_python(cmd, tmp_path, env)
+    fresh = Fresh(cmd, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=PIPE, stderr=PIPE, text=True)
+    said = [(p.output(), p.returncode) for p in (forked, fresh)]
+    assert isinstance(forked, Forked) and said[0] == said[1], said
+    (out, err), code = said[0]
+    assert code == 2 and out == "" and "is not inside a git repository" in err and "Traceback" not in err, err

@@ -1,20 +1,24 @@
-"""Run the `enlace` CLI as a fork of a process that has already imported torch.
+"""Run the `enlace` CLI, and the driver `enlace-remote`, as forks of a process that has already
+imported torch and the driver's modules.
 
 Every `python -m enlace train` pays seconds of CPU before its first step: importing torch, and
-torch._dynamo, which torch.optim imports when the first optimizer is built (the figures are in
-docs/benchmarks.md). The tests start about a hundred of them. A fork of a process that has done those imports, and nothing else (no
-tensor op has run in it, so no OpenMP pool exists to break in the fork), runs the same CLI code at
-once. Each call is still its own process: its own pid, stdio, cwd, environment, exit status and end.
+torch._dynamo, which torch.optim imports when the first optimizer is built; every driver command pays
+for click, paramiko and its own modules (the figures are in docs/benchmarks.md). The tests start about
+a hundred trainers and a few hundred driver commands. A fork of a process that has done those
+imports, and nothing else (no tensor op has run in it, so no OpenMP pool exists to break in the fork),
+runs the same code at once. Each call is still its own process: its own pid, stdio, cwd, environment,
+exit status and end.
 
-What a fork cannot give, a real `python -m enlace` is used for: a fresh interpreter (`fresh=True`:
-the cross-process exactness test, whose two processes would otherwise share one hash seed), and an
-environment that differs in what is read when torch loads (OMP_NUM_THREADS and the like).
+What a fork cannot give, a real interpreter is used for: a fresh one (`fresh=True`: the cross-process
+exactness test, whose two processes would otherwise share one hash seed), an environment that differs
+in what is read when torch loads (OMP_NUM_THREADS and the like), an installed driver (its own venv),
+and a command whose output the test reads while it runs (pipes: support/remote.popen_remote).
 ENLACE_TEST_FORKSERVER=0 turns the fork server off (every call a fresh interpreter).
 
 The server: `python -m support.forkserver SOCKET` imports, prints "ready", then per connection reads
 one JSON line {argv, cwd, env} with three file descriptors (stdin, stdout, stderr), forks, answers
 {"pid"} and, once the child has ended, {"returncode"} (negative: killed by that signal, as
-subprocess says it)."""
+subprocess says it). argv is a python command line: `python -m MODULE ARGS` or `python -c CODE ARGS`."""
 
 from __future__ import annotations
 
@@ -42,6 +46,15 @@ PRELOAD = (
     "enlace.train.loop",
     "enlace.preflight.measure",
     "enlace.tools.sample",
+    "orchestrator.cli",
+    "orchestrator.commands.run",
+    "orchestrator.commands.data",
+    "orchestrator.commands.tools",
+    "orchestrator.launch.pipeline",
+    "orchestrator.ssh.transport",
+    "orchestrator.transfer.fetch",
+    "orchestrator.view.status",
+    "paramiko",
 )
 READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "LD_", "TORCH", "CUDA")
 # What torch writes into os.environ itself, once in use, and reads only then: a test process that ran
@@ -129,7 +142,7 @@ class _Client:
         atexit.register(self.close)
 
     def serves(self, env: dict) -> bool:
-        """Whether a fork of this server can stand for a fresh `python -m enlace` under `env`."""
+        """Whether a fork of this server can stand for a fresh interpreter under `env`."""
         keys = {k for k in {*env, *self.env} if k.startswith(READ_AT_IMPORT)} - {"PYTHONPATH", *SET_BY_TORCH}
         return self.proc.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
 
@@ -166,7 +179,7 @@ def _enlace_argv(args: list[str]) -> list[str]:
 
 
 def _warm_server(env: dict) -> _Client | None:
-    """The warm server, where a fork of it can stand for a fresh `python -m enlace` under `env`."""
+    """The warm server, where a fork of it can stand for a fresh interpreter under `env`."""
     if os.environ.get("ENLACE_TEST_FORKSERVER", "1") == "0":
         return None
     server = _server()
@@ -174,9 +187,13 @@ def _warm_server(env: dict) -> _Client | None:
 
 
 def start_enlace(args: list[str], cwd: Path, env: dict, merge_stderr: bool = False) -> Forked | Fresh:
-    """`python -m enlace ARGS` started in `cwd` under `env`, not waited for: a Forked, or a Fresh
+    """`python -m enlace ARGS` started in `cwd` under `env`, not waited for (start_python)."""
+    return start_python(_enlace_argv(args), cwd, env, merge_stderr)
+
+
+def start_python(cmd: list[str], cwd: Path, env: dict, merge_stderr: bool = False) -> Forked | Fresh:
+    """A python command line started in `cwd` under `env`, not waited for: a Forked, or a Fresh
     interpreter where a fork cannot stand for one. Both say what it wrote with .output()."""
-    cmd = _enlace_argv(args)
     server = _warm_server(env)
     if server is not None:
         return server.start(cmd, cwd, env, merge_stderr)
@@ -186,10 +203,17 @@ def start_enlace(args: list[str], cwd: Path, env: dict, merge_stderr: bool = Fal
 
 def run_enlace(args: list[str], cwd: Path, env: dict, timeout: float, fresh: bool) -> subprocess.CompletedProcess:
     """`python -m enlace ARGS` in `cwd` under `env`, to its end (a new interpreter with `fresh`)."""
-    cmd = _enlace_argv(args)
+    return run_python(_enlace_argv(args), cwd, env, timeout, fresh)
+
+
+def run_python(cmd: list[str], cwd: Path, env: dict, timeout: float, fresh: bool) -> subprocess.CompletedProcess:
+    """A python command line (`sys.executable -m MODULE ...` or `-c CODE ...`) in `cwd` under `env`, to its
+    end: forked where it can be, else (or with `fresh`) a new interpreter."""
     server = None if fresh else _warm_server(env)
     if server is None:
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+        return subprocess.run(
+            cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        )
     proc = server.start(cmd, cwd, env)
     try:
         proc.wait(timeout)
@@ -205,7 +229,7 @@ def run_enlace(args: list[str], cwd: Path, env: dict, timeout: float, fresh: boo
 
 
 def _child(request: dict, fds: list[int]) -> None:
-    """In the fork: become `python -m enlace ARGV`."""
+    """In the fork: become `python -m MODULE ARGS` or `python -c CODE ARGS`, as request["argv"] says."""
     import runpy
 
     for target, fd in enumerate(fds):
@@ -214,8 +238,13 @@ def _child(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = request["argv"][2:]  # runpy sets argv[0] to enlace/__main__.py, as `python -m` does
-    runpy.run_module("enlace", run_name="__main__", alter_sys=True)
+    _, flag, what, *args = request["argv"]
+    if flag == "-m":
+        sys.argv = [what, *args]  # runpy sets argv[0] to the module's file, as `python -m` does
+        runpy.run_module(what, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = ["-c", *args]  # what `python -c` gives
+        exec(compile(what, "<string>", "exec"), {"__name__": "__main__"})
 
 
 def _wait_and_answer(conn: socket.socket, pid: int) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import REPO
 from .configs import write_tiny_corpus
+from .forkserver import run_python
 
 
 def _command(host: str, args: tuple[str, ...], env: dict, driver: list[str] | None) -> tuple[list[str], dict]:
@@ -33,9 +34,12 @@ def remote(
     driver: list[str] | None = None,
 ):
     cmd, full = _command(host, args, env, driver)
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full, stdin=subprocess.DEVNULL
-    )
+    if driver:  # an installed driver: its own interpreter, as a user runs it
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full, stdin=subprocess.DEVNULL
+        )
+    else:  # this checkout's driver: a fork of the test fork server where it can stand for a new interpreter
+        out = run_python(cmd, repo, full, timeout, fresh=False)
     if check and out.returncode != 0:
         raise AssertionError(
             f"enlace-remote {' '.join(args)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
