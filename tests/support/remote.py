@@ -1,4 +1,5 @@
-"""Running the real `enlace-remote` CLI in a subprocess from the user's repo."""
+"""Running the real `enlace-remote` CLI from the user's repo: forked where it can be
+(support/forkserver.py), else a new process."""
 
 from __future__ import annotations
 
@@ -34,12 +35,9 @@ def remote(
     driver: list[str] | None = None,
 ):
     cmd, full = _command(host, args, env, driver)
-    if driver:  # an installed driver: its own interpreter, as a user runs it
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, cwd=repo, timeout=timeout, env=full, stdin=subprocess.DEVNULL
-        )
-    else:  # this checkout's driver: a fork of the test fork server where it can stand for a new interpreter
-        out = run_python(cmd, repo, full, timeout, fresh=False)
+    # this checkout's driver forks from the test fork server where it can; an installed one is its own
+    # interpreter, as a user runs it
+    out = run_python(cmd, repo, full, timeout, fresh=bool(driver))
     if check and out.returncode != 0:
         raise AssertionError(
             f"enlace-remote {' '.join(args)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
