@@ -25,10 +25,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from support.browser import chromium, wait_for  # noqa: E402
+from support.remote import DRIVER  # noqa: E402
 from support.repocopy import copy_worktree_repo  # noqa: E402
 from support.sshd import make_server  # noqa: E402
-
-CLI = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()"]
 
 
 def fake_runs(remote_dir: Path, n: int) -> None:
@@ -83,14 +82,14 @@ def main() -> None:
             ("gpu2", base / "b" / "remote-gpu2"),
             ("local", base / "a" / "remote-local"),
         ):
-            subprocess.run([*CLI, "--host", host, "sync"], env=env, cwd=repo, check=True, capture_output=True)
+            subprocess.run([*DRIVER, "--host", host, "sync"], env=env, cwd=repo, check=True, capture_output=True)
             fake_runs(rd, 10)
         driver = chromium(base / "profile")
         times = []
         for _ in range(args.reps):
             t0 = time.perf_counter()
             proc = subprocess.Popen(
-                [*CLI, "board", "--no-browser", "--hosts", "gpu1,gpu2,local"],
+                [*DRIVER, "board", "--no-browser", "--hosts", "gpu1,gpu2,local"],
                 env=env,
                 cwd=repo,
                 stderr=subprocess.PIPE,

@@ -23,10 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.support.remote import DRIVER  # noqa: E402
 from tests.support.repocopy import commit_all, copy_worktree_repo  # noqa: E402
 from tests.support.sshd import make_server  # noqa: E402
 
-CLI = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost"]
+CLI = [*DRIVER, "--host", "testhost"]
 
 
 def corpus(root: Path, mib: int) -> None:

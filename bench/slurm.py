@@ -26,11 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.remote import make_repo  # noqa: E402
-from tests.support.remote import tiny_corpus  # noqa: E402
+from tests.support.remote import DRIVER, tiny_corpus  # noqa: E402
 from tests.support.slurmcluster import SlurmCluster  # noqa: E402
 from tests.support.sshd import make_server  # noqa: E402
 
-CLI = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "cluster"]
+CLI = [*DRIVER, "--host", "cluster"]
 
 
 def first_step_logged(log: Path, timeout: float = 300) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.support.remote import DRIVER  # noqa: E402
 from tests.support.repocopy import copy_worktree_repo  # noqa: E402
 from tests.support.sshd import make_server  # noqa: E402
 
@@ -38,7 +39,7 @@ def main() -> None:
         repo = copy_worktree_repo(base / "repo", "base")
         git = ["git", "-C", str(repo), "-c", "user.email=b@x.invalid", "-c", "user.name=b"]
         env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
-        cli = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost"]
+        cli = [*DRIVER, "--host", "testhost"]
         sh(*cli, "sync", env=env, cwd=repo)  # first sync: pushes the whole history
 
         d = srv.dir

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from support import REPO
-from support.cli import metrics, run_json
+from support.cli import enlace, metrics, run_json
 from support.configs import DETERMINISTIC, write_run
 from support.procs import trainers_under
 
@@ -68,13 +68,7 @@ def test_three_ranks_rank0_writes_and_resume_is_exact(project, tmp_path):
     assert "world 3" in log and log.count("step      4/40") == 1
     assert a["trainer.pt"]["tokens"] == 4 * 3 * 4 * 32  # steps x world x batch x seq_len
     # A different world size is refused, naming the fix.
-    resume = ["--runs-dir", str(tmp_path / "resumed"), "--until", "6"]
-    one = subprocess.run(
-        [sys.executable, "-m", "enlace", "train", "ddp3", "--root", str(project), *resume],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    one = enlace(project, "train", "ddp3", "--runs-dir", str(tmp_path / "resumed"), "--until", "6", check=False)
     assert one.returncode == 2 and "saved by 3 processes, resuming with 1" in one.stderr
 
 

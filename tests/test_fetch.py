@@ -9,12 +9,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 from support import REPO
-from support.remote import remote, server_dir, tiny_corpus
+from support.remote import DRIVER, remote, server_dir, tiny_corpus
 
 
 @pytest.mark.slow
@@ -132,7 +131,7 @@ def test_ctrl_c_during_a_fetch_is_one_line(sshd, user_repo):
     ) as fh:  # a long log: seconds of transfer
         fh.truncate(fh.seek(0, 2) + 400 * 2**20)
 
-    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "testhost", "fetch"]
+    cmd = [*DRIVER, "--host", "testhost", "fetch"]
     client = subprocess.Popen(
         cmd,
         cwd=user_repo,

@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 from support import REPO
 from support.cli import enlace, run_json
 from support.configs import write_run
 from support.procs import trainers_under
-from support.remote import PipeReader, popen_remote, remote, server_dir, status_row, tiny_corpus, wait_until
+from support.remote import DRIVER, PipeReader, popen_remote, remote, server_dir, status_row, tiny_corpus, wait_until
 from support.repocopy import commit_all
 
 
@@ -205,9 +204,7 @@ def test_killing_the_client_during_preflight_ends_the_servers_preflight(sshd, us
     commit_all(user_repo, "heavy")
     remote(user_repo, sshd.env, "sync", host=host)
     cmd = [
-        sys.executable,
-        "-c",
-        "from orchestrator.cli import run_main; run_main()",
+        *DRIVER,
         "--host",
         host,
         "preflight",

@@ -21,7 +21,7 @@ import pytest
 from support import REPO
 from support.configs import DETERMINISTIC, TINY, write_run
 from support.procs import kill_processes_under
-from support.remote import remote, server_dir, tiny_corpus, wait_until
+from support.remote import DRIVER, remote, server_dir, tiny_corpus, wait_until
 from support.repocopy import commit_all
 
 from enlace.preflight.verify_resume import compare_states
@@ -91,7 +91,7 @@ def train_log(srv, name: str) -> str:
 
 def spawn(repo: Path, env: dict, log: Path, *args: str, host: str = "cluster") -> subprocess.Popen:
     """enlace-remote in the background, its stderr into `log` (read while it runs)."""
-    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    cmd = [*DRIVER, "--host", host, *args]
     return subprocess.Popen(
         cmd,
         cwd=repo,

@@ -4,12 +4,10 @@ driver, exactly when nothing torch reads at import differs (tests/support/forkse
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from subprocess import PIPE
 
 from support import REPO
 from support.forkserver import Forked, Fresh, start_enlace, start_python
+from support.remote import DRIVER
 
 
 def _kind(env_changes: dict[str, str]) -> type:
@@ -32,12 +30,13 @@ def test_a_fork_stands_for_a_fresh_interpreter_unless_an_import_time_setting_dif
 def test_a_forked_driver_says_what_a_new_interpreter_says(tmp_path, monkeypatch):
     """`enlace-remote` as support/remote.py runs it: forked, its exit status and both streams are the
     ones a new interpreter gives (here: run outside a git repository)."""
-    monkeypatch.delenv("ENLACE_TEST_FORKSERVER", raising=False)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", "local", "status"]
+    cmd = [*DRIVER, "--host", "local", "status"]
+    monkeypatch.delenv("ENLACE_TEST_FORKSERVER", raising=False)
     forked = start_python(cmd, tmp_path, env)
-    fresh = Fresh(cmd, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=PIPE, stderr=PIPE, text=True)
+    monkeypatch.setenv("ENLACE_TEST_FORKSERVER", "0")  # the same call with the fork server off
+    fresh = start_python(cmd, tmp_path, env)
     said = [(p.output(), p.returncode) for p in (forked, fresh)]
-    assert isinstance(forked, Forked) and said[0] == said[1], said
+    assert (type(forked), type(fresh)) == (Forked, Fresh) and said[0] == said[1], said
     (out, err), code = said[0]
     assert code == 2 and out == "" and "is not inside a git repository" in err and "Traceback" not in err, err

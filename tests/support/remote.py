@@ -14,6 +14,9 @@ from . import REPO
 from .configs import write_tiny_corpus
 from .forkserver import run_python
 
+# enlace-remote as this checkout runs it, without an installed entry point
+DRIVER = (sys.executable, "-c", "from orchestrator.cli import run_main; run_main()")
+
 
 def _command(host: str, args: tuple[str, ...], env: dict, driver: list[str] | None) -> tuple[list[str], dict]:
     """enlace-remote's argv and environment: this checkout's code, the test's hosts and keys; or `driver`,
@@ -21,7 +24,7 @@ def _command(host: str, args: tuple[str, ...], env: dict, driver: list[str] | No
     if driver:
         base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         return [*driver, "--host", host, *args], {**base, **env}
-    argv = [sys.executable, "-c", "from orchestrator.cli import run_main; run_main()", "--host", host, *args]
+    argv = [*DRIVER, "--host", host, *args]
     return argv, {**os.environ, "PYTHONPATH": str(REPO), **env}
 
 
