@@ -1,6 +1,7 @@
 """`enlace-remote board`: its HTTP side (127.0.0.1 only, 403 without the token), its curves as the run
-stands after a resume, and the whole page in a real headless chromium against a real sshd: two hosts' runs
-(one host unreachable), a run's curve whose last point is metrics.jsonl's, the page following a new step."""
+stands after a resume (kept between polls, thinned for a long run), and the whole page in a real headless
+chromium against a real sshd: two hosts' runs (one host unreachable), a run's curve whose last point is
+metrics.jsonl's, the page following a new step."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 from support.browser import artifacts_dir, chromium, wait_for
 from support.remote import PipeReader, env_with_a_dead_host, popen_remote, remote, server_dir, tiny_corpus
 
-from orchestrator.view.board import Board, series
+from orchestrator.view.board import Board
 from orchestrator.view.board_http import BoardServer
+from orchestrator.view.curves import MAX_POINTS, Curves, series
 
 
 def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
@@ -55,6 +57,67 @@ def test_curves_are_the_run_as_it_stands_after_a_resume_from_an_older_checkpoint
     got = series(tmp_path / "metrics.jsonl")
     assert [p[0] for p in got["train"]] == [1, 2, 3] and got["train"][-1][1] == 0.5
     assert got["eval"] == [] and got["starts"] == [2]  # the eval at 4 was of the attempt resumed past
+
+
+def _records(n: int, start: int = 0) -> list[dict]:
+    out = [{"kind": "start", "step": start}]
+    for s in range(start + 1, start + n + 1):
+        out.append({"kind": "train", "step": s, "loss": 5.0 / (s - start), "lr": 0.1, "tokens_per_s": 9.0})
+        if s % 7 == 0:
+            out.append({"kind": "eval", "step": s, "val_bpb": 7.0 / (s - start)})
+    return out
+
+
+def test_curves_parse_only_what_the_file_gained_and_equal_a_fresh_parse(tmp_path):
+    """The board keeps a run's curves between polls: fed the file as it grows (cut anywhere, mid-line too,
+    across a resume from an older step), they equal a parse of the whole file; a rewritten file is parsed
+    from its start."""
+    data = "".join(json.dumps(r) + "\n" for r in _records(60) + _records(30, start=40)).encode()
+    fresh = series_of(data)
+
+    class Counting(Curves):
+        parsed = 0
+
+        def _take(self, line: bytes) -> None:
+            self.parsed += 1
+            super()._take(line)
+
+    curves = Counting()
+    for cut in (0, 1, 200, 201, 2000, 3333, 4444, 5555, len(data) - 5, len(data)):
+        curves.update(data[:cut])
+        assert curves.consumed == data[:cut].rfind(b"\n") + 1  # whole lines only; a half line waits
+        assert curves.view() == series_of(data[:cut])
+        assert curves.view(max_points=12) == series_of(data[:cut], max_points=12)  # thinned, as it grows
+    assert curves.view() == fresh and fresh["starts"] == [40] and curves.parsed == data.count(b"\n")  # each once
+    assert [p[0] for p in fresh["train"]] == list(range(1, 71)) and fresh["train"][40][:2] == [41, 5.0]
+    assert [p[0] for p in fresh["eval"]] == [7, 14, 21, 28, 35, 42, 49, 56, 63, 70]  # 42..56: the resumed attempt's
+
+    rewritten = "".join(json.dumps(r) + "\n" for r in _records(10)).encode()  # a new run under the name
+    curves.update(rewritten)
+    assert curves.view() == series_of(rewritten) and curves.view()["train"][-1][0] == 10
+
+
+def series_of(data: bytes, max_points: int = MAX_POINTS) -> dict:
+    curves = Curves()
+    curves.update(data)
+    return curves.view(max_points)
+
+
+def test_a_long_runs_curves_are_thinned_keeping_spikes_ends_and_strict_json():
+    """A million-step run logs a million points; the page gets at most MAX_POINTS a curve, with the first
+    and last step and a one-step loss spike still on it, and numbers JSON can carry (NaN, inf: none)."""
+    n, spike = 300_000, 123_457
+    lines = [json.dumps({"kind": "start", "step": 0})]
+    for s in range(1, n + 1):
+        loss = 9.5 if s == spike else float("nan") if s == 5 else 2.0 + 1.0 / s
+        lines.append(json.dumps({"kind": "train", "step": s, "loss": loss, "lr": 0.1, "tokens_per_s": 9.0}))
+    lines.append(json.dumps({"kind": "eval", "step": n, "val_bpb": float("inf")}))
+    got = series_of(("\n".join(lines) + "\n").encode())
+    steps = [p[0] for p in got["train"]]
+    assert len(steps) <= MAX_POINTS and steps == sorted(steps) and steps[0] == 1 and steps[-1] == n
+    assert [spike, 9.5] in [p[:2] for p in got["train"]]
+    assert got["eval"] == [[n, None]]
+    json.dumps(got, allow_nan=False)  # what the page's JSON.parse can read
 
 
 @pytest.mark.slow
@@ -101,6 +164,14 @@ def test_the_board_in_a_real_browser(sshd, user_repo, tmp_path):
         wait_for(driver, lambda d: "step      5/30" in d.find_element("id", "log").text, what="the log's new step")
         assert driver.find_elements("css selector", 'svg[data-metric="loss"] line[data-resumed-at="3"]')
         driver.save_screenshot(str(artifacts_dir() / "board-run-updated.png"))
+
+        # the page's chart itself draws any number of points (Math.min(...points) threw past ~120,000)
+        drawn = driver.execute_script(
+            "const points = Array.from({length: 300000}, (_, i) => [i, Math.sin(i)]);"
+            "const svg = chart('loss', 'loss', [{key: 'big', color: '#000', points}]).querySelector('svg');"
+            "return svg.querySelector('polyline').getAttribute('data-last-step');"
+        )
+        assert drawn == "299999"
     finally:
         if driver is not None:
             driver.quit()

@@ -4,6 +4,8 @@ one run's curves and log, fetched incrementally as `plot` fetches them. The web 
     <repo>/.enlace/board/<host>/<run>/   metrics.jsonl, run.json, train.log as last fetched (only the new
                                          bytes travel; fetch.fetch_run_files)
 
+A run's curves are kept parsed between polls and only what metrics.jsonl gained is parsed (curves.py).
+
 One session (one SSH connection) per host, shared by every request and used by one request at a time (a
 lock per host); a host that does not answer is one row saying so. The runs table is asked of all hosts in
 parallel and kept for RUNS_MAX_AGE_S, so many open pages cost the hosts no more than one.
@@ -20,6 +22,7 @@ from typing import Any
 from enlace.errors import EnlaceError
 from orchestrator.errors import UnreachableError
 from orchestrator.transfer.fetch import fetch_run_files
+from orchestrator.view.curves import Curves, read_or_empty
 from orchestrator.view.status import status_everywhere
 
 RUNS_MAX_AGE_S = 2.0
@@ -36,6 +39,7 @@ class Board:
         self._runs: tuple[float, list[dict]] | None = None
         self._runs_lock = threading.Lock()
         self._down: dict[str, tuple[float, str]] = {}  # host → (until, why)
+        self._curves: dict[tuple[str, str], Curves] = {}  # (host, run) → its curves, parsed so far
 
     def session(self, host: str):
         """(lock, session) for a configured host; KeyError for any other name."""
@@ -78,13 +82,16 @@ class Board:
                 fetch_run_files(session, run_name, dest, RUN_FILES, shared=True)
             except EnlaceError as e:  # show what was fetched before, and why it is not newer
                 error = e.format_message().splitlines()[0]
+            curves = self._curves.setdefault((host, run_name), Curves())
+            curves.update(read_or_empty(dest / "metrics.jsonl"))
+            drawn = curves.view()
         state = _read_json(dest / "run.json")
         log, offset = _read_from(dest / "train.log", log_offset)
         return {
             "host": host,
             "run_name": run_name,
             "state": state,
-            "series": series(dest / "metrics.jsonl"),
+            "series": drawn,
             "log": log,
             "log_offset": offset,
             "error": error,
@@ -105,36 +112,6 @@ class _Locked:
             except UnreachableError as e:
                 self.on_down(e)
                 raise
-
-
-def series(path: Path) -> dict[str, list]:
-    """metrics.jsonl as curves, as the run stands: a start from step S drops what an earlier attempt logged
-    after S (the steps it trains again). train: [step, loss, lr, tokens_per_s]; eval: [step, val_bpb]."""
-    train: list[list] = []
-    evals: list[list] = []
-    starts: list[int] = []
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        lines = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written as we fetched
-        kind, step = rec.get("kind"), rec.get("step")
-        if not isinstance(step, int):
-            continue
-        if kind == "start":
-            train = [p for p in train if p[0] <= step]
-            evals = [p for p in evals if p[0] <= step]
-            if step:
-                starts.append(step)
-        elif kind == "train":
-            train.append([step, rec.get("loss"), rec.get("lr"), rec.get("tokens_per_s")])
-        elif kind == "eval":
-            evals.append([step, rec.get("val_bpb")])
-    return {"train": train, "eval": evals, "starts": starts}
 
 
 def _read_json(path: Path) -> dict:
