@@ -165,7 +165,7 @@ def test_the_board_in_a_real_browser(sshd, user_repo, tmp_path):
         assert driver.find_elements("css selector", 'svg[data-metric="loss"] line[data-resumed-at="3"]')
         driver.save_screenshot(str(artifacts_dir() / "board-run-updated.png"))
 
-        # the page's chart itself draws any number of points (Math.min(...points) threw past ~120,000)
+        # the page's chart itself draws any number of points (Math.min(...points) threw on a long array)
         drawn = driver.execute_script(
             "const points = Array.from({length: 300000}, (_, i) => [i, Math.sin(i)]);"
             "const svg = chart('loss', 'loss', [{key: 'big', color: '#000', points}]).querySelector('svg');"

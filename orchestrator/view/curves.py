@@ -3,11 +3,11 @@ grows, and thinned to what a chart can draw.
 
 A run of a million steps logs a million train records. Parsed afresh on every poll (every 2 s per open
 page) and sent whole, that was seconds of CPU per poll, megabytes per answer, and a page whose chart threw
-(chromium's Math.min(...) takes about 120,000 arguments). So `Curves` keeps what it parsed, columns of
-numbers, and takes only the bytes added since; the file is parsed again from its start only when it no
-longer begins with the bytes already parsed (rewritten). `view` sends at most MAX_POINTS points a curve:
-per bucket of consecutive records the lowest and the highest value (a spike stays visible), and always
-the first and the last record.
+(chromium's Math.min(...points) throws on a long array; figures in docs/benchmarks.md). So `Curves` keeps
+what it parsed, columns of numbers, and takes only the bytes added since; the file is parsed again from
+its start only when it no longer begins with the bytes already parsed (rewritten). `view` sends at most
+MAX_POINTS points a curve: per bucket of consecutive records the lowest and the highest value (a spike
+stays visible), and always the first and the last record.
 """
 
 from __future__ import annotations
