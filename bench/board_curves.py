@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.view.curves import Curves  # noqa: E402
+from enlace.tools.curves import Curves  # noqa: E402
 
 
 def records(first: int, last: int) -> bytes:

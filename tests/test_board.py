@@ -15,9 +15,9 @@ import pytest
 from support.browser import artifacts_dir, chromium, wait_for
 from support.remote import PipeReader, env_with_a_dead_host, popen_remote, remote, server_dir, tiny_corpus
 
+from enlace.tools.curves import MAX_POINTS, Curves, series
 from orchestrator.view.board import Board
 from orchestrator.view.board_http import BoardServer
-from orchestrator.view.curves import MAX_POINTS, Curves, series
 
 
 def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:

@@ -64,7 +64,7 @@ def test_local_liveness_and_machine_facts_without_linux_reads(monkeypatch, tmp_p
 
 # -- the driver's import closure ------------------------------------------------------------------
 
-# The enlace modules the driver may import (README's module map says why each is light).
+# The enlace modules the driver may import (docs/design.md, "Two halves, one contract", says why each is light).
 DRIVER_MAY_IMPORT = {
     "enlace",
     "enlace.contract",
@@ -78,6 +78,7 @@ DRIVER_MAY_IMPORT = {
     "enlace.clitypes",
     "enlace.tools",
     "enlace.tools.plot",  # the plot verb: matplotlib (and with it numpy), never torch
+    "enlace.tools.curves",  # plot's and the board's curves: standard library
     "enlace.config",
     "enlace.config.schema",  # data push/ls resolve a run's data paths here as the trainer does (yaml, stdlib)
     "enlace.config.rules",
@@ -114,7 +115,7 @@ def test_the_drivers_import_closure_has_no_torch_numpy_or_trainer_module():
     """Statically, over every import in every driver module (function-level ones too, which are what the
     verbs run): the driver reaches only the light enlace modules, and none of those reaches torch or numpy
     (plot's matplotlib brings numpy with it; that verb alone)."""
-    todo = [p for p in (REPO / "orchestrator").glob("*.py")]
+    todo = list((REPO / "orchestrator").rglob("*.py"))
     seen: set[Path] = set()
     reached: set[str] = set()
     while todo:

@@ -70,3 +70,23 @@ def test_plot_one_run_and_two_overlaid(trained):
     assert mpimg.imread(two["out"]).shape[0] < img.shape[0]  # two panels, not four
     bad = enlace(trained, "plot", "s", "--metrics", "loss,accuracy", check=False)
     assert bad.returncode == 2 and "accuracy" in bad.stderr
+
+
+def test_plot_draws_a_run_resumed_from_an_older_checkpoint_as_it_stands(tmp_path):
+    """A crash at step 30 and a resume from the checkpoint at 20: the steps 21-30 trained again are drawn
+    once, from the attempt that stands (before, the line ran back from 30 to 21), as the board draws them."""
+    from enlace.tools.plot import plot, read_run
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    records = [{"kind": "start", "step": 0}]
+    records += [{"kind": "train", "step": s, "loss": 3.0, "lr": 0.1, "tokens_per_s": 9.0} for s in range(1, 31)]
+    records += [{"kind": "eval", "step": s, "val_bpb": 4.0} for s in (10, 20, 30)]
+    records += [{"kind": "start", "step": 20, "resumed_from": "step-000020"}]
+    records += [{"kind": "train", "step": s, "loss": 1.0, "lr": 0.1, "tokens_per_s": 9.0} for s in range(21, 26)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    series = read_run(run)["series"]
+    assert [s for s, _ in series["loss"]] == list(range(1, 26)) and series["loss"][-1] == (25, 1.0)
+    assert series["val_bpb"] == [(10, 4.0), (20, 4.0)]  # the eval at 30 was of the attempt resumed past
+    drawn = plot([run], tmp_path / "r.png", ["loss", "val_bpb"])
+    assert drawn["runs"][0]["points"] == {"loss": 25, "val_bpb": 2} and drawn["runs"][0]["markers"] == [(20, "resume")]

@@ -10,10 +10,12 @@ end) and run.json.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from enlace.errors import EnlaceError
+from enlace.tools.curves import EVAL_FIELDS, TRAIN_FIELDS, Curves
 
 PANELS = {  # metric → (record kind, field, y label)
     "loss": ("train", "loss", "train loss (nats/byte)"),
@@ -39,10 +41,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         state = json.loads((run_dir / "run.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}
-    series = {
-        m: [(r["step"], r[field]) for r in records if r.get("kind") == kind and field in r]
-        for m, (kind, field, _) in PANELS.items()
-    }
+    series = _series(path.read_bytes())
     starts = [r for r in records if r.get("kind") == "start"]
     markers = [(r["step"], "resume" if r.get("resumed_from") else "start") for r in starts if r["step"] > 0]
     markers += [
@@ -60,6 +59,20 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "params": params,
         "status": state.get("status"),
     }
+
+
+def _series(data: bytes) -> dict[str, list[tuple[int, float]]]:
+    """Each panel's (step, value) points as the run stands: what a start trained again is drawn once, as the
+    board draws it (curves.py)."""
+    curves = Curves()
+    curves.update(data)
+    view = curves.view(max_points=sys.maxsize)
+    out = {}
+    for metric, (kind, field, _) in PANELS.items():
+        fields = TRAIN_FIELDS if kind == "train" else EVAL_FIELDS
+        col = 1 + fields.index(field)
+        out[metric] = [(p[0], p[col]) for p in view["train" if kind == "train" else "eval"] if p[col] is not None]
+    return out
 
 
 def ema(values: list[float], alpha: float = EMA) -> list[float]:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from enlace.errors import EnlaceError
+from enlace.tools.curves import Curves, read_or_empty
 from orchestrator.errors import UnreachableError
 from orchestrator.transfer.fetch import fetch_run_files
-from orchestrator.view.curves import Curves, read_or_empty
 from orchestrator.view.status import status_everywhere
 
 RUNS_MAX_AGE_S = 2.0

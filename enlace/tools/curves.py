@@ -1,5 +1,6 @@
-"""A run's curves from its metrics.jsonl, as the board shows them: parsed once and extended as the file
-grows, and thinned to what a chart can draw.
+"""A run's curves from its metrics.jsonl, as `plot` and the board draw them: the run as it stands (a start
+from step S drops what an earlier attempt logged after S), parsed once and extended as the file grows, and
+thinned to what the board's chart can draw. Standard library only: the driver imports it.
 
 A run of a million steps logs a million train records. Parsed afresh on every poll (every 2 s per open
 page) and sent whole, that was seconds of CPU per poll, megabytes per answer, and a page whose chart threw
