@@ -15,7 +15,7 @@ import pytest
 from support.browser import artifacts_dir, chromium, wait_for
 from support.remote import PipeReader, env_with_a_dead_host, popen_remote, remote, server_dir, tiny_corpus
 
-from enlace.tools.curves import MAX_POINTS, Curves, series
+from enlace.tools.curves import MAX_POINTS, Curves
 from orchestrator.view.board import Board
 from orchestrator.view.board_http import BoardServer
 
@@ -54,7 +54,7 @@ def test_curves_are_the_run_as_it_stands_after_a_resume_from_an_older_checkpoint
     records += [{"kind": "eval", "step": 4, "val_bpb": 7.0}]
     records += [{"kind": "start", "step": 2}, {"kind": "train", "step": 3, "loss": 0.5, "lr": 0.1, "tokens_per_s": 9}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + '\n{"kind": "tra')
-    got = series(tmp_path / "metrics.jsonl")
+    got = series_of((tmp_path / "metrics.jsonl").read_bytes())
     assert [p[0] for p in got["train"]] == [1, 2, 3] and got["train"][-1][1] == 0.5
     assert got["eval"] == [] and got["starts"] == [2]  # the eval at 4 was of the attempt resumed past
 

@@ -5,15 +5,12 @@ never appends to rewritten run files. (Its wire on real files, without sshd: tes
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
 import time
 
 import pytest
-from support import REPO
-from support.remote import DRIVER, remote, server_dir, tiny_corpus
+from support.remote import popen_remote, remote, server_dir, tiny_corpus
 
 
 @pytest.mark.slow
@@ -131,22 +128,13 @@ def test_ctrl_c_during_a_fetch_is_one_line(sshd, user_repo):
     ) as fh:  # a long log: seconds of transfer
         fh.truncate(fh.seek(0, 2) + 400 * 2**20)
 
-    cmd = [*DRIVER, "--host", "testhost", "fetch"]
-    client = subprocess.Popen(
-        cmd,
-        cwd=user_repo,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env},
-    )
+    client = popen_remote(user_repo, sshd.env, "fetch")
     staging = user_repo / "runs" / "tiny" / ".partial-fetch" / "train.log"
     deadline = time.time() + 120
     while not (staging.exists() and staging.stat().st_size > 2**20):
         assert time.time() < deadline and client.poll() is None, client.communicate()
         time.sleep(0.05)
     client.send_signal(signal.SIGINT)  # what Ctrl-C sends
-    _, err = client.communicate(timeout=60)
+    err = client.communicate(timeout=60)[1].decode()
     assert client.returncode in (1, 130) and "Traceback" not in err, err
     assert "rerun fetch to resume" in err and len([x for x in err.splitlines() if x.strip()]) <= 4, err

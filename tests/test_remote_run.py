@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 
 import pytest
-from support import REPO
 from support.cli import enlace, run_json
 from support.configs import write_run
 from support.procs import trainers_under
-from support.remote import DRIVER, PipeReader, popen_remote, remote, server_dir, status_row, tiny_corpus, wait_until
+from support.remote import PipeReader, popen_remote, remote, server_dir, status_row, tiny_corpus, wait_until
 from support.repocopy import commit_all
 
 
@@ -203,23 +201,7 @@ def test_killing_the_client_during_preflight_ends_the_servers_preflight(sshd, us
 
     commit_all(user_repo, "heavy")
     remote(user_repo, sshd.env, "sync", host=host)
-    cmd = [
-        *DRIVER,
-        "--host",
-        host,
-        "preflight",
-        "heavy",
-        "--steps",
-        "3",
-    ]
-    client = subprocess.Popen(
-        cmd,
-        cwd=user_repo,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO), **sshd.env},
-    )
+    client = popen_remote(user_repo, sshd.env, "preflight", "heavy", "--steps", "3", host=host)
     where = str(server_dir(sshd, host))
     while b"building the model" not in client.stderr.readline():  # its last line before the long first step
         assert client.poll() is None, client.stderr.read()

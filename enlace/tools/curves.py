@@ -18,12 +18,9 @@ import json
 import math
 from array import array
 from bisect import bisect_right
-from pathlib import Path
 from typing import Any
 
 MAX_POINTS = 1000  # per curve: about two per unit of the page's 440-unit-wide chart
-TRAIN_FIELDS = ("loss", "lr", "tokens_per_s")  # a train point: [step, *these]
-EVAL_FIELDS = ("val_bpb",)  # an eval point: [step, val_bpb]
 
 
 class _Columns:
@@ -50,6 +47,11 @@ class _Columns:
         for column in self.values:
             del column[keep:]
         self._size, self._chosen = 0, {}
+
+    def pairs(self, field: str) -> list[tuple[int, float]]:
+        """(step, value) of every record with a number for `field`, unthinned (what plot draws)."""
+        column = self.values[self.fields.index(field)]
+        return [(step, v) for step, v in zip(self.steps, column) if not math.isnan(v)]
 
     def points(self, max_points: int) -> list[list]:
         """[step, *fields] per kept record (None for a missing number): at most max_points of them, chosen
@@ -97,8 +99,8 @@ class Curves:
     def _reset(self) -> None:
         self.consumed = 0  # bytes of the file parsed: whole lines only
         self._digest = hashlib.sha256().digest()  # of those bytes
-        self.train = _Columns(TRAIN_FIELDS)
-        self.evals = _Columns(EVAL_FIELDS)
+        self.train = _Columns(("loss", "lr", "tokens_per_s"))  # a train point: [step, *these]
+        self.evals = _Columns(("val_bpb",))
         self.starts: list[int] = []
 
     def update(self, data: bytes) -> None:
@@ -145,18 +147,3 @@ class Curves:
             "eval": self.evals.points(max_points),
             "starts": list(self.starts),
         }
-
-
-def series(path: Path, max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """One metrics.jsonl's curves (Curves.view), read once."""
-    curves = Curves()
-    curves.update(read_or_empty(path))
-    return curves.view(max_points)
-
-
-def read_or_empty(path: Path) -> bytes:
-    """A file's bytes; none for a file not fetched (yet)."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return b""

@@ -10,12 +10,11 @@ end) and run.json.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from enlace.errors import EnlaceError
-from enlace.tools.curves import EVAL_FIELDS, TRAIN_FIELDS, Curves
+from enlace.tools.curves import Curves
 
 PANELS = {  # metric → (record kind, field, y label)
     "loss": ("train", "loss", "train loss (nats/byte)"),
@@ -31,8 +30,9 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise EnlaceError(f"{run_dir}: no metrics.jsonl — has the run logged a step yet?")
+    data = path.read_bytes()
     records = []
-    for line in path.read_text().splitlines():
+    for line in data.decode(errors="replace").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:  # a line cut by a crash: the rest still plots
@@ -41,7 +41,10 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         state = json.loads((run_dir / "run.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}
-    series = _series(path.read_bytes())
+    curves = Curves()  # the run as it stands: what a start trained again is drawn once, as the board draws it
+    curves.update(data)
+    kinds = {"train": curves.train, "eval": curves.evals}
+    series = {m: kinds[kind].pairs(field) for m, (kind, field, _) in PANELS.items()}
     starts = [r for r in records if r.get("kind") == "start"]
     markers = [(r["step"], "resume" if r.get("resumed_from") else "start") for r in starts if r["step"] > 0]
     markers += [
@@ -59,20 +62,6 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "params": params,
         "status": state.get("status"),
     }
-
-
-def _series(data: bytes) -> dict[str, list[tuple[int, float]]]:
-    """Each panel's (step, value) points as the run stands: what a start trained again is drawn once, as the
-    board draws it (curves.py)."""
-    curves = Curves()
-    curves.update(data)
-    view = curves.view(max_points=sys.maxsize)
-    out = {}
-    for metric, (kind, field, _) in PANELS.items():
-        fields = TRAIN_FIELDS if kind == "train" else EVAL_FIELDS
-        col = 1 + fields.index(field)
-        out[metric] = [(p[0], p[col]) for p in view["train" if kind == "train" else "eval"] if p[col] is not None]
-    return out
 
 
 def ema(values: list[float], alpha: float = EMA) -> list[float]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from enlace.errors import EnlaceError
-from enlace.tools.curves import Curves, read_or_empty
+from enlace.tools.curves import Curves
 from orchestrator.errors import UnreachableError
 from orchestrator.transfer.fetch import fetch_run_files
 from orchestrator.view.status import status_everywhere
@@ -83,7 +83,7 @@ class Board:
             except EnlaceError as e:  # show what was fetched before, and why it is not newer
                 error = e.format_message().splitlines()[0]
             curves = self._curves.setdefault((host, run_name), Curves())
-            curves.update(read_or_empty(dest / "metrics.jsonl"))
+            curves.update(_read_bytes(dest / "metrics.jsonl"))
             drawn = curves.view()
         state = _read_json(dest / "run.json")
         log, offset = _read_from(dest / "train.log", log_offset)
@@ -112,6 +112,14 @@ class _Locked:
             except UnreachableError as e:
                 self.on_down(e)
                 raise
+
+
+def _read_bytes(path: Path) -> bytes:
+    """A fetched file's bytes; none before it was first fetched."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def _read_json(path: Path) -> dict:
