@@ -22,7 +22,8 @@ BODY = """
 import sys, torch
 import enlace.train.loop
 from enlace.contract import leave
-torch.optim.AdamW(torch.nn.Linear(8, 8).parameters())  # the first optimizer imports torch._dynamo
+from enlace.train.optim import AdamW
+AdamW([{{"params": torch.nn.Linear(8, 8).parameters()}}], lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
 {end}
 """
 ENDS = {"leave": "leave(0)", "sys.exit": "sys.exit(0)"}

@@ -24,7 +24,7 @@ from enlace.train.checkpoint import first_difference
 from enlace.train.dist import Dist
 from enlace.train.distill import kd_loss, load_teacher
 from enlace.train.model import ByteGPT
-from enlace.train.optim import build_optimizer, lr_at
+from enlace.train.optim import AdamW, build_optimizer, lr_at
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 STATE_VERSION = 1
@@ -41,7 +41,7 @@ class TrainingSetup:
     dist: Dist
     raw_model: ByteGPT  # the module whose state_dict is saved
     model: torch.nn.Module  # what runs forward: raw, compiled and/or DDP-wrapped
-    optimizer: torch.optim.Optimizer
+    optimizer: AdamW
     scaler: torch.amp.GradScaler
     settings: dict[str, Any] = field(default_factory=dict)
     teacher: torch.nn.Module | None = None  # distillation: frozen, eval mode, on the device (enlace/train/distill.py)

@@ -1,10 +1,9 @@
 """Run the `enlace` CLI, and the driver `enlace-remote`, as forks of a process that has already
 imported torch and the driver's modules.
 
-Every `python -m enlace train` pays seconds of CPU before its first step: importing torch, and
-torch._dynamo, which torch.optim imports when the first optimizer is built; every driver command pays
-for click, paramiko and its own modules (the figures are in docs/benchmarks.md). The tests start about
-a hundred trainers and a few hundred driver commands. A fork of a process that has done those
+Every `python -m enlace train` pays a second or more of CPU before its first step importing torch;
+every driver command pays for click, paramiko and its own modules (the figures are in
+docs/benchmarks.md). The tests start about a hundred trainers and a few hundred driver commands. A fork of a process that has done those
 imports, and nothing else (no tensor op has run in it, so no OpenMP pool exists to break in the fork),
 runs the same code at once. Each call is still its own process: its own pid, stdio, cwd, environment,
 exit status and end.
@@ -41,7 +40,6 @@ from . import REPO
 
 PRELOAD = (
     "torch",
-    "torch._dynamo",
     "enlace.cli",
     "enlace.train.loop",
     "enlace.preflight.measure",
