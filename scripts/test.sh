@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The test command (README, CI): bootstrap .venv, then pytest. Extra arguments go to pytest.
 # The SSH tests need /usr/sbin/sshd and git (Debian: openssh-server git).
-# Tests run on min(cores + 1, 4) pytest-xdist workers (the Slurm tests share one: --dist loadgroup; the
-# extra worker runs while another waits on Slurm's clock or a network fault; figures in docs/benchmarks.md);
+# Tests run on min(cores + 2, 4) pytest-xdist workers (the Slurm tests share one: --dist loadgroup; the
+# extra workers run while others wait on Slurm's clock, a network fault or a trainer; figures in
+# docs/benchmarks.md);
 # ENLACE_TEST_WORKERS=0 runs them one at a time in this process, and an -n of your own wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-workers=${ENLACE_TEST_WORKERS:-$(( $(nproc) < 3 ? $(nproc) + 1 : 4 ))}
+workers=${ENLACE_TEST_WORKERS:-$(( $(nproc) < 2 ? $(nproc) + 2 : 4 ))}
 parallel=(-n "$workers" --dist loadgroup)
 for arg in "$@"; do
   case "$arg" in -n* | --numprocesses*) parallel=() ;; esac
