@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-workers=${ENLACE_TEST_WORKERS:-$(( $(nproc) < 2 ? $(nproc) + 2 : 4 ))}
+cores=$(nproc)
+workers=${ENLACE_TEST_WORKERS:-$(( cores + 2 < 4 ? cores + 2 : 4 ))}
 parallel=(-n "$workers" --dist loadgroup)
 for arg in "$@"; do
   case "$arg" in -n* | --numprocesses*) parallel=() ;; esac

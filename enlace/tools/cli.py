@@ -106,7 +106,8 @@ def sample_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Print what was drawn as JSON.")
 def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path | None, as_json: bool) -> None:
     """Draw RUN's training loss (raw and smoothed), val bpb, learning rate and tokens/s against step as a
-    PNG; resumes, stops and requeues are marked; several runs are overlaid. Prints the PNG's path."""
+    PNG; resumes (a Slurm requeue's among them) and stops are marked; several runs are overlaid. Prints
+    the PNG's path."""
     from enlace.tools.plot import plot
 
     chosen = [m.strip() for m in metrics.split(",") if m.strip()]

@@ -101,7 +101,7 @@ class Curves:
         self._digest = hashlib.sha256().digest()  # of those bytes
         self.train = _Columns(("loss", "lr", "tokens_per_s"))  # a train point: [step, *these]
         self.evals = _Columns(("val_bpb",))
-        self.starts: list[int] = []
+        self.events: list[dict] = []  # every other record (start, summary, requeue), whole: few, and plot's markers
 
     def update(self, data: bytes) -> None:
         """Take the file as it is now: only its new whole lines are parsed, unless it no longer begins
@@ -130,20 +130,20 @@ class Curves:
         kind, step = rec.get("kind"), rec.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63:
             return  # not a step this file's writer logs
-        if kind == "start":
-            self.train.cut_after(step)
-            self.evals.cut_after(step)
-            if step:
-                self.starts.append(step)
-        elif kind == "train":
+        if kind == "train":
             self.train.append(step, rec)
         elif kind == "eval":
             self.evals.append(step, rec)
+        else:
+            self.events.append(rec)
+            if kind == "start":
+                self.train.cut_after(step)
+                self.evals.cut_after(step)
 
     def view(self, max_points: int = MAX_POINTS) -> dict[str, Any]:
         """train: [step, loss, lr, tokens_per_s]; eval: [step, val_bpb]; starts: the steps runs resumed at."""
         return {
             "train": self.train.points(max_points),
             "eval": self.evals.points(max_points),
-            "starts": list(self.starts),
+            "starts": [e["step"] for e in self.events if e.get("kind") == "start" and e["step"]],
         }

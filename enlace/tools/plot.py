@@ -1,8 +1,8 @@
 """`enlace plot`: a run's curves as one PNG (matplotlib, Agg: no display needed).
 
 Panels: training loss (raw and an EMA), val bpb at each eval, learning rate, tokens/s — all against
-step. Where the run started again (a resume), stopped, or was requeued, a dotted vertical line marks
-the step. Several runs are overlaid in one colour each, with a legend. The title names the run(s),
+step. Where the run started again (a resume, also after a Slurm requeue) or stopped, a dotted vertical
+line marks the step. Several runs are overlaid in one colour each, with a legend. The title names the run(s),
 commit and parameter count. The data: metrics.jsonl (one record per logged step, eval, start and
 end) and run.json.
 """
@@ -30,29 +30,19 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise EnlaceError(f"{run_dir}: no metrics.jsonl — has the run logged a step yet?")
-    data = path.read_bytes()
-    records = []
-    for line in data.decode(errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a crash: the rest still plots
-            continue
     try:  # run.json as fetched (plot reads files; run state itself is enlace/server/runs.py's, on the server)
         state = json.loads((run_dir / "run.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}
     curves = Curves()  # the run as it stands: what a start trained again is drawn once, as the board draws it
-    curves.update(data)
+    curves.update(path.read_bytes())  # a line cut by a crash is skipped: the rest still plots
     kinds = {"train": curves.train, "eval": curves.evals}
     series = {m: kinds[kind].pairs(field) for m, (kind, field, _) in PANELS.items()}
-    starts = [r for r in records if r.get("kind") == "start"]
+    starts = [r for r in curves.events if r.get("kind") == "start"]
     markers = [(r["step"], "resume" if r.get("resumed_from") else "start") for r in starts if r["step"] > 0]
     markers += [
-        (r["step"], r["status"])
-        for r in records
-        if r.get("kind") == "summary" and r.get("status") == "stopped" and "step" in r
+        (r["step"], r["status"]) for r in curves.events if r.get("kind") == "summary" and r.get("status") == "stopped"
     ]
-    markers += [(r["step"], "requeue") for r in records if r.get("kind") == "requeue"]
     params = next((r.get("params") for r in reversed(starts) if r.get("params")), None)
     return {
         "name": run_dir.name,

@@ -10,8 +10,6 @@ from torch.optim.adam import adam
 
 from enlace.config.schema import OptimConfig
 
-STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")  # per parameter, in torch.optim.AdamW's order
-
 
 def lr_at(step: int, o: OptimConfig, max_steps: int) -> float:
     """Linear warmup to learning_rate over warmup_steps, then cosine decay to min_lr at max_steps."""
@@ -26,16 +24,15 @@ class AdamW:
     """torch.optim.AdamW's arithmetic and state_dict format, without torch.optim.Optimizer's machinery.
 
     `step` calls `torch.optim.adam.adam` (the function torch.optim.AdamW.step calls) with the same
-    arguments; the parameter groups and the per-parameter state (`STATE_KEYS`) are kept as torch keeps
-    them, so a checkpoint's optimizer.pt loads into either class. Why not torch.optim.AdamW itself:
+    arguments; the parameter groups and the per-parameter state (step, exp_avg, exp_avg_sq) are kept as
+    torch keeps them, so a checkpoint's optimizer.pt loads into either class. Why not torch.optim.AdamW itself:
     every torch.optim.Optimizer imports torch._dynamo when built and when stepped, which costs each
     trainer, preflight and rank as much start-up CPU as torch's own import. tests/test_optim.py holds
     this class to torch.optim.AdamW's bytes, step by step, through GradScaler and through state_dict.
 
     Supported: what enlace asks of it: floats for lr and betas, no amsgrad, no capturable, no closure.
-    `foreach`/`fused` None lets torch pick per device, as torch.optim.AdamW does."""
-
-    _step_supports_amp_scaling = False  # GradScaler unscales the gradients before step()
+    `foreach`/`fused` None lets torch pick per device, as torch.optim.AdamW does. GradScaler unscales the
+    gradients before `step()` (no `_step_supports_amp_scaling`), as for torch's non-fused AdamW."""
 
     def __init__(
         self,
@@ -59,7 +56,6 @@ class AdamW:
             "fused": fused,
             "decoupled_weight_decay": True,
         }
-        self.defaults = defaults
         self.param_groups: list[dict[str, Any]] = []
         for given in groups:
             group = {"params": list(given["params"]), **{k: v for k, v in given.items() if k != "params"}}
