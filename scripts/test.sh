@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The test command (README, CI): bootstrap .venv, then pytest. Extra arguments go to pytest.
-# The SSH tests need /usr/sbin/sshd and git (Debian: openssh-server git).
+# The test command (README, CI): the system parts the tests need (scripts/test-deps.sh: installs them as root,
+# otherwise names the command), bootstrap .venv, then pytest. Extra arguments go to pytest.
 # Tests run on min(cores + 2, 4) pytest-xdist workers (the Slurm tests share one: --dist loadgroup; the
 # extra workers run while others wait on Slurm's clock, a network fault or a trainer; figures in
 # docs/benchmarks.md);
 # ENLACE_TEST_WORKERS=0 runs them one at a time in this process, and an -n of your own wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/test-deps.sh
 scripts/bootstrap.sh
 cores=$(nproc)
 workers=${ENLACE_TEST_WORKERS:-$(( cores + 2 < 4 ? cores + 2 : 4 ))}

@@ -165,10 +165,10 @@ class ChannelDuplex(Duplex):
     def finish(self) -> tuple[int, str]:
         self.chan.shutdown_write()
         self.chan.settimeout(None)
+        err = bytearray()  # stderr to its end (b"" once EOF came), then the status: never a cut-short message
+        while chunk := self.chan.recv_stderr(1 << 16):
+            err.extend(chunk)
         code = self.chan.recv_exit_status()
-        err = bytearray()
-        while self.chan.recv_stderr_ready():
-            err.extend(self.chan.recv_stderr(1 << 16))
         return code, err.decode(errors="replace")
 
     def close(self) -> None:

@@ -252,8 +252,11 @@ class SSHTransport(Transport):
     def _exec(
         self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float, deadline: float | None
     ) -> int:
-        """One command on its own channel: its bytes to the callbacks as they come; its exit code. A drop,
-        a kill or `stall_timeout` s without data raise Transient; passing `deadline` raises DeadlinePassed."""
+        """One command on its own channel: its bytes to the callbacks as they come; its exit code once both
+        streams have reached their end. sshd sends the exit status as soon as the command is reaped, which
+        can be before the last of its output (a large reply) has crossed: the status alone never ends the
+        read. A drop, a kill or `stall_timeout` s without data raise Transient; passing `deadline` raises
+        DeadlinePassed."""
         paramiko = load_paramiko()
 
         try:
@@ -263,7 +266,7 @@ class SSHTransport(Transport):
         try:
             chan.exec_command(shlex.join(argv))
             quiet_since = time.monotonic()
-            while not (chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready()):
+            while not (chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready()):
                 got = False
                 if chan.recv_ready():
                     on_stdout(chan.recv(1 << 16))
@@ -276,13 +279,13 @@ class SSHTransport(Transport):
                 if got:
                     quiet_since = time.monotonic()
                     continue
-                if chan.exit_status_ready():
-                    continue  # ended: the loop's condition stops once the buffers are drained
                 if chan.closed or not chan.get_transport().is_active():
-                    raise ConnectionError("connection closed before the command ended")
+                    raise ConnectionError("connection closed before the command's output ended")
                 if time.monotonic() - quiet_since > stall_timeout:
                     raise ConnectionError(f"no data for {stall_timeout:g}s")
                 select.select([chan], [], [], 0.2)  # the channel's fileno wakes us on stdout/stderr data or EOF
+            if not chan.status_event.wait(max(1.0, stall_timeout)):  # EOF first, the status just behind it
+                raise ConnectionError("the command's output ended but no exit status came")
             status = chan.recv_exit_status()
             if status == -1:  # the session ended without an exit status: killed under us
                 raise ConnectionError("the session ended without an exit status")
