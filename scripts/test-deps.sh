@@ -22,7 +22,7 @@ done
 [ ${#missing[@]} -eq 0 ] && exit 0
 install="apt-get install -y --no-install-recommends ${missing[*]}"
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "test.sh: the tests need ${missing[*]}, which are not installed: run \`sudo apt-get update && sudo $install\` (Debian/Ubuntu), then this command again" >&2
+  echo "test.sh: the tests need what this machine lacks (${missing[*]}): run \`sudo apt-get update && sudo $install\` (Debian/Ubuntu), then this command again" >&2
   exit 3
 fi
 echo "test.sh: installing what the tests need and this machine lacks: ${missing[*]} (apt-get, a few minutes once)" >&2
