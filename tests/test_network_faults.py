@@ -15,7 +15,7 @@ from support.configs import write_run
 from support.procs import Throttle
 from support.remote import PipeReader, popen_remote, remote, tiny_corpus, wait_until
 
-from enlace.server import runs
+from enlace.server import lifecycle, runs
 
 
 def _steady_run(user_repo, name, log_every=10):
@@ -48,7 +48,7 @@ def test_logs_follow_over_10_sshd_restarts_and_10_killed_sessions_is_exact(sshd,
         for _ in range(10):
             kills += sshd.kill_sessions() > 0
             out.grows()
-    rep = runs.stop(rd / "runs" / "steady", grace=60, kill=False)  # on the server, beside the driver
+    rep = lifecycle.stop(rd / "runs" / "steady", grace=60, kill=False)  # on the server, beside the driver
     assert rep["status"] == "stopped"
     assert follower.wait(timeout=300) == 0, err.join().decode()[-3000:]
     assert kills >= 8 and err.join().decode().count("reconnecting") >= 15
@@ -110,7 +110,7 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
             for _ in range(20):  # about 20 stretches of streaming through the lossy link
                 out.grows(timeout=120)
                 time.sleep(0.5)
-        rep = runs.stop(rd / "runs" / "steady", grace=60, kill=False)
+        rep = lifecycle.stop(rd / "runs" / "steady", grace=60, kill=False)
         assert rep["status"] == "stopped"
         assert follower.wait(timeout=600) == 0, err.join().decode()[-3000:]
         counters = subprocess.run(

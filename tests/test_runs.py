@@ -15,7 +15,7 @@ from support.configs import write_run
 
 from enlace import contract
 from enlace.contract import Status
-from enlace.server import runs
+from enlace.server import lifecycle, runs
 
 
 def test_exit_codes_are_one_table_used_by_every_part():
@@ -101,18 +101,18 @@ def test_run_json_writes_leave_no_temp_files_even_when_they_fail(tmp_path):
 
 def test_start_refuses_a_live_run_and_wait_sees_its_death(tmp_path):
     run_dir = tmp_path / "runs" / "w"
-    doc = runs.start(run_dir, [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, {})
+    doc = lifecycle.start(run_dir, [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, {})
     row = runs.observe(run_dir)
     assert row["alive"] and row["status"] == "starting" and row["launch_id"] == doc["launch_id"]
     with pytest.raises(runs.AlreadyRunning, match="already running"):
-        runs.start(run_dir, [sys.executable, "-c", "pass"], tmp_path, {})
-    rep = runs.stop(run_dir, grace=10, kill=False)  # no trainer: SIGTERM ends the sleeper without a status
+        lifecycle.start(run_dir, [sys.executable, "-c", "pass"], tmp_path, {})
+    rep = lifecycle.stop(run_dir, grace=10, kill=False)  # no trainer: SIGTERM ends the sleeper without a status
     assert rep["stopped"] and rep["was_running"] and not rep["killed"]  # SIGTERM did it, within the grace
     assert runs.observe(run_dir)["status"] == "crashed"
-    again = runs.start(run_dir, [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path, {})
-    row = runs.wait_started(run_dir, again["launch_id"], timeout=30)
+    again = lifecycle.start(run_dir, [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path, {})
+    row = lifecycle.wait_started(run_dir, again["launch_id"], timeout=30)
     assert row["status"] == "crashed" and row["waited"] == "done"
-    assert runs.stop(run_dir, grace=1, kill=False)["was_running"] is False
+    assert lifecycle.stop(run_dir, grace=1, kill=False)["was_running"] is False
 
 
 def test_server_verbs_answer_one_json_document_even_for_errors(tmp_path):
@@ -222,12 +222,12 @@ def test_a_run_that_wrote_its_final_status_and_is_exiting_is_not_already_running
     """After a failed launch the trainer may still be exiting: the next launch waits for it instead of
     answering 'already running (status failed)', exit 7."""
     from enlace.contract import Status
-    from enlace.server import runs
+    from enlace.server import lifecycle, runs
 
     proc = subprocess.Popen(["sleep", "1.5"])
     run_dir = tmp_path / "r"
     runs.update(run_dir, status=Status.FAILED, pid=proc.pid, pid_start=runs.proc_start(proc.pid), error="boom")
-    with runs.launching(run_dir) as (launch_id, _):
+    with lifecycle.launching(run_dir) as (launch_id, _):
         assert proc.poll() is not None and launch_id  # it waited for the exit, then launched
     proc.wait()
 

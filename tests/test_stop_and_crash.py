@@ -144,14 +144,14 @@ def test_stop_never_overwrites_a_final_status_nor_signals_twice(tmp_path):
     import subprocess
 
     from enlace.contract import Status
-    from enlace.server import runs
+    from enlace.server import lifecycle, runs
 
     for recorded in (Status.STOPPED, Status.STOPPING):
         run_dir = tmp_path / recorded.value
         proc = subprocess.Popen(["sleep", "60"])  # stands in for a trainer that is still exiting
         try:
             runs.update(run_dir, status=recorded, pid=proc.pid, pid_start=runs.proc_start(proc.pid))
-            report = runs.stop(run_dir, grace=0.3, kill=False)
+            report = lifecycle.stop(run_dir, grace=0.3, kill=False)
             assert proc.poll() is None, "a second stop signalled the process again"
             assert runs.read(run_dir)["status"] == recorded.value
             assert report["was_running"] and not report["stopped"]

@@ -83,7 +83,7 @@ def test_a_stalled_run_has_its_stacks_logged_and_is_restarted(project):
     row = _ended(project, "hang")
     assert row["status"] == "finished" and row["restarts"] == 1, row
     log = (project / "runs" / "hang" / "train.log").read_text()
-    assert "supervisor: no new step for 3 s" in log and "the trainer's stacks follow" in log
+    assert "supervisor: no sign of life for 3 s" in log and "the trainer's stacks follow" in log
     assert "thread 0x" in log.lower() and 'File "' in log  # faulthandler's dump of the stalled trainer
     assert "supervisor: the trainer stalled at step" in log
 

@@ -84,14 +84,14 @@ def start_cmd(
     """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME under its supervisor, unless
     it is running (exit 7)."""
     from enlace.names import validate_run_name
-    from enlace.server import runs
+    from enlace.server import lifecycle
 
     validate_run_name(run_name, "RUN_NAME")
     project = find_root(root)
     policy = ["--restarts", str(restarts), "--backoff", str(backoff)]
     policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
     supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
-    doc = runs.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, dict(os.environ))
+    doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, dict(os.environ))
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
 
 
@@ -110,11 +110,11 @@ def supervise_cmd(
 ) -> None:
     """Run `python PYARGS` for RUN_NAME and heal it: restart after a crash or a stall from the newest
     checkpoint, at most --restarts times (enlace/server/supervise.py says what is retried and what is not)."""
-    from enlace.server import runs
+    from enlace.server import lifecycle
     from enlace.server.supervise import Policy, Supervisor, exit_code
 
     run_dir = _runs_root(root) / run_name
-    env = {**runs.torchrun_env(run_dir), **os.environ}
+    env = {**lifecycle.torchrun_env(run_dir), **os.environ}
     outcome = Supervisor(run_dir, [sys.executable, *pyargs], Policy(restarts, stall_timeout, backoff), env).run()
     sys.exit(exit_code(outcome))
 
@@ -128,10 +128,10 @@ def supervise_cmd(
 def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, as_json: bool) -> None:
     """Wait here, on the server, until that launch has logged its first step or ended; print its status
     row. Phases (building the model, resuming, ...) go to stderr as they change."""
-    from enlace.server import runfiles, runs
+    from enlace.server import lifecycle, runfiles
 
     run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
-    row = runs.wait_started(run_dir, launch_id, timeout, on_phase=lambda p: click.echo(f"  {p} ...", err=True))
+    row = lifecycle.wait_started(run_dir, launch_id, timeout, on_phase=lambda p: click.echo(f"  {p} ...", err=True))
     click.echo(json.dumps(row) if as_json else f"{run_name}: {row['status']} at step {row['step']}")
 
 
@@ -144,9 +144,9 @@ def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, a
 def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json: bool) -> None:
     """SIGTERM a detached run (it checkpoints and exits), wait up to --grace seconds. A run that is not
     running is left as it is (exit 0, says so)."""
-    from enlace.server import runfiles, runs
+    from enlace.server import lifecycle, runfiles
 
-    report = runs.stop(runfiles.run_dir_of(_runs_root(root), run_name), grace, kill)
+    report = lifecycle.stop(runfiles.run_dir_of(_runs_root(root), run_name), grace, kill)
     click.echo(
         json.dumps(report)
         if as_json

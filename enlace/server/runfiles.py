@@ -77,7 +77,7 @@ def stream_log(run_dir: Path, offset: int, follow: bool, heartbeat_s: float, pol
     queued = None
     while True:
         state = runs.read(run_dir)
-        ended = not runs.alive(state)  # read before draining: no tail lost at the end
+        ended = not runs.alive(state, run_dir)  # read before draining: no tail lost at the end
         if follow and state.get("job_id"):
             queued = _say_if_queued(run_dir.name, runs.job_of(state), queued)
         if path.exists():

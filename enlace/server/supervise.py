@@ -7,13 +7,16 @@ outlives it, and heals the run without anyone watching:
     the child dies without a final status (a signal, the OOM  wait (backoff: B, 3B, 9B s), start it again
       killer), or fails with an exception (exit 1: a CUDA or  from the newest complete checkpoint; up to
       NCCL error)                                               `restarts` times, then `crashed`, "gave up"
-    no new step for `stall_timeout` s once it has trained     its Python stacks into train.log (SIGUSR2:
-      (a hung collective, a dead mount)                        faulthandler), SIGTERM, SIGKILL after the
-                                                               grace, and a restart as above
+    no sign of life for `stall_timeout` s once it has       its Python stacks into train.log (SIGUSR2:
+      trained: no new step and no heartbeat (a hung            faulthandler), SIGTERM, SIGKILL after the
+      collective, a dead mount)                                grace, and a restart as above
     SIGTERM to the supervisor (`stop`)                        one SIGTERM to the child; never restarted
 
-The stall timeout, unless given, is derived from what the run shows: ten times the longest gap between
-two of its step updates so far (evals and checkpoints included), never under MIN_STALL_S. The time to the
+The trainer beats a heartbeat (enlace/server/heartbeat.py) on every step, eval batch and checkpoint: the
+stall clock measures silence, not the absence of new steps, and a finished run is final whatever it thought.
+The stall timeout, unless given, is derived from what the run shows: ten times the longest silence so far,
+never under MIN_STALL_S. The supervisor beats its own heartbeat while it watches (status tells a supervisor
+that is gone or frozen). The time to the
 first step (imports, compile, data scan) is never a stall. Each restart is a `supervisor:` line in
 train.log and counted in run.json (`restarts`). On Slurm the batch step (enlace/slurm/job.py) is this
 supervisor with the time-limit signal and the requeue added. Stdlib and psutil only (no torch).
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from enlace import contract
 from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
-from enlace.server import runs
+from enlace.server import heartbeat, runs
 from enlace.train.checkpoint import latest_checkpoint
 
 NOT_RETRIED = frozenset({contract.USAGE, contract.VERIFY, contract.ALREADY_RUNNING, contract.NO_SPACE})
@@ -83,6 +86,7 @@ class Supervisor:
         self.got: set[str] = set()
         self.child: subprocess.Popen | None = None
         self._stall_s = 0.0
+        self.beat = heartbeat.Heartbeat(run_dir / heartbeat.SUPERVISOR)  # status tells a gone or frozen one
 
     def on_signal(self, signum, frame) -> None:
         self.got.add(self.signals[signum])
@@ -97,8 +101,11 @@ class Supervisor:
             status = runs.recorded_status(st)  # what the trainer wrote last (none: it died without a word)
             if self.got:  # a stop (or Slurm's limit): what the trainer did with it is the outcome
                 return Outcome(status, code, "stopped", set(self.got))
-            if (status in ENDED_CLEANLY or code == 0) and not stalled:  # a clean exit is no crash (a rank-1
-                return Outcome(status, 0)  # host of a multi-host run records no status of its own)
+            if status == Status.FINISHED or ((status in ENDED_CLEANLY or code == 0) and not stalled):
+                # a finished run is final whatever the stall clock thought; a clean exit is no crash (a rank-1
+                # host of a multi-host run records no status of its own); a trainer that stopped because the
+                # stall clock asked it to is restarted: nobody asked the run to stop
+                return Outcome(status, 0)
             if status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
                 return Outcome(status, st["exit_code"], "not retried: a retry cannot fix it")
             if code in NOT_RETRIED:  # refused before it could record why (a config error at load)
@@ -126,7 +133,7 @@ class Supervisor:
     def _cause(self, code: int, stalled: bool, st: dict) -> str:
         where = f"at step {st.get('step', 0)} (newest checkpoint {self._newest()})"
         if stalled:
-            return f"the trainer stalled {where}: no new step for {self._stall_s:.0f} s"
+            return f"the trainer stalled {where}: no sign of life for {self._stall_s:.0f} s"
         if code < 0:
             return f"the trainer was killed by {signal.Signals(-code).name} {where}"
         return f"the trainer exited {code} {where}" + (f": {st['error']}" if st.get("error") else "")
@@ -142,6 +149,7 @@ class Supervisor:
         while time.monotonic() < deadline:
             if self.got:
                 return True
+            self.beat()
             time.sleep(self.poll)
         return bool(self.got)
 
@@ -150,25 +158,37 @@ class Supervisor:
         # in the supervisor's own process group: `stop --kill` (killpg) ends the trainer with it
         self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env)
         forwarded, stalled = False, False
-        last_step, last_change, longest_gap = None, time.monotonic(), 0.0
+        last_sign, last_change, longest_gap = None, time.monotonic(), 0.0
+        trainer_beat = self.run_dir / heartbeat.TRAINER
         while (code := self.child.poll()) is None:
+            self.beat()
             st = runs.read(self.run_dir)
             if self.got and not forwarded and (st.get("pid") or st.get("status") not in ACTIVE):
                 # one SIGTERM, once the trainer has recorded itself (its handler is in place by then)
                 self.on_stop(sorted(self.got)[0])
                 self.child.send_signal(signal.SIGTERM)
                 forwarded = True
+            # a sign of life: a new step, or the trainer's heartbeat (steps, eval batches, checkpoints)
             step, now = st.get("step"), time.monotonic()
             if st.get("status") == Status.RUNNING and step:
-                if step != last_step:
-                    if last_step is not None:
+                sign = (step, heartbeat.last(trainer_beat))
+                if sign != last_sign:
+                    if last_sign is not None:
                         longest_gap = max(longest_gap, now - last_change)
-                    last_step, last_change = step, now
+                    last_sign, last_change = sign, now
                 elif not forwarded and now - last_change > self._stall_after(longest_gap):
                     self._end_stalled(st)
                     stalled = forwarded = True
             time.sleep(self.poll)
         return code, stalled
+
+    def _watch(self, seconds: float) -> bool:
+        """Wait up to `seconds` for the child to end, beating meanwhile; True if it ended."""
+        deadline = time.monotonic() + seconds
+        while self.child.poll() is None and time.monotonic() < deadline:
+            self.beat()
+            time.sleep(min(self.poll, 0.2))
+        return self.child.poll() is not None
 
     def _stall_after(self, longest_gap: float) -> float:
         self._stall_s = self.policy.stall_timeout or max(MIN_STALL_S, 10 * longest_gap)
@@ -178,7 +198,7 @@ class Supervisor:
         """Stacks into train.log, then SIGTERM, then SIGKILL of the child and all it started after the grace."""
         import psutil
 
-        say(f"no new step for {self._stall_s:.0f} s at step {st.get('step')}: the trainer's stacks follow")
+        say(f"no sign of life for {self._stall_s:.0f} s at step {st.get('step')}: the trainer's stacks follow")
         try:
             tree = [psutil.Process(self.child.pid), *psutil.Process(self.child.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
@@ -190,12 +210,10 @@ class Supervisor:
         for proc in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signal.SIGCONT)  # a stopped process handles it once continued
-        time.sleep(1.0)  # the dump is written by a C handler at once; this only orders the log lines
+        self._watch(1.0)  # the dump is written by a C handler at once; this only orders the log lines
         with contextlib.suppress(ProcessLookupError):
             self.child.send_signal(signal.SIGTERM)
-        try:
-            self.child.wait(timeout=TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
+        if not self._watch(TERM_GRACE_S):
             for proc in tree:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()

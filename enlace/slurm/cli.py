@@ -43,7 +43,7 @@ def submit_cmd(
 ) -> None:
     """sbatch a job that runs `python PYARGS` (the trainer) as RUN_NAME, unless the run is live (exit 7);
     the script is kept as runs/RUN_NAME/slurm/job-ID.sh, the job's output is train.log."""
-    from enlace.server import runs
+    from enlace.server import lifecycle
     from enlace.slurm import settings as slurm
 
     validate_run_name(run_name, "RUN_NAME")
@@ -69,7 +69,7 @@ def submit_cmd(
         )
         return slurm.submit(script, run_dir / "slurm", run_dir)
 
-    doc = runs.submit(run_dir, submit_job)
+    doc = lifecycle.submit(run_dir, submit_job)
     click.echo(json.dumps(doc) if as_json else f"submitted {run_name}: Slurm job {doc['job_id']}")
 
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from enlace.contract import ACTIVE, Status
-from enlace.server import runs
+from enlace.server import lifecycle, runs
 from enlace.server.supervise import Policy, Supervisor, last_line
 from enlace.slurm.settings import SlurmError, time_left_s
 
@@ -87,7 +87,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     argv = [sys.executable, *train]
     if gpus > 1 or nodes > 1:
         argv = distributed_argv(sys.executable, train, gpus, nodes, job_id, run_dir / "train.log")
-    env = {**runs.torchrun_env(run_dir), **os.environ}
+    env = {**lifecycle.torchrun_env(run_dir), **os.environ}
     sup = Supervisor(run_dir, argv, Policy(), env, signals={signal.SIGUSR1: "limit"}, on_stop=announce)
     for s in (signal.SIGUSR1, signal.SIGTERM):  # first of all: the job script ignored USR1 until now
         signal.signal(s, sup.on_signal)

@@ -178,11 +178,13 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(setup: TrainingSetup, val_stream, n_batches: int) -> dict[str, float]:
-    """Mean val loss over the fixed val batches 0..n-1 (same batches every eval), and bits per byte."""
+def evaluate(setup: TrainingSetup, val_stream, n_batches: int, beat=lambda: None) -> dict[str, float]:
+    """Mean val loss over the fixed val batches 0..n-1 (same batches every eval), and bits per byte.
+    `beat` is called once per batch (the run's heartbeat: a long eval is work, not a stall)."""
     setup.model.eval()
     total = 0.0
     for k in range(n_batches):
+        beat()
         x, y = (t.to(setup.device) for t in val_stream.batch_at(k))
         with setup.autocast():
             _, loss = setup.raw_model(x, y)

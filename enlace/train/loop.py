@@ -241,12 +241,14 @@ def _train(
         states = dist.gather(engine.rank_state(train_stream))
         if not dist.is_main:
             return ""
+        run.beat(force=True)
         path = save_checkpoint(
             run.checkpoints,
             progress["step"],
             engine.capture_state(setup, states, progress, commit, data_id),
             cfg.checkpoint.keep,
         )
+        run.beat(force=True)
         run.log(f"checkpoint {path.name} saved")
         return path.name
 
@@ -261,6 +263,7 @@ def _train(
         progress["step"] += 1
         progress["tokens"] += tokens_per_step
         step = progress["step"]
+        run.beat()
         # the first step of every start is logged too: launch waits for it (also with a large log_every)
         logging = step % t.log_every == 0 or step == target or len(step_times) == 0
         loss = result.loss.item() if logging else 0.0  # .item() syncs the device: step times are real
@@ -321,7 +324,7 @@ def _train(
 
 
 def _eval(run: RunDir, setup: engine.TrainingSetup, val_stream, step: int) -> None:
-    ev = engine.evaluate(setup, val_stream, setup.cfg.training.eval_batches)
+    ev = engine.evaluate(setup, val_stream, setup.cfg.training.eval_batches, run.beat)
     run.log(f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | val_bpb {ev['val_bpb']:.4f}")
     run.metric({"kind": "eval", "step": step, **ev})
     run.update_status(val_loss=ev["val_loss"], val_bpb=ev["val_bpb"])

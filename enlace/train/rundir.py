@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from enlace.contract import UNLESS_STOPPING, Status
-from enlace.server import runs
+from enlace.server import heartbeat, runs
 from enlace.server.runs import atomic_write
 from enlace.train import sinks
 
@@ -30,6 +30,8 @@ class RunDir:
         self._log = self._metrics = None
         self._sinks = None  # logging.tensorboard / logging.wandb (enlace/train/sinks.py), once open_sinks is called
         self._echo = True
+        # the supervisor's stall clock: touched on every step, eval batch and checkpoint (rank 0 only)
+        self.beat = heartbeat.Heartbeat(path / heartbeat.TRAINER) if enabled else lambda force=False: None
         if enabled:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
             self._log = open(path / "train.log", "a", buffering=1)

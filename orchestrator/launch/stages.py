@@ -53,6 +53,13 @@ def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
             f"{run_name} --resume checkpoints/step-N (or --resume none to start afresh)",
             err=True,
         )
+    if row.get("supervisor"):  # nobody heals it: the server's launch stops it at a checkpoint and resumes it
+        click.echo(
+            f"{run_name}'s supervisor is {row['supervisor']['state']}: its trainer will be stopped at a checkpoint "
+            "and resumed under a new supervisor",
+            err=True,
+        )
+        return True
     if row["alive"] and not Status(row["status"]).is_terminal:  # a failed run still exiting is not running
         raise AlreadyRunning(_running_message(session, row))
     extends = any(o.startswith("training.max_steps=") for o in overrides)

@@ -42,7 +42,9 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
             (
                 *lead,
                 r["run_name"],
-                r["status"] + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
+                r["status"]
+                + (", unsupervised" if r.get("supervisor") else "")
+                + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
                 f"{r['step']}/{r['max_steps']}",
                 f"{r['loss']:.4f}" if r["loss"] is not None else "-",
                 f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
@@ -66,6 +68,12 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
 def _details(row: dict, full: bool) -> list[str]:
     """The lines under a run's row: why it failed, a skipped checkpoint."""
     found = []
+    if sup := row.get("supervisor"):
+        when = time.strftime("%H:%M:%S", time.localtime(sup["since"])) if sup.get("since") else "?"
+        found.append(
+            f"supervisor {sup['state']} since {when}, nothing heals it: enlace-remote launch {row['run_name']}"
+            " re-attaches"
+        )
     if row.get("error") and row["status"] in ("failed", "stopped", "crashed"):
         found.append(f"error: {row['error']}")
     if row.get("checkpoint_warning"):

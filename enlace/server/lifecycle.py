@@ -1,0 +1,233 @@
+"""A run's lifecycle on the server: start it detached (or submit it to Slurm), wait for its first step,
+stop it. One launch of a run at a time; a live run is refused (exit 7). What a run *is* (run.json, its
+status, its liveness) is enlace/server/runs.py's; this module only acts on it. Stdlib and psutil only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from enlace import contract
+from enlace.contract import ACTIVE, STOPPABLE, Status, describe_live
+from enlace.errors import AlreadyRunning
+from enlace.server.runs import (
+    alive,
+    job_of,
+    locked,
+    observe,
+    proc_alive,
+    proc_start,
+    read,
+    status_of,
+    transition,
+    update,
+)
+from enlace.slurm import settings as slurm
+
+ADOPT_GRACE_S = 120.0  # launch of a run nobody supervises: how long its trainer gets to checkpoint and stop
+
+# -- start, wait, stop -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def launching(run_dir: Path):
+    """One launch of a run at a time (a lock beside its directory); a live run is refused (exit 7).
+    Yields (launch_id, log_offset) once run.json says `starting` for this launch."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with locked(run_dir.parent, blocking=False, name=f".{run_dir.name}.launch-lock"):
+        row = observe(run_dir)
+        if row["alive"] and Status(row["status"]).is_terminal:  # wrote its final status, still exiting
+            _wait(lambda: alive(read(run_dir), run_dir), 30)
+            row = observe(run_dir)
+        if row["alive"] and row["supervisor"]:  # nothing heals it now: stop it at a checkpoint, resume below
+            _say_in_log(
+                run_dir,
+                f"launch: the run's supervisor is {row['supervisor']['state']}: stopping the "
+                "trainer at a checkpoint to resume it under a new supervisor",
+            )
+            stop(run_dir, grace=ADOPT_GRACE_S, kill=True)
+            row = observe(run_dir)
+        if row["alive"]:
+            raise AlreadyRunning(f"{run_dir.name} is already running ({describe_live(row)})")
+        log = run_dir / "train.log"
+        offset = log.stat().st_size if log.exists() else 0
+        launch_id = f"{time.time_ns()}-{os.getpid()}"
+        # the old trainer's identity goes before the new one starts: it records its own pid itself
+        update(
+            run_dir,
+            run_name=run_dir.name,
+            status=Status.STARTING,
+            phase="starting",
+            launch_id=launch_id,
+            pid=None,
+            pid_start=None,
+            exit_code=None,
+            error=None,
+            job_id=None,
+            requeues=None,
+            requeue_limit_reached=False,
+        )
+        yield launch_id, offset
+
+
+def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Start `argv` (the trainer, or torchrun) detached, unless the run is alive; one launch at a time.
+
+    setsid (its own session and process group), all three streams redirected: it survives the SSH
+    session that started it. Its pid and start time go into run.json before this returns."""
+    with launching(run_dir) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**torchrun_env(run_dir), **env, "ENLACE_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"},
+        )
+        update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
+    return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}
+
+
+def torchrun_env(run_dir: Path) -> dict[str, str]:
+    """torchrun's --log-dir (it reads PET_LOG_DIR; the user's own setting wins) inside the run dir:
+    without one, each torchrun makes a /tmp/torchelastic_* directory that nothing removes."""
+    return {"PET_LOG_DIR": str(run_dir.resolve() / "torchrun")}
+
+
+def submit(run_dir: Path, submit_job) -> dict[str, Any]:
+    """Submit the run as a Slurm job (`submit_job(launch_id)` → job id), unless it is alive."""
+    with launching(run_dir) as (launch_id, offset):
+        update(run_dir, status=Status.PENDING, phase="submitted to Slurm", launcher_pid=None, launcher_start=None)
+        try:
+            job_id = submit_job(launch_id)
+        except BaseException as e:
+            update(run_dir, status=Status.FAILED, error=getattr(e, "message", str(e)), exit_code=contract.USAGE)
+            raise
+        update(run_dir, job_id=job_id)
+    return {"ok": True, "pid": None, "job_id": job_id, "log_offset": offset, "launch_id": launch_id}
+
+
+def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, poll: float = 0.1) -> dict[str, Any]:
+    """Wait on the server until the launch `launch_id` has logged a step or ended; the row at that moment.
+
+    on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
+    deadline = time.monotonic() + timeout
+    shown = None
+    # each poll reads run.json and two processes' start times (or the cached Slurm state); the full row once
+    while True:
+        st = read(run_dir)
+        is_alive = alive(st, run_dir)
+        job = job_of(st)
+        status = status_of(st, is_alive, job.get("state"))
+        mine = st.get("launch_id") == launch_id
+        phase = st.get("phase")
+        if job.get("state") in slurm.QUEUED_STATES:
+            phase = f"pending in Slurm: job {job['job_id']} {job.get('state')}, reason {job.get('reason') or '-'}"
+        if mine and phase != shown and on_phase:
+            shown = phase
+            on_phase(shown)
+        if mine and (status not in ACTIVE or (status == Status.RUNNING and st.get("step", 0) > 0)):
+            return observe(run_dir) | {"waited": "done"}
+        if not is_alive:  # died before it could write anything (e.g. the interpreter failed)
+            return observe(run_dir) | {"status": Status.CRASHED.value, "waited": "done"}
+        if time.monotonic() > deadline:
+            return observe(run_dir) | {"waited": "timeout"}
+        time.sleep(poll)
+
+
+def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
+    """SIGTERM what was launched (torchrun forwards it once to every rank), wait up to `grace` s for the
+    checkpoint; with `kill`, SIGKILL the process group (or cancel the Slurm job) after that. A supervisor
+    that is gone or frozen is passed by: the trainer gets the SIGTERM, and a frozen supervisor a SIGKILL."""
+    st = read(run_dir)
+    row = observe(run_dir)
+    if not row["alive"]:
+        if st.get("launcher_pid") and proc_alive(st["launcher_pid"], st.get("launcher_start")):
+            with contextlib.suppress(ProcessLookupError):  # a frozen supervisor over a dead trainer
+                os.kill(st["launcher_pid"], signal.SIGKILL)
+        return _stop_report(run_dir, row, was_running=False, killed=False)
+    if st.get("job_id"):
+        return _stop_job(run_dir, st["job_id"], grace, kill)
+    # One SIGTERM to the launched process: signalling the whole group would give each rank two signals
+    # (the trainer treats a repeated SIGTERM as the same request, but torchrun would start tearing down).
+    # The supervisor (what was launched) forwards it, unless it is gone or frozen: then the trainer itself.
+    launcher = st.get("launcher_pid"), st.get("launcher_start")
+    if proc_alive(*launcher) and not row["supervisor"]:
+        pid, start_time = launcher
+    else:
+        pid, start_time = st["pid"], st["pid_start"]
+    # Only a starting or running run is asked to stop; a stop already under way (stopping) or a trainer
+    # that has just written its final status is waited for, not signalled again.
+    if transition(run_dir, Status.STOPPING, STOPPABLE):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    killed = not _wait(lambda: proc_alive(pid, start_time), grace) and kill
+    if killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        _wait(lambda: proc_alive(pid, start_time), 60)
+        update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="killed by stop --kill")
+    if row["supervisor"] and proc_alive(*launcher):  # a frozen supervisor would linger (stopped) forever
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(launcher[0], signal.SIGKILL)
+    return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
+
+
+def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str, Any]:
+    """A Slurm run: a queued job is cancelled (nothing to save); a running one gets SIGTERM through
+    Slurm (scancel --signal=TERM --full: the batch step does not requeue after it) and `grace` s to
+    checkpoint; with `kill`, scancel after that."""
+    live = lambda: slurm.job_alive(job_id)
+    if slurm.job_info(job_id, max_age=0)["state"] in slurm.QUEUED_STATES:
+        slurm.cancel(job_id)
+        update(run_dir, status=Status.STOPPED, phase="cancelled while pending")
+        _wait(live, 60)
+        return _stop_report(run_dir, observe(run_dir), was_running=True, killed=False)
+    if transition(run_dir, Status.STOPPING, STOPPABLE):
+        _say_in_log(
+            run_dir,
+            f"stop: Slurm is asked to end job {job_id} (SIGTERM: the trainer checkpoints and exits); the "
+            f"`*** JOB {job_id} ... CANCELLED ***` line Slurm may print next is this stop, not a failure",
+        )
+        slurm.cancel(job_id, "TERM")
+    killed = not _wait(live, grace) and kill
+    if killed:
+        slurm.cancel(job_id)
+        _wait(live, 120)
+        update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="cancelled by stop --kill")
+    return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
+
+
+def _say_in_log(run_dir: Path, text: str) -> None:
+    """One line in the run's train.log, as the trainer stamps its own (appended: the job writes there too)."""
+    with contextlib.suppress(OSError), open(run_dir / "train.log", "a") as fh:
+        fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+
+
+def _wait(busy, timeout: float) -> bool:
+    """Poll `busy()` until it is false (True) or `timeout` s have passed (False)."""
+    deadline = time.monotonic() + timeout
+    while busy():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _stop_report(run_dir: Path, row: dict[str, Any], was_running: bool, killed: bool) -> dict[str, Any]:
+    return {
+        "run_name": run_dir.name,
+        "stopped": not row["alive"],
+        "was_running": was_running,
+        "killed": killed,
+        "status": row["status"],
+        "step": row["step"],
+        "latest_checkpoint": row["latest_checkpoint"],
+    }
