@@ -3,6 +3,7 @@ round 4, items 2 and 3). Real processes throughout: `enlace start` detaches the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -91,10 +92,8 @@ def test_a_frozen_supervisor_over_a_dead_trainer_is_not_running(project):
         wait_until(lambda: runs.proc_start(st["launcher_pid"]) is None, 10, "stop to end the frozen supervisor")
     finally:
         for pid in (st["launcher_pid"], st["pid"]):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def test_a_new_supervisor_is_not_frozen_by_a_previous_ones_old_beat(tmp_path):
