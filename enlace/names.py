@@ -7,15 +7,35 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NewType
 
 from enlace.contract import RUN_NAME_RE, RUN_NAME_RULE
 from enlace.errors import ConfigError
 
+# Two things that were one string and got mixed up: the run file is what `launch` takes (the stem of
+# configs/runs/FILE.yaml); the run name is what a run is called on the server (its directory under runs/;
+# the file's stem unless the file or `--set run_name=` says otherwise) and what `logs`, `stop`, `fetch`,
+# `status` and `sample` take and the driver remembers. Both follow RUN_NAME_RE.
+RunName = NewType("RunName", str)
+RunFile = NewType("RunFile", str)
+QUOTED_MAX = 40  # a rejected name is quoted up to this many characters (a 120 KB --set was echoed whole)
 
-def validate_run_name(name: str, source: str = "run_name") -> str:
+
+def quoted(value: object, limit: int = QUOTED_MAX) -> str:
+    """repr() of a user's value, cut to `limit` characters with its length said: errors quote a prefix."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def validate_run_name(name: str, source: str = "run_name") -> RunName:
     if not isinstance(name, str) or not RUN_NAME_RE.fullmatch(name):
-        raise ConfigError(source, "run_name", f"{name!r} is not a valid name", RUN_NAME_RULE)
-    return name
+        raise ConfigError(source, "run_name", f"{quoted(name)} is not a valid name", RUN_NAME_RULE)
+    return RunName(name)
+
+
+def validate_run_file(stem: str, source: str = "RUN") -> RunFile:
+    """A run file's stem (configs/runs/STEM.yaml) follows the run-name rule: it is the default run name."""
+    return RunFile(validate_run_name(stem, source))
 
 
 def find_root(start: Path | None = None) -> Path:

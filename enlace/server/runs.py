@@ -202,6 +202,8 @@ def observe(run_dir: Path) -> dict[str, Any]:
     latest = latest_checkpoint(run_dir / "checkpoints")
     return {
         "run_name": run_dir.name,
+        "run_file": st.get("run_file"),  # the run config it was launched from, and its --set items
+        "overrides": st.get("overrides") or [],
         "status": status.value,
         "alive": is_alive,
         "pid": st.get("pid"),

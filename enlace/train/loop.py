@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -145,6 +146,7 @@ def _train(
         runs.record_self(
             run.path,
             run_name=cfg.run_name,
+            run_file=Path(cfg.files["run"]).stem,  # what `launch RUN_NAME` resumes it from
             status=Status.STARTING,
             phase="building the model",
             commit=commit,

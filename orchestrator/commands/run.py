@@ -164,8 +164,11 @@ def launch(
 ) -> None:
     """Sync, (push data,) verify --for-launch, preflight, then train RUN detached on the host.
 
-    Without RUN: the host's default_run, else the last run launched there from this repo. The
-    trainer survives the SSH session; a stopped or finished run resumes from its latest checkpoint.
+    RUN is a run file (configs/runs/RUN.yaml) or the name of a run on the host: `launch NAME` resumes that
+    run from the file and --set items it was launched with (more --set items win: `--set
+    training.max_steps=M` extends it). Without RUN: the host's default_run, else the run last launched there
+    from this repo. The trainer survives the SSH session; a stopped or finished run resumes from its latest
+    checkpoint.
     --gpus N runs `torchrun --standalone --nproc-per-node N`; --hosts a,b runs one torchrun per host.
 
     On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
@@ -175,7 +178,12 @@ def launch(
     from orchestrator.hosts.resolve import resolve_host
     from orchestrator.launch import choose, pipeline, ship
 
-    run = ship.check_run_config(remote.repo, choose.choose_run(remote.repo, remote.host, run))
+    name = choose.choose_run(remote.repo, remote.host, run)
+    if print_only:  # touches nothing: the run file as named
+        run = ship.check_run_config(remote.repo, name)
+    else:  # a run file, or an existing run's name (resumed, or extended with --set training.max_steps=M)
+        run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides)
+        run = ship.check_run_config(remote.repo, run)
     spec = (
         _slurm_spec(remote, slurm, print_only, nodes, hosts, gpus)
         if slurm or print_only or nodes or remote.host.slurm
@@ -203,7 +211,7 @@ def launch(
     policy = ["--restarts", str(0 if hosts else restarts)]  # one host's trainer alone would wait for its peers
     policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
     plan = pipeline.Plan(
-        run=run,
+        run_file=run,
         targets=targets,
         train_args=train_args,
         overrides=overrides,

@@ -1,5 +1,7 @@
-"""Which run a command means when none is named: the host's default_run or the last one launched
-there from this repo (.enlace/last-runs.json)."""
+"""Which run a command means: when none is named, the host's default_run or the run last launched there from
+this repo (.enlace/last-runs.json, which holds run names: what `logs`, `stop`, `fetch` act on); for
+`launch`, which run file a name stands for (a file in configs/runs/, or the file an existing run of that name
+was launched from, with its --set items)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from enlace.names import validate_run_name
+from enlace.errors import EnlaceError
+from enlace.names import RunFile, RunName, validate_run_file, validate_run_name
 from orchestrator.errors import UsageError
 
 
@@ -16,7 +19,7 @@ def _last_runs_file(repo: Path) -> Path:
     return repo / ".enlace" / "last-runs.json"
 
 
-def remember_run(repo: Path, host: str, run: str) -> None:
+def remember_run(repo: Path, host: str, run: RunName) -> None:
     path = _last_runs_file(repo)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = json.loads(path.read_text()) if path.exists() else {}
@@ -24,7 +27,7 @@ def remember_run(repo: Path, host: str, run: str) -> None:
     path.write_text(json.dumps(table, indent=1) + "\n")
 
 
-def run_argument(run: str) -> str:
+def run_argument(run: str) -> RunFile:
     """RUN as the user typed it: a config stem (a run name), never a path — with the way to a path's stem."""
     if Path(run).suffix in (".yaml", ".yml"):
         raise UsageError(
@@ -32,7 +35,7 @@ def run_argument(run: str) -> str:
             f"RUN.yaml from the synced commit: put the file in configs/runs/, commit it, and launch "
             f"{Path(run).stem!r}"
         )
-    return validate_run_name(run, "RUN")
+    return validate_run_file(run, "RUN")
 
 
 def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> str:
@@ -54,3 +57,25 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
         f"no RUN given, host {host.name} has no default_run and nothing was launched there from "
         "this repo yet — name the run, e.g. `enlace-remote launch smoke-cpu`"
     )
+
+
+def launch_target(session, repo: Path, name: str, overrides: tuple[str, ...]) -> tuple[RunFile, tuple[str, ...]]:
+    """What `launch NAME` starts: configs/runs/NAME.yaml when this checkout has it; else, when the host has a
+    run called NAME, the run file it was launched from with its --set items (the new ones win), so that
+    `launch NAME` resumes it and `launch NAME --set training.max_steps=M` extends it. (file, overrides)."""
+    if (repo / "configs" / "runs" / f"{name}.yaml").is_file():
+        return validate_run_file(name), overrides
+    try:
+        rows = session.enlace_json("latest", "runs", validate_run_name(name, "RUN"), "--json")
+    except EnlaceError:  # no such run there (or nothing synced yet): the missing file is the error to show
+        return validate_run_file(name), overrides
+    row = rows[0] if rows else {}
+    if not row.get("run_file") or not (repo / "configs" / "runs" / f"{row['run_file']}.yaml").is_file():
+        return validate_run_file(name), overrides
+    merged = {item.partition("=")[0].strip(): item for item in row.get("overrides") or []}
+    merged["run_name"] = f"run_name={name}"
+    merged.update({item.partition("=")[0].strip(): item for item in overrides})
+    file = validate_run_file(row["run_file"])
+    shown = " ".join(f"--set {item}" for item in merged.values())
+    click.echo(f"run: {name} on {session.host.name}, from configs/runs/{file}.yaml {shown}", err=True)
+    return file, tuple(merged.values())

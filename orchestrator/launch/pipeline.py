@@ -24,6 +24,7 @@ import click
 
 from enlace.contract import VERDICT
 from enlace.errors import EnlaceError
+from enlace.names import RunFile, RunName
 from enlace.slurm.settings import SlurmSpec
 from orchestrator.launch import choose, ship, stages
 from orchestrator.launch.slurm import submit
@@ -44,7 +45,7 @@ class PreflightRefused(EnlaceError):
 class Plan:
     """What one `launch` will do, from its options."""
 
-    run: str  # the run config's stem
+    run_file: RunFile  # what the trainer loads: configs/runs/RUN_FILE.yaml (the run's name may differ)
     targets: list  # hosts: one, or several for one run across hosts (--hosts: one torchrun each)
     train_args: list[str]  # passed to `enlace train` (--until, --resume, --set ...)
     overrides: tuple[str, ...] = ()
@@ -71,7 +72,7 @@ class Launch:
     repo: Path
     backend: Backend
     sha: str = ""
-    run_name: str = ""
+    run_name: RunName | None = None  # what the server calls the run (ship learns it from verify)
     started: dict | None = None
 
     @property
@@ -103,10 +104,10 @@ class SSHBackend(Backend):
             if many:
                 addr = plan.targets[0].hostname or "127.0.0.1"
                 rdzv = {"nnodes": len(plan.targets), "node_rank": rank, "addr": addr, "port": plan.master_port}
-            command = stages.train_command(plan.run, plan.train_args, plan.gpus, rdzv)
+            command = stages.train_command(plan.run_file, plan.train_args, plan.gpus, rdzv)
             doc = stages.start_detached(launch.session_for(host), launch.sha, launch.run_name, command, plan.policy)
             started = started or doc
-            choose.remember_run(launch.repo, host.name, plan.run)
+            choose.remember_run(launch.repo, host.name, launch.run_name)
         return started
 
 
@@ -117,9 +118,9 @@ class SlurmBackend(Backend):
 
     def start(self, launch: Launch) -> dict:
         plan = launch.plan
-        pyargs = ["-m", "enlace", "train", plan.run, *plan.train_args]
+        pyargs = ["-m", "enlace", "train", plan.run_file, *plan.train_args]
         started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc, pyargs)
-        choose.remember_run(launch.repo, plan.targets[0].name, plan.run)
+        choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name)
         return started
 
 
@@ -138,7 +139,7 @@ def _ship(launch: Launch):
         launch.sha, launch.run_name = ship.ship(
             launch.session_for(host),
             launch.repo,
-            plan.run,
+            plan.run_file,
             plan.allow_dirty,
             True,
             plan.overrides,
@@ -154,7 +155,7 @@ def _decide(launch: Launch):
 def _preflight(launch: Launch):
     plan = launch.plan
     extra = ["--steps", "5", *ship.set_args(plan.overrides)]
-    report = stages.remote_preflight(launch.first, launch.sha, plan.run, launch.repo, launch.run_name, extra)
+    report = stages.remote_preflight(launch.first, launch.sha, plan.run_file, launch.repo, launch.run_name, extra)
     if report["verdict"] in VERDICT and not plan.force:
         raise PreflightRefused(report["verdict"])
 

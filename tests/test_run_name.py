@@ -1,0 +1,66 @@
+"""The run file and the run name are two things (the maintainer's pass, item 1): `launch long --set
+run_name=mytry` starts `mytry`, and every bare verb after it acts on `mytry`; `launch mytry` resumes it from
+the file and --set items it was launched with, and `--set training.max_steps=M` extends it. Seen before: bare
+`logs`, `stop`, `fetch` looked for a run called `long`; `launch mytry` found no run config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.remote import remote, server_dir, tiny_corpus, wait_until
+
+from enlace.names import quoted, validate_run_name
+from enlace.server import runs
+
+pytestmark = pytest.mark.slow
+
+
+def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_extends_it(sshd, user_repo):
+    tiny_corpus(server_dir(sshd, "testhost"))
+    run_dir = server_dir(sshd, "testhost") / "runs" / "mytry"
+    remote(
+        user_repo,
+        sshd.env,
+        "launch",
+        "long",
+        "--set",
+        "run_name=mytry",
+        "--set",
+        "training.log_every=5",
+        "--no-preflight",
+    )
+    assert json.loads((user_repo / ".enlace" / "last-runs.json").read_text())["testhost"] == "mytry"
+    rows = json.loads(remote(user_repo, sshd.env, "status", "--json").stdout)
+    assert [(r["run_name"], r["run_file"], r["status"]) for r in rows] == [("mytry", "long", "running")]
+
+    stopped = remote(user_repo, sshd.env, "stop")
+    assert stopped.stdout.startswith("mytry: stopped"), stopped.stdout + stopped.stderr
+    step = runs.read(run_dir)["step"]
+    logs = remote(user_repo, sshd.env, "logs")
+    assert "run: mytry" in logs.stderr and f"checkpoint step-{step:06d} saved" in logs.stdout
+    remote(user_repo, sshd.env, "fetch")
+    assert (user_repo / "runs" / "mytry" / "run.json").is_file()
+    sample = remote(user_repo, sshd.env, "sample", "--bytes", "20", "--prompt", "def ")
+    assert "run: mytry" in sample.stderr
+
+    resumed = remote(user_repo, sshd.env, "launch", "mytry", "--no-preflight")  # resume: the same file and sets
+    assert "from configs/runs/long.yaml" in resumed.stderr and "--set training.log_every=5" in resumed.stderr
+    st = runs.read(run_dir)
+    assert st["resumed_from"] and st["run_name"] == "mytry" and st["step"] >= step, st
+    remote(user_repo, sshd.env, "stop")
+    wait_until(lambda: not runs.observe(run_dir)["alive"], 60, "mytry to stop")
+
+    target = runs.read(run_dir)["step"] + 3
+    remote(user_repo, sshd.env, "launch", "mytry", "--set", f"training.max_steps={target}", "--no-preflight")
+    remote(user_repo, sshd.env, "logs", "-f")
+    row = json.loads(remote(user_repo, sshd.env, "status", "mytry", "--json").stdout)[0]
+    assert (row["status"], row["step"], row["max_steps"]) == ("finished", target, target), row
+    assert not (server_dir(sshd, "testhost") / "runs" / "long").exists()
+
+
+def test_a_huge_bad_name_is_quoted_by_a_short_prefix():
+    with pytest.raises(Exception) as e:
+        validate_run_name("x/" * 60_000, "--set")
+    assert len(str(e.value)) < 400 and "120002 characters" in str(e.value)
+    assert quoted("ok") == "'ok'"
