@@ -1,5 +1,7 @@
 """Reading YAML files the way config and hosts files need: a key given twice is an error (plain YAML
-keeps the last silently), a file that is not UTF-8 or not YAML is one clear ConfigError."""
+keeps the last silently), a file that is not UTF-8 or not YAML is one clear ConfigError. Aliases (`*name`)
+are refused (nested, they expand a few lines into gigabytes: the "YAML bomb"), and a file over MAX_BYTES is
+refused before it is parsed (every driver command reads the hosts files)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,27 @@ import yaml
 
 from enlace.errors import ConfigError
 
+MAX_BYTES = 1 << 20  # 1 MiB: a hosts file or run config is a few KB
+
+
+class AliasRefused(yaml.YAMLError):
+    def __init__(self, alias: str, line: int):
+        super().__init__(f"an alias (*{alias}) at line {line}")
+        self.alias, self.line = alias, line
+        self.fix = "enlace's YAML files take no aliases (&anchor / *alias): write the value out"
+
+
+class TooLarge(yaml.YAMLError):
+    def __init__(self, size: int):
+        super().__init__(f"{size:,} bytes, over the {MAX_BYTES:,}-byte limit")
+        self.fix = "a hosts file or run config is a few KB: is this the right file?"
+
+
+class NotRegular(yaml.YAMLError):
+    def __init__(self):
+        super().__init__("not a regular file (a device, a fifo, or a link to one)")
+        self.fix = "name a .yaml file"
+
 
 class DuplicateKey(yaml.YAMLError):
     def __init__(self, key: str, first: int, again: int):
@@ -19,6 +42,12 @@ class DuplicateKey(yaml.YAMLError):
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (plain YAML silently keeps the last)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise AliasRefused(event.anchor, event.start_mark.line + 1)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -34,8 +63,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_yaml_unique(text: str) -> Any:
-    """yaml.safe_load, but a key given twice in one mapping raises DuplicateKey (with both lines).
-    Config files and hosts files are read with it."""
+    """yaml.safe_load, but a key given twice in one mapping raises DuplicateKey (with both lines), an alias
+    AliasRefused, and a text over MAX_BYTES TooLarge. Config files and hosts files are read with it."""
+    if len(text) > MAX_BYTES:
+        raise TooLarge(len(text))
     loader = _UniqueKeyLoader(text)
     try:
         return loader.get_single_data()
@@ -45,7 +76,11 @@ def load_yaml_unique(text: str) -> Any:
 
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path)
+    except TooLarge as e:
+        raise ConfigError(str(path), "", f"is {e}", e.fix) from None
+    except NotRegular as e:
+        raise ConfigError(str(path), "", f"is {e}", e.fix) from None
     except FileNotFoundError:
         raise ConfigError(str(path), "", f"{what} file not found", "create it or check the name") from None
     except IsADirectoryError:
@@ -68,6 +103,8 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
             f"given twice (lines {e.first} and {e.again}); YAML would silently keep only the last",
             "merge the two entries into one",
         ) from None
+    except AliasRefused as e:
+        raise ConfigError(str(path), "", str(e), e.fix) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -77,3 +114,20 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", "expected a mapping of keys at the top level")
     return data
+
+
+def read_bounded(path: Path) -> bytes:
+    """The file's bytes; TooLarge past MAX_BYTES (checked by its size first: a 50 MB file is not read), and
+    NotRegular for a device or fifo (a config linked to /dev/zero would be read forever)."""
+    import stat
+
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular()
+    if st.st_size > MAX_BYTES:
+        raise TooLarge(st.st_size)
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        raise TooLarge(len(raw))
+    return raw

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from enlace import contract
 from enlace.clitypes import set_option
 from enlace.contract import leave
 from enlace.errors import EnlaceError
@@ -67,13 +68,20 @@ def hosts(ctx: click.Context) -> None:
     """List the configured hosts and their settings (`hosts add` adds one)."""
     if ctx.invoked_subcommand:
         return
-    from orchestrator.hosts.resolve import list_hosts
+    from orchestrator.hosts.resolve import list_hosts, load_host_table
     from orchestrator.transfer.gitsync import repo_root
 
-    for h in list_hosts(repo_root(Path.cwd())):
+    repo = repo_root(Path.cwd())
+    for h in list_hosts(repo, warn=False):
         mark = "*" if h.name == ctx.obj["host"] else " "
         extra = f", default run {h.default_run}" if h.default_run else ""
+        extra += ", scheduler slurm" if h.slurm else ""
         click.echo(f"{mark} {h.name:16} {h.describe()}, python {h.python}{extra}")
+    invalid = load_host_table(repo).invalid
+    for name, error in invalid.items():
+        click.echo(f"! {name:16} unusable: {error}")
+    if invalid:
+        ctx.exit(contract.USAGE)
 
 
 @hosts.command("add")

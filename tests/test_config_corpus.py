@@ -140,3 +140,23 @@ def test_fp16_on_cpu_is_a_warning_not_an_error(project):
     assert res.exit_code == 0
     doc = yaml.safe_load(res.stdout)
     assert "20x slower" in doc["warnings"][0] and "runtime.precision" in doc["warnings"][0]
+
+
+def test_a_run_config_linked_outside_the_project_or_to_a_device_is_refused(tmp_path):
+    """What runs must be what was committed: a run file that is a link to a file outside the project trained
+    from that unversioned file; one linked to /dev/zero was 'not found … one of: …, zero'."""
+    from enlace.config.schema import load_config
+    from enlace.errors import ConfigError
+
+    root = tmp_path / "proj"
+    (root / "configs" / "runs").mkdir(parents=True)
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text("data: smoke\nprofile: cpu\n")
+    (root / "configs" / "runs" / "linked.yaml").symlink_to(outside)
+    (root / "configs" / "runs" / "zero.yaml").symlink_to("/dev/zero")
+    with pytest.raises(ConfigError, match=r"is a link to .*elsewhere\.yaml, outside the project") as e:
+        load_config("linked", root=root)
+    assert "commit the file itself" in str(e.value)
+    with pytest.raises(ConfigError, match="not a regular file") as e:
+        load_config("zero", root=root)
+    assert "one of:" not in str(e.value)

@@ -72,10 +72,19 @@ def test_malformed_hosts_file_is_one_line_exit_2(tmp_path, monkeypatch, case, co
     path.write_bytes(content)
     monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
     monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
-    result = CliRunner().invoke(main, ["--host", "gpu", "hosts"])
-    _one_line_error(result, words)
+    result = CliRunner().invoke(main, ["--host", "gpu", "status"])  # resolves gpu before any connection
+    bad_entry = "hosts." in words[0] or "host name" in words[-1]
+    if "host name" in words[-1]:  # 'gpu one' is unusable, and `gpu` is no entry: the listing says it
+        result = CliRunner().invoke(main, ["hosts"])
+        lines = [ln for ln in result.output.splitlines() if ln.startswith("! ")]
+        assert result.exit_code == 2 and len(lines) == 1 and all(w in lines[0] for w in words), result.output
+    else:
+        _one_line_error(result, words)
     # the file's own keys name the file; the merged entry's (Slurm keys, a missing key file) name the host
     assert str(path) in result.output or "host gpu:" in result.output
+    if bad_entry:  # the listing still shows the others
+        listing = CliRunner().invoke(main, ["hosts"]).output
+        assert "local (this machine" in listing and sum(ln.startswith("! ") for ln in listing.splitlines()) == 1
 
 
 @pytest.mark.parametrize(
@@ -102,3 +111,35 @@ def test_hosts_add_checks_its_options_with_the_file_schema(tmp_path, monkeypatch
     result = CliRunner().invoke(main, ["hosts", "add", "gpu", "--ssh", "a@b", "--remote-dir", "-x"])
     _one_line_error(result, ["--remote-dir '-x'", "starts with `-`"])
     assert not path.exists()  # nothing half-written
+
+
+def test_one_bad_entry_makes_only_that_host_unusable(tmp_path, monkeypatch, capsys):
+    from orchestrator.errors import UsageError
+    from orchestrator.hosts.resolve import resolve_host
+
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  bad: {ssh: 42}\n  good: {ssh: alice@gpu2.example.org}\n")
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    assert resolve_host("good", tmp_path).hostname == "gpu2.example.org"
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 1 and "host bad is unusable" in warned[0] and "hosts.bad.ssh" in warned[0], warned
+    with pytest.raises(UsageError, match=r"hosts\.bad\.ssh: 42 is neither"):
+        resolve_host("bad", tmp_path)
+
+
+def test_a_yaml_bomb_and_a_huge_hosts_file_are_refused_at_once(tmp_path, monkeypatch):
+    """Seen: nested aliases in a host's pip_args took 45.8 s of CPU, then a MemoryError; a 50 MB hosts file
+    cost 65 s on every command."""
+    bomb = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    bomb += ["hosts:", "  gpu: {ssh: a@b, pip_args: *a9}"]
+    path = tmp_path / "hosts.yaml"
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    for content, words in (
+        ("\n".join(bomb) + "\n", ["alias (*a0)", "no aliases"]),
+        ("hosts:\n" + "  # padding\n" * 300_000, ["bytes, over the", "limit"]),
+    ):
+        path.write_text(content)
+        _one_line_error(CliRunner().invoke(main, ["--host", "gpu", "status"]), words)

@@ -188,6 +188,18 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
         path = Path(ref) if Path(ref).is_absolute() else root / ref
     else:
         path = root / "configs" / kind / f"{ref}.yaml"
+    shown = path.relative_to(root) if path.is_relative_to(root) else path
+    if path.exists() and not path.is_file():
+        raise ConfigError(
+            str(shown), key, "is not a regular file (a directory, a device, or a link to one)", "name a .yaml file"
+        )
+    if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+        raise ConfigError(
+            str(shown),
+            key,
+            f"is a link to {path.resolve()}, outside the project: the server would train from a file no commit holds",
+            "commit the file itself (replace the link with a copy)",
+        )
     if not path.is_file():
         have = sorted(p.stem for p in (root / "configs" / kind).glob("*.yaml"))
         raise ConfigError(

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
 import yaml
 
 from enlace.slurm.settings import KEYS as SLURM_KEYS
@@ -80,20 +81,42 @@ def ssh_config_file() -> Path:
     return Path(os.environ.get("ENLACE_SSH_CONFIG") or "~/.ssh/config").expanduser()
 
 
-def load_host_table(repo: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """(defaults, hosts) merged from the repo's configs/hosts.yaml and the user's file."""
-    defaults: dict[str, Any] = {}
-    hosts: dict[str, dict[str, Any]] = {}
+@dataclass
+class HostTable:
+    """The hosts files merged: the repo's configs/hosts.yaml, then the user's. `invalid`: hosts whose entry
+    is wrong (NAME → the one-line error), unusable themselves without making the others so."""
+
+    defaults: dict[str, Any]
+    hosts: dict[str, dict[str, Any]]
+    invalid: dict[str, str]
+
+    def warn_invalid(self, using: str) -> None:
+        """One line on stderr per invalid host, when another host is used."""
+        for name, error in self.invalid.items():
+            if name != using:
+                click.echo(f"warning: host {name} is unusable until its entry is fixed: {error}", err=True)
+
+
+def load_host_table(repo: Path) -> HostTable:
+    table = HostTable({}, {}, {})
     for path in (repo / "configs" / "hosts.yaml", user_hosts_file()):
-        data = hostfile.load(path)
-        defaults.update(data.get("defaults") or {})
+        data = hostfile.load(path, strict=False)
+        table.defaults.update(data.get("defaults") or {})
         for name, entry in (data.get("hosts") or {}).items():
-            hosts.setdefault(name, {}).update(entry or {})
-    return defaults, hosts
+            table.hosts.setdefault(name, {}).update(entry or {})
+        table.invalid.update(data.get("invalid") or {})
+    return table
 
 
 def resolve_host(name: str, repo: Path) -> Host:
-    defaults, table = load_host_table(repo)
+    return _resolve(name, repo, load_host_table(repo))
+
+
+def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
+    if name in loaded.invalid:
+        raise UsageError(loaded.invalid[name])
+    loaded.warn_invalid(using=name)
+    defaults, table = loaded.defaults, loaded.hosts
     entry = {**defaults, **table.get(name, {})}
     if name == "local":
         remote_dir = table.get("local", {}).get("remote_dir") or str(repo / ".enlace" / "local")
@@ -301,13 +324,11 @@ def _ssh_client_settings(alias: str, *configs: str) -> list[dict[str, list[str]]
     return answers
 
 
-def list_hosts(repo: Path) -> list[Host]:
-    _, table = load_host_table(repo)
-    names = ["local", *sorted(n for n in table if n != "local")]
-    return [resolve_host(n, repo) for n in names]
-
-
-def known_names(repo: Path) -> list[str]:
-    """Host names from the hosts files (for messages about an unknown host)."""
-    _, table = load_host_table(repo)
-    return ["local", *sorted(n for n in table if n != "local")]
+def list_hosts(repo: Path, warn: bool = True) -> list[Host]:
+    """Every usable host (an invalid entry is left out, and said once on stderr with `warn`)."""
+    loaded = load_host_table(repo)
+    if warn:
+        loaded.warn_invalid(using="")
+    names = ["local", *sorted(n for n in loaded.hosts if n != "local")]
+    loaded.invalid = {}  # said once above, not again per host
+    return [_resolve(n, repo, loaded) for n in names]

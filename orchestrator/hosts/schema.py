@@ -14,8 +14,9 @@ from typing import Any
 
 import yaml
 
+from enlace.names import quoted
 from enlace.slurm.settings import KEYS as SLURM_KEYS
-from enlace.yamlio import DuplicateKey, load_yaml_unique
+from enlace.yamlio import DuplicateKey, load_yaml_unique, read_bounded
 from orchestrator.errors import UsageError
 
 # user@host[:port]; a host is dot-separated labels (no empty label, none starting with `-`) or [IPv6]
@@ -37,16 +38,16 @@ class HostFileError(UsageError):
 
 def _text(value: Any, fix: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{value!r} is not a text value", fix)
+        raise ValueError(f"{quoted(value)} is not a text value", fix)
     if CONTROL.search(value):
-        raise ValueError(f"{value!r} holds a control character (a newline?)", fix)
+        raise ValueError(f"{quoted(value)} holds a control character (a newline?)", fix)
     return value
 
 
 def check_target(value: Any) -> str:
     fix = "use USER@HOST[:PORT] or an ~/.ssh/config alias, e.g. alice@gpu1.example.org:2222"
     if not isinstance(value, str) or not TARGET_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is neither an ~/.ssh/config alias nor user@host[:port]", fix)
+        raise ValueError(f"{quoted(value)} is neither an ~/.ssh/config alias nor user@host[:port]", fix)
     m = TARGET_RE.fullmatch(value)
     if m.group("port"):
         check_port(int(m.group("port")))
@@ -57,22 +58,22 @@ def check_remote_dir(value: Any) -> str:
     fix = "use an absolute path, ~ or ~/DIR (e.g. ~/enlace or /scratch/alice/enlace)"
     value = _text(value, fix)
     if value.startswith("-"):
-        raise ValueError(f"{value!r} starts with `-` (it would read as an option)", fix)
+        raise ValueError(f"{quoted(value)} starts with `-` (it would read as an option)", fix)
     if value.startswith("~") and value != "~" and not value.startswith("~/"):
-        raise ValueError(f"{value!r}: another user's home (~user) is not expanded", fix)
+        raise ValueError(f"{quoted(value)}: another user's home (~user) is not expanded", fix)
     return value
 
 
 def check_python(value: Any) -> str:
     value = _text(value, "use `venv` (built on the server) or the path of a python that has torch")
     if value.startswith("-"):
-        raise ValueError(f"{value!r} starts with `-`", "use `venv` or a path such as /usr/bin/python3")
+        raise ValueError(f"{quoted(value)} starts with `-`", "use `venv` or a path such as /usr/bin/python3")
     return value
 
 
 def check_run(value: Any) -> str:
     if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a run name", "1-64 characters of [A-Za-z0-9._-], e.g. smoke-2060")
+        raise ValueError(f"{quoted(value)} is not a run name", "1-64 characters of [A-Za-z0-9._-], e.g. smoke-2060")
     return value
 
 
@@ -83,34 +84,36 @@ def check_path(value: Any) -> str:
 def check_timeout(value: Any) -> float:
     fix = "seconds, a number from 1 to 600, e.g. 10"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{value!r} is not a number", fix)
+        raise ValueError(f"{quoted(value)} is not a number", fix)
     if not math.isfinite(value) or not 0 < value <= 600:
-        raise ValueError(f"{value!r} is out of range", fix)
+        raise ValueError(f"{quoted(value)} is out of range", fix)
     return float(value)
 
 
 def check_user(value: Any) -> str:
     if not isinstance(value, str) or not USER_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a user name", "1-64 characters of [A-Za-z0-9._-], e.g. alice")
+        raise ValueError(f"{quoted(value)} is not a user name", "1-64 characters of [A-Za-z0-9._-], e.g. alice")
     return value
 
 
 def check_port(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise ValueError(f"{value!r} is not a TCP port", "use a number from 1 to 65535")
+        raise ValueError(f"{quoted(value)} is not a TCP port", "use a number from 1 to 65535")
     return value
 
 
 def check_pip_args(value: Any) -> list[str]:
     fix = "a list, one pip argument per item: [--index-url, https://...]"
     if not isinstance(value, list) or not all(isinstance(v, str) and not CONTROL.search(v) for v in value):
-        raise ValueError(f"{value!r} is not a list of strings", fix)
+        raise ValueError(f"{quoted(value)} is not a list of strings", fix)
     return value
 
 
 def check_scheduler(value: Any) -> str:
     if value not in ("ssh", "slurm"):
-        raise ValueError(f"{value!r} is not a scheduler", "use `slurm` (a login node) or leave it out (plain SSH)")
+        raise ValueError(
+            f"{quoted(value)} is not a scheduler", "use `slurm` (a login node) or leave it out (plain SSH)"
+        )
     return value
 
 
@@ -136,7 +139,7 @@ def check_entry(entry: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(entry, dict):
         raise HostFileError(
-            where, f"{entry!r} is not a mapping", "give the host's keys on indented lines, e.g. `ssh: alice@gpu1`"
+            where, f"{quoted(entry)} is not a mapping", "give the host's keys on indented lines, e.g. `ssh: alice@gpu1`"
         )
     for key, value in entry.items():
         if key not in HOST_KEYS:
@@ -150,13 +153,15 @@ def check_entry(entry: Any, where: str) -> dict[str, Any]:
     return entry
 
 
-def load(path: Path) -> dict[str, Any]:
-    """A hosts file, its whole shape and every key checked; {} when there is none."""
+def load(path: Path, strict: bool = True) -> dict[str, Any]:
+    """A hosts file, its whole shape and every key checked; {} when there is none. Not `strict`: a host
+    whose entry is wrong is left out of `hosts` and its one-line error kept under `invalid` (NAME → error),
+    so that one bad entry makes only that host unusable."""
 
     if not path.is_file():
         return {}
     try:
-        data = load_yaml_unique(path.read_bytes().decode("utf-8")) or {}
+        data = load_yaml_unique(read_bounded(path).decode("utf-8")) or {}
     except UnicodeDecodeError as e:
         raise HostFileError(str(path), f"not UTF-8 text (byte {e.start})", "save it as UTF-8") from None
     except DuplicateKey as e:
@@ -165,6 +170,8 @@ def load(path: Path) -> dict[str, Any]:
             f"only the last and silently drop the first — merge them into one `{e.key}:` entry"
         ) from None
     except yaml.YAMLError as e:
+        if hasattr(e, "fix"):  # an alias, a file too large: said by the reader itself
+            raise UsageError(f"{path}: {e} — {e.fix}") from None
         raise UsageError(f"{path}: not valid YAML ({e.__class__.__name__}) — fix the syntax") from None
     if not isinstance(data, dict):
         raise HostFileError(str(path), "expected `defaults:` and `hosts:` mappings at the top level")
@@ -175,8 +182,16 @@ def load(path: Path) -> dict[str, Any]:
     hosts = data.get("hosts") or {}
     if not isinstance(hosts, dict):
         raise HostFileError(f"{path}: hosts", "is not a mapping", "write `hosts:` then one `NAME:` per host, indented")
-    for name, entry in hosts.items():
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise HostFileError(f"{path}: hosts", f"{name!r} is not a host name", "1-64 characters of [A-Za-z0-9._-]")
-        check_entry(entry, f"{path}: hosts.{name}")
-    return data
+    invalid: dict[str, str] = {}
+    for name, entry in list(hosts.items()):
+        try:
+            if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+                fix = "1-64 characters of [A-Za-z0-9._-]"
+                raise HostFileError(f"{path}: hosts", f"{quoted(name)} is not a host name", fix)
+            check_entry(entry, f"{path}: hosts.{name}")
+        except HostFileError as e:
+            if strict:
+                raise
+            invalid[str(name)[:64]] = e.message
+            del hosts[name]
+    return {**data, "invalid": invalid} if invalid else data
