@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from enlace import contract
-from enlace.errors import AlreadyRunning, EnlaceError
+from enlace.errors import AlreadyRunning, EnlaceError, NoSpaceError
 
 EXIT_CODES_HELP = contract.help_text()
 
@@ -32,10 +32,6 @@ class Transient(UnreachableError):
         self.started = started
 
 
-class NoSpace(EnlaceError):
-    exit_code = contract.NO_SPACE
-
-
 class ServerRefused(EnlaceError):
     """A server verb's refusal ({"ok": false, ...}): its exit code and its kind, as the server said them."""
 
@@ -46,12 +42,12 @@ class ServerRefused(EnlaceError):
 
 def from_doc(doc: dict, exited: int, where: str = "") -> EnlaceError:
     """The error for a server answer {"ok": false, "error", "exit_code", "kind"}: the same exit code here,
-    the same class where one exists (AlreadyRunning, NoSpace, ...), and `.kind` for the driver to act on."""
+    the same class where one exists (AlreadyRunning, NoSpaceError, ...), and `.kind` for the driver to act on."""
     code = doc.get("exit_code", exited)
     code = code if isinstance(code, int) and code in contract.TABLE and code != contract.OK else contract.FAILED
     kind = str(doc.get("kind") or contract.ErrorKind.OTHER)
     text = f"{where}: {doc['error']}" if where else doc["error"]
-    by_code = {c.exit_code: c for c in (UsageError, VerifyError, AlreadyRunning, NoSpace)}
+    by_code = {c.exit_code: c for c in (UsageError, VerifyError, AlreadyRunning, NoSpaceError)}
     err = by_code[code](text) if code in by_code else ServerRefused(text, code, kind)
     err.kind = kind
     return err

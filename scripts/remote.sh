@@ -69,23 +69,31 @@ resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (st
   # One venv per pyproject+constraints (pip args say where wheels come from, not what is installed), shared
   # by every remote_dir of this account: built once under ~/.cache/enlace/venvs/KEY-FLAVOR, linked as
   # $RD/venvs/KEY (what a printed Slurm script and gc name). FLAVOR: cuda, or cpu on a host with no NVIDIA
-  # driver, whose torch comes from PyTorch's CPU index (≈200 MB instead of the CUDA build's ≈4.7 GB).
+  # driver, whose torch comes from PyTorch's CPU index (≈200 MB instead of the CUDA build's ≈4.8 GB with its
+  # nvidia packages; when that index does not answer, PyPI's CUDA build goes in, and the build says so).
   local key; key=$(cat "$tree/pyproject.toml" "$tree/constraints.txt" 2>/dev/null | sha256sum | cut -c1-16)
-  local link=$RD/venvs/$key flavor=cuda size="≈4.7 GB" index=()
-  if ! has_nvidia_driver; then
-    flavor=cpu; size="≈200 MB"
-    if [ $# -eq 0 ]; then  # the user's pip args (their index) win
-      if reachable "$CPU_INDEX/"; then index=(--extra-index-url "$CPU_INDEX")
-      else echo "no NVIDIA driver here, but $CPU_INDEX does not answer: pip's own index decides the torch build" >&2; fi
-    fi
-  fi
+  local link=$RD/venvs/$key flavor=cuda size="≈4.8 GB with its nvidia packages" index=() why="an NVIDIA driver is here"
+  has_nvidia_driver || flavor=cpu
   local cache=${XDG_CACHE_HOME:-${HOME:-$RD}/.cache}/enlace/venvs
   local venv=$cache/$key-$flavor
+  if [ ! -x "$venv/bin/python" ] && command -v flock >/dev/null 2>&1; then  # one build at a time: a second waits
+    mkdir -p "$cache"
+    exec 9>"$cache/.build-$key-$flavor.lock"
+    flock -n 9 || { echo "another setup is building $venv: waiting for it" >&2; flock 9; }
+  fi
   if [ ! -x "$venv/bin/python" ]; then
     local tmp=$cache/.tmp-$key-$flavor-$$ torch_pin
     torch_pin=$(grep -E '^torch==' "$tree/constraints.txt" || echo torch)
+    if [ "$flavor" = cpu ]; then  # said once, here, at the build: never on the commands that use the venv
+      if [ $# -gt 0 ]; then size="as your pip_args' index serves it"; why="no NVIDIA driver here; pip_args name the index"
+      elif reachable "$CPU_INDEX/"; then index=(--extra-index-url "$CPU_INDEX"); size="≈200 MB"; why="no NVIDIA driver here"
+      else
+        size="≈4.8 GB: PyPI's Linux wheel is the CUDA build, with its nvidia packages"
+        why="no NVIDIA driver here, but PyTorch's CPU index ($CPU_INDEX) does not answer, so PyPI's build goes in"
+      fi
+    fi
     mkdir -p "$cache"; rm -rf "$tmp"
-    echo "building the server's python: a venv in $venv ($flavor build of $torch_pin, $size; numpy, pyyaml, click," \
+    echo "building the server's python: a venv in $venv ($torch_pin: $size; $why; numpy, pyyaml, click," \
          "psutil from constraints.txt${*:+; pip $*}) — shared by every remote_dir of this account: minutes" >&2
     "$(sys_python)" -m venv "$tmp" >&2 || { rm -rf "$tmp"; return 1; }
     "$tmp/bin/python" -m pip install --progress-bar off --disable-pip-version-check -c "$tree/constraints.txt" \

@@ -27,9 +27,10 @@ def test_exit_codes_are_one_table_used_by_every_part():
     readme = (REPO / "docs" / "troubleshooting.md").read_text()  # the one table, as users read it
     for code, what in contract.TABLE.items():
         assert f"| {code} | {what} |" in readme, what
-    from orchestrator.errors import AlreadyRunning, NoSpace, UsageError, VerifyError, from_doc
+    from enlace.errors import NoSpaceError
+    from orchestrator.errors import AlreadyRunning, UsageError, VerifyError, from_doc
 
-    for cls in (UsageError, VerifyError, AlreadyRunning, NoSpace):
+    for cls in (UsageError, VerifyError, AlreadyRunning, NoSpaceError):
         assert type(from_doc({"error": "x", "exit_code": cls.exit_code}, 1)) is cls
     crashed = from_doc({"error": "x", "exit_code": contract.CRASHED, "kind": "other"}, 1)
     assert crashed.exit_code == contract.CRASHED and crashed.kind == "other"

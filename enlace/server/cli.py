@@ -235,7 +235,8 @@ def data_receive_cmd(root: Path | None, as_json: bool) -> None:
     (enlace/server/datarecv.py has the wire)."""
     from enlace.server import datarecv
 
-    datarecv.receive(find_root(root) / "data", sys.stdin.buffer, sys.stdout.buffer)
+    project = find_root(root)
+    datarecv.receive(project / "data", sys.stdin.buffer, sys.stdout.buffer, _runs_root(root))
 
 
 @click.command("data-files")

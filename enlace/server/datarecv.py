@@ -17,26 +17,38 @@ The wire, on this process's stdin/stdout (PATHs and GLOBs relative to the data d
 
 A file arrives in <data_dir>/../.partial-push/PATH, is hashed as it arrives, and is renamed into data/ only
 when its sha256 matches the driver's: a running job never reads a half-written file, and what a dropped
-connection left there is where the next push continues.
+connection left there is where the next push continues. (When data/ is on another file system, the file
+is copied into a hidden `.enlace-push/` beside its target first: no glob of a run sees it, and the next
+push removes what a failed one left.) One push at a time per data directory: a second one waits on a lock,
+sending {"waiting": ...} lines meanwhile, and then finds what the first one sent. The answer's "in_use"
+names the active runs that read files this push would change (enlace/server/datainuse.py); a plan with
+"force" records the change in those runs. A full disk is one NoSpaceError line (exit 9).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from enlace.contract import FRAME
 from enlace.data.paths import in_scope
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, NoSpaceError
+from enlace.server import datainuse
 from enlace.sysinfo import grow_pipe
 
 STAGING = ".partial-push"
+BESIDE = ".enlace-push"  # a hidden dir beside a target on another file system than the staging dir
 CHUNK = 4 << 20
+WAITING_EVERY_S = 5.0  # while another push holds the lock, a {"waiting"} line this often (the driver's stall clock)
 
 
 class BadRequest(EnlaceError):
@@ -48,8 +60,8 @@ def checked(data_dir: Path, rel: str) -> Path:
     parts = rel.split("/")  # as given: PurePosixPath would quietly drop "." and empty parts
     if "\0" in rel or rel.startswith("/") or any(p in ("..", ".", "") for p in parts):
         raise BadRequest(f"data push: refusing path {rel!r}: it could escape the data directory")
-    if parts[0] == STAGING:
-        raise BadRequest(f"data push: refusing path {rel!r}: the staging directory is not data")
+    if parts[0] == STAGING or BESIDE in parts:
+        raise BadRequest(f"data push: refusing path {rel!r}: a staging directory is not data")
     target = data_dir / rel
     real = os.path.realpath(target.parent)
     if real != str(data_dir) and not real.startswith(str(data_dir) + os.sep):
@@ -90,22 +102,53 @@ def state_of(data_dir: Path, staging: Path, rel: str, size: int, mtime_ns: int, 
     return None
 
 
-def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO) -> dict[str, Any] | None:
+def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path | None = None) -> dict[str, Any] | None:
     """Answer the driver's list, then take what it sends (see the module doc). Returns the final report,
-    or None when the driver only looked."""
+    or None when the driver only looked. `runs_root`: the runs whose data this push may change."""
     with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real pipe (a test's BytesIO)
         grow_pipe(requests.fileno(), CHUNK // 4)  # sshd's pipe to us: 1 MiB reads instead of 64 KiB ones
     data_dir.mkdir(parents=True, exist_ok=True)
     data_dir = Path(os.path.realpath(data_dir))
+    with one_push_at_a_time(data_dir, out):
+        return _receive(data_dir, requests, out, runs_root or data_dir.parent / "runs")
+
+
+@contextlib.contextmanager
+def one_push_at_a_time(data_dir: Path, out: BinaryIO):
+    """An exclusive lock on the data directory's push (the kernel drops it when a holder dies)."""
+    with open(data_dir.parent / ".data-push.lock", "a") as fh:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                _write_line(out, {"waiting": f"another data push to {data_dir} is under way: waiting for it"})
+                deadline = time.monotonic() + WAITING_EVERY_S
+                while time.monotonic() < deadline:
+                    with contextlib.suppress(BlockingIOError):
+                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    time.sleep(0.2)
+                else:
+                    continue
+                break
+        yield
+
+
+def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path) -> dict[str, Any] | None:
     staging = data_dir.parent / STAGING
     first = _json_line(requests, "file list")
     if first is None:
         return None
     files = {str(p): (int(s), int(m)) for p, s, m in first["files"]}
+    for parent in {(data_dir / rel).parent for rel in files}:  # what a failed cross-file-system copy left
+        shutil.rmtree(parent / BESIDE, ignore_errors=True)
     hashers: dict[str, Any] = {}
     have = {rel: state_of(data_dir, staging, rel, s, m, hashers) for rel, (s, m) in files.items()}
     extra = [[rel, (data_dir / rel).stat().st_size] for rel in in_scope(data_dir, first["scope"]) if rel not in files]
-    _write_line(out, {"ok": True, "data_dir": str(data_dir), "have": have, "extra": extra})
+    changing = [rel for rel, state in have.items() if state != "same"] + [rel for rel, _ in extra]
+    in_use = datainuse.readers(data_dir, changing, runs_root, data_dir.parent)
+    _write_line(out, {"ok": True, "data_dir": str(data_dir), "have": have, "extra": extra, "in_use": in_use})
     plan = _json_line(requests, "plan")
     if plan is None:
         return None
@@ -120,7 +163,12 @@ def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO) -> dict[str, Any]
             raise BadRequest(f"data push: {rel!r} from byte {offset} was not in the list")
         hasher = hashers.get(rel) if offset else None
         target, partial = checked(data_dir, rel), staging / rel
-        ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
+        try:
+            ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise no_space(target, size - offset) from None
         report["written" if ok else "bad"].append(rel)
     extras = {rel for rel, _ in extra}
     for rel in plan.get("delete", []):
@@ -128,8 +176,23 @@ def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO) -> dict[str, Any]
             raise BadRequest(f"data push: {rel!r} is not one this run's data paths match here: not deleted")
         checked(data_dir, rel).unlink(missing_ok=True)
         report["deleted"].append(rel)
+    changed = [rel for rel in report["written"] + report["deleted"] if rel in in_use]
+    if changed and plan.get("force"):
+        datainuse.mark_changed(runs_root, {n for rel in changed for n in in_use[rel]}, changed)
     _write_line(out, report)
     return report
+
+
+def no_space(target: Path, needed: int) -> NoSpaceError:
+    """The one line a full disk during a push is: host, path, bytes needed, what is free."""
+    try:
+        free = shutil.disk_usage(target.parent if target.parent.exists() else target.parent.parent).free
+    except OSError:
+        free = 0
+    return NoSpaceError(
+        f"data push: no space left on {socket.gethostname()} for {target} ({needed:,} bytes to write, "
+        f"{free:,} free there) — free space there and push again: what arrived stays and the push resumes"
+    )
 
 
 def _take(
@@ -160,10 +223,18 @@ def _take(
     _mkdir(target.parent, made)
     try:
         os.replace(partial, target)
-    except OSError:  # data/ on another file system than its parent: copy beside the target, then rename
-        tmp = target.with_name(f".{target.name}.enlace-push")
-        shutil.copy2(partial, tmp)
-        os.replace(tmp, target)
+    except OSError as e:  # data/ on another file system than its parent: copy beside the target, then rename
+        if e.errno != errno.EXDEV:
+            raise
+        tmp = target.parent / BESIDE / target.name  # hidden from a run's globs; removed on failure or next push
+        tmp.parent.mkdir(exist_ok=True)
+        try:
+            shutil.copy2(partial, tmp)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.parent.rmdir()  # empty again: nothing of the push stays beside the data
         partial.unlink()
     return True
 

@@ -72,6 +72,7 @@ def launching(run_dir: Path):
             job_id=None,
             requeues=None,
             requeue_limit_reached=False,
+            data_warning=None,  # this launch's trainer checks the data itself
         )
         yield launch_id, offset
 

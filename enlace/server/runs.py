@@ -221,6 +221,7 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "resumed_from": st.get("resumed_from"),
         "latest_checkpoint": latest.name if latest else None,
         "checkpoint_warning": skipped_latest(run_dir / "checkpoints", latest),
+        "data_warning": st.get("data_warning"),  # a forced data push changed what it reads
         "launch_id": st.get("launch_id"),
         "updated_at": st.get("updated_at"),
         "job_id": job.get("job_id"),

@@ -40,13 +40,13 @@ def _targets(remote: Remote, hosts: str | None) -> list:
     return [resolve_host(name, remote.repo) for name in dict.fromkeys(names)]
 
 
-def local_data_of(remote: Remote, run: str, overrides: tuple[str, ...]):
+def local_data_of(remote: Remote, run: str, overrides: tuple[str, ...], follow_links: bool = False):
     """RUN's data files here (the notes on what is not pushed said on stderr)."""
     from orchestrator.launch.ship import check_run_config
     from orchestrator.transfer.datapush import local_data
 
     check_run_config(remote.repo, run)
-    local = local_data(remote.repo, run, overrides)
+    local = local_data(remote.repo, run, overrides, follow_links)
     for note in local.notes:
         click.echo(f"data: {note}", err=True)
     return local
@@ -79,10 +79,30 @@ def _each_host(remote: Remote, targets: list, work) -> list:
     is_flag=True,
     help="Also delete server files that RUN's data paths match but this machine lacks (nothing else is ever deleted).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Change files that a live run reads (refused by default: its restarts would then refuse the data; "
+    "they will need launch --allow-data-change, which status and its train.log say).",
+)
+@click.option(
+    "--follow-links",
+    is_flag=True,
+    help="Send what a link that leads outside data/ points to (refused by default, naming the link).",
+)
 @hosts_option
 @set_option
 @with_remote
-def push(remote: Remote, run: str, dry_run: bool, delete: bool, hosts: str | None, overrides: tuple[str, ...]) -> None:
+def push(
+    remote: Remote,
+    run: str,
+    dry_run: bool,
+    delete: bool,
+    force: bool,
+    follow_links: bool,
+    hosts: str | None,
+    overrides: tuple[str, ...],
+) -> None:
     """Bring <remote_dir>/data/ on the server to the files RUN reads here, verified.
 
     RUN's data paths are resolved from its config as the trainer resolves them. What is missing or
@@ -91,13 +111,13 @@ def push(remote: Remote, run: str, dry_run: bool, delete: bool, hosts: str | Non
     reads half a file. Interrupted (Ctrl-C, a dropped connection): run it again, it continues."""
     from orchestrator.transfer.datapush import push as push_to
 
-    local = local_data_of(remote, run, overrides)
+    local = local_data_of(remote, run, overrides, follow_links)
     if not local.files:
         click.echo(f"data push {run}: nothing to push (it reads no file under data/)", err=True)
         return
 
     def work(session) -> None:
-        plan = push_to(session, remote.repo, local, delete, dry_run)
+        plan = push_to(session, remote.repo, local, delete, dry_run, force)
         if dry_run:
             for rel, offset, size, _ in plan.send[:20]:
                 click.echo(f"  send {rel} ({size - offset} bytes)", err=True)

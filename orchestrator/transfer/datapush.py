@@ -28,7 +28,7 @@ from enlace.contract import FRAME, ErrorKind
 from enlace.data.paths import DATA_DIR, push_files, push_scope
 from enlace.errors import EnlaceError
 from enlace.server.datarecv import file_sha256
-from orchestrator.errors import Transient
+from orchestrator.errors import Transient, UsageError
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.gitsync import print_sync, sync
 from orchestrator.transfer.wire import Progress, Reader, human_bytes, retrying
@@ -68,13 +68,20 @@ class Plan:
         return {"send": self.send, "touch": self.touch, "delete": self.delete}
 
 
-def local_data(repo: Path, run: str, overrides=()) -> LocalData:
-    """RUN's data files in this checkout, resolved as the trainer resolves them."""
+def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -> LocalData:
+    """RUN's data files in this checkout, resolved as the trainer resolves them. A link that leads outside
+    data/ is refused (a link to /etc/passwd was uploaded), unless `follow_links`."""
 
     cfg = load_config(run, overrides, repo)
     globs, notes = push_scope(cfg.data)
     files = {}
+    corpus = (repo / DATA_DIR).resolve()
     for path in push_files(cfg.data, repo) if globs else []:
+        if not follow_links and not path.resolve().is_relative_to(corpus):
+            raise UsageError(
+                f"{path.relative_to(repo)} leads to {path.resolve()}, outside {DATA_DIR}/: refused (a link?) — copy "
+                "the file into the corpus, or pass --follow-links to send what it points to"
+            )
         st = path.stat()
         files[path.relative_to(repo / DATA_DIR).as_posix()] = (path, st.st_size, st.st_mtime_ns)
     return LocalData(run, globs, notes, files)
@@ -104,13 +111,26 @@ def decide(local: LocalData, have: dict[str, Any], extra: list, delete: bool) ->
     return plan
 
 
-def converse(session: Session, local: LocalData, push: bool, delete: bool = False) -> tuple[dict, Plan, dict | None]:
-    """The server's answer, the plan and (when `push` and there is something to do) its report."""
+def converse(
+    session: Session, local: LocalData, push: bool, delete: bool = False, force: bool = False
+) -> tuple[dict, Plan, dict | None]:
+    """The server's answer, the plan and (when `push` and there is something to do) its report. Files that a
+    live run reads are not changed unless `force` (the server then tells those runs)."""
     kept = "what arrived stays in <remote_dir>/.partial-push on the server"
-    return retrying("data push", kept, lambda tick: _once(session, local, push, delete, tick))
+    return retrying("data push", kept, lambda tick: _once(session, local, push, delete, force, tick))
 
 
-def _once(session: Session, local: LocalData, push: bool, delete: bool, tick) -> tuple[dict, Plan, dict | None]:
+def _refuse_in_use(plan: Plan, in_use: dict[str, list[str]]) -> None:
+    from enlace.server.datainuse import in_use_message
+
+    hit = {rel: in_use[rel] for rel in [r for r, _, _, _ in plan.send] + plan.delete if rel in in_use}
+    if hit:
+        raise UsageError(in_use_message(hit))
+
+
+def _once(
+    session: Session, local: LocalData, push: bool, delete: bool, force: bool, tick
+) -> tuple[dict, Plan, dict | None]:
     argv = session.enlace_argv("latest", "data-receive", "--json")
     listing = {"files": [[rel, s, m] for rel, (_, s, m) in local.files.items()], "scope": local.globs}
     with session.transport.duplex(argv, STALL_S, tick) as wire:
@@ -118,15 +138,23 @@ def _once(session: Session, local: LocalData, push: bool, delete: bool, tick) ->
         try:
             wire.write(json.dumps(listing).encode() + b"\n")
         except Transient:
-            _answer(session, wire, reader.readline())  # the server refused before reading (e.g. nothing synced)
+            _answer(
+                session, wire, _past_waiting(session, reader)
+            )  # the server refused before reading (e.g. nothing synced)
             raise
-        answer = _answer(session, wire, reader.readline())
+        answer = _answer(session, wire, _past_waiting(session, reader))
         plan = decide(local, answer["have"], answer["extra"], delete)
         if not push or not (plan.send or plan.touch or plan.delete):
             wire.finish()
             return answer, plan, None
+        if not force:
+            try:
+                _refuse_in_use(plan, answer.get("in_use") or {})
+            except UsageError:
+                wire.finish()  # nothing was sent: the server sees the end of its input
+                raise
         try:
-            wire.write(json.dumps(plan.doc()).encode() + b"\n")
+            wire.write(json.dumps({**plan.doc(), "force": force}).encode() + b"\n")
             out = _Batched(wire)
             with Progress(f"push {session.host.name}", plan.bytes + sum(o for _, o, _, _ in plan.send)) as bar:
                 for rel, offset, size, _ in plan.send:
@@ -183,6 +211,22 @@ def _send(out: _Batched, path: Path, offset: int, size: int, prefix, bar: Progre
     out.write(hasher.digest())
 
 
+def _past_waiting(session: Session, reader) -> bytes:
+    """The server's next line, past the {"waiting"} lines it sends while another push holds data/'s lock."""
+    said = False
+    while True:
+        line = reader.readline()
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            return line
+        if not (isinstance(doc, dict) and "waiting" in doc):
+            return line
+        if not said:
+            click.echo(f"data push → {session.host.name}: {doc['waiting']}", err=True)
+            said = True
+
+
 def _answer(session: Session, wire, line: bytes) -> dict:
     """The server's JSON line, or its refusal raised as the error it names."""
     try:
@@ -197,11 +241,14 @@ def _answer(session: Session, wire, line: bytes) -> dict:
     return session.answer("enlace data-receive", line.decode(errors="replace"), err, code, (0,))
 
 
-def push(session: Session, repo: Path, local: LocalData, delete: bool = False, dry_run: bool = False) -> Plan:
+def push(
+    session: Session, repo: Path, local: LocalData, delete: bool = False, dry_run: bool = False, force: bool = False
+) -> Plan:
     """The whole push to one host (a sync first when it has no tree yet); its summary on stderr. Raises
-    when a file arrived corrupted (it was not installed)."""
+    when a file arrived corrupted (it was not installed), or would change what a live run reads (unless
+    `force`)."""
     t0 = time.perf_counter()
-    _, plan, report = synced_first(session, repo, lambda: converse(session, local, not dry_run, delete))
+    _, plan, report = synced_first(session, repo, lambda: converse(session, local, not dry_run, delete, force))
     if report and report["bad"]:
         raise EnlaceError(  # not the user's mistake: a transfer that went wrong, said as such
             f"{session.host.name}: {len(report['bad'])} file(s) arrived corrupted and were not installed "

@@ -78,6 +78,8 @@ def _details(row: dict, full: bool) -> list[str]:
         found.append(f"error: {row['error']}")
     if row.get("checkpoint_warning"):
         found.append(f"warning: {row['checkpoint_warning']}")
+    if row.get("data_warning"):
+        found.append(f"warning: {row['data_warning']}")
     out = []
     for text in found:
         text = " ".join(text.split())  # one line, whatever the error held

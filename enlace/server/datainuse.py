@@ -1,0 +1,87 @@
+"""Which runs read the data a push would change, and what a forced push leaves them (data push's guard).
+
+A run that is alive (or its supervisor may restart it) re-checks its data on every restart and refuses data
+that differs from its checkpoint's: a push into files it reads switches its healing off without a word. The
+server says which of the files that differ such runs read; the driver refuses to send them unless --force,
+and a forced push records it in each run's run.json and train.log (status shows it). Stdlib and yaml only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+
+from enlace.contract import ACTIVE
+from enlace.data.paths import push_files
+from enlace.errors import EnlaceError
+from enlace.server import runs
+
+DATA_CHANGED = "its data was changed by a data push: a restart or resume needs launch --allow-data-change"
+
+
+def active_runs(runs_root: Path) -> list[Path]:
+    """The run directories whose recorded status is active (running, starting, stopping, pending)."""
+    if not runs_root.is_dir():
+        return []
+    found = []
+    for run_dir in sorted(p for p in runs_root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if runs.recorded_status(runs.read(run_dir)) in ACTIVE and runs.alive(runs.read(run_dir), run_dir):
+            found.append(run_dir)
+    return found
+
+
+def files_read(run_dir: Path, root: Path) -> set[str]:
+    """The real paths of the files the run reads (from its frozen config.yaml), as the trainer resolves them."""
+    try:
+        data = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
+        cfg = SimpleNamespace(
+            kind=data.get("kind", "bytes"), paths=data.get("paths") or [], shard_dir=data.get("shard_dir") or ""
+        )
+        return {os.path.realpath(p) for p in push_files(cfg, root)}
+    except (OSError, yaml.YAMLError, EnlaceError, AttributeError, TypeError):
+        return set()  # a run without a readable config (starting, or preflight only): nothing claimed
+
+
+def readers(data_dir: Path, rels: list[str], runs_root: Path, root: Path) -> dict[str, list[str]]:
+    """rel → the names of the active runs that read data_dir/rel (only the rels some run reads)."""
+    if not rels:
+        return {}
+    wanted = {os.path.realpath(data_dir / rel): rel for rel in rels}
+    found: dict[str, list[str]] = {}
+    for run_dir in active_runs(runs_root):
+        for real in files_read(run_dir, root) & wanted.keys():
+            found.setdefault(wanted[real], []).append(run_dir.name)
+    return found
+
+
+def mark_changed(runs_root: Path, names: set[str], changed: list[str]) -> None:
+    """A forced push changed files these runs read: say so in their run.json and train.log."""
+    for name in sorted(names):
+        run_dir = runs_root / name
+        runs.update(run_dir, data_warning=f"{DATA_CHANGED} ({len(changed)} file(s), {time.strftime('%H:%M:%S')})")
+        with contextlib.suppress(OSError), open(run_dir / "train.log", "a") as fh:
+            fh.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} data push --force: {DATA_CHANGED}: {', '.join(changed[:5])}\n"
+            )
+
+
+def in_use_message(host_runs: dict[str, list[str]]) -> str:
+    """One line for the driver's refusal."""
+    names = sorted({n for ns in host_runs.values() for n in ns})
+    files = sorted(host_runs)
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (
+        f"data push would change {shown}, which {', '.join(names)} {'reads' if len(names) == 1 else 'read'} while "
+        f"alive: a restart would then refuse the changed data — push once {'it ends' if len(names) == 1 else 'they end'}, "
+        "or pass --force (healing then needs launch --allow-data-change)"
+    )
+
+
+def data_warning(state: dict[str, Any]) -> str | None:
+    return state.get("data_warning")

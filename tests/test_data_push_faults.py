@@ -1,0 +1,107 @@
+"""data push under faults (faults round 4, items 4 and 7): a full disk is one line and leaves nothing in
+data/; a link out of the corpus is refused; a push into data a live run reads is refused unless --force, and
+a forced one is said in status and train.log; two pushes at once send the data once. Real sshd, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from support.configs import write_run, write_tiny_corpus
+from support.remote import PipeReader, popen_remote, remote, server_dir, wait_until
+from support.repocopy import commit_all
+
+from enlace.server import runs
+
+pytestmark = pytest.mark.slow
+
+
+def _run_on(repo, name: str, files: dict[str, bytes]) -> None:
+    """A run reading data/NAME/*.bin, and those files here."""
+    for rel, body in files.items():
+        (repo / "data" / name / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "data" / name / rel).write_bytes(body)
+    (repo / "configs" / "data" / f"{name}.yaml").write_text(f'kind: bytes\npaths: ["data/{name}/*.bin"]\n')
+    write_run(repo, name, data=name, training={"max_steps": 2})
+    commit_all(repo, f"a run on data/{name}")
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_in_data(sshd, user_repo, tmp_path):
+    """Seen: a 50 MB tmpfs under data/, 91 MiB to send: exit 1, empty stdout and stderr, and a 0-byte
+    `.f022.txt.enlace-push` left in data/."""
+    _run_on(user_repo, "full", {f"f{i:02d}.bin": os.urandom(400_000) for i in range(6)})
+    remote(user_repo, sshd.env, "setup")
+    mnt = server_dir(sshd, "testhost") / "data" / "full"
+    mnt.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1000k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.fail("cannot mount a tmpfs (the suite runs as root: scripts/test.sh says so)")
+    try:
+        out = remote(user_repo, sshd.env, "data", "push", "full", check=False)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 9, out.stdout + out.stderr
+        assert "no space left on" in lines[-1] and "bytes to write" in lines[-1] and "free there" in lines[-1], lines
+        assert "Traceback" not in out.stderr
+        assert not [p for p in mnt.rglob("*") if p.name.startswith(".") or "enlace-push" in str(p)], list(
+            mnt.rglob("*")
+        )
+        assert all(p.stat().st_size == 400_000 for p in mnt.glob("*.bin"))  # only whole files
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    out = remote(user_repo, sshd.env, "data", "push", "full")  # room again: the push completes
+    assert "sent" in out.stderr
+
+
+def test_a_link_out_of_the_corpus_is_refused_unless_followed(sshd, user_repo, tmp_path):
+    """Seen: a link to /etc/passwd in the local corpus was uploaded into the server's data/."""
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"not for the server")
+    _run_on(user_repo, "linked", {"a.bin": b"corpus"})
+    (user_repo / "data" / "linked" / "b.bin").symlink_to(secret)
+    out = remote(user_repo, sshd.env, "data", "push", "linked", check=False)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "data/linked/b.bin leads to" in out.stderr and str(secret) in out.stderr and "--follow-links" in out.stderr
+    assert not (server_dir(sshd, "testhost") / "data" / "linked").exists()
+    remote(user_repo, sshd.env, "data", "push", "linked", "--follow-links")
+    assert (server_dir(sshd, "testhost") / "data" / "linked" / "b.bin").read_bytes() == b"not for the server"
+
+
+def test_a_push_into_data_a_live_run_reads_is_refused_unless_forced(sshd, user_repo):
+    """Seen: accepted without a word; the supervisor's next restart failed 'the data differs' and the run
+    ended `failed` — healing switched off in silence."""
+    rd = server_dir(sshd, "testhost")
+    write_tiny_corpus(user_repo / "data" / "tiny")
+    remote(user_repo, sshd.env, "data", "push", "long")
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight")
+    wait_until(lambda: runs.read(rd / "runs" / "long").get("step", 0) > 0, 120, "long to train")
+    first = sorted((user_repo / "data" / "tiny").glob("*.txt"))[0]
+    first.write_bytes(first.read_bytes() + b"\n# changed here\n")
+    out = remote(user_repo, sshd.env, "data", "push", "long", check=False)
+    assert out.returncode == 2 and "which long reads while alive" in out.stderr and "--force" in out.stderr, out.stderr
+    assert (rd / "data" / "tiny" / first.name).read_bytes() != first.read_bytes()  # nothing was sent
+    remote(user_repo, sshd.env, "data", "push", "long", "--force")
+    assert (rd / "data" / "tiny" / first.name).read_bytes() == first.read_bytes()
+    row = json.loads(remote(user_repo, sshd.env, "status", "long", "--json").stdout)[0]
+    assert "--allow-data-change" in row["data_warning"], row
+    assert "--allow-data-change" in remote(user_repo, sshd.env, "status").stdout
+    assert "data push --force" in (rd / "runs" / "long" / "train.log").read_text()
+    remote(user_repo, sshd.env, "stop", "long")
+
+
+def test_two_pushes_at_once_send_the_data_once(sshd, user_repo):
+    """Seen: two `data push` at once both sent all 1.3 GiB."""
+    _run_on(user_repo, "twice", {f"f{i}.bin": os.urandom(40 * 2**20) for i in range(3)})
+    remote(user_repo, sshd.env, "setup")
+    partial = server_dir(sshd, "testhost") / ".partial-push" / "twice"
+    first = popen_remote(user_repo, sshd.env, "data", "push", "twice")
+    first_err = PipeReader(first.stderr)
+    deadline = time.time() + 120
+    while not (partial.exists() and any(partial.iterdir())):  # the first push holds the lock and sends
+        assert first.poll() is None and time.time() < deadline, first_err.text()
+        time.sleep(0.01)
+    second = remote(user_repo, sshd.env, "data", "push", "twice")
+    assert first.wait(timeout=300) == 0, first_err.text()
+    assert "sent 3 file(s)" in first_err.text(), first_err.text()
+    assert "waiting for it" in second.stderr and "up to date" in second.stderr, second.stderr
