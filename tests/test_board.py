@@ -42,6 +42,11 @@ def test_the_board_answers_only_with_its_token_and_only_on_loopback(tmp_path):
         assert status == 200 and b"enlace board" in page
         status, body = _get(base + "/api/runs", {"X-Enlace-Token": server.token})
         assert status == 200 and json.loads(body) == {"hosts": [], "rows": []}
+        # the right token, sent to another name (a rebinding page) or from another origin: refused
+        token = {"X-Enlace-Token": server.token}
+        assert _get(base + "/api/runs", {**token, "Host": f"evil.example:{port}"})[0] == 403
+        assert _get(base + "/api/runs", {**token, "Origin": "http://evil.example"})[0] == 403
+        assert _get(base + "/api/runs", {**token, "Host": f"localhost:{port}"})[0] == 200
         assert _get(base + "/api/run?host=nope&run=x", {"X-Enlace-Token": server.token})[0] == 404
     finally:
         server.shutdown()
@@ -172,6 +177,54 @@ def test_the_board_in_a_real_browser(sshd, user_repo, tmp_path):
             "return svg.querySelector('polyline').getAttribute('data-last-step');"
         )
         assert drawn == "299999"
+    finally:
+        if driver is not None:
+            driver.quit()
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_down_host_shows_its_last_known_runs_marked_stale_within_seconds(sshd, user_repo, tmp_path):
+    """Seen: with a host's sshd stopped, /api/runs gave no answer for 60 s and then dropped its runs; /api/run
+    hung past 120 s and held a concurrent /api/runs past 100 s."""
+    tiny_corpus(server_dir(sshd, "testhost"))
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "3")
+    proc = popen_remote(user_repo, sshd.env, "board", "--no-browser", "--hosts", "testhost,local")
+    err = PipeReader(proc.stderr)
+    driver = None
+    try:
+        deadline = time.time() + 60
+        while not (m := re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", err.text())):
+            assert proc.poll() is None and time.time() < deadline, err.text()
+            time.sleep(0.05)
+        url = m.group(0)
+        driver = chromium(tmp_path / "chromium-profile")
+        driver.get(url)
+        wait_for(driver, lambda d: d.find_element("css selector", 'tr[data-host="testhost"][data-run="tiny"]'))
+        token, base = url.split("token=")[1], url.split("/?")[0]
+        assert json.loads(_get(f"{base}/api/run?host=testhost&run=tiny&log=-1", {"X-Enlace-Token": token})[1])["state"]
+        sshd.stop()  # the host goes down, its connection with it
+
+        def stale_on_the_server(_):
+            rows = json.loads(_get(f"{base}/api/runs", {"X-Enlace-Token": token})[1])["rows"]
+            return any(r.get("stale") for r in rows if r["host"] == "testhost")
+
+        wait_for(driver, stale_on_the_server, what="the board to notice the host is down")
+        driver.get(url)  # a page loaded while the host is down
+        t0 = time.monotonic()
+        row = wait_for(
+            driver, lambda d: d.find_element("css selector", 'tr.stale[data-host="testhost"][data-run="tiny"]')
+        )
+        seconds = time.monotonic() - t0
+        assert "stopped (stale:" in row.text and "3/30" in row.text, row.text
+        # the server waits READ_DEADLINE_S (3 s) on a host; before, ≥ 60 s. A loaded machine's browser gets slack
+        assert seconds < 15, f"the stale row took {seconds:.1f} s"
+        driver.save_screenshot(str(artifacts_dir() / "board-stale-host.png"))
+        t0 = time.monotonic()
+        status, body = _get(f"{base}/api/run?host=testhost&run=tiny&log=-1", {"X-Enlace-Token": token})
+        doc = json.loads(body)
+        assert status == 200 and "not answering" in doc["error"] and doc["state"]["status"] == "stopped", doc
+        assert time.monotonic() - t0 < 15  # the transport retries a dropped host for 90 s: not this request
     finally:
         if driver is not None:
             driver.quit()

@@ -6,9 +6,12 @@ one run's curves and log, fetched incrementally as `plot` fetches them. The web 
 
 A run's curves are kept parsed between polls and only what metrics.jsonl gained is parsed (curves.py).
 
-One session (one SSH connection) per host, shared by every request and used by one request at a time (a
-lock per host); a host that does not answer is one row saying so. The runs table is asked of all hosts in
-parallel and kept for RUNS_MAX_AGE_S, so many open pages cost the hosts no more than one.
+One session (one SSH connection) per host, used by one read at a time (a lock per host). Every read of a
+host runs in the board's own threads, and a request waits for it at most READ_DEADLINE_S: a host that is down
+or slow never holds a page. Its runs keep their last-known rows, marked stale with their age (a host never
+read is one row saying it is not answering); a run's page shows what was fetched before, saying so. Each
+host's runs are read at most once per RUNS_MAX_AGE_S, however many pages ask, and a read under way is
+joined, not repeated.
 """
 
 from __future__ import annotations
@@ -16,19 +19,34 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.tools.curves import Curves
-from orchestrator.errors import UnreachableError
 from orchestrator.transfer.fetch import fetch_run_files
-from orchestrator.view.status import status_everywhere
 
 RUNS_MAX_AGE_S = 2.0
-DOWN_FOR_S = 30.0  # a host that did not answer is asked again after this long (its row says why meanwhile)
+READ_DEADLINE_S = 3.0  # the longest a request waits on a host; past it, the last-known state, marked stale
+DOWN_FOR_S = 10.0  # a host that did not answer is asked again after this long (its rows say why meanwhile)
 RUN_FILES = ("metrics.jsonl", "run.json", "train.log")
 LOG_CHUNK = 256 * 1024  # the most log text one answer carries (the page asks again for the rest)
+
+
+@dataclass
+class _HostState:
+    """What the board knows of one host's runs: the last rows it gave, when, and the read under way."""
+
+    rows: list[dict] | None = None
+    at: float = 0.0  # monotonic time of the last answer
+    error: str = ""  # why the last read failed ("" when it answered)
+    failed_at: float = 0.0
+    pending: Future | None = None
+    guard: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Board:
@@ -36,52 +54,90 @@ class Board:
         self.repo, self.hosts = repo, {h.name: h for h in hosts}
         self._session_for = session_for
         self._locks = {name: threading.Lock() for name in self.hosts}
-        self._runs: tuple[float, list[dict]] | None = None
-        self._runs_lock = threading.Lock()
-        self._down: dict[str, tuple[float, str]] = {}  # host → (until, why)
+        self._state = {name: _HostState() for name in self.hosts}
+        self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * len(self.hosts)), thread_name_prefix="board-read")
+        self._fetches: dict[tuple[str, str], Future] = {}
+        self._fetches_guard = threading.Lock()
         self._curves: dict[tuple[str, str], Curves] = {}  # (host, run) → its curves, parsed so far
+        self._curves_guard = threading.Lock()
 
     def session(self, host: str):
         """(lock, session) for a configured host; KeyError for any other name."""
         return self._locks[host], self._session_for(self.hosts[host])
 
+    # -- every run on every host --------------------------------------------------------------------
     def runs(self) -> list[dict]:
-        """Every run on every host (orchestrator/view/status.py's rows), at most RUNS_MAX_AGE_S old."""
+        """Every run on every host (orchestrator/view/status.py's rows), each host's at most RUNS_MAX_AGE_S old
+        when it answers within READ_DEADLINE_S, else its last-known rows marked stale."""
+        pending = {name: f for name in self.hosts if (f := self._refresh(name)) is not None}
+        _, late = wait_for(pending.values(), timeout=READ_DEADLINE_S)
+        return [row for name in self.hosts for row in self._rows_of(name, pending.get(name) in late)]
 
-        with self._runs_lock:  # one asking at a time; the others take its answer
-            if self._runs and time.monotonic() - self._runs[0] < RUNS_MAX_AGE_S:
-                return self._runs[1]
+    def _refresh(self, name: str) -> Future | None:
+        """The read of `name`'s runs under way, started when its rows are older than RUNS_MAX_AGE_S (not while
+        the host is marked down)."""
+        st, now = self._state[name], time.monotonic()
+        with st.guard:
+            fresh = st.rows is not None and not st.error and now - st.at < RUNS_MAX_AGE_S
+            down = st.error and now - st.failed_at < DOWN_FOR_S
+            if st.pending is None and not fresh and not down:
+                st.pending = self._pool.submit(self._read_runs, name)
+            return st.pending
 
-            def session_for(host):
-                until, why = self._down.get(host.name, (0.0, ""))
-                if time.monotonic() < until:
-                    raise UnreachableError(why)
-                lock, session = self.session(host.name)
-                return _Locked(lock, session, lambda e: self._mark_down(host.name, e))
+    def _read_runs(self, name: str) -> None:
+        st = self._state[name]
+        try:
+            lock, session = self.session(name)
+            with lock:
+                rows = session.enlace_json("latest", "runs")
+            rows, error = [{"host": name, **r} for r in rows], ""
+        except EnlaceError as e:
+            rows, error = None, e.format_message().splitlines()[0].removeprefix(f"on {name}: ")
+            if getattr(e, "kind", None) == ErrorKind.NOT_SYNCED:
+                rows, error = [], ""
+        with st.guard:
+            if error:
+                st.error, st.failed_at = error, time.monotonic()
+            else:
+                st.rows, st.at, st.error = rows, time.monotonic(), ""
+            st.pending = None
 
-            rows = status_everywhere(list(self.hosts.values()), session_for)
-            self._runs = (time.monotonic(), rows)
+    def _rows_of(self, name: str, late: bool) -> list[dict]:
+        """The host's rows for a page; `late`: its read did not answer within the deadline."""
+        st, now = self._state[name], time.monotonic()
+        with st.guard:
+            rows, error, at = st.rows, st.error, st.at
+        if rows is None:  # never answered
+            why = f"unreachable: {error}" if error else "not answering yet"
+            return [{"host": name, "host_error": why}]
+        if not rows:
+            return [{"host": name, "host_error": "no runs" if not error else f"unreachable: {error}"}]
+        if not (error or late):
             return rows
-
-    def _mark_down(self, host: str, error: UnreachableError) -> None:
-        self._down[host] = (time.monotonic() + DOWN_FOR_S, error.format_message().splitlines()[0])
+        why = error or "not answering"
+        age = now - at
+        return [{**r, "stale_s": age, "stale": f"{name} {why}: as it was {age:.0f} s ago"} for r in rows]
 
     def warm(self) -> None:
         """Connect to every host and ask for the runs table now, in the background (the first page then
         finds it ready)."""
-        threading.Thread(target=self.runs, daemon=True, name="board-warm").start()
+        for name in self.hosts:
+            self._refresh(name)
 
+    # -- one run ------------------------------------------------------------------------------------
     def run(self, host: str, run_name: str, log_offset: int) -> dict[str, Any]:
-        """One run's curves, its run.json and its log from `log_offset`, after fetching what is new."""
+        """One run's curves, its run.json and its log from `log_offset`, after fetching what is new (for at
+        most READ_DEADLINE_S: past it, what was fetched before, saying so)."""
 
         dest = self.repo / ".enlace" / "board" / host / run_name
-        lock, session = self.session(host)
-        error = None
-        with lock:
-            try:
-                fetch_run_files(session, run_name, dest, RUN_FILES, shared=True)
-            except EnlaceError as e:  # show what was fetched before, and why it is not newer
-                error = e.format_message().splitlines()[0]
+        self.session(host)  # KeyError for an unknown host, before any thread
+        with self._fetches_guard:
+            fetch = self._fetches.get((host, run_name))
+            if fetch is None or fetch.done():
+                fetch = self._fetches[(host, run_name)] = self._pool.submit(self._fetch, host, run_name, dest)
+        done, _ = wait_for([fetch], timeout=READ_DEADLINE_S)
+        error = fetch.result() if done else f"{host} is not answering: showing what was fetched before"
+        with self._curves_guard:
             curves = self._curves.setdefault((host, run_name), Curves())
             curves.update(_read_bytes(dest / "metrics.jsonl"))
             drawn = curves.view()
@@ -97,21 +153,15 @@ class Board:
             "error": error,
         }
 
-
-class _Locked:
-    """A session whose enlace_json holds the host's lock (status_everywhere calls only that); a host that
-    cannot be reached is reported to `on_down`."""
-
-    def __init__(self, lock: threading.Lock, session, on_down):
-        self.lock, self.session, self.on_down = lock, session, on_down
-
-    def enlace_json(self, *args, **kwargs):
-        with self.lock:
+    def _fetch(self, host: str, run_name: str, dest: Path) -> str | None:
+        """Fetch the run's files (only the new bytes); None, or why they are not newer."""
+        lock, session = self.session(host)
+        with lock:
             try:
-                return self.session.enlace_json(*args, **kwargs)
-            except UnreachableError as e:
-                self.on_down(e)
-                raise
+                fetch_run_files(session, run_name, dest, RUN_FILES, shared=True)
+            except EnlaceError as e:  # show what was fetched before, and why it is not newer
+                return e.format_message().splitlines()[0]
+        return None
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -1,6 +1,8 @@
 """The board's web server: the page (orchestrator/view/board.html, one file with its script and style, no CDN)
 and its JSON, on 127.0.0.1 only, every request carrying the board's token (in the URL the page is opened
-with, as Jupyter does; the page sends it back in a header). Read-only: nothing here changes a run.
+with, as Jupyter does; the page sends it back in a header) and a Host header naming the address it serves
+(127.0.0.1 or localhost, its port), and an Origin, when sent, of the same: a second line against DNS
+rebinding. Read-only: nothing here changes a run.
 
     GET /?token=T                          the page
     GET /api/runs                          every run on every host (rows as `status --all --json` has them)
@@ -66,9 +68,24 @@ class Handler(BaseHTTPRequestHandler):
         given = self.headers.get(TOKEN_HEADER) or (query.get("token") or [""])[0]
         return hmac.compare_digest(given.encode(), self.server.token.encode())
 
+    def _addressed_to_us(self) -> bool:
+        """Host (and Origin, when sent) name this server: a page on another site that rebinds its name to
+        127.0.0.1 sends its own name."""
+        port = self.server.server_address[1]
+        ours = {f"127.0.0.1:{port}", f"localhost:{port}"}
+        origin = self.headers.get("Origin")
+        return self.headers.get("Host", "") in ours and (origin is None or origin.removeprefix("http://") in ours)
+
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
+        if not self._addressed_to_us():
+            self._send(
+                HTTPStatus.FORBIDDEN,
+                b"403: this board answers only at the address it printed (http://127.0.0.1:PORT/)\n",
+                "text/plain",
+            )
+            return
         if not self._authorized(query):
             self._send(
                 HTTPStatus.FORBIDDEN,
