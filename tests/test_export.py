@@ -94,3 +94,13 @@ def test_a_corrupt_checkpoint_is_refused_in_one_line(trained, tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "does not match its sha256 in MANIFEST" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_an_out_that_is_a_dangling_link_or_cannot_be_made_is_one_line(trained, tmp_path):
+    """Seen: `export --out` naming a dangling symlink ended in a NotADirectoryError traceback."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("a file, not a directory")
+    for out_dir, words in ((tmp_path / "dangling", "is a link"), (tmp_path / "file" / "x", "cannot create")):
+        out = enlace(trained, "export", "exp", "--out", str(out_dir), check=False)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+        assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -129,3 +129,17 @@ def test_launch_of_a_run_whose_supervisor_is_gone_resumes_it_supervised(project)
     assert _row(project, "adopt")["supervisor"] is None
     assert "launch: the run's supervisor is gone" in (project / "runs" / "adopt" / "train.log").read_text()
     enlace(project, "stop", "adopt", "--grace", "60")
+
+
+def test_a_stop_during_the_restart_backoff_counts_no_restart(project):
+    """Seen: `stop` while the supervisor waited to restart reported "(restarted 1×)" for a restart that never
+    happened."""
+    write_run(project, "backoff", **DETERMINISTIC, training={"max_steps": 100_000, "log_every": 1, "eval_every": 0})
+    args = ["start", "backoff", "--json", "--backoff", "600", "--", "-m", "enlace", "train", "backoff"]
+    json.loads(enlace(project, *args).stdout)
+    st = _training(project, "backoff")
+    os.kill(st["pid"], signal.SIGKILL)
+    wait_until(lambda: "restarting in" in (runs.read(project / "runs" / "backoff").get("phase") or ""), 60, "backoff")
+    enlace(project, "stop", "backoff", "--grace", "30")
+    row = _row(project, "backoff")
+    assert row["status"] == "stopped" and not row["restarts"], row

@@ -125,10 +125,11 @@ class Supervisor:
             wait = self.policy.backoff * 3 ** (restarts - 1)
             say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s, from the newest checkpoint")
             phase = f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts})"
-            runs.new_attempt(self.run_dir, phase=phase, restarts=restarts)
-            if self._sleep(wait):
+            runs.new_attempt(self.run_dir, phase=phase)
+            if self._sleep(wait):  # the restart never happened: it is not counted
                 runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart")
                 return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
+            runs.update(self.run_dir, restarts=restarts)
 
     def _cause(self, code: int, stalled: bool, st: dict) -> str:
         where = f"at step {st.get('step', 0)} (newest checkpoint {self._newest()})"

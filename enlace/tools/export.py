@@ -16,6 +16,7 @@ trainer; transformers is needed to load the result, not to write it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,10 @@ def export(ckpt: Path, fmt: str, out: Path, run_state: dict[str, Any]) -> list[s
     complete). `run_state`: the run's run.json, for the model card. Returns the files written."""
     from safetensors.torch import save_file
 
+    if out.is_symlink():  # a dangling one too: the rename at the end would fail on it
+        raise EnlaceError(
+            f"{out} is a link (to {os.readlink(out)}) — export writes a new directory; pick another --out"
+        )
     if out.exists():
         raise EnlaceError(f"{out} exists — export writes a new directory; remove it or pick another --out")
     model, trainer = load_model(ckpt, torch.device("cpu"))  # verified against MANIFEST, weights_only
@@ -127,7 +132,10 @@ def export(ckpt: Path, fmt: str, out: Path, run_state: dict[str, Any]) -> list[s
     state = model.state_dict()
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise EnlaceError(f"cannot create {out}: {e.strerror} — pick another --out") from None
     try:
         if fmt == "safetensors":
             tensors = {k: v.detach().contiguous() for k, v in state.items() if k != "head.weight"}
