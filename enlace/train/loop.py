@@ -1,7 +1,7 @@
 """`enlace train RUN`: the training loop, top to bottom.
 
-resolve config → run dir → build setup → resume from `latest` → loop:
-    step → log every log_every → eval every eval_every → checkpoint every checkpoint.every
+begin (enlace/train/begin.py: record, build, open the data, resume from `latest`) → loop:
+    step → log every log_every → eval every eval_every → checkpoint every checkpoint.every (saving.py)
     → on SIGTERM/SIGINT: finish the step, checkpoint, status "stopped", exit 0
 → final eval + checkpoint → status "finished" (or "stopped" for --until)
 """
@@ -15,32 +15,20 @@ import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from enlace.config.schema import Config
 from enlace.contract import Status
-from enlace.data.streams import build_stream, data_identity
-from enlace.errors import CheckpointError, EnlaceError
+from enlace.errors import EnlaceError
 from enlace.preflight.report import duration
-from enlace.server import runs
-from enlace.sysinfo import git_commit, hostname, mib, peak_rss_bytes
+from enlace.sysinfo import mib, peak_rss_bytes
 from enlace.train import engine
-from enlace.train.checkpoint import (
-    check_free_space,
-    checkpoint_bytes,
-    incomplete_checkpoints,
-    load_checkpoint,
-    previous_complete,
-    remove_stale_temps,
-    resolve_resume,
-    save_checkpoint,
-    skipped_latest,
-)
+from enlace.train.begin import begin
 from enlace.train.dist import Dist
 from enlace.train.rundir import RunDir
+from enlace.train.saving import Saver
 
 
 class StopSignal:
@@ -67,34 +55,6 @@ class StopSignal:
     def restore(self) -> None:
         for s, handler in self._old.items():
             signal.signal(s, handler)
-
-
-RESUME_HINT = "to resume from another checkpoint: --resume checkpoints/step-N (or --resume none to start afresh)"
-
-
-def _load_resume(cfg: Config, resume: str, dist: Dist) -> tuple[Any, Any]:
-    """Rank 0 finds and loads the checkpoint; under DDP it is broadcast to the other ranks (which,
-    on other hosts, have no checkpoints of their own: rank 0 alone writes them)."""
-    ckpt = files = None
-    if dist.is_main:
-        ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
-        try:
-            files = load_checkpoint(ckpt, "cpu") if ckpt is not None else None
-        except CheckpointError as e:
-            if resume != "latest":
-                raise
-            prev = previous_complete(cfg.run_dir / "checkpoints", ckpt)
-            way = (
-                (
-                    f"resume from the previous complete checkpoint with --resume checkpoints/{prev.name}, or start "
-                    "afresh with --resume none"
-                )
-                if prev
-                else "no older complete checkpoint: --resume none starts afresh"
-            )
-            raise CheckpointError(f"the newest checkpoint is unusable: {e.message} — {way}") from None
-    ckpt, files = dist.broadcast((ckpt, files))
-    return ckpt, files  # on the CPU: load_state_dict moves weights and optimizer state to the device
 
 
 def train(
@@ -139,190 +99,120 @@ def _train(
     cfg: Config, run: RunDir, dist: Dist, stop: StopSignal, resume: str, until: int | None, allow: frozenset[str]
 ):
     t = cfg.training
-    commit = git_commit(cfg.root)
-    run.freeze_config(cfg.to_dict())
-    if dist.is_main:
-        remove_stale_temps(run.checkpoints)
-        runs.record_self(
-            run.path,
-            run_name=cfg.run_name,
-            run_file=Path(cfg.files["run"]).stem,  # what `launch RUN_NAME` resumes it from
-            status=Status.STARTING,
-            phase="building the model",
-            commit=commit,
-            host=hostname(),
-            torch=str(torch.__version__),
-            max_steps=t.max_steps,
-            exit_code=None,
-            error=None,
-            launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
-            overrides=list(cfg.overrides),
-            fingerprint=cfg.fingerprint_fields(),  # what its checkpoints will need (config.resume_problem)
-            data=None,
-        )
-
-    setup = engine.build_setup(cfg, dist)
-    if dist.is_main:  # two more checkpoints must fit: one being written beside the newest
-        check_free_space(run.checkpoints, checkpoint_bytes(run.checkpoints, setup.settings["params"]))
-    run.phase("opening the data")
-    data_id = data_identity(cfg)
-    run.update_status(data=data_id)
-    train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)
-    val_stream = build_stream(cfg, "val", t.eval_batch_size or t.batch_size)
-    progress = {"step": 0, "tokens": 0}
-    run.phase("loading the checkpoint")
-    ckpt, files = _load_resume(cfg, resume, dist)
-    if ckpt is not None:
-        trainer = engine.restore_state(setup, files, train_stream, str(ckpt), data_id, allow)
-        progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
-        if setup.schedule_steps != t.max_steps and dist.is_main:
-            end, o = setup.schedule_steps, cfg.optim
-            extra = f"; steps {end + 1}-{t.max_steps} train at min_lr" if t.max_steps > end else ""
-            run.log(
-                f"training.max_steps is {t.max_steps}, the run started with {end}: the learning rate keeps the "
-                f"run's schedule (cosine to min_lr {o.min_lr:g} at step {end}){extra} — to stretch the "
-                "schedule instead, start afresh with --resume none"
-            )
-
-    target = min(until or t.max_steps, t.max_steps)
-    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world
-    s = setup.settings
-    run.log(
-        f"run {cfg.run_name} | commit {commit[:12]} | {s['params'] / 1e6:.2f}M params | {s['device']} "
-        f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
-        f"{s['threads']} | world {dist.world} | {tokens_per_step} tokens/step"
-    )
-    for warning in cfg.warnings:
-        run.log(f"warning: {warning}")
-    if setup.teacher_info:
-        d, info = cfg.distill, setup.teacher_info
-        run.log(
-            f"distilling from {info['checkpoint']} ({info['params'] / 1e6:.2f}M params, MANIFEST sha256 "
-            f"{info['identity'][:12]}): alpha {d.alpha}, temperature {d.temperature}"
-        )
-    if ckpt is not None:
-        shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
-        run.log(f"resumed from {shown} at step {progress['step']} ({progress['tokens']} tokens seen)")
-    if resume == "latest" and (skipped := skipped_latest(run.checkpoints, ckpt)):
-        run.log(f"warning: {skipped} — {RESUME_HINT}")
-    if ckpt is None:
-        for problem in incomplete_checkpoints(run.checkpoints) if resume == "latest" else ():
-            run.log(f"ignored (not a complete checkpoint): {problem}")
-        run.log(
-            "no complete checkpoint: starting from step 0"
-            if resume == "latest"
-            else f"starting from step 0 (--resume {resume})"
-        )
+    start = begin(cfg, run, dist, resume, allow)
+    setup, progress = start.setup, start.progress
+    if start.resumed_from is None:
         run.phase("evaluating the untrained model")
-        _eval(run, setup, val_stream, 0)  # the baseline the final eval is compared with
+        _eval(run, setup, start.val_stream, 0)  # the baseline the final eval is compared with
+    target = min(until or t.max_steps, t.max_steps)
     if progress["step"] >= target:
         run.log(
             f"nothing to train: at step {progress['step']} of {t.max_steps}"
             + (f" (--until {until})" if until else "")
             + " — raise training.max_steps to train further"
         )
-    run.enter(
-        Status.RUNNING,
-        phase="training",
-        step=progress["step"],
-        resumed_from=ckpt.name if ckpt else None,
-        started_at=time.time(),
-    )
+    resumed = start.resumed_from.name if start.resumed_from else None
+    run.enter(Status.RUNNING, phase="training", step=progress["step"], resumed_from=resumed, started_at=time.time())
     run.open_sinks(cfg, progress["step"])
-    run.metric(
+    run.metric(  # plot marks resumes with it
         {
             "kind": "start",
             "step": progress["step"],
-            "resumed_from": ckpt.name if ckpt else None,
-            "params": s["params"],
+            "resumed_from": resumed,
+            "params": setup.settings["params"],
             "time": time.time(),
         }
-    )  # plot marks resumes with it
-
-    def checkpoint() -> str:
-        states = dist.gather(engine.rank_state(train_stream))
-        if not dist.is_main:
-            return ""
-        run.beat(force=True)
-        path = save_checkpoint(
-            run.checkpoints,
-            progress["step"],
-            engine.capture_state(setup, states, progress, commit, data_id),
-            cfg.checkpoint.keep,
-        )
-        run.beat(force=True)
-        run.log(f"checkpoint {path.name} saved")
-        return path.name
-
-    step_times: list[float] = []  # seconds per optimizer step, eval and checkpoint excluded
-    last_saved = progress["step"] if ckpt is not None else -1
-    last_eval = -1
-    interval_s, interval_tokens = 0.0, 0  # since the last log line
-    t_run = time.perf_counter()
+    )
+    saver, meter, last_eval = Saver(cfg, run, dist, start), Meter(start.tokens_per_step), -1
     while progress["step"] < target:
         t0 = time.perf_counter()
-        result = engine.train_step(setup, progress["step"], train_stream.next_batch)
+        result = engine.train_step(setup, progress["step"], start.train_stream.next_batch)
         progress["step"] += 1
-        progress["tokens"] += tokens_per_step
+        progress["tokens"] += start.tokens_per_step
         step = progress["step"]
         run.beat()
         # the first step of every start is logged too: launch waits for it (also with a large log_every)
-        logging = step % t.log_every == 0 or step == target or len(step_times) == 0
+        logging = step % t.log_every == 0 or step == target or meter.steps == 0
         loss = result.loss.item() if logging else 0.0  # .item() syncs the device: step times are real
-        step_times.append(time.perf_counter() - t0)
-        interval_s += step_times[-1]
-        interval_tokens += tokens_per_step
+        meter.add(time.perf_counter() - t0)
         if logging:
-            rate = interval_tokens / max(interval_s, 1e-9)
-            elapsed = time.perf_counter() - t_run
-            eta = elapsed / len(step_times) * (t.max_steps - step)  # at this start's pace, evals and saves included
-            run.log(
-                f"step {step:6d}/{t.max_steps} | loss {loss:.4f} | lr {result.lr:.3e} | "
-                f"{rate:8.0f} tok/s | {elapsed:7.1f}s | {100 * step / t.max_steps:5.1f}% | ETA {duration(eta)}"
-                + (" | skipped (fp16 overflow)" if result.skipped else "")
-            )
-            terms = {k: v.item() for k, v in result.terms.items()}  # distillation: ce and kd
-            if terms:
-                run.log(f"           ce {terms['ce']:.4f} | kd {terms['kd']:.4f}")
-            run.metric(
-                {
-                    "kind": "train",
-                    "step": step,
-                    "loss": loss,
-                    "lr": result.lr,
-                    "tokens": progress["tokens"],
-                    "tokens_per_s": rate,
-                    "elapsed_s": elapsed,
-                    "scale": result.scale,
-                    "skipped": result.skipped,
-                    **({"grad_norm": result.grad_norm.item()} if result.grad_norm is not None else {}),
-                    **terms,
-                }
-            )
-            run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=progress["tokens"])
-            interval_s, interval_tokens = 0.0, 0
+            _log_step(run, t.max_steps, step, loss, result, meter, progress["tokens"])
         if t.eval_every and step % t.eval_every == 0:
-            _eval(run, setup, val_stream, step)
+            _eval(run, setup, start.val_stream, step)
             last_eval = step
         if dist.any_rank(stop.signame is not None):
             run.log(f"{stop.signame or 'stop'} received: finishing at step {step}")
-            checkpoint()
+            saver.save()
             run.update_status(status=Status.STOPPED, exit_code=0, step=step)
-            return _summary(run, step, step_times, tokens_per_step, Status.STOPPED)
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-            last_saved = step
-            checkpoint()
+            return _summary(run, step, meter, Status.STOPPED)
+        if saver.due(step):
+            saver.save()
 
     step = progress["step"]
     if last_eval != step:
-        _eval(run, setup, val_stream, step)
-    if last_saved != step:
-        checkpoint()
+        _eval(run, setup, start.val_stream, step)
+    saver.save_unless_saved()
     status = Status.FINISHED if step >= t.max_steps else Status.STOPPED
     if until is not None and step < t.max_steps:
         run.log(f"--until {until}: stopping at step {step} of {t.max_steps}")
     run.update_status(status=status, exit_code=0, step=step)
-    return _summary(run, step, step_times, tokens_per_step, status)
+    return _summary(run, step, meter, status)
+
+
+class Meter:
+    """Seconds per optimizer step (eval and checkpoint excluded), and the tokens/s since the last log line."""
+
+    def __init__(self, tokens_per_step: int):
+        self.tokens_per_step = tokens_per_step
+        self.step_times: list[float] = []
+        self.started = time.perf_counter()
+        self.interval_s, self.interval_tokens = 0.0, 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_times)
+
+    def add(self, seconds: float) -> None:
+        self.step_times.append(seconds)
+        self.interval_s += seconds
+        self.interval_tokens += self.tokens_per_step
+
+    def take_rate(self) -> float:
+        """Tokens per second since the last call (the log line's figure)."""
+        rate = self.interval_tokens / max(self.interval_s, 1e-9)
+        self.interval_s, self.interval_tokens = 0.0, 0
+        return rate
+
+
+def _log_step(run: RunDir, max_steps: int, step: int, loss: float, result, meter: Meter, tokens: int) -> None:
+    """A step's line in train.log, its record in metrics.jsonl (and the sinks), its fields in run.json."""
+    rate, elapsed = meter.take_rate(), time.perf_counter() - meter.started
+    eta = elapsed / meter.steps * (max_steps - step)  # at this start's pace, evals and saves included
+    run.log(
+        f"step {step:6d}/{max_steps} | loss {loss:.4f} | lr {result.lr:.3e} | "
+        f"{rate:8.0f} tok/s | {elapsed:7.1f}s | {100 * step / max_steps:5.1f}% | ETA {duration(eta)}"
+        + (" | skipped (fp16 overflow)" if result.skipped else "")
+    )
+    terms = {k: v.item() for k, v in result.terms.items()}  # distillation: ce and kd
+    if terms:
+        run.log(f"           ce {terms['ce']:.4f} | kd {terms['kd']:.4f}")
+    grad_norm = {"grad_norm": result.grad_norm.item()} if result.grad_norm is not None else {}
+    run.metric(
+        {
+            "kind": "train",
+            "step": step,
+            "loss": loss,
+            "lr": result.lr,
+            "tokens": tokens,
+            "tokens_per_s": rate,
+            "elapsed_s": elapsed,
+            "scale": result.scale,
+            "skipped": result.skipped,
+            **grad_norm,
+            **terms,
+        }
+    )
+    run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=tokens)
 
 
 def _eval(run: RunDir, setup: engine.TrainingSetup, val_stream, step: int) -> None:
@@ -332,17 +222,17 @@ def _eval(run: RunDir, setup: engine.TrainingSetup, val_stream, step: int) -> No
     run.update_status(val_loss=ev["val_loss"], val_bpb=ev["val_bpb"])
 
 
-def _summary(run: RunDir, step: int, step_times: list[float], tokens_per_step: int, status: Status) -> dict[str, Any]:
+def _summary(run: RunDir, step: int, meter: Meter, status: Status) -> dict[str, Any]:
     """Peak memory and steady-state throughput (median step time, first 3 steps excluded)."""
-    steady = step_times[3:] or step_times
+    steady = meter.step_times[3:] or meter.step_times
     median = statistics.median(steady) if steady else 0.0
     record = {
         "kind": "summary",
         "status": str(status),
         "step": step,
-        "steps": len(step_times),
+        "steps": meter.steps,
         "median_step_s": median,
-        "tokens_per_s": tokens_per_step / median if median else 0.0,
+        "tokens_per_s": meter.tokens_per_step / median if median else 0.0,
         "peak_rss_mib": mib(peak_rss_bytes()),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -1,0 +1,165 @@
+"""How a training start begins, before its first step: the trainer records itself in run.json, builds the
+model and optimizer, opens the data, loads the checkpoint it resumes from, says all of it in train.log, and
+(on a fresh start) evaluates the untrained model as the baseline. What it hands the loop is a `Start`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enlace.config.schema import Config
+from enlace.contract import Status
+from enlace.data.streams import build_stream, data_identity
+from enlace.errors import CheckpointError
+from enlace.server import runs
+from enlace.sysinfo import git_commit, hostname
+from enlace.train import engine
+from enlace.train.checkpoint import (
+    check_free_space,
+    checkpoint_bytes,
+    incomplete_checkpoints,
+    load_checkpoint,
+    previous_complete,
+    remove_stale_temps,
+    resolve_resume,
+    skipped_latest,
+)
+from enlace.train.dist import Dist
+from enlace.train.rundir import RunDir
+
+RESUME_HINT = "to resume from another checkpoint: --resume checkpoints/step-N (or --resume none to start afresh)"
+
+
+@dataclass
+class Start:
+    """What the loop trains from: the setup, the two streams, where it stands and what it resumed from."""
+
+    setup: engine.TrainingSetup
+    train_stream: Any
+    val_stream: Any
+    progress: dict[str, int]  # {"step", "tokens"}: what the run has done so far (the checkpoint's, or 0)
+    resumed_from: Path | None
+    commit: str
+    data_id: dict[str, Any]
+    tokens_per_step: int  # batch × grad_accum × seq_len × world: the tokens one optimizer step consumes
+
+
+def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[str]) -> Start:
+    """Everything up to the first step (see the module's docstring)."""
+    t = cfg.training
+    commit = git_commit(cfg.root)
+    run.freeze_config(cfg.to_dict())
+    if dist.is_main:
+        remove_stale_temps(run.checkpoints)
+        runs.record_self(
+            run.path,
+            run_name=cfg.run_name,
+            run_file=Path(cfg.files["run"]).stem,  # what `launch RUN_NAME` resumes it from
+            status=Status.STARTING,
+            phase="building the model",
+            commit=commit,
+            host=hostname(),
+            torch=str(torch.__version__),
+            max_steps=t.max_steps,
+            exit_code=None,
+            error=None,
+            launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
+            overrides=list(cfg.overrides),
+            fingerprint=cfg.fingerprint_fields(),  # what its checkpoints will need (config.resume_problem)
+            data=None,
+        )
+
+    setup = engine.build_setup(cfg, dist)
+    if dist.is_main:  # two more checkpoints must fit: one being written beside the newest
+        check_free_space(run.checkpoints, checkpoint_bytes(run.checkpoints, setup.settings["params"]))
+    run.phase("opening the data")
+    data_id = data_identity(cfg)
+    run.update_status(data=data_id)
+    train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)
+    val_stream = build_stream(cfg, "val", t.eval_batch_size or t.batch_size)
+    progress = {"step": 0, "tokens": 0}
+    run.phase("loading the checkpoint")
+    ckpt, files = _load_resume(cfg, resume, dist)
+    if ckpt is not None:
+        trainer = engine.restore_state(setup, files, train_stream, str(ckpt), data_id, allow)
+        progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
+    start = Start(
+        setup,
+        train_stream,
+        val_stream,
+        progress,
+        ckpt,
+        commit,
+        data_id,
+        t.batch_size * t.grad_accum * cfg.model.seq_len * dist.world,
+    )
+    _say_how_it_starts(cfg, run, start, resume)
+    return start
+
+
+def _load_resume(cfg: Config, resume: str, dist: Dist) -> tuple[Any, Any]:
+    """Rank 0 finds and loads the checkpoint; under DDP it is broadcast to the other ranks (which,
+    on other hosts, have no checkpoints of their own: rank 0 alone writes them)."""
+    ckpt = files = None
+    if dist.is_main:
+        ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
+        try:
+            files = load_checkpoint(ckpt, "cpu") if ckpt is not None else None
+        except CheckpointError as e:
+            if resume != "latest":
+                raise
+            prev = previous_complete(cfg.run_dir / "checkpoints", ckpt)
+            way = (
+                (
+                    f"resume from the previous complete checkpoint with --resume checkpoints/{prev.name}, or start "
+                    "afresh with --resume none"
+                )
+                if prev
+                else "no older complete checkpoint: --resume none starts afresh"
+            )
+            raise CheckpointError(f"the newest checkpoint is unusable: {e.message} — {way}") from None
+    ckpt, files = dist.broadcast((ckpt, files))
+    return ckpt, files  # on the CPU: load_state_dict moves weights and optimizer state to the device
+
+
+def _say_how_it_starts(cfg: Config, run: RunDir, start: Start, resume: str) -> None:
+    """train.log's header: the run, its warnings, what it resumed from (or why from step 0)."""
+    s, ckpt, progress = start.setup.settings, start.resumed_from, start.progress
+    if ckpt is not None and start.setup.schedule_steps != cfg.training.max_steps:
+        end, o = start.setup.schedule_steps, cfg.optim
+        extra = f"; steps {end + 1}-{cfg.training.max_steps} train at min_lr" if cfg.training.max_steps > end else ""
+        run.log(
+            f"training.max_steps is {cfg.training.max_steps}, the run started with {end}: the learning rate keeps "
+            f"the run's schedule (cosine to min_lr {o.min_lr:g} at step {end}){extra} — to stretch the schedule "
+            "instead, start afresh with --resume none"
+        )
+    run.log(
+        f"run {cfg.run_name} | commit {start.commit[:12]} | {s['params'] / 1e6:.2f}M params | {s['device']} "
+        f"{s['precision']} | compile {s['compile']} | deterministic {s['deterministic']} | threads "
+        f"{s['threads']} | world {start.setup.dist.world} | {start.tokens_per_step} tokens/step"
+    )
+    for warning in cfg.warnings:
+        run.log(f"warning: {warning}")
+    if start.setup.teacher_info:
+        d, info = cfg.distill, start.setup.teacher_info
+        run.log(
+            f"distilling from {info['checkpoint']} ({info['params'] / 1e6:.2f}M params, MANIFEST sha256 "
+            f"{info['identity'][:12]}): alpha {d.alpha}, temperature {d.temperature}"
+        )
+    if ckpt is not None:
+        shown = ckpt.relative_to(cfg.run_dir) if ckpt.is_relative_to(cfg.run_dir) else ckpt
+        run.log(f"resumed from {shown} at step {progress['step']} ({progress['tokens']} tokens seen)")
+    if resume == "latest" and (skipped := skipped_latest(run.checkpoints, ckpt)):
+        run.log(f"warning: {skipped} — {RESUME_HINT}")
+    if ckpt is None:
+        for problem in incomplete_checkpoints(run.checkpoints) if resume == "latest" else ():
+            run.log(f"ignored (not a complete checkpoint): {problem}")
+        run.log(
+            "no complete checkpoint: starting from step 0"
+            if resume == "latest"
+            else f"starting from step 0 (--resume {resume})"
+        )

@@ -1,0 +1,42 @@
+"""When the trainer checkpoints and how: every `checkpoint.every` steps, at a stop, and at the end unless the
+last step was just saved. Every rank gives its data position and RNG state (gathered on rank 0), rank 0
+writes (enlace/train/checkpoint.py: complete only once renamed in); the heartbeat is beaten around the write,
+which can be long, so the supervisor never takes a save for a stall."""
+
+from __future__ import annotations
+
+from enlace.config.schema import Config
+from enlace.train import engine
+from enlace.train.begin import Start
+from enlace.train.checkpoint import save_checkpoint
+from enlace.train.dist import Dist
+from enlace.train.rundir import RunDir
+
+
+class Saver:
+    def __init__(self, cfg: Config, run: RunDir, dist: Dist, start: Start):
+        self.cfg, self.run, self.dist, self.start = cfg, run, dist, start
+        self.last_saved = start.progress["step"] if start.resumed_from is not None else -1
+
+    def due(self, step: int) -> bool:
+        """A periodic save falls on this step."""
+        return bool(self.cfg.checkpoint.every) and step % self.cfg.checkpoint.every == 0
+
+    def save(self) -> str:
+        """Checkpoint the run as it stands (every rank calls it); the checkpoint's name on rank 0."""
+        start = self.start
+        self.last_saved = start.progress["step"]
+        states = self.dist.gather(engine.rank_state(start.train_stream))
+        if not self.dist.is_main:
+            return ""
+        self.run.beat(force=True)
+        state = engine.capture_state(start.setup, states, start.progress, start.commit, start.data_id)
+        path = save_checkpoint(self.run.checkpoints, start.progress["step"], state, self.cfg.checkpoint.keep)
+        self.run.beat(force=True)
+        self.run.log(f"checkpoint {path.name} saved")
+        return path.name
+
+    def save_unless_saved(self) -> None:
+        """At the end: the last step, unless it was just saved."""
+        if self.last_saved != self.start.progress["step"]:
+            self.save()
