@@ -6,19 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def duration(seconds: float | None) -> str:
-    """12m05s, 3h07m; "-" for unknown. One format for the log's ETA and the driver's status table."""
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    )
-
-
 def format_report(r: dict[str, Any]) -> str:
     """A short aligned table for people; the JSON holds the same fields."""
     rows = [("run", f"{r['run_name']}  (batch {r['batch_size']} x {r['seq_len']}, grad_accum {r['grad_accum']})")]
+    rows += _environment_rows(r) + _measured_rows(r) + _verdict_detail_rows(r)
+    rows.append(("verdict", r["verdict"].upper() + (f" — {r['suggestion']}" if r.get("suggestion") else "")))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _environment_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The device and the settings the run measured with."""
+    rows: list[tuple[str, str]] = []
     env = r.get("environment", {})
     if env:
         rows.append(
@@ -37,6 +36,12 @@ def format_report(r: dict[str, Any]) -> str:
                 + (f", {r['world']} processes (worst rank shown)" if r.get("world", 1) > 1 else ""),
             )
         )
+    return rows
+
+
+def _measured_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Memory, step time, throughput and the projection."""
+    rows: list[tuple[str, str]] = []
     m = r.get("memory", {})
     if m.get("kind") == "cuda":
         rows.append(
@@ -69,6 +74,12 @@ def format_report(r: dict[str, Any]) -> str:
                 f"{tp['projected']} for {span} (incl. eval and checkpoints; save {tp['checkpoint_save_s']} s)",
             )
         )
+    return rows
+
+
+def _verdict_detail_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Disk, fp16's stability, and what made the verdict (too slow, out of memory, max batch)."""
+    rows: list[tuple[str, str]] = []
     disk = r.get("disk")
     if disk:
         rows.append(("disk", f"{disk['checkpoint_mib']} MiB per checkpoint, {disk['free_mib']} MiB free"))
@@ -98,6 +109,4 @@ def format_report(r: dict[str, Any]) -> str:
                 else f"{mb['batch_size']} (search cap)",
             )
         )
-    rows.append(("verdict", r["verdict"].upper() + (f" — {r['suggestion']}" if r.get("suggestion") else "")))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return rows

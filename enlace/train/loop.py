@@ -22,13 +22,13 @@ import torch
 from enlace.config.schema import Config
 from enlace.contract import Status
 from enlace.errors import EnlaceError
-from enlace.preflight.report import duration
 from enlace.sysinfo import mib, peak_rss_bytes
 from enlace.train import engine
 from enlace.train.begin import begin
 from enlace.train.dist import Dist
 from enlace.train.rundir import RunDir
 from enlace.train.saving import Saver
+from enlace.units import duration
 
 
 class StopSignal:

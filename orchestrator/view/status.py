@@ -6,7 +6,7 @@ import time
 
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
-from enlace.preflight.report import duration
+from enlace.units import duration
 
 DETAIL_WIDTH = 100  # a detail line (a run's error, a skipped checkpoint) is cut here in the table
 
