@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from enlace.contract import RUN_NAME_RE, RUN_NAME_RULE
+from enlace.contract import BACKOFF_S, RESTARTS, RUN_NAME_RE, RUN_NAME_RULE
 
 
 class Seconds(click.ParamType):
@@ -64,3 +64,36 @@ def gc_options(fn):
         show_default=True,
         help="Also keep this many of the most recently synced trees.",
     )(fn)
+
+
+def supervisor_options(backoff: bool = True):
+    """--restarts, --stall-timeout (and --backoff): the supervisor's policy (enlace/server/supervise.py), the same
+    on `enlace-remote launch` and on the server's `enlace start` / `enlace supervise`."""
+
+    def add(fn):
+        if backoff:
+            fn = click.option(
+                "--backoff",
+                type=click.FloatRange(0, 3600),
+                default=BACKOFF_S,
+                show_default=True,
+                help="Seconds before the first restart; each next one waits 3x longer.",
+            )(fn)
+        fn = click.option(
+            "--stall-timeout",
+            type=Seconds(),
+            default=None,
+            metavar="S",
+            help="Seconds without a sign of life (a step, an eval batch, a checkpoint) that count as hung, once the "
+            "run has trained; default: 10x the run's longest silence so far, at least 300.",
+        )(fn)
+        return click.option(
+            "--restarts",
+            type=click.IntRange(0, 100),
+            default=RESTARTS,
+            show_default=True,
+            help="Restarts from the newest checkpoint after a crash or a stall (never after a stop or a config "
+            "error; not for a multi-host --hosts run).",
+        )(fn)
+
+    return add

@@ -122,6 +122,17 @@ STOPPABLE = frozenset({Status.STARTING, Status.RUNNING})  # what `stop` moves to
 UNLESS_STOPPING = frozenset(Status) - {Status.STOPPING}  # the trainer's own starting/running never undoes a stop
 
 
+# -- the supervisor's policy and the trainer's command line -----------------------------------------------
+
+RESTARTS = 3  # restarts after a crash or a stall, from the newest checkpoint (launch --restarts)
+BACKOFF_S = 10.0  # the wait before the first restart; each next one is 3x longer
+
+
+def trainer_args(run_file: str, train_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The python arguments that run the trainer on RUN_FILE (under torchrun, after its own)."""
+    return ["-m", "enlace", "train", run_file, *train_args]
+
+
 def exit_code_of(row: dict[str, Any]) -> int:
     """What `logs -f` (and the driver) exits with once a run has ended."""
     status = Status(row["status"])

@@ -62,7 +62,7 @@ def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo
     session = Session(connect(resolve_host("testhost", user_repo)), user_repo)
     try:
         rep = fetch(session, "tiny", user_repo / "runs" / "tiny", all_checkpoints=False)
-        cipher = session.transport._connection().get_transport().remote_cipher
+        cipher = session.transport.cipher
     finally:
         session.close()
     assert used and rep["fetched"] == ["step-000030"]

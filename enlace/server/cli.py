@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
-from enlace.clitypes import Seconds, gc_options, root_option, set_option
+from enlace.clitypes import Seconds, gc_options, root_option, set_option, supervisor_options
 from enlace.names import find_root
 
 
@@ -41,36 +41,11 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
         click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}/{r['max_steps']} loss {loss}")
 
 
-def policy_options(fn):
-    """--restarts, --stall-timeout, --backoff: the supervisor's policy (enlace/server/supervise.py)."""
-    fn = click.option(
-        "--backoff",
-        type=click.FloatRange(0, 3600),
-        default=10.0,
-        show_default=True,
-        help="Seconds before the first restart; each next one waits 3x longer.",
-    )(fn)
-    fn = click.option(
-        "--stall-timeout",
-        type=Seconds(),
-        default=None,
-        help="Seconds without a new step (once the run has trained) that count as hung; default: 10x the "
-        "longest gap between the run's steps so far, at least 300.",
-    )(fn)
-    return click.option(
-        "--restarts",
-        type=click.IntRange(0, 100),
-        default=3,
-        show_default=True,
-        help="Restarts from the newest checkpoint after a crash or a stall (not after a stop or a config error).",
-    )(fn)
-
-
 @click.command("start", hidden=True)
 @click.argument("run_name")
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @root_option
-@policy_options
+@supervisor_options()
 @click.option("--json", "as_json", is_flag=True)
 def start_cmd(
     run_name: str,
@@ -99,7 +74,7 @@ def start_cmd(
 @click.argument("run_name")
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @root_option
-@policy_options
+@supervisor_options()
 def supervise_cmd(
     run_name: str,
     pyargs: tuple[str, ...],

@@ -49,9 +49,9 @@ def say(line: str) -> None:
 
 @dataclass
 class Policy:
-    restarts: int = 3
+    restarts: int = contract.RESTARTS
     stall_timeout: float | None = None  # None: derived (see the module's docstring)
-    backoff: float = 10.0  # the first wait before a restart; each next one is 3x longer
+    backoff: float = contract.BACKOFF_S  # the first wait before a restart; each next one is 3x longer
 
 
 @dataclass

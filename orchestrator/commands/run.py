@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import Seconds, set_option
+from enlace.clitypes import Seconds, set_option, supervisor_options
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.names import validate_run_name
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
@@ -96,23 +97,7 @@ def preflight(
     help="On a Slurm host: nodes (one torchrun each; default: the host's `nodes`).",
 )
 @click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
-@click.option(
-    "--restarts",
-    type=click.IntRange(0, 100),
-    default=3,
-    show_default=True,
-    help="The server's supervisor restarts a crashed or hung trainer from its newest checkpoint this many times "
-    "(not a multi-host --hosts run) "
-    "(never a stopped run or a config error).",
-)
-@click.option(
-    "--stall-timeout",
-    type=Seconds(),
-    default=None,
-    metavar="S",
-    help="Seconds without a new step that count as hung (default: 10x the run's longest gap between steps, "
-    "at least 300).",
-)
+@supervisor_options(backoff=False)
 @click.option(
     "--resume",
     default="latest",
@@ -139,29 +124,7 @@ def preflight(
 @allow_dirty_option
 @set_option
 @with_remote
-def launch(
-    remote: Remote,
-    run: str | None,
-    force: bool,
-    no_preflight: bool,
-    follow: bool,
-    until: int | None,
-    gpus: str | None,
-    hosts: str | None,
-    master_port: int,
-    slurm: bool,
-    print_only: bool,
-    nodes: int | None,
-    no_wait: bool,
-    restarts: int,
-    stall_timeout: float | None,
-    resume: str,
-    allow_data_change: bool,
-    allow_teacher_change: bool,
-    push_data: bool,
-    allow_dirty: bool,
-    overrides: tuple[str, ...],
-) -> None:
+def launch(remote: Remote, run: str | None, **options) -> None:
     """Sync, (push data,) verify --for-launch, preflight, then train RUN detached on the host.
 
     RUN is a run file (configs/runs/RUN.yaml) or the name of a run on the host: `launch NAME` resumes that
@@ -174,61 +137,68 @@ def launch(
     On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
     is an sbatch job (`srun torchrun` for --nodes/--gpus) that checkpoints and requeues itself
     before its time limit; launch shows why it is pending and waits for the first step."""
+    from orchestrator.launch import pipeline
+
+    o = SimpleNamespace(**options)
+    plan = _plan(remote, run, o)
+    if plan is not None:
+        pipeline.run(plan, remote.session_for, remote.repo)
+
+
+def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
+    """launch's options turned into the pipeline's Plan, in this one place (None: --print said it all)."""
     from orchestrator.commands.data import local_data_of
     from orchestrator.hosts.resolve import resolve_host
     from orchestrator.launch import choose, pipeline, ship
 
-    name = choose.choose_run(remote.repo, remote.host, run)
-    if print_only:  # touches nothing: the run file as named
+    name, overrides = choose.choose_run(remote.repo, remote.host, run), o.overrides
+    if o.print_only:  # touches nothing: the run file as named
         run = ship.check_run_config(remote.repo, name)
     else:  # a run file, or an existing run's name (resumed, or extended with --set training.max_steps=M)
         run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides)
         run = ship.check_run_config(remote.repo, run)
-    spec = (
-        _slurm_spec(remote, slurm, print_only, nodes, hosts, gpus)
-        if slurm or print_only or nodes or remote.host.slurm
-        else None
-    )
+    slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
+    spec = _slurm_spec(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
     train_args = (
-        (["--until", str(until)] if until else [])
-        + (["--resume", resume] if resume != "latest" else [])
-        + (["--allow-data-change"] if allow_data_change else [])
-        + (["--allow-teacher-change"] if allow_teacher_change else [])
+        (["--until", str(o.until)] if o.until else [])
+        + (["--resume", o.resume] if o.resume != "latest" else [])
+        + (["--allow-data-change"] if o.allow_data_change else [])
+        + (["--allow-teacher-change"] if o.allow_teacher_change else [])
         + ship.set_args(overrides)
     )
-    nproc = _nproc(gpus, spec)
-    if print_only:
+    nproc = _nproc(o.gpus, spec)
+    if o.print_only:
         from orchestrator.launch.slurm import print_script
         from orchestrator.transfer.gitsync import local_checks
 
         commit = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit
         name = ship.local_run_name(remote.repo, run, overrides)
         click.echo(print_script(spec, remote.host, remote.repo, commit, run, name, nproc, train_args))
-        return
+        return None
+    hosts = o.hosts
     targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
-    if hosts and (len(targets) < 2 or not gpus):
+    if hosts and (len(targets) < 2 or not o.gpus):
         raise click.UsageError("--hosts needs at least two hosts and --gpus N")
-    policy = ["--restarts", str(0 if hosts else restarts)]  # one host's trainer alone would wait for its peers
-    policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
-    plan = pipeline.Plan(
+    policy = ["--restarts", str(0 if hosts else o.restarts)]  # one host's trainer alone would wait for its peers
+    policy += ["--stall-timeout", str(o.stall_timeout)] if o.stall_timeout else []
+    return pipeline.Plan(
         run_file=run,
         targets=targets,
         train_args=train_args,
         overrides=overrides,
-        allow_dirty=allow_dirty,
-        fresh=resume == "none",
-        data=local_data_of(remote, run, overrides) if push_data else None,
-        preflight=not no_preflight,
-        force=force,
-        wait=not no_wait,
-        follow=follow,
-        gpus=gpus,
+        allow_dirty=o.allow_dirty,
+        fresh=o.resume == "none",
+        data=local_data_of(remote, run, overrides) if o.push_data else None,
+        preflight=not o.no_preflight,
+        force=o.force,
+        wait=not o.no_wait,
+        follow=o.follow,
+        gpus=o.gpus,
         nproc=nproc,
-        master_port=master_port,
+        master_port=o.master_port,
         policy=policy,
         slurm=spec,
     )
-    pipeline.run(plan, remote.session_for, remote.repo)
 
 
 def _slurm_spec(remote: Remote, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):

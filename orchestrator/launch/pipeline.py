@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from enlace.contract import VERDICT
+from enlace.contract import VERDICT, trainer_args
 from enlace.errors import EnlaceError
 from enlace.names import RunFile, RunName
 from enlace.slurm.settings import SlurmSpec
@@ -118,7 +118,7 @@ class SlurmBackend(Backend):
 
     def start(self, launch: Launch) -> dict:
         plan = launch.plan
-        pyargs = ["-m", "enlace", "train", plan.run_file, *plan.train_args]
+        pyargs = trainer_args(plan.run_file, plan.train_args)
         started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc, pyargs)
         choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name)
         return started

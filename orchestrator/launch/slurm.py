@@ -11,6 +11,7 @@ import shlex
 
 import click
 
+from enlace.contract import trainer_args
 from enlace.slurm.settings import SlurmSpec, job_script, job_step_args
 from orchestrator.ssh.session import Session
 
@@ -60,7 +61,7 @@ def print_script(spec: SlurmSpec, host, repo, commit: str, run: str, run_name: s
         python = f"{base}/venvs/{key.hexdigest()[:16]}/bin/python"
     else:
         python = shlex.quote(host.python)
-    job = job_step_args(spec, run_name, gpus, ["-m", "enlace", "train", run, *train_args])
+    job = job_step_args(spec, run_name, gpus, trainer_args(run, train_args))
     header = (
         f"enlace run {run_name} for host {host.name}: commit {commit[:12]}'s tree and the server's python, as\n"
         f"`enlace-remote --host {host.name} sync` leaves them (sync first). Submit it on the login node:\n"

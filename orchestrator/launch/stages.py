@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from enlace.contract import VERDICT, Status, describe_live, ended_message, exit_code_of
+from enlace.contract import VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
 from enlace.errors import EnlaceError
 from enlace.preflight.report import format_report
 from orchestrator.errors import AlreadyRunning, from_doc
@@ -86,7 +86,7 @@ def _running_message(session: Session, row: dict) -> str:
 
 def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous: dict | None = None) -> list[str]:
     """The python arguments that start training: `-m enlace train RUN`, under torchrun for --gpus."""
-    train = ["-m", "enlace", "train", run, *train_args]
+    train = trainer_args(run, train_args)
     if not gpus:
         return train
     nproc = "gpu" if gpus == "all" else gpus  # torchrun's "gpu": every visible GPU

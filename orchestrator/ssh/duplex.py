@@ -141,12 +141,12 @@ class ChannelDuplex(Duplex):
         super().__init__(short(argv), stall_timeout, tick)
         self.transport = transport
         self.dropped = (EOFError, OSError, load_paramiko().SSHException)  # the connection went away
-        try:  # paramiko's default 2 MiB window: a larger one is slower (its buffer copies)
-            self.chan = transport._connection().get_transport().open_session()
+        self.chan = transport.open_channel()  # paramiko's default 2 MiB window: a larger one is slower
+        try:
             self.chan.settimeout(self.SLICE_S)
             self.chan.exec_command(shlex.join(argv))
         except self.dropped as e:
-            raise transport._dropped(e, started=False) from None
+            raise transport.lost(e, started=False) from None
 
     def _read_slice(self, n: int) -> bytes | None:
         try:  # all paramiko's buffer holds, up to n: a capped read leaves a remainder it moves, and more
@@ -154,13 +154,13 @@ class ChannelDuplex(Duplex):
         except TimeoutError:
             return None
         except self.dropped as e:
-            raise self.transport._dropped(e, started=True) from None
+            raise self.transport.lost(e, started=True) from None
 
     def write(self, data: bytes) -> None:
         try:
             self.chan.sendall(data)
         except self.dropped as e:
-            raise self.transport._dropped(e, started=True) from None
+            raise self.transport.lost(e, started=True) from None
 
     def finish(self) -> tuple[int, str]:
         self.chan.shutdown_write()

@@ -233,9 +233,24 @@ class SSHTransport(Transport):
         command = proxy_command(self.host, self._client_options())
         return paramiko.ProxyCommand(command) if command else None
 
-    def _dropped(self, e: BaseException, started: bool) -> Transient:
+    def lost(self, e: BaseException, started: bool) -> Transient:
+        """The connection went away under a command (`started`: it may have begun): forget it, say so."""
         self._client = None
         return Transient(f"{self.host.name}: connection lost ({str(e) or type(e).__name__})", started=started)
+
+    def open_channel(self):
+        """A new session channel on the host's one connection (connecting again after a drop); Transient when
+        the connection dies as it opens. Its own commands and the duplex channels (fetch's, data push's) use it."""
+        paramiko = load_paramiko()
+        try:
+            return self._connection().get_transport().open_session()
+        except (EOFError, OSError, paramiko.SSHException) as e:  # the transport died under us
+            raise self.lost(e, started=False) from None
+
+    @property
+    def cipher(self) -> str:
+        """The cipher the connection negotiated (what the benchmarks and tests check)."""
+        return self._connection().get_transport().remote_cipher
 
     # -- commands ---------------------------------------------------------------------------
     def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
@@ -259,10 +274,7 @@ class SSHTransport(Transport):
         DeadlinePassed."""
         paramiko = load_paramiko()
 
-        try:
-            chan = self._connection().get_transport().open_session()
-        except (EOFError, OSError, paramiko.SSHException) as e:  # the transport died under us
-            raise self._dropped(e, started=False) from None
+        chan = self.open_channel()
         try:
             chan.exec_command(shlex.join(argv))
             quiet_since = time.monotonic()
@@ -291,7 +303,7 @@ class SSHTransport(Transport):
                 raise ConnectionError("the session ended without an exit status")
             return status
         except (EOFError, OSError, paramiko.SSHException) as e:
-            raise self._dropped(e, started=True) from None
+            raise self.lost(e, started=True) from None
         finally:
             chan.close()
 
