@@ -60,6 +60,10 @@ reachable() {  # URL: answers within 5 s (a closed network fails at once, at DNS
   "$(sys_python)" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
 }
 
+venv_key() {  # TREE -> the venv's key; enlace/hashing.py's venv_key computes the same (a test holds them equal)
+  cat "$1/pyproject.toml" "$1/constraints.txt" 2>/dev/null | sha256sum | cut -c1-16
+}
+
 resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (status 1 if there is none)
   local tree=$RD/trees/$1 py=$2; shift 2
   if [ "$py" != venv ]; then
@@ -71,7 +75,7 @@ resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (st
   # $RD/venvs/KEY (what a printed Slurm script and gc name). FLAVOR: cuda, or cpu on a host with no NVIDIA
   # driver, whose torch comes from PyTorch's CPU index (≈200 MB instead of the CUDA build's ≈4.8 GB with its
   # nvidia packages; when that index does not answer, PyPI's CUDA build goes in, and the build says so).
-  local key; key=$(cat "$tree/pyproject.toml" "$tree/constraints.txt" 2>/dev/null | sha256sum | cut -c1-16)
+  local key; key=$(venv_key "$tree")
   local link=$RD/venvs/$key flavor=cuda size="≈4.8 GB with its nvidia packages" index=() why="an NVIDIA driver is here"
   has_nvidia_driver || flavor=cpu
   local cache=${XDG_CACHE_HOME:-${HOME:-$RD}/.cache}/enlace/venvs

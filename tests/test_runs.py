@@ -239,3 +239,17 @@ def test_runs_table_rounds_loss(project):
     out = enlace(project, "runs").stdout
     loss = out.split("loss ")[1].split()[0]
     assert "finished" in out and len(loss.split(".")[1]) == 4, out
+
+
+@pytest.mark.parametrize("files", [("pyproject.toml", "constraints.txt"), ("pyproject.toml",)])
+def test_the_venv_key_is_the_same_in_bash_and_python(tmp_path, files):
+    """scripts/remote.sh names the server venv; gc and the printed Slurm script find it by enlace.hashing's key."""
+    import subprocess
+
+    from enlace.hashing import venv_key
+
+    for name in files:
+        (tmp_path / name).write_bytes((REPO / name).read_bytes() + name.encode())
+    fn = re.search(r"^venv_key\(\) \{.*?^\}", (REPO / "scripts" / "remote.sh").read_text(), re.S | re.M).group(0)
+    bash = subprocess.run(["bash", "-c", f'{fn}\nvenv_key "$1"', "_", str(tmp_path)], capture_output=True, text=True)
+    assert bash.stdout.strip() == venv_key(tmp_path) and len(venv_key(tmp_path)) == 16

@@ -11,7 +11,6 @@ Kept: the tree of every run that is alive or can still be resumed (any status bu
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from enlace.contract import Status
 from enlace.errors import EnlaceError
+from enlace.hashing import venv_key
 from enlace.server import runs
 
 
@@ -27,16 +27,6 @@ def remote_dir_of(tree: Path) -> Path:
     if tree.parent.name != "trees" or not (tree / ".enlace-ready").exists():
         raise EnlaceError(f"{tree} is not a checked-out tree under <remote_dir>/trees/: gc runs on a server")
     return tree.parent.parent
-
-
-def venv_key(tree: Path) -> str:
-    """The venv a tree uses: the same hash scripts/remote.sh computes (pyproject.toml + constraints.txt)."""
-    h = hashlib.sha256()
-    for name in ("pyproject.toml", "constraints.txt"):
-        path = tree / name
-        if path.is_file():
-            h.update(path.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def _size(path: Path) -> int:

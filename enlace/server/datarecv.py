@@ -42,6 +42,7 @@ from typing import Any, BinaryIO
 from enlace.contract import FRAME
 from enlace.data.paths import in_scope
 from enlace.errors import EnlaceError, NoSpaceError
+from enlace.hashing import file_sha256
 from enlace.server import datainuse
 from enlace.sysinfo import grow_pipe
 
@@ -67,21 +68,6 @@ def checked(data_dir: Path, rel: str) -> Path:
     if real != str(data_dir) and not real.startswith(str(data_dir) + os.sep):
         raise BadRequest(f"data push: {rel!r} leads outside {data_dir} (a link?): refused")
     return target
-
-
-def file_sha256(path: Path, count: int | None = None):
-    """The sha256 object of path's first `count` bytes (all of it when None)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        left = count
-        while left is None or left > 0:
-            chunk = fh.read(CHUNK if left is None else min(CHUNK, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h
 
 
 def state_of(data_dir: Path, staging: Path, rel: str, size: int, mtime_ns: int, hashers: dict) -> Any:

@@ -21,7 +21,6 @@ size at offer time).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, BinaryIO
 
 from enlace.contract import FRAME, RUN_FILES
 from enlace.errors import CheckpointError, EnlaceError
+from enlace.hashing import fd_sha256
 from enlace.train.checkpoint import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
 
 
@@ -97,21 +97,10 @@ def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO) -> None:
     fd_out = out.fileno()
     for path, offset, prefix_sha256 in wanted:
         fd, size = held[path]
-        start = offset if offset and offset <= size and _prefix_sha256(fd, offset) == prefix_sha256 else 0
+        start = offset if offset and offset <= size and fd_sha256(fd, offset) == prefix_sha256 else 0
         out.write(FRAME.pack(start, size - start))
         out.flush()
         _send(fd, fd_out, start, size - start)
-
-
-def _prefix_sha256(fd: int, count: int) -> str:
-    h, offset = hashlib.sha256(), 0
-    while offset < count:
-        chunk = os.pread(fd, min(count - offset, 1 << 20), offset)
-        if not chunk:
-            break
-        h.update(chunk)
-        offset += len(chunk)
-    return h.hexdigest()
 
 
 def _send(fd: int, fd_out: int, offset: int, count: int) -> None:

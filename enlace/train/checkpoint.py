@@ -13,7 +13,6 @@ a fetched file never runs code.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import pickle
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from enlace.errors import CheckpointError, NoSpaceError
+from enlace.hashing import file_sha256
 
 MANIFEST = "MANIFEST"
 STEP_RE = re.compile(r"step-(\d{6,})")
@@ -31,14 +31,6 @@ FORMAT_VERSION = 1
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
-
-
-def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -214,7 +206,7 @@ def _save(ckpt_root: Path, step: int, final: Path, tmp: Path, files: dict[str, A
     entries = {}
     for name, obj in files.items():
         _write_file(tmp / name, lambda fh, obj=obj: torch.save(obj, fh))
-        entries[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+        entries[name] = {"sha256": file_sha256(tmp / name).hexdigest(), "bytes": (tmp / name).stat().st_size}
     manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
     _write_file(tmp / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
     _fsync_dir(tmp)
@@ -246,7 +238,7 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
         path = ckpt / name
         if not path.is_file():
             raise CheckpointError(f"{ckpt}: {name} is listed in MANIFEST but missing")
-        if sha256_file(path) != entry["sha256"]:
+        if file_sha256(path).hexdigest() != entry["sha256"]:
             raise CheckpointError(f"{ckpt}: {name} does not match its sha256 in MANIFEST (corrupt copy?)")
     return manifest
 

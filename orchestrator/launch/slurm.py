@@ -5,13 +5,13 @@ themselves (`launch --slurm --print`). What the job does is enlace/slurm/job.py'
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shlex
 
 import click
 
 from enlace.contract import trainer_args
+from enlace.hashing import venv_key
 from enlace.slurm.settings import SlurmSpec, job_script, job_step_args
 from orchestrator.ssh.session import Session
 
@@ -56,11 +56,8 @@ def print_script(spec: SlurmSpec, host, repo, commit: str, run: str, run_name: s
     rd = host.remote_dir
     base = '"$HOME"' + shlex.quote(rd[1:]) if rd == "~" or rd.startswith("~/") else shlex.quote(rd)
     tree = f"{base}/trees/{commit}"
-    if host.python == "venv":  # remote.sh's venv key: the first 16 hex of sha256(pyproject.toml + constraints.txt)
-        key = hashlib.sha256((repo / "pyproject.toml").read_bytes() + (repo / "constraints.txt").read_bytes())
-        python = f"{base}/venvs/{key.hexdigest()[:16]}/bin/python"
-    else:
-        python = shlex.quote(host.python)
+    venv = f"{base}/venvs/{venv_key(repo)}/bin/python"  # the venv remote.sh builds for this tree
+    python = venv if host.python == "venv" else shlex.quote(host.python)
     job = job_step_args(spec, run_name, gpus, trainer_args(run, train_args))
     header = (
         f"enlace run {run_name} for host {host.name}: commit {commit[:12]}'s tree and the server's python, as\n"

@@ -27,7 +27,7 @@ from enlace.config.schema import load_config
 from enlace.contract import FRAME, ErrorKind
 from enlace.data.paths import DATA_DIR, push_files, push_scope
 from enlace.errors import EnlaceError
-from enlace.server.datarecv import file_sha256
+from enlace.hashing import file_sha256
 from orchestrator.errors import Transient, UsageError
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.gitsync import print_sync, sync

@@ -26,6 +26,7 @@ from typing import Any
 
 from enlace.contract import FRAME
 from enlace.errors import EnlaceError
+from enlace.hashing import file_sha256
 from orchestrator.errors import UsageError
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.wire import Progress, Reader, retrying
@@ -158,7 +159,7 @@ def _converse_once(
             local = staging / rel
             local.parent.mkdir(parents=True, exist_ok=True)
             have = local.stat().st_size if local.is_file() else 0
-            hashers[rel] = _prefix_hash(local, have)
+            hashers[rel] = file_sha256(local) if have else hashlib.sha256()
             request.append([rel, have, hashers[rel].hexdigest()])
         wire.write(json.dumps({"send": request}).encode() + b"\n")
         got = 0
@@ -197,15 +198,6 @@ def _size(offer: dict[str, Any], rel: str) -> int:
     _, name, fname = rel.split("/")
     ck = next(c for c in offer["checkpoints"] if c["name"] == name)
     return ck["manifest_bytes"] if fname == "MANIFEST" else ck["files"][fname]["bytes"]
-
-
-def _prefix_hash(path: Path, count: int):
-    h = hashlib.sha256()
-    if count:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-    return h
 
 
 def _receive(reader: Reader, local: Path, offset: int, hasher, bar):

@@ -1,0 +1,53 @@
+"""The one owner of "the sha256 of a file" (checkpoints' MANIFEST, fetch, data push, both halves) and of the
+server venv's key, which scripts/remote.sh computes the same way in bash (a test holds them equal).
+Standard library only: the driver imports it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+def file_sha256(path: Path, count: int | None = None):
+    """The sha256 object of the file's first `count` bytes (all of it when None): hexdigest() for the hex,
+    or update() on to hash what follows (a resumed transfer)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        left = count
+        while left is None or left > 0:
+            chunk = fh.read(CHUNK if left is None else min(CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h
+
+
+def fd_sha256(fd: int, count: int) -> str:
+    """The hex sha256 of an open file's first `count` bytes, read with pread (the offset stays where it is)."""
+    h, offset = hashlib.sha256(), 0
+    while offset < count:
+        chunk = os.pread(fd, min(count - offset, CHUNK), offset)
+        if not chunk:
+            break
+        h.update(chunk)
+        offset += len(chunk)
+    return h.hexdigest()
+
+
+VENV_KEY_FILES = ("pyproject.toml", "constraints.txt")
+
+
+def venv_key(tree: Path) -> str:
+    """Which server venv a tree uses: the first 16 hex of sha256(pyproject.toml + constraints.txt), as
+    scripts/remote.sh's `cat pyproject.toml constraints.txt | sha256sum | cut -c1-16` (a missing file adds
+    nothing, as `cat 2>/dev/null` does)."""
+    h = hashlib.sha256()
+    for name in VENV_KEY_FILES:
+        if (tree / name).is_file():
+            h.update((tree / name).read_bytes())
+    return h.hexdigest()[:16]
