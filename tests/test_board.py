@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,7 +31,7 @@ def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
 
 def test_the_board_answers_only_with_its_token_and_only_on_loopback(tmp_path):
     server = BoardServer(Board(tmp_path, [], session_for=None), port=0)
-    server.serve_in_background()
+    threading.Thread(target=server.serve_forever, daemon=True, name="board-http").start()
     try:
         host, port = server.server_address
         assert host == "127.0.0.1"

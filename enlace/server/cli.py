@@ -151,7 +151,12 @@ def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json
     help="With -f: a newline on stderr after this many quiet seconds, so the driver tells a quiet run "
     "from a dead connection (env ENLACE_HEARTBEAT_S).",
 )
-@click.option("--json", "as_json", is_flag=True, hidden=True, help="With --tail-offset: accepted (always JSON).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="An error as one JSON document on stdout (--tail-offset's answer is JSON anyway).",
+)
 def logs_cmd(
     run_name: str,
     root: Path | None,
@@ -192,7 +197,9 @@ def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
 @click.command("fetch-serve", hidden=True)
 @click.argument("run_name")
 @root_option
-@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the offer is always JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the offer is JSON anyway)."
+)
 def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
     """For fetch: offer RUN_NAME's complete checkpoints and run files (one JSON line), read which
     files the driver wants from stdin, send them (enlace/server/fetchserve.py has the wire)."""
@@ -204,7 +211,9 @@ def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
 
 @click.command("data-receive", hidden=True)
 @root_option
-@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the answers are always JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the answers are JSON anyway)."
+)
 def data_receive_cmd(root: Path | None, as_json: bool) -> None:
     """For data push and data ls: compare the driver's file list with data/, then take the files it sends
     (enlace/server/datarecv.py has the wire)."""

@@ -35,12 +35,12 @@ from orchestrator.errors import CommandFailed, Transient, UnreachableError, Usag
 from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file
 from orchestrator.ssh.duplex import ChannelDuplex, ProcessDuplex, SystemSSHDuplex
 from orchestrator.ssh.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
+from orchestrator.ssh.retry import WINDOW_S, retrying
 from orchestrator.ssh.sshlib import load_paramiko
 
 if TYPE_CHECKING:
     from orchestrator.ssh.duplex import Duplex
 
-BACKOFF_S = (0.5, 1, 2, 4, 8, 10)
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 OnData = Callable[[bytes], None]
 
@@ -56,33 +56,28 @@ class DeadlinePassed(Exception):
     """A command ran past its timeout (not a connection fault: it is not retried)."""
 
 
-def backoff(attempt: int) -> float:
-    return BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
-
-
 class Transport:
     host: Host
-    retry_s: float = 90.0  # how long `run` keeps retrying transient faults once the host has answered
+    retry_s: float = WINDOW_S  # how long `run` keeps retrying transient faults once the host has answered
     first_attempts: int = 3  # a host never reached in this invocation: likely down or misnamed
     answered: bool = False  # set once a connection was made (the host is there and takes us)
 
     def run(self, argv: list[str], timeout: float = 120, check: bool = True, idempotent: bool = True) -> Result:
         """Run argv; transient faults are retried for up to retry_s (first_attempts tries while the host has
         not answered yet). A command that is not idempotent is retried only when it provably never started."""
-        attempt, deadline = 0, time.monotonic() + self.retry_s
-        while True:
-            try:
-                result = self._check(argv, self._run_once(argv, timeout, idempotent), check)
-                self.answered = True
-                return result
-            except Transient as e:
-                out_of_tries = attempt + 1 >= self.first_attempts if not self.answered else time.monotonic() > deadline
-                if out_of_tries or (e.started and not idempotent):
-                    raise
-                delay = backoff(attempt)
-                attempt += 1
-                click.echo(f"enlace-remote: {self.host.name}: {e.message}; retrying in {delay:g}s", err=True)
-                time.sleep(delay)
+
+        def once() -> Result:
+            result = self._check(argv, self._run_once(argv, timeout, idempotent), check)
+            self.answered = True
+            return result
+
+        def give_up(e: Transient, attempt: int) -> bool:
+            return (not self.answered and attempt + 1 >= self.first_attempts) or (e.started and not idempotent)
+
+        def say(e: Transient, delay: float) -> None:
+            click.echo(f"enlace-remote: {self.host.name}: {e.message}; retrying in {delay:g}s", err=True)
+
+        return retrying(once, say, self.retry_s, give_up)
 
     def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
         raise NotImplementedError

@@ -16,10 +16,9 @@ import click
 
 from enlace.errors import EnlaceError
 from orchestrator.errors import Transient
-from orchestrator.ssh.transport import backoff
+from orchestrator.ssh import retry
 
 T = TypeVar("T")
-RETRY_S = 90.0  # keep reconnecting a dropped conversation for this long
 
 
 class Interrupted(EnlaceError):
@@ -28,7 +27,7 @@ class Interrupted(EnlaceError):
 
 def retrying(what: str, kept: str, once: Callable[[Callable[[], None]], T]) -> T:
     """`once(tick)` — one conversation, which calls tick() between reads — again after a dropped connection
-    (each try resumes where the last stopped) for up to RETRY_S. The first Ctrl-C ends it at the next tick
+    (each try resumes where the last stopped), by the driver's one retry policy (orchestrator/ssh/retry.py). The first Ctrl-C ends it at the next tick
     with Interrupted (exit 130, saying `kept`); a second one at once."""
     interrupted = threading.Event()
 
@@ -43,18 +42,12 @@ def retrying(what: str, kept: str, once: Callable[[Callable[[], None]], T]) -> T
 
     main = threading.current_thread() is threading.main_thread()  # several hosts: Python's own Ctrl-C
     old = signal.signal(signal.SIGINT, on_sigint) if main else None
-    deadline, attempt = time.monotonic() + RETRY_S, 0
+
+    def say(e: Transient, delay: float) -> None:
+        click.echo(f"{what}: {e.message}; resuming in {delay:g}s", err=True)
+
     try:
-        while True:
-            try:
-                return once(tick)
-            except Transient as e:
-                if time.monotonic() > deadline:
-                    raise
-                delay = backoff(attempt)
-                attempt += 1
-                click.echo(f"{what}: {e.message}; resuming in {delay:g}s", err=True)
-                time.sleep(delay)
+        return retry.retrying(lambda: once(tick), say)
     finally:
         if main:
             signal.signal(signal.SIGINT, old)
@@ -109,39 +102,58 @@ def human_bytes(n: float) -> str:
 
 
 class Progress:
-    """Bytes done of `total`, the rate and the ETA on stderr: one line redrawn on a terminal (5 times a
-    second at most), a line every `every_s` elsewhere (a log keeps the story of a long transfer), nothing
-    for transfers that end within it."""
+    """Bytes done of `total`, the rate and the ETA on stderr, drawn by tqdm (the bar pip-era tools share): one
+    line redrawn on a terminal; where stderr is a log, tqdm's same line every `every_s` (a log keeps the story
+    of a long transfer, not a stream of carriage returns); nothing for transfers that end within it."""
 
     def __init__(self, label: str, total: int, every_s: float = 10.0, tty: bool | None = None):
-        self.label, self.total, self.done, self.skipped = label, total, 0, 0
+        from tqdm import tqdm
+
         self.tty = sys.stderr.isatty() if tty is None else tty
-        self.every_s = 0.2 if self.tty else every_s
+        self.label, self.total, self.every_s = label, total, every_s
+        self.bar = tqdm(
+            total=total,
+            desc=label,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=sys.stderr,
+            disable=not self.tty,
+            mininterval=0.2,
+            delay=every_s if not self.tty else 0.5,
+            leave=True,
+        )
+        self.done, self.skipped = 0, 0
         self.t0 = self.last = time.monotonic()
-        self.shown = False
 
     def line(self) -> str:
+        """What tqdm shows, as one line (the log's form)."""
+        from tqdm import tqdm
+
         elapsed = max(time.monotonic() - self.t0, 1e-6)
         rate = (self.done - self.skipped) / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        eta_s = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
-        return f"{self.label}: {human_bytes(self.done)} / {human_bytes(self.total)}  {human_bytes(rate)}/s  ETA {eta_s}"
+        return tqdm.format_meter(
+            self.done, self.total, elapsed, prefix=self.label, unit="B", unit_scale=True, unit_divisor=1024, rate=rate
+        )
 
     def skip(self, n: int) -> None:
         """n bytes that were already there (a resumed file): done, but not part of the rate."""
         self.done += n
         self.skipped += n
+        self.bar.n += n  # moved without an update: tqdm's rate counts only what travels
+        self.bar.last_print_n = self.bar.n
+        self.bar.refresh()
 
     def update(self, n: int) -> None:
         self.done += n
+        self.bar.update(n)
         now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last, self.shown = now, True
-            click.echo(("\r" + self.line()) if self.tty else self.line(), err=True, nl=not self.tty)
+        if not self.tty and now - self.last >= self.every_s:
+            self.last = now
+            click.echo(self.line(), err=True)
 
     def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.shown and self.tty:
-            click.echo("\r" + self.line(), err=True)
+        self.bar.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
-import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -37,11 +36,6 @@ class BoardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/?token={self.token}"
-
-    def serve_in_background(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, daemon=True, name="board-http")
-        thread.start()
-        return thread
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -2,15 +2,14 @@
 
 The driver counts the bytes it has written out; after a drop, a stall past the read timeout, or a
 failed reconnect (sshd restarting, a lossy network), it reconnects with backoff and asks the server
-for the log from exactly that offset — no line lost, none repeated. It gives up only after
-`give_up_s` seconds without a single successful reconnect. The server sends a newline on stderr
+for the log from exactly that offset — no line lost, none repeated (orchestrator/ssh/retry.py's policy, with
+a longer window: it gives up only after GIVE_UP_S seconds without a connection that brought a byte). The server sends a newline on stderr
 when the log is quiet, so a long eval is not mistaken for a dead connection.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
@@ -18,23 +17,19 @@ from enlace import contract
 from enlace.contract import ended_message
 from enlace.errors import EnlaceError
 from orchestrator.errors import Transient
+from orchestrator.ssh.retry import retrying
 from orchestrator.ssh.session import Session
-from orchestrator.ssh.transport import backoff
+
+GIVE_UP_S = 600.0  # a run outlives a long network outage: `logs -f` waits this long for a working connection
 
 
-def follow_log(
-    session: Session,
-    run_name: str,
-    offset: int,
-    follow: bool,
-    stall_timeout: float = 60,
-    give_up_s: float = 600,
-    out=None,
-) -> int:
+def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall_timeout: float = 60) -> int:
     """Print the log from `offset`; returns the run's exit code with `follow`, else 0."""
-    out = out or sys.stdout.buffer
-    failures, last_ok = 0, time.monotonic()
-    while True:
+    out = sys.stdout.buffer
+    written = 0
+
+    def once() -> int:
+        nonlocal offset, written
         argv = session.enlace_argv(
             "latest", "logs", run_name, "--offset", str(offset), *(["--follow"] if follow else []), tied=True
         )
@@ -47,26 +42,24 @@ def follow_log(
             written += len(chunk)
 
         try:
-            code = session.transport.stream(argv, on_data, _notices, stall_timeout)
-        except Transient as e:
+            return session.transport.stream(argv, on_data, _notices, stall_timeout)
+        finally:
             offset += written
-            if written:
-                failures, last_ok = 0, time.monotonic()
-            if time.monotonic() - last_ok > give_up_s:
-                raise EnlaceError(
-                    f"logs {run_name}: gave up after {give_up_s:g}s without a working connection "
-                    f"({e.message}); the run itself is unaffected — rerun `enlace-remote logs "
-                    f"{run_name} -f`"
-                ) from None
-            delay = backoff(failures)
-            failures += 1
-            click.echo(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]", err=True)
-            time.sleep(delay)
-            continue
-        if follow and code not in (contract.OK, contract.USAGE):
-            row = session.enlace_json("latest", "runs", run_name)[0]
-            click.echo(f"enlace-remote: {ended_message(row)}", err=True)
-        return code
+
+    def say(e: Transient, delay: float) -> None:
+        click.echo(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]", err=True)
+
+    try:
+        code = retrying(once, say, GIVE_UP_S, progressed=lambda: written > 0)
+    except Transient as e:
+        raise EnlaceError(
+            f"logs {run_name}: gave up after {GIVE_UP_S:g}s without a working connection ({e.message}); the run "
+            f"itself is unaffected — rerun `enlace-remote logs {run_name} -f`"
+        ) from None
+    if follow and code not in (contract.OK, contract.USAGE):
+        row = session.enlace_json("latest", "runs", run_name)[0]
+        click.echo(f"enlace-remote: {ended_message(row)}", err=True)
+    return code
 
 
 def _notices(chunk: bytes) -> None:
