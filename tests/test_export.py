@@ -104,3 +104,23 @@ def test_an_out_that_is_a_dangling_link_or_cannot_be_made_is_one_line(trained, t
         out = enlace(trained, "export", "exp", "--out", str(out_dir), check=False)
         assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
         assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_docs_example_runs_as_written(trained, tmp_path):
+    """docs/export.md's Python block, run as a user runs it, against a fresh export of a model whose seq_len
+    is smoke-cpu's (64): it crashed in transformers (prompt 4 + 64 new bytes past 64 positions)."""
+    import re
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    block = re.search(r"```python\n(.*?)```", (REPO / "docs" / "export.md").read_text(), re.S).group(1)
+    write_run(
+        trained, "short", model={"seq_len": 64, "n_layer": 1, "n_head": 2, "d_model": 32}, training={"max_steps": 3}
+    )
+    enlace(trained, "train", "short")
+    enlace(trained, "export", "short", "--out", str(tmp_path / "exports" / "smoke-cpu"))
+    out = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("def "), out.stdout

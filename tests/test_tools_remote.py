@@ -66,8 +66,14 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
     ]  # only what plot needs came over
     server_run = server_dir(sshd, "testhost") / "runs" / "tiny"
     assert (local / "metrics.jsonl").read_bytes() == (server_run / "metrics.jsonl").read_bytes()
-    out = remote(user_repo, sshd.env, "export", "tiny", "--format", "safetensors")  # fetch, then export here
-    assert (user_repo / "exports" / "tiny-safetensors" / "model.safetensors").is_file(), out.stderr
+    out = remote(user_repo, sshd.env, "export", "tiny", "--format", "safetensors")  # on the server, then home
+    home = user_repo / "exports" / "tiny-safetensors"
+    kept = next((server_run / "exports").glob("safetensors-step-*"))  # in the run's directory: gc keeps it
+    assert sorted(p.name for p in home.iterdir()) == sorted(p.name for p in kept.iterdir()), out.stderr
+    assert (home / "model.safetensors").read_bytes() == (kept / "model.safetensors").read_bytes()
+    assert "verified" in out.stdout and not list(home.parent.glob(".*partial*"))
+    again = remote(user_repo, sshd.env, "export", "tiny", "--format", "safetensors", check=False)
+    assert again.returncode == 2 and "exists" in again.stderr  # never over what is here
     for host in ("testhost", "local"):
         if host == "local":
             tiny_corpus(server_dir(sshd, "local"))

@@ -4,8 +4,8 @@ second connection for rsync, no separate manifest call). The driver hashes while
 
 The wire, on this process's stdin/stdout:
 
-    server → driver   one JSON line: the offer — complete checkpoints with their MANIFEST entries,
-                      the run files with their sizes (or {"ok": false, "error", "exit_code"}, then exit)
+    server → driver   one JSON line: the offer — complete checkpoints with their MANIFEST entries, the
+                      exports kept in the run (exports/NAME/, with theirs), the run files with their sizes (or {"ok": false, "error", "exit_code"}, then exit)
     driver → server   one JSON line: {"send": [[PATH, OFFSET, PREFIX_SHA256], ...]}, PATHs relative
                       to the run dir, each one the offer lists; OFFSET > 0 resumes a file the driver
                       holds the first OFFSET bytes of, whose sha256 is PREFIX_SHA256
@@ -44,24 +44,37 @@ def _open(path: Path) -> tuple[int, int] | None:
     return fd, os.fstat(fd).st_size
 
 
+def _open_verified_dir(directory: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]]] | None:
+    """A directory with a MANIFEST (a complete checkpoint, an export): its manifest and {name: (fd, size)} for
+    its files and MANIFEST, all opened; None when it vanished meanwhile (pruned by a live run)."""
+    try:
+        m = read_manifest(directory)
+    except CheckpointError:
+        return None
+    opened = {name: _open(directory / name) for name in [*m["files"], MANIFEST]}
+    if None in opened.values():
+        for got in opened.values():
+            if got:
+                os.close(got[0])
+        return None
+    return m, opened
+
+
 def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
     """The offer and {path: (open fd, size)} for every file in it. A checkpoint that vanishes while
     it is being opened (pruned by a live run) is left out whole."""
     held: dict[str, tuple[int, int]] = {}
-    ckpts = []
-    for ckpt in complete_checkpoints(run_dir / "checkpoints"):
-        try:
-            m = read_manifest(ckpt)
-        except CheckpointError:
-            continue  # pruned between listing and reading
-        opened = {name: _open(ckpt / name) for name in [*m["files"], MANIFEST]}
-        if None in opened.values():
-            for got in opened.values():
-                if got:
-                    os.close(got[0])
+    listed: dict[str, list] = {"checkpoints": [], "exports": []}
+    dirs = [("checkpoints", c) for c in complete_checkpoints(run_dir / "checkpoints")]
+    dirs += [("exports", m.parent) for m in sorted((run_dir / "exports").glob("*/MANIFEST"))]  # enlace export --in-run
+    for kind, directory in dirs:
+        got = _open_verified_dir(directory)
+        if got is None:
             continue
-        held.update({f"checkpoints/{ckpt.name}/{name}": got for name, got in opened.items()})
-        ckpts.append({"name": ckpt.name, "step": m["step"], "files": m["files"], "manifest_bytes": opened[MANIFEST][1]})
+        m, opened = got
+        held.update({f"{kind}/{directory.name}/{name}": fd_size for name, fd_size in opened.items()})
+        entry = {"name": directory.name, "files": m["files"], "manifest_bytes": opened[MANIFEST][1]}
+        listed[kind].append({**entry, "step": m["step"]} if kind == "checkpoints" else entry)
     files = {}
     for name in RUN_FILES:
         got = _open(run_dir / name)
@@ -72,7 +85,8 @@ def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]
     offer = {
         "run_name": run_dir.name,
         "run_dir": str(run_dir.resolve()),
-        "checkpoints": ckpts,
+        "checkpoints": listed["checkpoints"],
+        "exports": listed["exports"],
         "files": files,
         "latest": latest.name if latest else None,
     }

@@ -185,9 +185,16 @@ def generate_cmd(
     help="hf: a directory transformers loads as GPT-2 (config, weights, byte tokenizer, model card); "
     "safetensors: the model's own tensors and a JSON of its config.",
 )
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to create (must not exist).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Directory to create (must not exist).")
+@click.option(
+    "--in-run",
+    is_flag=True,
+    help="Instead of --out: into the run's own directory, exports/FORMAT-step-N (what `enlace-remote export` "
+    "fetches home; gc never removes a run directory). An export already there is kept.",
+)
+@click.option("--json", "as_json", is_flag=True, help="The export's name, files and checkpoint as JSON.")
 @root_option
-def export_cmd(target: str, fmt: str, out: Path, root: Path | None) -> None:
+def export_cmd(target: str, fmt: str, out: Path | None, in_run: bool, as_json: bool, root: Path | None) -> None:
     """Export RUN's newest complete checkpoint (or CHECKPOINT_DIR), verified against its MANIFEST and loaded
     weights_only, for use outside enlace: Hugging Face transformers (`--format hf`, the default) or plain
     safetensors. OUT appears only once complete.
@@ -195,14 +202,26 @@ def export_cmd(target: str, fmt: str, out: Path, root: Path | None) -> None:
     \b
     enlace export smoke-cpu --out exports/smoke-cpu
     # then, with transformers: AutoModelForCausalLM.from_pretrained("exports/smoke-cpu")"""
+    from enlace.errors import EnlaceError
     from enlace.tools.export import export
     from enlace.train.trained import find_checkpoint
 
+    if (out is None) == (not in_run):
+        raise EnlaceError("say where the export goes: --out DIR, or --in-run (the run's exports/)")
     ckpt = find_checkpoint(_run_or_dir(target, root))
-    run_json = ckpt.parent.parent / "run.json"
+    run_dir = ckpt.parent.parent
+    run_json = run_dir / "run.json"
     state = json.loads(run_json.read_text()) if run_json.is_file() else {}
-    files = export(ckpt, fmt, out, state)
-    click.echo(f"{out}: {', '.join(files)} (from {ckpt.parent.parent.name}/{ckpt.parent.name}/{ckpt.name})")
+    if in_run:
+        out = run_dir / "exports" / f"{fmt}-{ckpt.name}"
+    if in_run and (out / "MANIFEST").is_file():  # made before from the same checkpoint: complete, kept
+        files = sorted(p.name for p in out.iterdir() if p.name != "MANIFEST")
+    else:
+        files = export(ckpt, fmt, out, state)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "out": str(out), "name": out.name, "files": files, "checkpoint": ckpt.name}))
+    else:
+        click.echo(f"{out}: {', '.join(files)} (from {run_dir.name}/{ckpt.parent.name}/{ckpt.name})")
 
 
 COMMANDS = (sample_cmd, plot_cmd, generate_cmd, export_cmd)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from enlace.errors import EnlaceError
-from enlace.train.checkpoint import read_manifest
+from enlace.train.checkpoint import MANIFEST, read_manifest, write_manifest
 from enlace.train.trained import load_model
 
 
@@ -151,11 +151,12 @@ def export(ckpt: Path, fmt: str, out: Path, run_state: dict[str, Any]) -> list[s
             tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg["seq_len"]}
             (tmp / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "clean_up_tokenization_spaces": False}))
             (tmp / "README.md").write_text(_card(ckpt, trainer, run_state, read_manifest(ckpt)))
+        write_manifest(tmp, trainer["step"], sorted(p.name for p in tmp.iterdir()))  # verifiable where it is copied
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return sorted(p.name for p in out.iterdir())
+    return sorted(p.name for p in out.iterdir() if p.name != MANIFEST)
 
 
 def _card(ckpt: Path, trainer: dict[str, Any], run_state: dict[str, Any], manifest: dict[str, Any]) -> str:

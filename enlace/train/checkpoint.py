@@ -203,13 +203,9 @@ def _save(ckpt_root: Path, step: int, final: Path, tmp: Path, files: dict[str, A
 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    entries = {}
     for name, obj in files.items():
         _write_file(tmp / name, lambda fh, obj=obj: torch.save(obj, fh))
-        entries[name] = {"sha256": file_sha256(tmp / name).hexdigest(), "bytes": (tmp / name).stat().st_size}
-    manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
-    _write_file(tmp / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
-    _fsync_dir(tmp)
+    write_manifest(tmp, step, list(files))
     if final.exists():  # saving the same step again (e.g. --until N, then a stop at N)
         old = ckpt_root / f".old-{final.name}-{os.getpid()}"
         os.rename(final, old)
@@ -223,6 +219,18 @@ def _save(ckpt_root: Path, step: int, final: Path, tmp: Path, files: dict[str, A
     _fsync_dir(ckpt_root)
     _prune(ckpt_root, keep, final)
     return final
+
+
+def write_manifest(directory: Path, step: int, names: list[str]) -> None:
+    """MANIFEST (each file's sha256 and size) into `directory`, fsynced: what makes a checkpoint, or an export
+    kept in a run directory, complete and verifiable by whoever copies it."""
+    entries = {
+        name: {"sha256": file_sha256(directory / name).hexdigest(), "bytes": (directory / name).stat().st_size}
+        for name in names
+    }
+    manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
+    _write_file(directory / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
+    _fsync_dir(directory)
 
 
 def _prune(ckpt_root: Path, keep: int, newest: Path) -> None:

@@ -124,31 +124,24 @@ def generate(remote: Remote, teacher: str, n_bytes: int, out: str, temperature: 
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: exports/RUN_NAME-FORMAT here.")
 @with_remote
 def export(remote: Remote, run_name: str | None, fmt: str, out: Path | None) -> None:
-    """Fetch RUN_NAME's newest checkpoint (verified against its MANIFEST, as `fetch` does) and export it here
-    with `enlace export` (docs/export.md): a directory transformers loads as GPT-2, or plain safetensors.
-    Exporting needs the trainer on this machine (pip install '.[train]'); on a driver-only laptop the
-    message says how to export on the server instead."""
-    import importlib.util
-    import subprocess
-
+    """Export RUN_NAME's newest complete checkpoint on the server (`enlace export`, docs/export.md: a directory
+    transformers loads as GPT-2, or plain safetensors) and bring it here, each file checked against the
+    export's MANIFEST. The server keeps it in the run's directory (runs/RUN/exports/, which gc never removes),
+    so a second export of the same checkpoint only travels. Needs no torch on this machine."""
     from orchestrator.errors import UsageError
     from orchestrator.launch import choose
-    from orchestrator.transfer.fetch import fetch as do_fetch
+    from orchestrator.transfer.fetch import fetch_export
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("safetensors") is None:
-        raise UsageError(
-            "exporting needs the trainer on this machine: pip install -c constraints.txt '.[train]' — or export on "
-            f"the server: enlace-remote shell {run_name} -- enlace export {run_name} --out exports/{run_name}"
-        )
-    dest = remote.repo / "runs" / run_name
-    rep = do_fetch(remote.session, run_name, dest, False)
-    ckpt = dest / "checkpoints" / (rep["fetched"] or rep["skipped"])[-1]
     target = out or remote.repo / "exports" / f"{run_name}-{fmt}"
-    cmd = [sys.executable, "-m", "enlace", "export", str(ckpt), "--format", fmt, "--out", str(target)]
-    done = subprocess.run(cmd, cwd=remote.repo, stdin=subprocess.DEVNULL)
-    if done.returncode:
-        sys.exit(done.returncode)
+    if target.exists() or target.is_symlink():
+        raise UsageError(f"{target} exists — an export goes into a new directory; remove it or pick another --out")
+    made = remote.session.enlace_json("latest", "export", run_name, "--format", fmt, "--in-run", timeout=1800)
+    rep = fetch_export(remote.session, run_name, made["name"], target)
+    click.echo(
+        f"export {run_name} ({made['checkpoint']}, {fmt}) → {target}: {', '.join(made['files'])} "
+        f"({rep['bytes'] / 2**20:.1f} MiB, verified; kept on {remote.host.name} in runs/{run_name}/exports/{made['name']})"
+    )
 
 
 class AfterDashCommand(HostOptionsCommand):

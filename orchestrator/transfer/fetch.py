@@ -32,6 +32,7 @@ from orchestrator.ssh.session import Session
 from orchestrator.transfer.wire import Progress, Reader, retrying
 
 CKPT_NAME = re.compile(r"step-\d{6,}")
+EXPORT_NAME = re.compile(r"(hf|safetensors)-step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 STAGING = ".partial-fetch"
 STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
@@ -103,6 +104,30 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
     shutil.rmtree(root / STAGING, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+def fetch_export(session: Session, run_name: str, export_name: str, target: Path) -> dict[str, Any]:
+    """Bring the export `export_name` kept in the run's directory on the server (exports/NAME/, made by
+    `enlace export --in-run`) to `target` here, every file checked against its MANIFEST's sha256; `target`
+    appears only once complete."""
+    name = _safe(export_name, EXPORT_NAME, "export")
+    staging = target.resolve().parent / f".{target.name}{STAGING}"
+
+    def plan(offer: dict[str, Any]) -> dict[str, str | None]:
+        entry = next((e for e in offer.get("exports", []) if e["name"] == name), None)
+        if entry is None:
+            raise EnlaceError(f"{run_name} on {session.host.name} has no export {name} (the server made none?)")
+        want: dict[str, str | None] = {
+            f"exports/{name}/{_safe(f, FILE_NAME, 'file')}": e["sha256"] for f, e in entry["files"].items()
+        }
+        want[f"exports/{name}/MANIFEST"] = None
+        return want
+
+    t0 = time.perf_counter()
+    _, _, got = _converse(session, run_name, staging, plan)
+    os.rename(staging / "exports" / name, target)
+    shutil.rmtree(staging, ignore_errors=True)
+    return {"dest": str(target), "bytes": got, "seconds": time.perf_counter() - t0}
 
 
 def _seed(root: Path, name: str) -> str:
@@ -195,9 +220,9 @@ def _answer(session: Session, wire, line: bytes) -> dict[str, Any]:
 def _size(offer: dict[str, Any], rel: str) -> int:
     if rel in offer["files"]:
         return offer["files"][rel]
-    _, name, fname = rel.split("/")
-    ck = next(c for c in offer["checkpoints"] if c["name"] == name)
-    return ck["manifest_bytes"] if fname == "MANIFEST" else ck["files"][fname]["bytes"]
+    kind, name, fname = rel.split("/")  # checkpoints/NAME/FILE or exports/NAME/FILE
+    entry = next(c for c in offer[kind] if c["name"] == name)
+    return entry["manifest_bytes"] if fname == "MANIFEST" else entry["files"][fname]["bytes"]
 
 
 def _receive(reader: Reader, local: Path, offset: int, hasher, bar):
