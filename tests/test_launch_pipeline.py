@@ -13,7 +13,7 @@ from orchestrator.launch.pipeline import Plan, SlurmBackend, SSHBackend, backend
 
 
 def test_the_stages_a_plan_runs_in_order():
-    plan = Plan(run="tiny", targets=["h"], train_args=[])
+    plan = Plan(run_file="tiny", targets=["h"], train_args=[])
     assert stages_for(plan) == ["ship", "decide", "preflight", "start", "wait"]
     plan.preflight = False
     assert stages_for(plan) == ["ship", "decide", "start", "wait"]
@@ -28,7 +28,7 @@ def test_a_stage_that_says_stop_ends_the_launch(monkeypatch):
     fake = {name: (lambda n: lambda launch: ran.append(n))(name) for name in pipeline.STAGES}
     fake["decide"] = lambda launch: ran.append("decide") or pipeline.STOP  # e.g. the run has finished
     monkeypatch.setattr(pipeline, "STAGES", fake)
-    pipeline.run(Plan(run="tiny", targets=["h"], train_args=[]), session_for=None, repo=None)
+    pipeline.run(Plan(run_file="tiny", targets=["h"], train_args=[]), session_for=None, repo=None)
     assert ran == ["ship", "decide"]
 
 

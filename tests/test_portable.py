@@ -84,8 +84,8 @@ DRIVER_MAY_IMPORT = {
     "enlace.config.rules",
     "enlace.data",
     "enlace.data.paths",
-    "enlace.server",
-    "enlace.server.datarecv",  # its sha256 of a file's prefix
+    "enlace.hashing",  # the one sha256 of a file (fetch, data push), the venv key (standard library)
+    "enlace.units",  # durations for the status table (standard library)
     "enlace.sysinfo",  # the guarded pipe sizing (psutil, standard library)
 }
 NEVER = ("torch", "numpy")

@@ -13,7 +13,6 @@ import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import yaml
 
@@ -69,19 +68,3 @@ def mark_changed(runs_root: Path, names: set[str], changed: list[str]) -> None:
             fh.write(
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')} data push --force: {DATA_CHANGED}: {', '.join(changed[:5])}\n"
             )
-
-
-def in_use_message(host_runs: dict[str, list[str]]) -> str:
-    """One line for the driver's refusal."""
-    names = sorted({n for ns in host_runs.values() for n in ns})
-    files = sorted(host_runs)
-    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    return (
-        f"data push would change {shown}, which {', '.join(names)} {'reads' if len(names) == 1 else 'read'} while "
-        f"alive: a restart would then refuse the changed data — push once {'it ends' if len(names) == 1 else 'they end'}, "
-        "or pass --force (healing then needs launch --allow-data-change)"
-    )
-
-
-def data_warning(state: dict[str, Any]) -> str | None:
-    return state.get("data_warning")

@@ -19,12 +19,24 @@ def _last_runs_file(repo: Path) -> Path:
     return repo / ".enlace" / "last-runs.json"
 
 
-def remember_run(repo: Path, host: str, run: RunName) -> None:
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def remember_run(repo: Path, host: str, run: RunName, run_file: RunFile, overrides: tuple[str, ...] = ()) -> None:
+    """The run launched last on `host` from this repo (what bare verbs act on), and what each run launched
+    from here was launched from (`launch NAME` resumes it without asking the server)."""
     path = _last_runs_file(repo)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = json.loads(path.read_text()) if path.exists() else {}
-    table[host] = run
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    table = _read(path)
+    table[host] = run  # (host names never start with "_": the key below is no host)
+    table.setdefault("_launched", {}).setdefault(host, {})[run] = {"run_file": run_file, "overrides": list(overrides)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(table, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def run_argument(run: str) -> RunFile:
@@ -43,8 +55,7 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
     launch); with `last_first` (logs, fetch: what you just launched) the other way round."""
     if run:
         return run_argument(run)
-    path = _last_runs_file(repo)
-    last = json.loads(path.read_text()).get(host.name) if path.exists() else None
+    last = _read(_last_runs_file(repo)).get(host.name)
     choices = [
         (host.default_run, f"default_run of host {host.name}"),
         (last, f"the last run launched on {host.name} from this repo"),
@@ -63,16 +74,23 @@ def launch_target(session, repo: Path, name: str, overrides: tuple[str, ...]) ->
     """What `launch NAME` starts: configs/runs/NAME.yaml when this checkout has it; else, when the host has a
     run called NAME, the run file it was launched from with its --set items (the new ones win), so that
     `launch NAME` resumes it and `launch NAME --set training.max_steps=M` extends it. (file, overrides)."""
-    if (repo / "configs" / "runs" / f"{name}.yaml").is_file():
+    import difflib
+
+    runs_dir = repo / "configs" / "runs"
+    if (runs_dir / f"{name}.yaml").is_file():
         return validate_run_file(name), overrides
-    try:
-        rows = session.enlace_json("latest", "runs", validate_run_name(name, "RUN"), "--json")
-    except EnlaceError:  # no such run there (or nothing synced yet): the missing file is the error to show
+    row = _read(_last_runs_file(repo)).get("_launched", {}).get(session.host.name, {}).get(name)
+    if row is None:  # not launched from here: a typo of a run file is said before any connection
+        if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
+            return validate_run_file(name), overrides
+        try:
+            rows = session.enlace_json("latest", "runs", validate_run_name(name, "RUN"), "--json")
+        except EnlaceError:  # no such run there (or nothing synced yet): the missing file is the error to show
+            return validate_run_file(name), overrides
+        row = rows[0] if rows else {}
+    if not row.get("run_file") or not (runs_dir / f"{row['run_file']}.yaml").is_file():
         return validate_run_file(name), overrides
-    row = rows[0] if rows else {}
-    if not row.get("run_file") or not (repo / "configs" / "runs" / f"{row['run_file']}.yaml").is_file():
-        return validate_run_file(name), overrides
-    merged = {item.partition("=")[0].strip(): item for item in row.get("overrides") or []}
+    merged = {item.partition("=")[0].strip(): item for item in row.get("overrides") or []}  # a recorded run's
     merged["run_name"] = f"run_name={name}"
     merged.update({item.partition("=")[0].strip(): item for item in overrides})
     file = validate_run_file(row["run_file"])

@@ -107,7 +107,7 @@ class SSHBackend(Backend):
             command = stages.train_command(plan.run_file, plan.train_args, plan.gpus, rdzv)
             doc = stages.start_detached(launch.session_for(host), launch.sha, launch.run_name, command, plan.policy)
             started = started or doc
-            choose.remember_run(launch.repo, host.name, launch.run_name)
+            choose.remember_run(launch.repo, host.name, launch.run_name, plan.run_file, plan.overrides)
         return started
 
 
@@ -120,7 +120,7 @@ class SlurmBackend(Backend):
         plan = launch.plan
         pyargs = trainer_args(plan.run_file, plan.train_args)
         started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc, pyargs)
-        choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name)
+        choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name, plan.run_file, plan.overrides)
         return started
 
 

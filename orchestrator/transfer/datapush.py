@@ -121,11 +121,18 @@ def converse(
 
 
 def _refuse_in_use(plan: Plan, in_use: dict[str, list[str]]) -> None:
-    from enlace.server.datainuse import in_use_message
-
+    """Refuse, before a byte is sent, a plan that changes files a live run reads (the server's "in_use")."""
     hit = {rel: in_use[rel] for rel in [r for r, _, _, _ in plan.send] + plan.delete if rel in in_use}
-    if hit:
-        raise UsageError(in_use_message(hit))
+    if not hit:
+        return
+    names, files = sorted({n for ns in hit.values() for n in ns}), sorted(hit)
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    one = len(names) == 1
+    raise UsageError(
+        f"data push would change {shown}, which {', '.join(names)} {'reads' if one else 'read'} while alive: a "
+        f"restart would then refuse the changed data — push once {'it ends' if one else 'they end'}, or pass "
+        "--force (healing then needs launch --allow-data-change)"
+    )
 
 
 def _once(
