@@ -128,8 +128,9 @@ def ddp(det_run: str, overrides: list[str], steps: int, device: torch.device) ->
     """DDP over every visible GPU (2 gloo processes on the CPU): `steps` straight under torchrun, and half +
     a resume in new processes; the two final checkpoints compared by bytes. Every step runs any_rank (the
     stop flag) on the group's backend, so nccl's device rule is exercised too."""
+    from enlace.manifest import step_dir_name
     from enlace.preflight.verify_resume import compare_states
-    from enlace.train.checkpoint import load_checkpoint, step_dir_name
+    from enlace.train.checkpoint import load_checkpoint
 
     world = torch.cuda.device_count() if device.type == "cuda" else 2
     if world < 2:

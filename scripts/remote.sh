@@ -13,7 +13,7 @@
 #
 # Every verb answers with exactly one JSON document on stdout (progress goes to stderr); JSON is
 # written by python's json module, never by printf. Run state (already running, crashed, ...) is
-# decided in enlace/server/runs.py, not here. Every argument arrives shlex-quoted from the driver, which
+# decided in enlace/state/runs.py, not here. Every argument arrives shlex-quoted from the driver, which
 # validated SHA and run names first; this script checks them again.
 set -euo pipefail
 

@@ -36,7 +36,8 @@ def test_disk_full_during_a_checkpoint_fails_the_run_clearly_and_relaunch_refuse
     assert "error: No space left on device while saving" in (run_dir / "train.log").read_text()
     assert not [p for p in run_dir.rglob(".*tmp*")], list(run_dir.rglob(".*tmp*"))  # no temp file left behind
     assert run_json(run_dir)["step"] >= 2  # the earlier checkpoints are intact and complete
-    from enlace.train.checkpoint import latest_checkpoint, verify_checkpoint
+    from enlace.manifest import latest_checkpoint
+    from enlace.train.checkpoint import verify_checkpoint
 
     verify_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     again = enlace(project, "train", "full", "--runs-dir", str(small_disk), check=False)
@@ -56,7 +57,7 @@ def test_broken_manifests_are_named_and_a_lost_history_is_said(project):
     (ckpts / "step-000006" / "MANIFEST").write_text("{}")
     (ckpts / "step-000004" / "MANIFEST").write_text("{not json")
     from enlace.errors import CheckpointError
-    from enlace.train.checkpoint import latest_checkpoint, read_manifest
+    from enlace.manifest import latest_checkpoint, read_manifest
 
     with pytest.raises(CheckpointError, match="MANIFEST has format version None"):
         read_manifest(ckpts / "step-000006")
@@ -87,7 +88,7 @@ def test_corrupt_newest_checkpoint_names_the_previous_one_and_resume_path_contin
 def test_an_incomplete_newest_checkpoint_is_said_in_status_and_train_log(project, damage):
     """`latest` names step-000006 but it is not complete: resuming from step-000004 costs 2 steps, and
     status and train.log say so, with --resume offered — never a silent step back."""
-    from enlace.server import runs
+    from enlace.state import runs
 
     ckpts = _three_checkpoints(project)
     newest = ckpts / "step-000006"

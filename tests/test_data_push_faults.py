@@ -14,7 +14,7 @@ from support.configs import write_run, write_tiny_corpus
 from support.remote import PipeReader, popen_remote, remote, server_dir, wait_until
 from support.repocopy import commit_all
 
-from enlace.server import runs
+from enlace.state import runs
 
 pytestmark = pytest.mark.slow
 

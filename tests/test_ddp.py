@@ -16,8 +16,9 @@ from support.cli import enlace, metrics, run_json
 from support.configs import DETERMINISTIC, write_run
 from support.procs import trainers_under
 
+from enlace.manifest import latest_checkpoint
 from enlace.preflight.verify_resume import compare_states
-from enlace.train.checkpoint import latest_checkpoint, load_checkpoint
+from enlace.train.checkpoint import load_checkpoint
 
 DDP_RUN = {**DETERMINISTIC, "training": {"max_steps": 40, "log_every": 1, "eval_every": 4}}
 

@@ -97,7 +97,7 @@ def test_paramiko_loads_without_invoke_and_match_exec_still_works(tmp_path):
     cfg = tmp_path / "ssh_config"
     cfg.write_text('Match originalhost ex exec "test -d /"\n  Port 2300\nHost *\n  User bob\n')
     code = (
-        "import sys\nfrom pathlib import Path\nfrom orchestrator.ssh.sshlib import load_paramiko, read_ssh_config\n"
+        "import sys\nfrom pathlib import Path\nfrom orchestrator.sshlib import load_paramiko, read_ssh_config\n"
         "paramiko = load_paramiko()\nbefore = 'invoke' in sys.modules\n"
         f"found = read_ssh_config(Path({str(cfg)!r}), 'ex')\n"
         "print(before, paramiko.SSHClient.__name__, found['port'], found['user'])"

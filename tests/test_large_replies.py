@@ -11,7 +11,7 @@ import pytest
 from support.remote import remote, server_dir, tiny_corpus
 
 from enlace.contract import Status
-from enlace.server import runs
+from enlace.state import runs
 
 
 def _transport(sshd, repo, monkeypatch):

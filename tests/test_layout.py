@@ -181,3 +181,15 @@ def test_the_code_is_formatted_and_lint_clean():
         text=True,
     )
     assert skips.stdout == "", skips.stdout
+
+
+def test_the_folders_import_contracts_hold():
+    """pyproject's [tool.importlinter] contracts (layers inside each half, the driver kept to enlace's shared
+    torch-free modules, the trainer kept from the server's verbs and the driver), checked by import-linter."""
+    out = subprocess.run(
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and "0 broken" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]

@@ -15,7 +15,8 @@ from support.configs import write_run
 from support.procs import Throttle
 from support.remote import PipeReader, popen_remote, remote, tiny_corpus, wait_until
 
-from enlace.server import lifecycle, runs
+from enlace.server import lifecycle
+from enlace.state import runs
 
 
 def _steady_run(user_repo, name, log_every=10):

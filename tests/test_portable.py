@@ -17,7 +17,7 @@ from support.remote import wait_until
 
 from enlace import sysinfo
 from enlace.contract import Status
-from enlace.server import runs
+from enlace.state import runs
 from orchestrator.ssh import portable
 from orchestrator.ssh.duplex import ProcessDuplex
 
@@ -163,7 +163,7 @@ def test_driver_verbs_start_without_torch_or_numpy(verb):
     code = (
         "import sys\nfrom orchestrator.cli import main\n"
         f"try:\n    main({verb.split()!r}, standalone_mode=False)\nexcept SystemExit:\n    pass\n"
-        "bad = [m for m in ('torch', 'numpy', 'enlace.config.schema', 'enlace.train', 'enlace.server.runs') if m in sys.modules]\n"
+        "bad = [m for m in ('torch', 'numpy', 'enlace.config.schema', 'enlace.train', 'enlace.state.runs') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -214,6 +214,6 @@ time.sleep(120)
     child = int(pidfile.read_text())
     parent.kill()
     parent.wait()
-    from enlace.server.runs import proc_start
+    from enlace.state.runs import proc_start
 
     wait_until(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")

@@ -11,7 +11,7 @@ import pytest
 from support.remote import remote, server_dir, tiny_corpus, wait_until
 
 from enlace.names import quoted, validate_run_name
-from enlace.server import runs
+from enlace.state import runs
 
 pytestmark = pytest.mark.slow
 

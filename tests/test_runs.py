@@ -1,4 +1,4 @@
-"""Run state (enlace/server/runs.py), the exit-code table and the wire protocol: fast tests, no sshd."""
+"""Run state (enlace/state/runs.py), the exit-code table and the wire protocol: fast tests, no sshd."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from support.configs import write_run
 
 from enlace import contract
 from enlace.contract import Status
-from enlace.server import lifecycle, runs
+from enlace.server import lifecycle
+from enlace.state import runs
 
 
 def test_exit_codes_are_one_table_used_by_every_part():
@@ -223,7 +224,8 @@ def test_a_run_that_wrote_its_final_status_and_is_exiting_is_not_already_running
     """After a failed launch the trainer may still be exiting: the next launch waits for it instead of
     answering 'already running (status failed)', exit 7."""
     from enlace.contract import Status
-    from enlace.server import lifecycle, runs
+    from enlace.server import lifecycle
+    from enlace.state import runs
 
     proc = subprocess.Popen(["sleep", "1.5"])
     run_dir = tmp_path / "r"

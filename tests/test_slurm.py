@@ -24,8 +24,9 @@ from support.procs import kill_processes_under
 from support.remote import DRIVER, remote, server_dir, tiny_corpus, wait_until
 from support.repocopy import commit_all
 
+from enlace.manifest import latest_checkpoint
 from enlace.preflight.verify_resume import compare_states
-from enlace.train.checkpoint import latest_checkpoint, load_checkpoint
+from enlace.train.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.longest, pytest.mark.xdist_group("slurm")]  # one cluster: one worker
 

@@ -14,8 +14,8 @@ from support import REPO
 from support.remote import remote
 
 from enlace.contract import Status
-from enlace.server import runs
 from enlace.slurm.settings import SlurmError, SlurmSpec, job_script, sbatch_lines, spec_from, time_limit_s
+from enlace.state import runs
 from orchestrator.view.status import slurm_cell
 
 

@@ -13,8 +13,9 @@ from support.cli import enlace, run_json
 from support.configs import DETERMINISTIC, write_run
 from support.forkserver import start_enlace
 
+from enlace.manifest import latest_checkpoint
 from enlace.preflight.verify_resume import compare_states
-from enlace.train.checkpoint import latest_checkpoint, load_checkpoint
+from enlace.train.checkpoint import load_checkpoint
 
 
 def _start(project, name, *args):
@@ -144,7 +145,8 @@ def test_stop_never_overwrites_a_final_status_nor_signals_twice(tmp_path):
     import subprocess
 
     from enlace.contract import Status
-    from enlace.server import lifecycle, runs
+    from enlace.server import lifecycle
+    from enlace.state import runs
 
     for recorded in (Status.STOPPED, Status.STOPPING):
         run_dir = tmp_path / recorded.value

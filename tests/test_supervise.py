@@ -54,7 +54,7 @@ def _at_step(project, name: str, step: int, restarts: int = 0) -> int:
 
 
 def _ended(project, name: str) -> dict:
-    from enlace.server import runs
+    from enlace.state import runs
 
     wait_until(lambda: not runs.observe(project / "runs" / name)["alive"], 300, f"{name} to end")
     return runs.observe(project / "runs" / name)

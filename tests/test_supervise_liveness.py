@@ -14,7 +14,7 @@ from support.cli import enlace
 from support.configs import DETERMINISTIC, write_run
 from support.remote import wait_until
 
-from enlace.server import heartbeat, runs
+from enlace.state import heartbeat, runs
 
 pytestmark = pytest.mark.slow
 

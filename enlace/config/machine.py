@@ -9,8 +9,8 @@ from pathlib import Path
 
 from enlace.config.schema import Config
 from enlace.errors import ConfigError
+from enlace.manifest import latest_checkpoint, manifest_problem
 from enlace.names import RUN_NAME_RE
-from enlace.train.checkpoint import latest_checkpoint, manifest_problem
 
 
 def check_environment(cfg: Config) -> None:

@@ -8,7 +8,7 @@ import typing
 from pathlib import Path
 
 from enlace.config.schema import Config, load_config
-from enlace.server.runs import read
+from enlace.state.runs import read
 
 
 def load_run_config(

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from enlace.config.schema import Config
+from enlace.manifest import latest_checkpoint, read_manifest
 from enlace.sysinfo import cpu_name, mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
 from enlace.train import engine
-from enlace.train.checkpoint import latest_checkpoint, read_manifest, save_checkpoint
+from enlace.train.checkpoint import save_checkpoint
 from enlace.train.dist import Dist
 
 WARMUP_STEPS = 3  # also the fp16 calibration window: skips here are the scaler finding its scale

@@ -22,7 +22,8 @@ import torch
 
 from enlace.config.schema import Config
 from enlace.errors import EnlaceError
-from enlace.train.checkpoint import load_checkpoint, step_dir_name
+from enlace.manifest import step_dir_name
+from enlace.train.checkpoint import load_checkpoint
 from enlace.train.engine import pick_device
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from enlace.contract import Status
 from enlace.errors import EnlaceError
 from enlace.hashing import venv_key
-from enlace.server import runs
+from enlace.state import runs
 
 
 def remote_dir_of(tree: Path) -> Path:

@@ -26,7 +26,8 @@ def _runs_root(root: Path | None) -> Path:
 @click.option("--json", "as_json", is_flag=True)
 def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
     """Status of the runs in runs/ (or one RUN_NAME); a run whose process vanished shows crashed."""
-    from enlace.server import runfiles, runs
+    from enlace.server import runfiles
+    from enlace.state import runs
 
     rows = (
         [runs.observe(runfiles.launched_run_dir(_runs_root(root), run_name))]

@@ -19,7 +19,7 @@ import yaml
 from enlace.contract import ACTIVE
 from enlace.data.paths import push_files
 from enlace.errors import EnlaceError
-from enlace.server import runs
+from enlace.state import runs
 
 DATA_CHANGED = "its data was changed by a data push: a restart or resume needs launch --allow-data-change"
 

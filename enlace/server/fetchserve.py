@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 from enlace.contract import FRAME, RUN_FILES
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.hashing import fd_sha256
-from enlace.train.checkpoint import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
+from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
 
 
 class BadRequest(EnlaceError):

@@ -1,6 +1,6 @@
 """A run's lifecycle on the server: start it detached (or submit it to Slurm), wait for its first step,
 stop it. One launch of a run at a time; a live run is refused (exit 7). What a run *is* (run.json, its
-status, its liveness) is enlace/server/runs.py's; this module only acts on it. Stdlib and psutil only.
+status, its liveness) is enlace/state/runs.py's; this module only acts on it. Stdlib and psutil only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 from enlace import contract
 from enlace.contract import ACTIVE, STOPPABLE, Status, describe_live
 from enlace.errors import AlreadyRunning
-from enlace.server.runs import (
+from enlace.slurm import settings as slurm
+from enlace.state.runs import (
     alive,
     job_of,
     locked,
@@ -28,7 +29,6 @@ from enlace.server.runs import (
     transition,
     update,
 )
-from enlace.slurm import settings as slurm
 
 ADOPT_GRACE_S = 120.0  # launch of a run nobody supervises: how long its trainer gets to checkpoint and stop
 

@@ -1,5 +1,5 @@
 """A run's files as the server verbs read them for the driver: run directories by name, the status
-table and train.log from a byte offset (followed). Run state itself is enlace/server/runs.py's; what fetch
+table and train.log from a byte offset (followed). Run state itself is enlace/state/runs.py's; what fetch
 is offered, enlace/server/fetchserve.py's. None of them imports torch, so each answers in tens of milliseconds."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from enlace import contract
 from enlace.contract import exit_code_of
 from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
-from enlace.server import runs
 from enlace.slurm.settings import QUEUED_STATES
+from enlace.state import runs
 
 
 class NoSuchRun(EnlaceError):

@@ -12,7 +12,7 @@ outlives it, and heals the run without anyone watching:
       collective, a dead mount)                                grace, and a restart as above
     SIGTERM to the supervisor (`stop`)                        one SIGTERM to the child; never restarted
 
-The trainer beats a heartbeat (enlace/server/heartbeat.py) on every step, eval batch and checkpoint: the
+The trainer beats a heartbeat (enlace/state/heartbeat.py) on every step, eval batch and checkpoint: the
 stall clock measures silence, not the absence of new steps, and a finished run is final whatever it thought.
 The stall timeout, unless given, is derived from what the run shows: ten times the longest silence so far,
 never under MIN_STALL_S. The supervisor beats its own heartbeat while it watches (status tells a supervisor
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from enlace import contract
 from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
-from enlace.server import heartbeat, runs
-from enlace.train.checkpoint import latest_checkpoint
+from enlace.manifest import latest_checkpoint
+from enlace.state import heartbeat, runs
 
 NOT_RETRIED = frozenset({contract.USAGE, contract.VERIFY, contract.ALREADY_RUNNING, contract.NO_SPACE})
 MIN_STALL_S = 300.0  # a derived stall timeout is never shorter (evals, checkpoints, a slow filesystem)

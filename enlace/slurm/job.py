@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 
 from enlace.contract import ACTIVE, Status
-from enlace.server import lifecycle, runs
+from enlace.server import lifecycle
 from enlace.server.supervise import Policy, Supervisor, last_line
 from enlace.slurm.settings import SlurmError, time_left_s
+from enlace.state import runs
 
 EARLY_S = 60  # Slurm's docs: the --signal may come up to 60 s before the time asked for
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from enlace.errors import EnlaceError
-from enlace.train.checkpoint import MANIFEST, read_manifest, write_manifest
+from enlace.manifest import MANIFEST, read_manifest, write_manifest
 from enlace.train.trained import load_model
 
 

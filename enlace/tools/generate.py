@@ -22,8 +22,8 @@ from typing import Any
 
 from enlace.data.shards import prepare_shards
 from enlace.errors import EnlaceError
+from enlace.manifest import read_manifest
 from enlace.tools.sample import generate_streams
-from enlace.train.checkpoint import read_manifest
 from enlace.train.trained import load_model
 
 CHUNK = 256  # bytes per stream between two writes (and two progress lines)

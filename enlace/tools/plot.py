@@ -30,7 +30,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise EnlaceError(f"{run_dir}: no metrics.jsonl — has the run logged a step yet?")
-    try:  # run.json as fetched (plot reads files; run state itself is enlace/server/runs.py's, on the server)
+    try:  # run.json as fetched (plot reads files; run state itself is enlace/state/runs.py's, on the server)
         state = json.loads((run_dir / "run.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}

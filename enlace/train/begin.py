@@ -15,18 +15,17 @@ from enlace.config.schema import Config
 from enlace.contract import Status
 from enlace.data.streams import build_stream, data_identity
 from enlace.errors import CheckpointError
-from enlace.server import runs
+from enlace.manifest import incomplete_checkpoints, skipped_latest
+from enlace.state import runs
 from enlace.sysinfo import git_commit, hostname
 from enlace.train import engine
 from enlace.train.checkpoint import (
     check_free_space,
     checkpoint_bytes,
-    incomplete_checkpoints,
     load_checkpoint,
     previous_complete,
     remove_stale_temps,
     resolve_resume,
-    skipped_latest,
 )
 from enlace.train.dist import Dist
 from enlace.train.rundir import RunDir

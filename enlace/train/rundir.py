@@ -1,7 +1,7 @@
 """The run directory: config.yaml, run.json, train.log, metrics.jsonl, checkpoints/.
 
 Everything is written incrementally and flushed, so `tail -f` (and `enlace-remote logs`) sees it.
-run.json belongs to enlace/server/runs.py (this class only forwards to it).
+run.json belongs to enlace/state/runs.py (this class only forwards to it).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from enlace.contract import UNLESS_STOPPING, Status
-from enlace.server import heartbeat, runs
-from enlace.server.runs import atomic_write
+from enlace.state import heartbeat, runs
+from enlace.state.runs import atomic_write
 from enlace.train import sinks
 
 

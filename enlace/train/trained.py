@@ -10,7 +10,8 @@ import torch
 
 from enlace.config.schema import ModelConfig
 from enlace.errors import CheckpointError
-from enlace.train.checkpoint import latest_checkpoint, load_checkpoint
+from enlace.manifest import latest_checkpoint
+from enlace.train.checkpoint import load_checkpoint
 from enlace.train.model import ByteGPT
 
 

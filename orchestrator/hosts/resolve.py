@@ -33,7 +33,7 @@ from enlace.slurm.settings import SlurmSpec, spec_from
 from orchestrator.errors import UsageError
 from orchestrator.hosts import schema as hostfile
 from orchestrator.hosts.schema import NAME_RE, TARGET_RE
-from orchestrator.ssh.sshlib import read_ssh_config  # no ssh client (or it refused the file)
+from orchestrator.sshlib import read_ssh_config  # no ssh client (or it refused the file)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import Transient, UnreachableError, short
 from orchestrator.ssh.portable import die_with_us, grow_pipe
-from orchestrator.ssh.sshlib import load_paramiko
+from orchestrator.sshlib import load_paramiko
 
 PIPE_BYTES = 1 << 20  # a local process's stdout pipe, and the most one read of it asks for
 

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 from orchestrator.hosts.resolve import Host
-from orchestrator.ssh.sshlib import load_paramiko
+from orchestrator.sshlib import load_paramiko
 
 
 class AcceptNewHostKey:

@@ -36,7 +36,7 @@ from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file
 from orchestrator.ssh.duplex import ChannelDuplex, ProcessDuplex, SystemSSHDuplex
 from orchestrator.ssh.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
 from orchestrator.ssh.retry import WINDOW_S, retrying
-from orchestrator.ssh.sshlib import load_paramiko
+from orchestrator.sshlib import load_paramiko
 
 if TYPE_CHECKING:
     from orchestrator.ssh.duplex import Duplex

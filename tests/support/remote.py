@@ -95,7 +95,7 @@ def server_dir(sshd, host: str) -> Path:
 
 def keeps_stepping(run_dir: Path, steps: int = 2, timeout: float = 120) -> None:
     """Wait until the run's run.json shows `steps` more steps than now (it is alive and training)."""
-    from enlace.server import runs
+    from enlace.state import runs
 
     start = runs.read(run_dir).get("step", 0)
     wait_until(lambda: runs.read(run_dir).get("step", 0) >= start + steps, timeout, f"{run_dir.name} to step on")

@@ -28,9 +28,9 @@ import psutil
 
 from enlace.contract import ACTIVE, UNLESS_STOPPING, Status
 from enlace.errors import AlreadyRunning
-from enlace.server import heartbeat
+from enlace.manifest import latest_checkpoint, skipped_latest
 from enlace.slurm import settings as slurm
-from enlace.train.checkpoint import latest_checkpoint, skipped_latest
+from enlace.state import heartbeat
 
 # -- processes ---------------------------------------------------------------------------------
 

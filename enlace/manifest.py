@@ -1,0 +1,148 @@
+"""A checkpoint directory's MANIFEST: its one schema, reading and writing it, and which directories under
+checkpoints/ are complete (the newest, the one `latest` names). Both halves use it: the trainer writes, the
+server verbs list and serve, the driver's fetch reads what the server offers. Standard library only: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from enlace.errors import CheckpointError
+from enlace.hashing import file_sha256
+
+MANIFEST = "MANIFEST"
+STEP_RE = re.compile(r"step-(\d{6,})")
+FORMAT_VERSION = 1
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, write) -> None:
+    with open(path, "wb") as fh:
+        write(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _schema_problem(m: Any) -> str | None:
+    """What is wrong with a parsed MANIFEST, or None. The one definition of its schema."""
+    if not isinstance(m, dict):
+        return "is not a JSON object"
+    if m.get("version") != FORMAT_VERSION:
+        return f"has format version {m.get('version')!r}; this enlace reads v{FORMAT_VERSION}"
+    if not isinstance(m.get("step"), int) or isinstance(m.get("step"), bool) or m["step"] < 0:
+        return "has no valid `step`"
+    files = m.get("files")
+    if not isinstance(files, dict) or not files:
+        return "lists no files"
+    for name, e in files.items():
+        ok = (
+            isinstance(e, dict)
+            and isinstance(e.get("sha256"), str)
+            and len(e["sha256"]) == 64
+            and isinstance(e.get("bytes"), int)
+            and not str(name).startswith((".", "/"))
+            and "/" not in str(name)
+        )
+        if not ok:
+            return f"has a malformed entry for {name!r}"
+    return None
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    """`ckpt`'s MANIFEST, schema-checked; raises CheckpointError saying exactly what is wrong."""
+    try:
+        m = json.loads((ckpt / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(f"{ckpt}: no MANIFEST — an incomplete checkpoint is never loaded") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{ckpt}: MANIFEST is not valid JSON (a corrupt copy?) — it is never loaded") from None
+    problem = _schema_problem(m)
+    if problem:
+        raise CheckpointError(f"{ckpt}: MANIFEST {problem} — it is never loaded")
+    return m
+
+
+def manifest_problem(ckpt: Path) -> str | None:
+    """None for a complete checkpoint, else why it is not one."""
+    try:
+        read_manifest(ckpt)
+    except CheckpointError as e:
+        return e.message
+    return None
+
+
+def complete_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoint dirs (a valid MANIFEST), oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    found = [p for p in ckpt_root.iterdir() if STEP_RE.fullmatch(p.name) and manifest_problem(p) is None]
+    return sorted(found, key=lambda p: int(STEP_RE.fullmatch(p.name).group(1)))
+
+
+def incomplete_checkpoints(ckpt_root: Path) -> list[str]:
+    """Why each step-* dir that is not a complete checkpoint is not one (for the log)."""
+    if not ckpt_root.is_dir():
+        return []
+    named = sorted(p for p in ckpt_root.iterdir() if STEP_RE.fullmatch(p.name))
+    return [problem for p in named if (problem := manifest_problem(p))]
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The checkpoint `latest` names if complete, else the newest complete one, else None."""
+    try:
+        named = ckpt_root / (ckpt_root / "latest").read_text().strip()
+        if STEP_RE.fullmatch(named.name) and manifest_problem(named) is None:
+            return named
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    done = complete_checkpoints(ckpt_root)
+    return done[-1] if done else None
+
+
+def skipped_latest(ckpt_root: Path, fallback: Path | None) -> str | None:
+    """When `latest` names a checkpoint that is not complete (MANIFEST gone or empty, the directory
+    emptied or removed): one line saying what resuming does instead and how many steps it costs. None
+    when `latest` is complete or absent. `fallback`: what latest_checkpoint(ckpt_root) resolved (the
+    caller has it: no second pass over the checkpoints)."""
+    try:
+        name = (ckpt_root / "latest").read_text().strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    m = STEP_RE.fullmatch(name)
+    if not m or (fallback is not None and fallback.name == name):  # latest is complete: nothing skipped
+        return None
+    named = ckpt_root / name
+    problem = manifest_problem(named) if named.is_dir() else f"{named}: missing — "
+    if problem is None:
+        return None
+    reason = problem.removeprefix(f"{named}: ").split(" — ")[0].strip()
+    start = int(STEP_RE.fullmatch(fallback.name).group(1)) if fallback else 0
+    where = f"resuming from {fallback.name}" if fallback else "no complete checkpoint is left: starting from step 0"
+    return f"{name} is incomplete ({reason}): {where}; {int(m.group(1)) - start} steps will be trained again"
+
+
+def write_manifest(directory: Path, step: int, names: list[str]) -> None:
+    """MANIFEST (each file's sha256 and size) into `directory`, fsynced: what makes a checkpoint, or an export
+    kept in a run directory, complete and verifiable by whoever copies it."""
+    entries = {
+        name: {"sha256": file_sha256(directory / name).hexdigest(), "bytes": (directory / name).stat().st_size}
+        for name in names
+    }
+    manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
+    write_file(directory / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
+    fsync_dir(directory)
