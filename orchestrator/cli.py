@@ -1,7 +1,7 @@
 """`enlace-remote`: drive training on a GPU server over SSH (or on this machine: host `local`).
 
-Thin click commands over ship / launch / status / logs / fetch (each verb lives in cli_run.py,
-cli_tools.py or cli_data.py and is added here). Never imports torch.
+Thin click commands over the operations layers (launch/, transfer/, view/): each verb lives in
+orchestrator/commands/ (run.py, tools.py, data.py) and is added here. Never imports torch.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv with both halves (the driver, the trainer: .[train]) and the test tools, pinned by constraints.txt (torch CPU wheel 2.13.0).
+# Create .venv with both halves (the driver, the trainer: .[train]) and the test tools, pinned by constraints.txt (torch 2.13.0: the CPU wheel where pip finds one, else PyPI's, the CUDA build on Linux).
 # Idempotent and fast when nothing changed: reinstalls only when pyproject.toml or
 # constraints.txt differ from the last install.
 set -euo pipefail
@@ -10,7 +10,7 @@ want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "bootstrap: creating .venv (torch CPU wheel, numpy, pyyaml, click, paramiko, pytest)..." >&2
+echo "bootstrap: creating .venv (torch 2.13.0, numpy, pyyaml, click, paramiko, pytest; the first time: a minute with a CPU wheel at hand, longer when pip must download torch)..." >&2
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 quiet_pip() {  # pip, without the warnings setuptools and odd pip configs print on every install;
   local log; log=$(mktemp)   # on failure its whole output is shown

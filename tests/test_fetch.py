@@ -107,6 +107,11 @@ def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
     other = user_repo / "runs" / "tiny@local"
     remote(user_repo, sshd.env, "fetch", "tiny", "--dest", str(other), host="local")
     assert json.loads((other / ".enlace-origin.json").read_text())["host"] == "local"
+    # plot refuses the same way, naming the option it has (it suggested a --dest it did not have)
+    out = remote(user_repo, sshd.env, "plot", "tiny", host="local", check=False)
+    assert out.returncode == 2 and "--dest" in out.stderr, out.stderr
+    drawn = remote(user_repo, sshd.env, "plot", "tiny", "--dest", str(other), host="local").stdout.strip()
+    assert drawn == str(other / "curves.png") and (other / "curves.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow

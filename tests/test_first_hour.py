@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from support import REPO
-from support.procs import install_driver
 from support.remote import tiny_corpus
 
 WHEELS = Path("/opt/wheels")
@@ -44,7 +43,14 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
     system_python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
     if not system_python:
         pytest.skip("no python3 outside root's home for the laptop account to run the driver with")
-    driver_bin = install_driver(home / "driver", repo, system_python)  # pip install . : no torch on the laptop
+    # README's install line for a laptop, as written (no torch): it must leave enlace-remote in ~/.local/bin,
+    # which a login shell puts on PATH (it was left in a venv's bin/, and the next README line failed)
+    install = re.search(r"your laptop .*?\| `(.+?)` \(from a clone", (REPO / "README.md").read_text()).group(1)
+    pip_cache = {"PIP_CACHE_DIR": "/root/.cache/pip", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # this machine's
+    env_install = {"HOME": str(home), "PATH": str(Path(system_python).parent) + ":/usr/bin:/bin", **pip_cache}
+    subprocess.run(["bash", "-c", install], cwd=repo, env=env_install, check=True, capture_output=True)
+    driver_bin = home / ".local" / "bin"
+    assert (driver_bin / "enlace-remote").exists()
     subprocess.run(["chown", "-R", f"{laptop_user}:", str(home)], check=True)
     server_home = Path(f"/home/{fresh_user}")
     (server_home / ".ssh").mkdir(mode=0o700)

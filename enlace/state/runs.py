@@ -1,4 +1,5 @@
-"""A run's state: the one module that writes run.json, owns the status type and decides liveness.
+"""A run's state: the one module that writes run.json and decides liveness (the status type itself is
+enlace/contract.py's: both halves read it).
 
 Everything that asks "is this run alive?", "is it already running?", "did it crash?", "has it
 reached its first step?" or "what should `logs -f` exit with?" asks this module, on the server,

@@ -52,19 +52,27 @@ def sample(
 @click.argument("run_names", nargs=-1, metavar="[RUN_NAME...]")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="PNG to write.")
 @click.option("--metrics", default="loss,val_bpb,lr,tokens_per_s", show_default=True, help="Comma-separated panels.")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Local run directory to fetch into (default: runs/RUN_NAME here), as fetch's --dest; one RUN_NAME.",
+)
 @with_remote
-def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: str) -> None:
-    """Fetch only metrics.jsonl and run.json of each run (incremental) into runs/RUN_NAME here, and draw
-    them locally with `enlace plot` (matplotlib; nothing heavy runs on the server)."""
+def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: str, dest: Path | None) -> None:
+    """Fetch only metrics.jsonl and run.json of each run (incremental) into runs/RUN_NAME here (or --dest),
+    and draw them locally with `enlace plot` (matplotlib; nothing heavy runs on the server)."""
     from enlace.tools.plot import plot as draw
     from orchestrator.launch import choose
     from orchestrator.transfer.fetch import fetch_run_files
 
     names = list(run_names) or [choose.choose_run(remote.repo, remote.host, None, last_first=True)]
+    if dest is not None and len(names) > 1:
+        raise click.BadParameter("--dest names one run's directory: plot one RUN_NAME with it", param_hint="--dest")
     dirs = []
     for name in names:
         validate_run_name(name, "RUN")
-        dirs.append(remote.repo / "runs" / name)
+        dirs.append(dest or remote.repo / "runs" / name)
         fetch_run_files(remote.session, name, dirs[-1], ("metrics.jsonl", "run.json"))
     target = out or (dirs[0] / "curves.png" if len(dirs) == 1 else dirs[0].parent / ("+".join(names) + ".png"))
     draw(dirs, target, [m.strip() for m in metrics.split(",") if m.strip()])

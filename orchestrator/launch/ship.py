@@ -33,8 +33,9 @@ def check_run_config(repo: Path, run: str) -> str:
 
 
 def local_run_name(repo: Path, run: str, overrides=()) -> str:
-    """The name RUN will run under, by the contract's rule, from this checkout's run file alone: the driver
-    loads no trainer config (that is the server's, whose loader is the only schema)."""
+    """The name RUN will run under, by the contract's rule, from this checkout's run file alone: launch loads
+    no trainer config here (the server's check-config is the one that counts; only data push resolves a
+    run's data with the config loader, enlace/config/schema.py, which is light)."""
 
     path = repo / "configs" / "runs" / f"{run}.yaml"
     try:

@@ -261,7 +261,7 @@ def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
         if have != origin:
             raise UsageError(
                 f"{root} holds {run_name} fetched from {have['host']} ({have['run_dir']}); fetching "
-                f"{run_name} from {host} ({run_dir}) would mix two runs — fetch it elsewhere: "
+                f"{run_name} from {host} ({run_dir}) would mix two runs — fetch (or plot) it elsewhere: "
                 f"--dest {root.parent / (run_name + '@' + host)}"
             )
         return
