@@ -42,6 +42,10 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 DEPENDENCIES = ("torch", "numpy", "yaml", "click", "psutil")
+# enlace/contract.py's exit codes, spelled here (this script runs before the tree is known to import);
+# tests/test_runs.py holds them equal
+USAGE = 2
+VERIFY = 3
 
 
 def import_detail(stderr: str) -> str:
@@ -110,10 +114,12 @@ def main() -> int:
         add("data the run reads exists", data.get("ok"), data.get("error") or f"{len(data['files'])} files")
     ok = all(c["ok"] for c in checks)
     warnings = cfg.get("warnings") or []  # valid but probably not meant: the driver shows them
-    print(
-        json.dumps({"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings})
-    )
-    return 0 if ok else 3
+    # a config error is exit 2 whichever verb finds it (a wrong key, a bad value); anything missing is 3
+    only_config = [c for c in checks if not c["ok"]] == [checks[-1]] and cfg.get("exit_code") == USAGE
+    code = 0 if ok else USAGE if only_config and checks[-1]["name"].startswith("enlace check-config") else VERIFY
+    doc = {"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings}
+    print(json.dumps({**doc, "exit_code": code}))
+    return code
 
 
 if __name__ == "__main__":

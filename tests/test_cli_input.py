@@ -86,3 +86,12 @@ def test_global_options_work_after_the_verb(sshd, user_repo):
     remote(user_repo, sshd.env, "sync")
     out = remote(user_repo, {**sshd.env, "ENLACE_REMOTE_HOST": "nowhere"}, "status", "--host", "testhost", host="local")
     assert out.returncode == 0 and "no runs on this host" in out.stdout
+
+
+def test_a_config_error_found_by_the_servers_verify_is_exit_2(sshd, user_repo):
+    """docs/configs.md: config errors exit 2. A typo'd key through launch reached the server's verify and
+    exited 3 (verify's code); what the machine lacks (data, a teacher) stays 3."""
+    tiny_corpus(server_dir(sshd, "testhost"))
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--set", "training.max_step=5", "--no-preflight", check=False)
+    assert out.returncode == 2 and "training.max_step" in out.stderr and "max_steps" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -143,3 +143,13 @@ def test_a_yaml_bomb_and_a_huge_hosts_file_are_refused_at_once(tmp_path, monkeyp
     ):
         path.write_text(content)
         _one_line_error(CliRunner().invoke(main, ["--host", "gpu", "status"]), words)
+
+
+def test_hosts_shows_a_slurm_hosts_scheduler(tmp_path, monkeypatch):
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  cluster: {ssh: alice@login.example.org, scheduler: slurm, partition: gpu}\n")
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    out = CliRunner().invoke(main, ["hosts"]).output
+    line = next(ln for ln in out.splitlines() if "cluster" in ln)
+    assert "scheduler slurm" in line, out

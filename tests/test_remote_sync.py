@@ -134,6 +134,8 @@ def test_unreachable_host_fails_fast_with_host_and_reason(sshd, user_repo):
     out = remote(user_repo, sshd.env, "sync", check=False)
     assert out.returncode == 4 and "testhost" in out.stderr and "cannot connect" in out.stderr
     assert out.stderr.count("retrying in") <= 2, out.stderr  # a host never reached: 3 attempts, then the error
+    # sshd is down: the port refuses at once; that is said, not "connect timeout 5s"
+    assert "connection refused" in out.stderr and "timed out" not in out.stderr, out.stderr
 
 
 def test_hosts_lists_local_and_configured(sshd, user_repo):

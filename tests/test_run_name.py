@@ -56,6 +56,9 @@ def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_ex
     remote(user_repo, sshd.env, "logs", "-f")
     row = json.loads(remote(user_repo, sshd.env, "status", "mytry", "--json").stdout)[0]
     assert (row["status"], row["step"], row["max_steps"]) == ("finished", target, target), row
+    # ELAPSED is the training time of all three starts (it showed the latest start's alone), that one beside it
+    assert row["elapsed_s"] > row["start_elapsed_s"] > 0, row
+    assert "this start)" in remote(user_repo, sshd.env, "status").stdout
     assert not (server_dir(sshd, "testhost") / "runs" / "long").exists()
 
 

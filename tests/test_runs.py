@@ -25,6 +25,9 @@ def test_exit_codes_are_one_table_used_by_every_part():
     for name, value in re.findall(r"^EXIT_([A-Z_]+)=(\d+)$", script, re.M):
         assert getattr(contract, name) == int(value), name  # remote.sh spells the same values
     assert re.findall(r"exit (\d)", script) == []  # no bare numbers: only the named ones
+    verify_tree = (REPO / "scripts" / "verify_tree.py").read_text()
+    for name, value in re.findall(r"^(USAGE|VERIFY) = (\d+)$", verify_tree, re.M):
+        assert getattr(contract, name) == int(value), name
     readme = (REPO / "docs" / "troubleshooting.md").read_text()  # the one table, as users read it
     for code, what in contract.TABLE.items():
         assert f"| {code} | {what} |" in readme, what

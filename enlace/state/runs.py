@@ -178,6 +178,12 @@ def status_of(state: dict[str, Any], is_alive: bool, job_state: str | None = Non
     return recorded
 
 
+def trained_before(state: dict[str, Any]) -> float:
+    """Seconds the run trained in its starts before the one about to begin: what those before it had, plus
+    the last start's own time as it last logged it (a crash's too: its last step is its end)."""
+    return (state.get("trained_before_s") or 0.0) + (state.get("start_trained_s") or 0.0)
+
+
 def job_of(state: dict[str, Any]) -> dict[str, Any]:
     """The Slurm job's state, reason and restarts ({} for a run started without Slurm)."""
     if not state.get("job_id"):
@@ -196,6 +202,9 @@ def observe(run_dir: Path) -> dict[str, Any]:
     now = time.time()
     started = st.get("started_at")
     end = now if status in ACTIVE else st.get("updated_at", now)
+    this_start = (
+        (end - started if status in ACTIVE else st.get("start_trained_s") or end - started) if started else None
+    )
     step, max_steps = st.get("step", 0), st.get("max_steps")
     eta = None
     if status == Status.RUNNING and st.get("tokens_per_s") and step and max_steps:
@@ -214,7 +223,8 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "loss": st.get("loss"),
         "val_bpb": st.get("val_bpb"),
         "tokens_per_s": st.get("tokens_per_s"),
-        "elapsed_s": (end - started) if started else None,
+        "elapsed_s": (st.get("trained_before_s") or 0.0) + this_start if started else None,  # over every start
+        "start_elapsed_s": this_start,  # the latest start's
         "eta_s": eta,
         "commit": st.get("commit"),
         "exit_code": st.get("exit_code"),

@@ -112,7 +112,16 @@ def _train(
             + " — raise training.max_steps to train further"
         )
     resumed = start.resumed_from.name if start.resumed_from else None
-    run.enter(Status.RUNNING, phase="training", step=progress["step"], resumed_from=resumed, started_at=time.time())
+    before = run.trained_before() if resumed else 0.0  # a fresh start (--resume none) counts from zero
+    run.enter(
+        Status.RUNNING,
+        phase="training",
+        step=progress["step"],
+        resumed_from=resumed,
+        started_at=time.time(),
+        trained_before_s=before,
+        start_trained_s=0.0,
+    )
     run.open_sinks(cfg, progress["step"])
     run.metric(  # plot marks resumes with it
         {
@@ -143,7 +152,9 @@ def _train(
         if dist.any_rank(stop.signame is not None):
             run.log(f"{stop.signame or 'stop'} received: finishing at step {step}")
             saver.save()
-            run.update_status(status=Status.STOPPED, exit_code=0, step=step)
+            run.update_status(
+                status=Status.STOPPED, exit_code=0, step=step, start_trained_s=time.perf_counter() - meter.started
+            )
             return _summary(run, step, meter, Status.STOPPED)
         if saver.due(step):
             saver.save()
@@ -155,7 +166,7 @@ def _train(
     status = Status.FINISHED if step >= t.max_steps else Status.STOPPED
     if until is not None and step < t.max_steps:
         run.log(f"--until {until}: stopping at step {step} of {t.max_steps}")
-    run.update_status(status=status, exit_code=0, step=step)
+    run.update_status(status=status, exit_code=0, step=step, start_trained_s=time.perf_counter() - meter.started)
     return _summary(run, step, meter, status)
 
 
@@ -212,7 +223,7 @@ def _log_step(run: RunDir, max_steps: int, step: int, loss: float, result, meter
             **terms,
         }
     )
-    run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=tokens)
+    run.update_status(step=step, loss=loss, tokens_per_s=rate, tokens=tokens, start_trained_s=elapsed)
 
 
 def _eval(run: RunDir, setup: engine.TrainingSetup, val_stream, step: int) -> None:

@@ -57,6 +57,10 @@ class RunDir:
         if self.enabled:
             runs.transition(self.path, status, UNLESS_STOPPING, **fields)
 
+    def trained_before(self) -> float:
+        """Seconds this run trained in its earlier starts (ELAPSED counts them all)."""
+        return runs.trained_before(runs.read(self.path)) if self.enabled else 0.0
+
     def phase(self, text: str) -> None:
         """What the trainer is doing before its first step (shown by `enlace-remote launch`)."""
         if self.enabled:

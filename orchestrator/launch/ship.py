@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import yaml
 
+from enlace import contract
 from enlace.contract import run_name_of
 from enlace.names import validate_run_name
 from enlace.yamlio import load_yaml_unique
@@ -57,7 +58,7 @@ def verify(session: Session, sha: str, run: str, for_launch: bool = False, overr
     """The server-side checklist for RUN in trees/SHA; prints it, raises VerifyError naming what is missing."""
     args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
     args += set_args(overrides)
-    doc = session.call_json("verify", *args, ok_codes=(0, 3))
+    doc = session.call_json("verify", *args, ok_codes=(0, contract.USAGE, contract.VERIFY))
     if "checks" not in doc:
         raise VerifyError(f"verify on {session.host.name}: {doc.get('error', 'failed')}")
     for c in doc["checks"]:
@@ -67,7 +68,8 @@ def verify(session: Session, sha: str, run: str, for_launch: bool = False, overr
         click.echo(f"  [warn] {warning}", err=True)
     if not doc["ok"]:
         failed = "; ".join(f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["ok"])
-        raise VerifyError(f"verify {run} on {session.host.name} failed: {failed}")
+        error = UsageError if doc.get("exit_code") == contract.USAGE else VerifyError  # a config error is exit 2
+        raise error(f"verify {run} on {session.host.name} failed: {failed}")
     click.echo(f"verify: {run} ready on {session.host.name} at {sha[:12]}", err=True)
     return doc
 

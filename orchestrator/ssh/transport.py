@@ -17,6 +17,7 @@ identity and strict checking.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import selectors
@@ -213,9 +214,7 @@ class SSHTransport(Transport):
                 "--ssh USER@HOST"
             ) from None
         except (TimeoutError, OSError, EOFError) as e:
-            timed_out = isinstance(e, (socket.timeout, TimeoutError))  # EOFError (a banner cut off) has no strerror
-            reason = "timed out" if timed_out else (getattr(e, "strerror", None) or str(e) or type(e).__name__)
-            raise Transient(f"{where}: cannot connect: {reason} (connect timeout {h.connect_timeout:g}s)") from None
+            raise Transient(f"{where}: cannot connect: {_connect_failure(e, h.connect_timeout)}") from None
         transport = client.get_transport()
         if isinstance(transport.sock, socket.socket):  # not a proxy's pipe
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # paramiko leaves Nagle on
@@ -367,6 +366,17 @@ SSH_CIPHERS = ",".join(
         "aes256-ctr",
     ]
 )
+
+
+def _connect_failure(e: BaseException, timeout: float) -> str:
+    """Why a connection could not be made, in the user's terms: a refusal is not a timeout."""
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return f"timed out after {timeout:g}s (the host's connect_timeout): is it up, and reachable from here?"
+    tried = getattr(e, "errors", None)  # paramiko's NoValidConnectionsError: one error per address tried
+    codes = {getattr(x, "errno", None) for x in tried.values()} if tried else {getattr(e, "errno", None)}
+    if errno.ECONNREFUSED in codes:
+        return "connection refused: nothing listens on that port (is sshd running there? is the port right?)"
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__  # EOFError (a banner cut off): its name
 
 
 def _gcm_first(sock, **kwargs):

@@ -49,7 +49,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 f"{r['loss']:.4f}" if r["loss"] is not None else "-",
                 f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
                 f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
-                duration(r["elapsed_s"]),
+                _elapsed(r),
                 duration(r["eta_s"]),
                 duration(now - r["updated_at"]) if r.get("updated_at") else "-",
                 (r["commit"] or "-")[:12],
@@ -63,6 +63,14 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
         lines += extra
     return "\n".join(lines)
+
+
+def _elapsed(row: dict) -> str:
+    """Training time over all the run's starts; this start's beside it when there were others."""
+    total, this = row.get("elapsed_s"), row.get("start_elapsed_s")
+    if total is None or this is None or total - this < 1:
+        return duration(total)
+    return f"{duration(total)} ({duration(this)} this start)"
 
 
 def _details(row: dict, full: bool) -> list[str]:
