@@ -29,6 +29,17 @@ def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+def _start_board(repo, env: dict, hosts: str):
+    """`enlace-remote board` on `hosts`, left running: (its process, the URL it printed)."""
+    proc = popen_remote(repo, env, "board", "--no-browser", "--hosts", hosts)
+    err = PipeReader(proc.stderr)
+    deadline = time.time() + 60
+    while not (m := re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", err.text())):
+        assert proc.poll() is None and time.time() < deadline, err.text()
+        time.sleep(0.05)
+    return proc, m.group(0)
+
+
 def test_the_board_answers_only_with_its_token_and_only_on_loopback(tmp_path):
     server = BoardServer(Board(tmp_path, [], session_for=None), port=0)
     threading.Thread(target=server.serve_forever, daemon=True, name="board-http").start()
@@ -131,15 +142,9 @@ def test_the_board_in_a_real_browser(sshd, user_repo, tmp_path):
     env = env_with_a_dead_host(sshd, tmp_path)  # `gone`: the unreachable host
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, env, "launch", "tiny", "--no-preflight", "--until", "3")
-    proc = popen_remote(user_repo, env, "board", "--no-browser", "--hosts", "testhost,gone")
-    err = PipeReader(proc.stderr)
+    proc, url = _start_board(user_repo, env, "testhost,gone")
     driver = None
     try:
-        deadline = time.time() + 60
-        while not (m := re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", err.text())):
-            assert proc.poll() is None and time.time() < deadline, err.text()
-            time.sleep(0.05)
-        url = m.group(0)
         driver = chromium(tmp_path / "chromium-profile")
         driver.get(url)
         row = wait_for(driver, lambda d: d.find_element("css selector", 'tr[data-host="testhost"][data-run="tiny"]'))
@@ -190,15 +195,9 @@ def test_a_down_host_shows_its_last_known_runs_marked_stale_within_seconds(sshd,
     hung past 120 s and held a concurrent /api/runs past 100 s."""
     tiny_corpus(server_dir(sshd, "testhost"))
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "3")
-    proc = popen_remote(user_repo, sshd.env, "board", "--no-browser", "--hosts", "testhost,local")
-    err = PipeReader(proc.stderr)
+    proc, url = _start_board(user_repo, sshd.env, "testhost,local")
     driver = None
     try:
-        deadline = time.time() + 60
-        while not (m := re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", err.text())):
-            assert proc.poll() is None and time.time() < deadline, err.text()
-            time.sleep(0.05)
-        url = m.group(0)
         driver = chromium(tmp_path / "chromium-profile")
         driver.get(url)
         wait_for(driver, lambda d: d.find_element("css selector", 'tr[data-host="testhost"][data-run="tiny"]'))

@@ -60,12 +60,18 @@ def test_an_eval_longer_than_the_stall_timeout_is_work_not_a_stall(project):
     assert "supervisor:" not in log, log[-2000:]
 
 
-def test_a_killed_supervisor_shows_in_status_and_stop_ends_its_trainer(project):
-    write_run(project, "orphan", **DETERMINISTIC, training={"max_steps": 100_000, "log_every": 1, "eval_every": 0})
-    _start(project, "orphan")
-    st = _training(project, "orphan")
+def _orphaned(project, name: str) -> dict:
+    """A long run, training, whose supervisor was then SIGKILLed (its trainer runs on); run.json before."""
+    write_run(project, name, **DETERMINISTIC, training={"max_steps": 100_000, "log_every": 1, "eval_every": 0})
+    _start(project, name)
+    st = _training(project, name)
     os.kill(st["launcher_pid"], signal.SIGKILL)
-    wait_until(lambda: _row(project, "orphan")["supervisor"] is not None, 10, "status to tell the supervisor gone")
+    wait_until(lambda: _row(project, name)["supervisor"] is not None, 10, "status to tell the supervisor gone")
+    return st
+
+
+def test_a_killed_supervisor_shows_in_status_and_stop_ends_its_trainer(project):
+    st = _orphaned(project, "orphan")
     row = _row(project, "orphan")
     assert row["status"] == "running" and row["alive"] and row["supervisor"]["state"] == "gone", row
     report = json.loads(enlace(project, "stop", "orphan", "--grace", "60", "--json").stdout)
@@ -117,11 +123,7 @@ def test_a_new_supervisor_is_not_frozen_by_a_previous_ones_old_beat(tmp_path):
 
 
 def test_launch_of_a_run_whose_supervisor_is_gone_resumes_it_supervised(project):
-    write_run(project, "adopt", **DETERMINISTIC, training={"max_steps": 100_000, "log_every": 1, "eval_every": 0})
-    _start(project, "adopt")
-    st = _training(project, "adopt")
-    os.kill(st["launcher_pid"], signal.SIGKILL)
-    wait_until(lambda: _row(project, "adopt")["supervisor"] is not None, 10, "status to tell the supervisor gone")
+    st = _orphaned(project, "adopt")
     _start(project, "adopt")  # what `launch adopt` runs on the server
     again = _training(project, "adopt")
     assert again["launcher_pid"] != st["launcher_pid"] and again["pid"] != st["pid"]
