@@ -300,3 +300,23 @@ def test_the_printed_script_runs_as_printed_on_the_login_node(login, user_repo, 
         assert "step " in train_log(login, "long")  # its output went to the run's train.log
     finally:
         cluster.run("scancel", job, check=False)
+
+
+def test_bare_verbs_act_on_the_run_name_and_launch_name_extends_it_on_slurm(login, user_repo):
+    """The maintainer's pass, item 1, on the Slurm backend: launch remembers the name the job runs under."""
+    tiny_corpus(server_dir(login, "cluster"))
+    remote(user_repo, login.env, "launch", "tiny", "--set", "run_name=mytry", "--no-preflight", host="cluster")
+    assert json.loads((user_repo / ".enlace" / "last-runs.json").read_text())["cluster"] == "mytry"
+    assert remote(user_repo, login.env, "logs", "-f", host="cluster").returncode == 0  # bare: mytry, to its end
+    assert run_json(login, "mytry")["status"] == "finished" and not run_json(login, "tiny")
+    stop = remote(user_repo, login.env, "stop", host="cluster")
+    assert stop.stdout.startswith("mytry is not running (finished"), stop.stdout
+    remote(user_repo, login.env, "fetch", host="cluster")
+    assert (user_repo / "runs" / "mytry" / "run.json").is_file()
+    out = remote(
+        user_repo, login.env, "launch", "mytry", "--set", "training.max_steps=34", "--no-preflight", host="cluster"
+    )
+    assert "from configs/runs/tiny.yaml" in out.stderr, out.stderr
+    remote(user_repo, login.env, "logs", "-f", host="cluster")
+    state = run_json(login, "mytry")
+    assert (state["status"], state["step"], state["resumed_from"]) == ("finished", 34, "step-000030"), state

@@ -11,7 +11,7 @@ import yaml
 from enlace import contract
 from enlace.contract import run_name_of
 from enlace.names import validate_run_name
-from enlace.yamlio import load_yaml_unique
+from enlace.yamlio import load_yaml_unique, read_bounded
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.launch.choose import run_argument
 from orchestrator.ssh.session import Session
@@ -40,7 +40,7 @@ def local_run_name(repo: Path, run: str, overrides=()) -> str:
 
     path = repo / "configs" / "runs" / f"{run}.yaml"
     try:
-        layer = load_yaml_unique(path.read_text(encoding="utf-8"))
+        layer = load_yaml_unique(read_bounded(path).decode("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise UsageError(
             f"configs/runs/{run}.yaml: cannot be read ({e.__class__.__name__}) — check-config says why"
