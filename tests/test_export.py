@@ -35,6 +35,7 @@ def test_hf_export_loads_in_transformers_with_the_same_logits_and_greedy_bytes(t
     out = tmp_path / "hf"
     enlace(trained, "export", "exp", "--format", "hf", "--out", str(out))
     assert sorted(p.name for p in out.iterdir()) == [
+        "MANIFEST",  # each file's sha256: a copy of the export is verifiable (enlace-remote export checks it)
         "README.md",
         "config.json",
         "generation_config.json",

@@ -58,8 +58,8 @@ def test_the_driver_alone_installs_without_torch_and_drives_every_verb(driver_ve
     assert (user_repo / "tiny.png").read_bytes()[:4] == b"\x89PNG"
     sample = run("sample", "tiny", "--prompt", "def ", "--bytes", "32")
     assert sample.stdout.startswith("def ")
-    export = run("export", "tiny", check=False)  # the trainer is not here: said, with the way on the server
-    assert export.returncode == 2 and "enlace-remote shell tiny -- enlace export tiny" in export.stderr
+    export = run("export", "tiny")  # no trainer here: the server exports, the export travels home verified
+    assert (user_repo / "exports" / "tiny-hf" / "model.safetensors").is_file(), export.stdout + export.stderr
     _board_lists(driver, user_repo, sshd.env, "tiny")
 
 
