@@ -73,29 +73,29 @@ def _exit_when_stdin_closes(hooks: list) -> None:
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved config (or the error) as JSON.")
 def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
-    """Resolve RUN's config and print it, or say exactly what is wrong: exit 2 for the config itself, 3 for what
-    this machine lacks that the config needs (the teacher checkpoint, a GPU's bf16, a sink's package).
+    """Resolve RUN's config and print it, or say exactly what is wrong (exit 2); with --json the error document
+    says whether it is the config itself or what this machine lacks (`machine`: the teacher, a GPU's bf16).
 
     RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
     from enlace.config.machine import check_environment
     from enlace.config.recorded import load_run_config, resume_problem
     from enlace.errors import ConfigError
 
-    def refuse(e: ConfigError, code: int) -> None:
-        if as_json:
-            click.echo(json.dumps(contract.error_doc(e.message, code, e.kind, file=e.source, key=e.key)))
-        else:
-            click.echo(f"Error: {e.message}", err=True)
-        sys.exit(code)
+    def refuse(e: ConfigError, machine: bool) -> None:
+        if not as_json:
+            raise e
+        doc = contract.error_doc(e.message, e.exit_code, e.kind, file=e.source, key=e.key, machine=machine)
+        click.echo(json.dumps(doc))
+        sys.exit(e.exit_code)
 
     try:
         cfg = load_run_config(run, overrides, root)
-    except ConfigError as e:  # the config itself is wrong: exit 2, whichever verb asks
-        refuse(e, e.exit_code)
+    except ConfigError as e:  # the config itself is wrong
+        refuse(e, machine=False)
     try:
         check_environment(cfg)
-    except ConfigError as e:  # right, but this machine lacks what it needs (the teacher, a GPU): exit 3
-        refuse(e, contract.VERIFY)
+    except ConfigError as e:  # right, but this machine lacks what it needs (the teacher, a GPU): `machine`
+        refuse(e, machine=True)
     for warning in cfg.warnings:
         click.echo(f"warning: {warning}", err=True)
     if as_json:

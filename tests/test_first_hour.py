@@ -5,6 +5,7 @@ The test user's pip gets the machine's local wheels through --pip-arg, as a user
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -14,16 +15,18 @@ from pathlib import Path
 
 import pytest
 from support import REPO
+from support.configs import write_tiny_corpus
 from support.remote import tiny_corpus
 
 WHEELS = Path("/opt/wheels")
 
 
-def readme_commands() -> list[str]:
+def readme_commands(block: int = 0) -> list[str]:
+    """The commands of README's "On a GPU server" section: its first bash block (the walk), or another."""
     text = (REPO / "README.md").read_text()
     section = text.split("## On a GPU server", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    found = re.findall(r"```bash\n(.*?)```", section, re.S)[block]
+    return [line.split("  #")[0].strip() for line in found.splitlines() if line.strip()]
 
 
 @pytest.mark.slow
@@ -120,6 +123,20 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
         ).read_bytes()
         assert (fetched / "checkpoints" / "step-000030" / "model.pt").stat().st_uid == _uid(laptop_user)
         assert (server_run / "train.log").stat().st_uid == _uid(fresh_user)
+        # docs/export.md's laptop route: exported on the server, in the run's directory, and brought home
+        as_laptop(["enlace-remote", "export", "tiny"])
+        home_export = repo / "exports" / "tiny-hf"
+        kept = server_run / "exports" / "hf-step-000030"
+        assert (home_export / "model.safetensors").read_bytes() == (kept / "model.safetensors").read_bytes()
+        assert (home_export / "model.safetensors").stat().st_uid == _uid(laptop_user)
+        # README's own-corpus flow on this CPU server, as its comment says: corpus-cpu (shortened for the test)
+        write_tiny_corpus(repo / "data" / "corpus" / "notes")  # *.txt at any depth under data/corpus/
+        subprocess.run(["chown", "-R", f"{laptop_user}:", str(repo / "data")], check=True)
+        for line in readme_commands(block=1):
+            argv = shlex.split(line.replace("corpus-2060", "corpus-cpu"))
+            as_laptop(argv + (["--set", "training.max_steps=20", "--follow"] if argv[1] == "launch" else []))
+        corpus_run = json.loads((server_home / "enlace" / "runs" / "corpus-cpu" / "run.json").read_text())
+        assert (corpus_run["status"], corpus_run["step"]) == ("finished", 20), corpus_run
     finally:
         srv.stop()
 
