@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 
 import pytest
 from support.configs import write_run, write_tiny_corpus
@@ -91,17 +90,44 @@ def test_a_push_into_data_a_live_run_reads_is_refused_unless_forced(sshd, user_r
 
 
 def test_two_pushes_at_once_send_the_data_once(sshd, user_repo):
-    """Seen: two `data push` at once both sent all 1.3 GiB."""
-    _run_on(user_repo, "twice", {f"f{i}.bin": os.urandom(40 * 2**20) for i in range(3)})
+    """Seen: two `data push` at once both sent all 1.3 GiB. The first push's server side is paused while the
+    second starts (a pause cannot change what it writes), so the two overlap on any machine."""
+    import psutil
+
+    _run_on(user_repo, "twice", {f"f{i}.bin": os.urandom(20 * 2**20) for i in range(3)})
     remote(user_repo, sshd.env, "setup")
     partial = server_dir(sshd, "testhost") / ".partial-push" / "twice"
     first = popen_remote(user_repo, sshd.env, "data", "push", "twice")
     first_err = PipeReader(first.stderr)
-    deadline = time.time() + 120
-    while not (partial.exists() and any(partial.iterdir())):  # the first push holds the lock and sends
-        assert first.poll() is None and time.time() < deadline, first_err.text()
-        time.sleep(0.01)
-    second = remote(user_repo, sshd.env, "data", "push", "twice")
-    assert first.wait(timeout=300) == 0, first_err.text()
+    wait_until(lambda: partial.exists() and any(partial.iterdir()), 120, "the first push sending")
+    receiver = next(p for p in psutil.process_iter(["cmdline"]) if "data-receive" in " ".join(p.info["cmdline"] or []))
+    receiver.suspend()
+    try:
+        second = popen_remote(user_repo, sshd.env, "data", "push", "twice")
+        second_err = PipeReader(second.stderr)
+        wait_until(lambda: "waiting for it" in second_err.text(), 120, "the second push to wait")
+    finally:
+        receiver.resume()
+    assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0, first_err.text() + second_err.text()
     assert "sent 3 file(s)" in first_err.text(), first_err.text()
-    assert "waiting for it" in second.stderr and "up to date" in second.stderr, second.stderr
+    assert "up to date" in second_err.text() and "nothing sent" in second_err.text(), second_err.text()
+
+
+def test_a_new_file_a_live_runs_globs_would_read_counts_as_in_use(tmp_path):
+    """A shard or text file added where a live run's globs look changes its data identity on the next restart
+    just as a changed file does; a file nothing reads is free to push. data/ as a link is seen through."""
+    from enlace.contract import Status
+    from enlace.server.datainuse import readers
+
+    root = tmp_path / "remote"
+    (tmp_path / "elsewhere" / "corpus").mkdir(parents=True)
+    (root / "runs" / "r").mkdir(parents=True)
+    (root / "data").symlink_to(tmp_path / "elsewhere")  # the server's data/ is a link to another disk
+    (root / "data" / "corpus" / "old.txt").write_text("read now")
+    (root / "runs" / "r" / "config.yaml").write_text("data: {kind: bytes, paths: ['data/corpus/**/*.txt']}\n")
+    me = os.getpid()
+    runs.update(root / "runs" / "r", status=Status.RUNNING, pid=me, pid_start=runs.proc_start(me))
+    got = readers(
+        root / "data", ["corpus/old.txt", "corpus/new.txt", "corpus/sub/new.txt", "other/x.txt"], root / "runs", root
+    )
+    assert got == {"corpus/old.txt": ["r"], "corpus/new.txt": ["r"], "corpus/sub/new.txt": ["r"]}, got

@@ -134,7 +134,8 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
         subprocess.run(["chown", "-R", f"{laptop_user}:", str(repo / "data")], check=True)
         for line in readme_commands(block=1):
             argv = shlex.split(line.replace("corpus-2060", "corpus-cpu"))
-            as_laptop(argv + (["--set", "training.max_steps=20", "--follow"] if argv[1] == "launch" else []))
+            short = ["--set", "training.max_steps=20", "--set", "optim.warmup_steps=5", "--follow"]
+            as_laptop(argv + (short if argv[1] == "launch" else []))
         corpus_run = json.loads((server_home / "enlace" / "runs" / "corpus-cpu" / "run.json").read_text())
         assert (corpus_run["status"], corpus_run["step"]) == ("finished", 20), corpus_run
     finally:

@@ -110,8 +110,7 @@ def test_a_new_supervisor_is_not_frozen_by_a_previous_ones_old_beat(tmp_path):
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    (run_dir / heartbeat.SUPERVISOR).touch()
-    os.utime(run_dir / heartbeat.SUPERVISOR, (time.time() - 3600, time.time() - 3600))
+    (run_dir / heartbeat.SUPERVISOR).write_text(f"{time.time() - 3600}\n")  # a beat an hour old
     new = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         state = {"status": "starting", "launcher_pid": new.pid, "launcher_start": runs.proc_start(new.pid)}

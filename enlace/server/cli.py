@@ -221,7 +221,7 @@ def data_receive_cmd(root: Path | None, as_json: bool) -> None:
     from enlace.server import datarecv
 
     project = find_root(root)
-    datarecv.receive(project / "data", sys.stdin.buffer, sys.stdout.buffer, _runs_root(root))
+    datarecv.receive(project / "data", sys.stdin.buffer, sys.stdout.buffer, _runs_root(root), project)
 
 
 @click.command("data-files")

@@ -9,15 +9,17 @@ and a forced push records it in each run's run.json and train.log (status shows 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import yaml
 
 from enlace.contract import ACTIVE
-from enlace.data.paths import push_files
+from enlace.data.paths import DATA_DIR, push_files
 from enlace.errors import EnlaceError
 from enlace.state import runs
 
@@ -35,27 +37,46 @@ def active_runs(runs_root: Path) -> list[Path]:
     return found
 
 
-def files_read(run_dir: Path, root: Path) -> set[str]:
-    """The real paths of the files the run reads (from its frozen config.yaml), as the trainer resolves them."""
+def _data_config(run_dir: Path) -> dict[str, Any]:
     try:
-        data = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
-        cfg = SimpleNamespace(
-            kind=data.get("kind", "bytes"), paths=data.get("paths") or [], shard_dir=data.get("shard_dir") or ""
-        )
+        return (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}  # a run without a readable config (starting, or preflight only): nothing claimed
+
+
+def files_read(data: dict[str, Any], root: Path) -> set[str]:
+    """The real paths of the files the run reads now, as the trainer resolves them."""
+    cfg = SimpleNamespace(
+        kind=data.get("kind", "bytes"), paths=data.get("paths") or [], shard_dir=data.get("shard_dir") or ""
+    )
+    try:
         return {os.path.realpath(p) for p in push_files(cfg, root)}
-    except (OSError, yaml.YAMLError, EnlaceError, AttributeError, TypeError):
-        return set()  # a run without a readable config (starting, or preflight only): nothing claimed
+    except (OSError, EnlaceError, TypeError):
+        return set()
+
+
+def would_read(data: dict[str, Any], rel: str) -> bool:
+    """Whether a new file data/REL would be read on the run's next start (its globs, its shard directory)."""
+    path = f"{DATA_DIR}/{rel}"
+    if data.get("kind") == "shards":
+        return bool(data.get("shard_dir")) and path.startswith(str(data["shard_dir"]).rstrip("/") + "/")
+    patterns = [p for p in data.get("paths") or [] if isinstance(p, str)]
+    return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(path, p.replace("**/", "")) for p in patterns)
 
 
 def readers(data_dir: Path, rels: list[str], runs_root: Path, root: Path) -> dict[str, list[str]]:
-    """rel → the names of the active runs that read data_dir/rel (only the rels some run reads)."""
+    """rel → the names of the active runs that read data_dir/rel now, or would once it exists (only the rels
+    some run reads)."""
     if not rels:
         return {}
     wanted = {os.path.realpath(data_dir / rel): rel for rel in rels}
     found: dict[str, list[str]] = {}
     for run_dir in active_runs(runs_root):
-        for real in files_read(run_dir, root) & wanted.keys():
-            found.setdefault(wanted[real], []).append(run_dir.name)
+        data = _data_config(run_dir)
+        hit = {wanted[real] for real in files_read(data, root) & wanted.keys()}
+        hit |= {rel for rel in rels if not (data_dir / rel).exists() and would_read(data, rel)}
+        for rel in hit:
+            found.setdefault(rel, []).append(run_dir.name)
     return found
 
 

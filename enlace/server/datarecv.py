@@ -33,6 +33,7 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import shutil
 import socket
 import time
@@ -50,6 +51,7 @@ STAGING = ".partial-push"
 BESIDE = ".enlace-push"  # a hidden dir beside a target on another file system than the staging dir
 CHUNK = 4 << 20
 WAITING_EVERY_S = 5.0  # while another push holds the lock, a {"waiting"} line this often (the driver's stall clock)
+IDLE_S = 180.0  # no byte from the driver for this long: it is gone (a silent network drop); end, freeing the lock
 
 
 class BadRequest(EnlaceError):
@@ -88,15 +90,20 @@ def state_of(data_dir: Path, staging: Path, rel: str, size: int, mtime_ns: int, 
     return None
 
 
-def receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path | None = None) -> dict[str, Any] | None:
+def receive(
+    data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path | None = None, root: Path | None = None
+) -> dict[str, Any] | None:
     """Answer the driver's list, then take what it sends (see the module doc). Returns the final report,
-    or None when the driver only looked. `runs_root`: the runs whose data this push may change."""
+    or None when the driver only looked. `runs_root`: the runs whose data this push may change; `root`: the
+    project root their data paths are relative to (data_dir's parent unless said: data/ may be a link)."""
+    root = root or data_dir.parent
     with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real pipe (a test's BytesIO)
         grow_pipe(requests.fileno(), CHUNK // 4)  # sshd's pipe to us: 1 MiB reads instead of 64 KiB ones
     data_dir.mkdir(parents=True, exist_ok=True)
     data_dir = Path(os.path.realpath(data_dir))
+    requests = _Watched(requests)
     with one_push_at_a_time(data_dir, out):
-        return _receive(data_dir, requests, out, runs_root or data_dir.parent / "runs")
+        return _receive(data_dir, requests, out, runs_root or data_dir.parent / "runs", root)
 
 
 @contextlib.contextmanager
@@ -121,19 +128,19 @@ def one_push_at_a_time(data_dir: Path, out: BinaryIO):
         yield
 
 
-def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path) -> dict[str, Any] | None:
+def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path, root: Path) -> dict[str, Any] | None:
     staging = data_dir.parent / STAGING
     first = _json_line(requests, "file list")
     if first is None:
         return None
     files = {str(p): (int(s), int(m)) for p, s, m in first["files"]}
-    for parent in {(data_dir / rel).parent for rel in files}:  # what a failed cross-file-system copy left
+    for parent in {checked(data_dir, rel).parent for rel in files}:  # what a failed cross-file-system copy left
         shutil.rmtree(parent / BESIDE, ignore_errors=True)
     hashers: dict[str, Any] = {}
     have = {rel: state_of(data_dir, staging, rel, s, m, hashers) for rel, (s, m) in files.items()}
     extra = [[rel, (data_dir / rel).stat().st_size] for rel in in_scope(data_dir, first["scope"]) if rel not in files]
     changing = [rel for rel, state in have.items() if state != "same"] + [rel for rel, _ in extra]
-    in_use = datainuse.readers(data_dir, changing, runs_root, data_dir.parent)
+    in_use = datainuse.readers(data_dir, changing, runs_root, root)
     _write_line(out, {"ok": True, "data_dir": str(data_dir), "have": have, "extra": extra, "in_use": in_use})
     plan = _json_line(requests, "plan")
     if plan is None:
@@ -152,7 +159,7 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path)
         try:
             ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
         except OSError as e:
-            if e.errno != errno.ENOSPC:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk, or the account's quota
                 raise
             raise no_space(target, size - offset) from None
         report["written" if ok else "bad"].append(rel)
@@ -167,6 +174,56 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path)
         datainuse.mark_changed(runs_root, {n for rel in changed for n in in_use[rel]}, changed)
     _write_line(out, report)
     return report
+
+
+class _Watched:
+    """The driver's stream, read here straight from its descriptor (so that waiting for it can be bounded):
+    a read that gets no byte for IDLE_S ends the push (BadRequest), so a driver gone in a silent network
+    drop never holds the data directory's lock for sshd's keepalive hours. A stream without a descriptor
+    (a test's BytesIO) is read as it is."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream, self.buf = stream, bytearray()
+        try:
+            self.fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            self.fd = None
+
+    def _fill(self) -> bytes:
+        if not select.select([self.fd], [], [], IDLE_S)[0]:
+            raise BadRequest(f"data push: nothing from the driver for {IDLE_S:g}s: it is gone (what arrived stays)")
+        chunk = os.read(self.fd, CHUNK // 4)
+        self.buf += chunk
+        return chunk
+
+    def readline(self) -> bytes:
+        if self.fd is None:
+            return self.stream.readline()
+        while b"\n" not in self.buf and self._fill():
+            pass
+        end = self.buf.find(b"\n") + 1 or len(self.buf)
+        line = bytes(self.buf[:end])
+        del self.buf[:end]
+        return line
+
+    def read(self, n: int) -> bytes:
+        if self.fd is None:
+            return self.stream.read(n)
+        if not self.buf:
+            self._fill()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def readinto(self, view) -> int:
+        if self.fd is None:
+            return self.stream.readinto(view)
+        if not self.buf:
+            self._fill()
+        n = min(len(view), len(self.buf))
+        view[:n] = self.buf[:n]
+        del self.buf[:n]
+        return n
 
 
 def no_space(target: Path, needed: int) -> NoSpaceError:

@@ -45,6 +45,11 @@ def launching(run_dir: Path):
         if row["alive"] and Status(row["status"]).is_terminal:  # wrote its final status, still exiting
             _wait(lambda: alive(read(run_dir), run_dir), 30)
             row = observe(run_dir)
+        st = read(run_dir)
+        if not row["alive"] and proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
+            # a frozen supervisor over a dead trainer: it would wake into this launch and act on it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(st["launcher_pid"], signal.SIGKILL)
         if row["alive"] and row["supervisor"]:  # nothing heals it now: stop it at a checkpoint, resume below
             _say_in_log(
                 run_dir,
@@ -151,8 +156,10 @@ def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
     row = observe(run_dir)
     if not row["alive"]:
         if st.get("launcher_pid") and proc_alive(st["launcher_pid"], st.get("launcher_start")):
-            with contextlib.suppress(ProcessLookupError):  # a frozen supervisor over a dead trainer
-                os.kill(st["launcher_pid"], signal.SIGKILL)
+            # a frozen supervisor over a dead trainer: its group (the supervisor leads it: setsid), so a trainer
+            # it started and that has not recorded itself yet goes with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(st["launcher_pid"], signal.SIGKILL)
         return _stop_report(run_dir, row, was_running=False, killed=False)
     if st.get("job_id"):
         return _stop_job(run_dir, st["job_id"], grace, kill)

@@ -87,6 +87,7 @@ class Supervisor:
         self.child: subprocess.Popen | None = None
         self._stall_s = 0.0
         self.beat = heartbeat.Heartbeat(run_dir / heartbeat.SUPERVISOR)  # status tells a gone or frozen one
+        self.launch_id = env.get("ENLACE_LAUNCH_ID")  # the launch it serves: a later one owns the run
 
     def on_signal(self, signum, frame) -> None:
         self.got.add(self.signals[signum])
@@ -98,6 +99,9 @@ class Supervisor:
         while True:
             code, stalled = self._run_child()
             st = runs.read(self.run_dir)
+            if self.launch_id and st.get("launch_id") not in (None, self.launch_id):
+                # frozen while another launch took the run over: this supervisor's trainer is history
+                return Outcome(runs.recorded_status(st), code, "another launch owns the run now")
             status = runs.recorded_status(st)  # what the trainer wrote last (none: it died without a word)
             if self.got:  # a stop (or Slurm's limit): what the trainer did with it is the outcome
                 return Outcome(status, code, "stopped", set(self.got))

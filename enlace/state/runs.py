@@ -132,6 +132,7 @@ def record_self(run_dir: Path, status: Status, **fields: Any) -> None:
 
 
 SUPERVISOR_SILENT_S = 10.0  # the supervisor beats every second: this long without a beat, it is frozen
+SUPERVISOR_START_S = 120.0  # before its first beat (imports on a busy node, a cold venv): this long
 
 
 def alive(state: dict[str, Any], run_dir: Path | None = None) -> bool:
@@ -150,11 +151,13 @@ def supervision(run_dir: Path, state: dict[str, Any]) -> dict[str, Any] | None:
     else {"state": "gone" | "frozen", "since": when it last showed life (seconds since the epoch)}."""
     if state.get("job_id") or not state.get("launcher_pid") or recorded_status(state) not in ACTIVE:
         return None
+    started = state.get("launcher_start") or 0.0
     beat = heartbeat.last(run_dir / heartbeat.SUPERVISOR) or 0.0
-    since = max(beat, state.get("launcher_start") or 0.0)  # an older beat is a previous supervisor's
+    beat = beat if beat >= started else 0.0  # an older beat is a previous supervisor's
+    since = beat or started
     if not proc_alive(state.get("launcher_pid"), state.get("launcher_start")):
         return {"state": "gone", "since": since}
-    if time.time() - since > SUPERVISOR_SILENT_S:
+    if time.time() - since > (SUPERVISOR_SILENT_S if beat else SUPERVISOR_START_S):
         return {"state": "frozen", "since": since}
     return None
 

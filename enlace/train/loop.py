@@ -8,6 +8,7 @@ begin (enlace/train/begin.py: record, build, open the data, resume from `latest`
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -135,7 +136,8 @@ def _train(
     saver, meter, last_eval = Saver(cfg, run, dist, start), Meter(start.tokens_per_step), -1
     while progress["step"] < target:
         t0 = time.perf_counter()
-        result = engine.train_step(setup, progress["step"], start.train_stream.next_batch)
+        with run.beating() if meter.steps == 0 else contextlib.nullcontext():  # a start's first step: compile
+            result = engine.train_step(setup, progress["step"], start.train_stream.next_batch)
         progress["step"] += 1
         progress["tokens"] += start.tokens_per_step
         step = progress["step"]

@@ -6,6 +6,7 @@ run.json belongs to enlace/state/runs.py (this class only forwards to it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -31,7 +32,7 @@ class RunDir:
         self._sinks = None  # logging.tensorboard / logging.wandb (enlace/train/sinks.py), once open_sinks is called
         self._echo = True
         # the supervisor's stall clock: touched on every step, eval batch and checkpoint (rank 0 only)
-        self.beat = heartbeat.Heartbeat(path / heartbeat.TRAINER) if enabled else lambda force=False: None
+        self.heartbeat = heartbeat.Heartbeat(path / heartbeat.TRAINER) if enabled else None
         if enabled:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
             self._log = open(path / "train.log", "a", buffering=1)
@@ -56,6 +57,14 @@ class RunDir:
         """Move to an active status (starting, running) unless a stop has been recorded meanwhile."""
         if self.enabled:
             runs.transition(self.path, status, UNLESS_STOPPING, **fields)
+
+    def beat(self, force: bool = False) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat(force)
+
+    def beating(self):
+        """Beat from a helper thread while the block runs (a save, a start's first step): see heartbeat.py."""
+        return self.heartbeat.beating() if self.heartbeat is not None else contextlib.nullcontext()
 
     def trained_before(self) -> float:
         """Seconds this run trained in its earlier starts (ELAPSED counts them all)."""

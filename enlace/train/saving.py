@@ -1,7 +1,7 @@
 """When the trainer checkpoints and how: every `checkpoint.every` steps, at a stop, and at the end unless the
 last step was just saved. Every rank gives its data position and RNG state (gathered on rank 0), rank 0
-writes (enlace/train/checkpoint.py: complete only once renamed in); the heartbeat is beaten around the write,
-which can be long, so the supervisor never takes a save for a stall."""
+writes (enlace/train/checkpoint.py: complete only once renamed in); the heartbeat beats from a helper thread
+all through the write, which can be long, so the supervisor never takes a save for a stall."""
 
 from __future__ import annotations
 
@@ -29,10 +29,9 @@ class Saver:
         states = self.dist.gather(engine.rank_state(start.train_stream))
         if not self.dist.is_main:
             return ""
-        self.run.beat(force=True)
-        state = engine.capture_state(start.setup, states, start.progress, start.commit, start.data_id)
-        path = save_checkpoint(self.run.checkpoints, start.progress["step"], state, self.cfg.checkpoint.keep)
-        self.run.beat(force=True)
+        with self.run.beating():  # however long the write takes (a large model on a slow file system)
+            state = engine.capture_state(start.setup, states, start.progress, start.commit, start.data_id)
+            path = save_checkpoint(self.run.checkpoints, start.progress["step"], state, self.cfg.checkpoint.keep)
         self.run.log(f"checkpoint {path.name} saved")
         return path.name
 
