@@ -28,6 +28,12 @@ class TooLarge(yaml.YAMLError):
         self.fix = "a hosts file or run config is a few KB: is this the right file?"
 
 
+class TooDeep(yaml.YAMLError):
+    def __init__(self):
+        super().__init__("nested deeper than YAML can be read here")
+        self.fix = "a hosts file or run config is a few levels deep: is this the right file?"
+
+
 class NotRegular(yaml.YAMLError):
     def __init__(self):
         super().__init__("not a regular file (a device, a fifo, or a link to one)")
@@ -70,6 +76,8 @@ def load_yaml_unique(text: str) -> Any:
     loader = _UniqueKeyLoader(text)
     try:
         return loader.get_single_data()
+    except RecursionError:  # `[[[[…` a few thousand deep: a few KB, past Python's stack
+        raise TooDeep() from None
     finally:
         loader.dispose()
 
@@ -103,7 +111,7 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
             f"given twice (lines {e.first} and {e.again}); YAML would silently keep only the last",
             "merge the two entries into one",
         ) from None
-    except AliasRefused as e:
+    except (AliasRefused, TooDeep) as e:
         raise ConfigError(str(path), "", str(e), e.fix) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

@@ -140,6 +140,7 @@ def test_a_yaml_bomb_and_a_huge_hosts_file_are_refused_at_once(tmp_path, monkeyp
     for content, words in (
         ("\n".join(bomb) + "\n", ["alias (*a0)", "no aliases"]),
         ("hosts:\n" + "  # padding\n" * 300_000, ["bytes, over the", "limit"]),
+        ("hosts: " + "[" * 5000 + "]" * 5000 + "\n", ["nested deeper", "right file"]),
     ):
         path.write_text(content)
         _one_line_error(CliRunner().invoke(main, ["--host", "gpu", "status"]), words)

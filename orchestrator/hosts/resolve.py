@@ -28,6 +28,7 @@ from typing import Any
 import click
 import yaml
 
+from enlace.errors import EnlaceError
 from enlace.slurm.settings import KEYS as SLURM_KEYS
 from enlace.slurm.settings import SlurmSpec, spec_from
 from orchestrator.errors import UsageError
@@ -331,4 +332,11 @@ def list_hosts(repo: Path, warn: bool = True) -> list[Host]:
         loaded.warn_invalid(using="")
     names = ["local", *sorted(n for n in loaded.hosts if n != "local")]
     loaded.invalid = {}  # said once above, not again per host
-    return [_resolve(n, repo, loaded) for n in names]
+    usable = []
+    for name in names:  # a wrong value only the merged entry shows (Slurm keys, a key file) skips that host
+        try:
+            usable.append(_resolve(name, repo, loaded))
+        except EnlaceError as e:
+            if warn:
+                click.echo(f"warning: host {name} is unusable until its entry is fixed: {e.format_message()}", err=True)
+    return usable

@@ -157,19 +157,39 @@ class ChannelDuplex(Duplex):
             raise self.transport.lost(e, started=True) from None
 
     def write(self, data: bytes) -> None:
-        try:
-            self.chan.sendall(data)
-        except self.dropped as e:
-            raise self.transport.lost(e, started=True) from None
+        """All of `data`, waiting (in slices, ticking) while the other side's window is shut: a slow reader is
+        not a lost connection; stall_timeout s without progress is."""
+        view, quiet_since = memoryview(data), time.monotonic()
+        while view:
+            try:
+                sent = self.chan.send(view)
+            except TimeoutError:  # the window stayed shut for a slice
+                sent = 0
+            except self.dropped as e:
+                raise self.transport.lost(e, started=True) from None
+            if sent:
+                view, quiet_since = view[sent:], time.monotonic()
+            elif time.monotonic() - quiet_since > self.stall_timeout:
+                raise Transient(f"{self.what}: the other side took no data for {self.stall_timeout:g}s", started=True)
+            self.tick()
 
     def finish(self) -> tuple[int, str]:
+        """Our side closed, then the other side's stderr to its end and its exit status, in slices: a side
+        that hangs after its last byte, or a peer gone silent, is a Transient after stall_timeout."""
         self.chan.shutdown_write()
-        self.chan.settimeout(None)
-        err = bytearray()  # stderr to its end (b"" once EOF came), then the status: never a cut-short message
-        while chunk := self.chan.recv_stderr(1 << 16):
-            err.extend(chunk)
-        code = self.chan.recv_exit_status()
-        return code, err.decode(errors="replace")
+        err, quiet_since = bytearray(), time.monotonic()
+        while not (self.chan.eof_received and not self.chan.recv_stderr_ready()) or not self.chan.exit_status_ready():
+            if self.chan.recv_stderr_ready():
+                err.extend(self.chan.recv_stderr(1 << 16))
+                quiet_since = time.monotonic()
+            elif self.chan.closed and not self.chan.exit_status_ready():
+                raise Transient(f"{self.what}: the session ended without an exit status", started=True)
+            elif time.monotonic() - quiet_since > self.stall_timeout:
+                raise Transient(f"{self.what}: no end after {self.stall_timeout:g}s", started=True)
+            else:
+                self.tick()
+                select.select([self.chan], [], [], self.SLICE_S)  # wakes on stderr data, EOF or close
+        return self.chan.recv_exit_status(), err.decode(errors="replace")
 
     def close(self) -> None:
         self.chan.close()

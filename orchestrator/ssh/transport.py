@@ -17,6 +17,7 @@ identity and strict checking.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -228,7 +229,11 @@ class SSHTransport(Transport):
         return paramiko.ProxyCommand(command) if command else None
 
     def lost(self, e: BaseException, started: bool) -> Transient:
-        """The connection went away under a command (`started`: it may have begun): forget it, say so."""
+        """The connection went away under a command (`started`: it may have begun): close and forget it (a
+        stall may have left it half alive: its thread and the server's sshd go with it), say so."""
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
         self._client = None
         return Transient(f"{self.host.name}: connection lost ({str(e) or type(e).__name__})", started=started)
 
@@ -272,7 +277,8 @@ class SSHTransport(Transport):
         try:
             chan.exec_command(shlex.join(argv))
             quiet_since = time.monotonic()
-            while not (chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready()):
+            # the end: EOF and both buffers drained (a server that closes after its status, skipping EOF, too)
+            while not ((chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready()):
                 got = False
                 if chan.recv_ready():
                     on_stdout(chan.recv(1 << 16))
@@ -285,12 +291,15 @@ class SSHTransport(Transport):
                 if got:
                     quiet_since = time.monotonic()
                     continue
-                if chan.closed or not chan.get_transport().is_active():
+                if not chan.get_transport().is_active():
                     raise ConnectionError("connection closed before the command's output ended")
                 if time.monotonic() - quiet_since > stall_timeout:
                     raise ConnectionError(f"no data for {stall_timeout:g}s")
                 select.select([chan], [], [], 0.2)  # the channel's fileno wakes us on stdout/stderr data or EOF
-            if not chan.status_event.wait(max(1.0, stall_timeout)):  # EOF first, the status just behind it
+            wait_s = max(1.0, stall_timeout) if deadline is None else max(0.0, deadline - time.monotonic())
+            if not chan.status_event.wait(wait_s):  # EOF first, the status just behind it
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlinePassed
                 raise ConnectionError("the command's output ended but no exit status came")
             status = chan.recv_exit_status()
             if status == -1:  # the session ended without an exit status: killed under us

@@ -86,21 +86,25 @@ class Board:
 
     def _read_runs(self, name: str) -> None:
         st = self._state[name]
+        rows, error = None, "no answer"
         try:
             lock, session = self.session(name)
             with lock:
-                rows = session.enlace_json("latest", "runs")
-            rows, error = [{"host": name, **r} for r in rows], ""
+                rows = [{"host": name, **r} for r in session.enlace_json("latest", "runs")]
+            error = ""
         except EnlaceError as e:
-            rows, error = None, e.format_message().splitlines()[0].removeprefix(f"on {name}: ")
+            error = e.format_message().splitlines()[0].removeprefix(f"on {name}: ")
             if getattr(e, "kind", None) == ErrorKind.NOT_SYNCED:
                 rows, error = [], ""
-        with st.guard:
-            if error:
-                st.error, st.failed_at = error, time.monotonic()
-            else:
-                st.rows, st.at, st.error = rows, time.monotonic(), ""
-            st.pending = None
+        except Exception as e:  # an answer of another shape: said on its rows, never a host stuck as fresh
+            error = f"an unreadable answer ({type(e).__name__})"
+        finally:
+            with st.guard:
+                if error:
+                    st.error, st.failed_at = error, time.monotonic()
+                else:
+                    st.rows, st.at, st.error = rows, time.monotonic(), ""
+                st.pending = None
 
     def _rows_of(self, name: str, late: bool) -> list[dict]:
         """The host's rows for a page; `late`: its read did not answer within the deadline."""
@@ -131,12 +135,15 @@ class Board:
 
         dest = self.repo / ".enlace" / "board" / host / run_name
         self.session(host)  # KeyError for an unknown host, before any thread
+        st = self._state[host]
+        with st.guard:  # a host known to be down gets no new fetch (it would hold a worker for the retry window)
+            down = st.error and time.monotonic() - st.failed_at < DOWN_FOR_S
         with self._fetches_guard:
             fetch = self._fetches.get((host, run_name))
-            if fetch is None or fetch.done():
+            if (fetch is None or fetch.done()) and not down:
                 fetch = self._fetches[(host, run_name)] = self._pool.submit(self._fetch, host, run_name, dest)
-        done, _ = wait_for([fetch], timeout=READ_DEADLINE_S)
-        error = fetch.result() if done else f"{host} is not answering: showing what was fetched before"
+        done, _ = wait_for([fetch], timeout=READ_DEADLINE_S) if fetch is not None else (set(), set())
+        error = fetch.result() if done and not down else f"{host} is not answering: showing what was fetched before"
         with self._curves_guard:
             curves = self._curves.setdefault((host, run_name), Curves())
             curves.update(_read_bytes(dest / "metrics.jsonl"))
@@ -161,6 +168,8 @@ class Board:
                 fetch_run_files(session, run_name, dest, RUN_FILES, shared=True)
             except EnlaceError as e:  # show what was fetched before, and why it is not newer
                 return e.format_message().splitlines()[0]
+            except Exception as e:  # never a failed request: the page shows what it has, and why not newer
+                return f"fetch failed ({type(e).__name__}): showing what was fetched before"
         return None
 
 
