@@ -30,6 +30,7 @@ def readme_commands(block: int = 0) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fresh_users):
     """Both ends are fresh non-root accounts: the laptop user runs the driver with its own HOME and its own
     clone; the server account has nothing of enlace."""
