@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from enlace.contract import Status  # noqa: E402
-from enlace.server import runs  # noqa: E402
+from enlace.state import runs  # noqa: E402
 from tests.support.remote import DRIVER  # noqa: E402
 from tests.support.repocopy import copy_worktree_repo  # noqa: E402
 from tests.support.sshd import make_server  # noqa: E402
