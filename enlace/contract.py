@@ -31,7 +31,7 @@ FAILED = 1  # the run or a remote command failed (verify-resume: states differ)
 USAGE = 2  # bad usage, config, checkpoint, host or run name: one line says what, where and the fix
 VERIFY = 3  # verification failed: dirty tree, git-ignored files, something missing on the server
 UNREACHABLE = 4  # host unreachable, authentication rejected, unknown or changed host key
-OOM = 5  # preflight: the batch does not fit
+OOM = 5  # the batch does not fit: preflight's verdict, or a training run out of device memory (not retried)
 UNSTABLE = 6  # preflight: fp16 keeps skipping steps
 ALREADY_RUNNING = 7  # launch: the run is already running (or another launch of it is in progress)
 CRASHED = 8  # the run's process vanished without a final status (SIGKILL, OOM killer, reboot)
@@ -44,7 +44,7 @@ TABLE = {
     USAGE: "bad usage, config, checkpoint, host or run name",
     VERIFY: "verification failed: dirty tree, git-ignored files, something missing on the server",
     UNREACHABLE: "host unreachable, authentication rejected, unknown or changed host key",
-    OOM: "preflight: the batch does not fit (oom)",
+    OOM: "the batch does not fit: preflight's oom verdict, or training ran out of device memory",
     UNSTABLE: "preflight: fp16 unstable",
     ALREADY_RUNNING: "launch: the run is already running",
     CRASHED: "the run crashed: its process vanished without a final status",

@@ -48,6 +48,12 @@ class CheckpointError(EnlaceError):
     kind = contract.ErrorKind.CHECKPOINT
 
 
+class OutOfMemory(EnlaceError):
+    """The device ran out of memory in training: a verdict, like preflight's (a restart fails the same way)."""
+
+    exit_code = contract.OOM
+
+
 class NoSpaceError(EnlaceError):
     """Not enough free disk for the run's checkpoints (checked before training, and on ENOSPC)."""
 

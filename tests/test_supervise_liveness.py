@@ -144,3 +144,24 @@ def test_a_stop_during_the_restart_backoff_counts_no_restart(project):
     enlace(project, "stop", "backoff", "--grace", "30")
     row = _row(project, "backoff")
     assert row["status"] == "stopped" and not row["restarts"], row
+
+
+def test_out_of_device_memory_is_a_verdict_not_retried(project):
+    """A CUDA out-of-memory crash was retried 3 times with backoff and failed the same way each time. No GPU
+    here: the step raises torch.OutOfMemoryError as CUDA's allocator would (the test stubs train_step)."""
+    write_run(project, "oom", training={"max_steps": 50, "batch_size": 8})
+    child = (
+        "import sys, torch\n"
+        "from enlace.train import engine\n"
+        "def step(*a, **k): raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        "engine.train_step = step\n"
+        "from enlace.__main__ import run\n"
+        "sys.argv = ['enlace', 'train', 'oom']\n"
+        "run()\n"
+    )
+    json.loads(enlace(project, "start", "oom", "--json", "--backoff", "0.5", "--", "-c", child).stdout)
+    wait_until(lambda: not _row(project, "oom")["alive"], 120, "oom to end")
+    row = _row(project, "oom")
+    assert (row["status"], row["exit_code"], row["restarts"]) == ("failed", 5, None), row
+    assert "batch_size 8" in row["error"] and "training.batch_size=4" in row["error"] and "--max-batch" in row["error"]
+    assert "supervisor: " not in (project / "runs" / "oom" / "train.log").read_text()  # no restart was tried

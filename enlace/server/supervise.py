@@ -37,7 +37,8 @@ from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
 from enlace.manifest import latest_checkpoint
 from enlace.state import heartbeat, runs
 
-NOT_RETRIED = frozenset({contract.USAGE, contract.VERIFY, contract.ALREADY_RUNNING, contract.NO_SPACE})
+# a retry cannot fix these: a config or checkpoint error, something missing, a disk full, the device's memory
+NOT_RETRIED = frozenset({contract.USAGE, contract.VERIFY, contract.ALREADY_RUNNING, contract.NO_SPACE, contract.OOM})
 MIN_STALL_S = 300.0  # a derived stall timeout is never shorter (evals, checkpoints, a slow filesystem)
 TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
 

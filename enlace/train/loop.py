@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
+from enlace import contract
 from enlace.config.schema import Config
 from enlace.contract import Status
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, OutOfMemory
 from enlace.sysinfo import mib, peak_rss_bytes
 from enlace.train import engine
 from enlace.train.begin import begin
@@ -75,6 +76,17 @@ def train(
         # tore gloo down while its peer was still busy died with SIGABRT (seen under load).
         dist.barrier()
         return summary
+    except torch.OutOfMemoryError as e:  # a verdict, not a crash: the same batch fails the same way on restart
+        t = cfg.training
+        message = (
+            f"out of memory at batch_size {t.batch_size} (seq_len {cfg.model.seq_len}, {cfg.runtime.precision}): "
+            f"{str(e).splitlines()[0][:160]} — try --set training.batch_size={max(1, t.batch_size // 2)} (with "
+            f"training.grad_accum={t.grad_accum * 2} for the same tokens per step), or find the largest that fits: "
+            f"enlace-remote preflight {cfg.run_name} --max-batch"
+        )
+        run.log(f"error: {message}")
+        _record_failure(run, contract.OOM, message)
+        raise OutOfMemory(message) from None
     except EnlaceError as e:
         run.log(f"error: {e.message}")
         _record_failure(run, e.exit_code, e.message)
