@@ -128,3 +128,28 @@ def test_disk_messages_name_the_real_path_not_the_trees_symlink(tmp_path):
         check_free_space(tmp_path / "tree" / "runs" / "r" / "checkpoints", need_each=1 << 60)
     assert str(tmp_path / "remote" / "runs" / "r" / "checkpoints") in e.value.message
     assert str(tmp_path / "tree") not in e.value.message
+
+
+def test_a_checkpoint_made_on_cuda_is_refused_on_cpu_in_one_line(project):
+    """No GPU here: the test rewrites a CPU checkpoint as a CUDA run would have saved it (its fingerprint's
+    runtime.device and a CUDA RNG state), then resumes it on the CPU. It crashed in the RNG restore
+    (asking for the current CUDA device initialises CUDA), and the supervisor retried the crash 3 times."""
+    import torch
+
+    from enlace.manifest import latest_checkpoint
+    from enlace.train.checkpoint import load_checkpoint, save_checkpoint
+
+    write_run(project, "moved", training={"max_steps": 4, "eval_every": 0}, checkpoint={"every": 2, "keep": 2})
+    enlace(project, "train", "moved", "--until", "2")
+    ckpts = project / "runs" / "moved" / "checkpoints"
+    files = load_checkpoint(latest_checkpoint(ckpts))
+    trainer = files["trainer.pt"]
+    trainer["fingerprint"]["runtime.device"] = "cuda"
+    for rank in trainer["ranks"]:
+        rank["rng"]["cuda"] = [torch.zeros(16, dtype=torch.uint8)]
+    save_checkpoint(ckpts, trainer["step"], files, 2)  # complete, with a MANIFEST that matches
+    out = enlace(project, "train", "moved", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "runtime.device='cuda'" in lines[0] and "--set runtime.device=cuda" in lines[0], lines[0]
+    assert "--resume none" in lines[0]

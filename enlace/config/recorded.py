@@ -47,7 +47,7 @@ def resume_problem(cfg: Config) -> str | None:
     if not saved or not (cfg.run_dir / "checkpoints" / "latest").exists():
         return None
     for key in sorted(set(saved) | set(now)):
-        if key != "training.max_steps" and saved.get(key) != now.get(key):
+        if key != "training.max_steps" and key in saved and saved.get(key) != now.get(key):
             old, new = saved.get(key), now.get(key)
             return (
                 f"{cfg.run_name}'s checkpoints were trained with {key}={old!r}, this config gives {new!r}: they "

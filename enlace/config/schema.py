@@ -161,7 +161,7 @@ class Config:
             "data": None,
             "optim": None,
             "training": ("batch_size", "grad_accum", "max_steps"),
-            "runtime": ("precision", "deterministic", "seed"),
+            "runtime": ("precision", "deterministic", "seed", "device"),  # a CUDA checkpoint's RNG is CUDA's
             "distill": ("alpha", "temperature"),  # the teacher itself: by its checkpoint's identity
         }
         flat: dict[str, Any] = {}

@@ -168,8 +168,9 @@ def previous_complete(ckpt_root: Path, ckpt: Path) -> Path | None:
 
 
 def first_difference(saved: dict[str, Any], current: dict[str, Any]) -> tuple[str, Any, Any] | None:
-    """The first config field (dotted) whose value differs between a checkpoint and this run."""
+    """The first config field (dotted) whose value differs between a checkpoint and this run. A field the
+    checkpoint did not record (an older enlace's, before the field counted) is not compared."""
     for key in sorted(set(saved) | set(current)):
-        if saved.get(key) != current.get(key):
+        if key in saved and saved.get(key) != current.get(key):
             return key, saved.get(key), current.get(key)
     return None

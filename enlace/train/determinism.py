@@ -98,7 +98,8 @@ def set_rng_state(state: dict) -> None:
         (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
     )
     torch.set_rng_state(state["torch"])
-    if state["cuda"]:
+    if state["cuda"] and torch.cuda.is_available() and torch.cuda.is_initialized():  # a CUDA run's own RNG only:
+        # asking a CPU host for its current CUDA device initialises CUDA, and crashes where there is none
         torch.cuda.set_rng_state(own_cuda_state(state["cuda"], torch.cuda.current_device()))
 
 

@@ -252,7 +252,7 @@ def check_compatible(
         key, old, new = diff
         raise CheckpointError(
             f"{where}: the checkpoint was made with {key}={old!r}, this run has {new!r} — "
-            f"resume with the same {key}, or start afresh with --resume none"
+            f"resume with the same {key} (--set {key}={old}: on a host that has it), or start afresh with --resume none"
         )
     old = trainer.get("data")
     if (
