@@ -62,7 +62,13 @@ def preflight(
 )
 @click.option("--no-preflight", is_flag=True, help="Skip preflight.")
 @click.option("--follow", "-f", is_flag=True, help="Continue into `logs -f`.")
-@click.option("--until", type=click.IntRange(min=1), default=None, metavar="STEP", help="Passed to enlace train.")
+@click.option(
+    "--until",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="STEP",
+    help="Stop at STEP (checkpointed, status `stopped`); a later launch resumes it from there.",
+)
 @click.option(
     "--gpus",
     default=None,

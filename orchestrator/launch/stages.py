@@ -62,7 +62,9 @@ def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
         return True
     if row["alive"] and not Status(row["status"]).is_terminal:  # a failed run still exiting is not running
         raise AlreadyRunning(_running_message(session, row))
-    extends = any(o.startswith("training.max_steps=") for o in overrides)
+    # extended: a max_steps past where it stands (a recorded --set of the same max_steps is no extension)
+    asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "training.max_steps"]
+    extends = bool(asked) and asked[-1].strip().isdigit() and int(asked[-1]) > (row["step"] or 0)
     if row["status"] == "finished" and not extends:
         click.echo(
             f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "

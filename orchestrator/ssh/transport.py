@@ -205,14 +205,14 @@ class SSHTransport(Transport):
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
             where_from = (
-                "it is in no hosts file (configs/hosts.yaml, ~/.config/enlace/hosts.yaml) nor ~/.ssh/config"
+                "it is in no hosts file (configs/hosts.yaml, ~/.config/enlace/hosts.yaml) nor ~/.ssh/config. "
+                f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} --ssh USER@HOST"
                 if not h.configured
-                else "check its ssh: / HostName"
+                else f"check its ssh: (or ~/.ssh/config's HostName): enlace-remote hosts add {h.name} --ssh "
+                "USER@HOST sets it anew"
             )
             raise UsageError(
-                f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}); {where_from}. "
-                f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} "
-                "--ssh USER@HOST"
+                f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}); {where_from}"
             ) from None
         except (TimeoutError, OSError, EOFError) as e:
             raise Transient(f"{where}: cannot connect: {_connect_failure(e, h.connect_timeout)}") from None

@@ -84,7 +84,14 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
     t0 = time.perf_counter()
     offer, want, got = _converse(session, run_name, root / STAGING, plan)
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-    report = {"run_name": run_name, "dest": str(root), "fetched": [], "skipped": [], "bytes": got, "method": "ssh"}
+    report = {
+        "run_name": run_name,
+        "dest": str(root),
+        "fetched": [],
+        "skipped": [],
+        "bytes": got,
+        "method": "local" if session.host.local else "ssh",
+    }
     for ck in offer["checkpoints"]:
         final = root / "checkpoints" / ck["name"]
         partial = root / STAGING / "checkpoints" / ck["name"]
