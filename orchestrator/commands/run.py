@@ -249,9 +249,12 @@ def _nproc(gpus: str | None, spec) -> int | str | None:
 @click.option("--json", "as_json", is_flag=True)
 @with_remote
 def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool) -> None:
-    """The host's runs: status, step, loss, val bpb, tokens/s, elapsed, ETA, age of the last update,
-    commit (`crashed` if the process vanished without a final status). --all: every host, one table;
-    a host that does not answer is a row saying so."""
+    """The host's runs (every run on it, or RUN_NAME's whole row): status, step, loss, val bpb, tokens/s,
+    elapsed over all its starts, ETA, age of the last update, commit. A status is pending (a Slurm job
+    waiting), starting, running, stopping, stopped, finished, failed, or crashed (the process vanished
+    without a final status); `, unsupervised` when its supervisor is gone or frozen (`launch RUN_NAME`
+    re-attaches); docs/troubleshooting.md says what to do for each. --all: every host, one table; a host
+    that does not answer is a row saying so. --json: the rows as JSON."""
     from orchestrator.view import status as table
 
     if everywhere:

@@ -50,7 +50,12 @@ def sample(
 
 @click.command(cls=HostOptionsCommand)
 @click.argument("run_names", nargs=-1, metavar="[RUN_NAME...]")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="PNG to write.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG to write (default: runs/RUN_NAME/curves.png; several runs: runs/A+B.png).",
+)
 @click.option("--metrics", default="loss,val_bpb,lr,tokens_per_s", show_default=True, help="Comma-separated panels.")
 @click.option(
     "--dest",
@@ -135,7 +140,8 @@ def export(remote: Remote, run_name: str | None, fmt: str, out: Path | None) -> 
     """Export RUN_NAME's newest complete checkpoint on the server (`enlace export`, docs/export.md: a directory
     transformers loads as GPT-2, or plain safetensors) and bring it here, each file checked against the
     export's MANIFEST. The server keeps it in the run's directory (runs/RUN/exports/, which gc never removes),
-    so a second export of the same checkpoint only travels. Needs no torch on this machine."""
+    so a second export of the same checkpoint only travels. Needs no torch on this machine. Without RUN_NAME:
+    the run last launched on the host. --out must not exist (an export is never written over)."""
     from orchestrator.errors import UsageError
     from orchestrator.launch import choose
     from orchestrator.transfer.fetch import fetch_export
