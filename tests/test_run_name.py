@@ -59,6 +59,10 @@ def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_ex
     # ELAPSED is the training time of all three starts (it showed the latest start's alone), that one beside it
     assert row["elapsed_s"] > row["start_elapsed_s"] > 0, row
     assert "this start)" in remote(user_repo, sshd.env, "status").stdout
+    # finished: launch NAME says so and starts nothing (its recorded --set of max_steps is no extension)
+    launch_id = runs.read(run_dir)["launch_id"]
+    again = remote(user_repo, sshd.env, "launch", "mytry", "--no-preflight")
+    assert "mytry is finished" in again.stderr and runs.read(run_dir)["launch_id"] == launch_id, again.stderr
     assert not (server_dir(sshd, "testhost") / "runs" / "long").exists()
 
 
