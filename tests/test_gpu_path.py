@@ -97,10 +97,11 @@ def test_a_checkpoint_from_an_8_gpu_node_resumes_where_1_gpu_is_visible(monkeypa
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: pytest.fail("indexes every saved device"))
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append(s))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA run: its RNG is restored
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     determinism.set_rng_state({**state, "cuda": states})  # an older checkpoint: one state per visible device
     determinism.set_rng_state({**state, "cuda": [states[3]]})  # this format: the process's own device only
     assert [int(s[0]) for s in restored] == [0, 3]
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[5])
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("saves every device's state"))
     assert determinism.rng_state()["cuda"] == [states[5]]

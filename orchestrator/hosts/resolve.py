@@ -16,7 +16,6 @@ The host `local` runs the same pipeline on this machine without SSH, in .enlace/
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shlex
@@ -76,17 +75,7 @@ class Host:
 
 
 def user_hosts_file() -> Path:
-    named = os.environ.get("ENLACE_HOSTS_FILE")
-    path = Path(named or "~/.config/enlace/hosts.yaml").expanduser()
-    if named and not path.exists():  # named on purpose: its absence is worth a line (the default may be absent)
-        _say_missing(named)
-    return path
-
-
-@functools.cache
-def _say_missing(named: str) -> None:
-    """Once per command, however often the hosts files are read."""
-    click.echo(f"warning: ENLACE_HOSTS_FILE={named}: no such file (only configs/hosts.yaml is read)", err=True)
+    return Path(os.environ.get("ENLACE_HOSTS_FILE") or "~/.config/enlace/hosts.yaml").expanduser()
 
 
 def ssh_config_file() -> Path:
