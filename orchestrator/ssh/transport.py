@@ -35,6 +35,7 @@ import click
 
 from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError, short
 from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file
+from orchestrator.ssh.ciphers import SSH_CIPHERS, gcm_first
 from orchestrator.ssh.duplex import ChannelDuplex, ProcessDuplex, SystemSSHDuplex
 from orchestrator.ssh.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
 from orchestrator.ssh.retry import WINDOW_S, retrying
@@ -182,7 +183,7 @@ class SSHTransport(Transport):
                 timeout=h.connect_timeout,
                 banner_timeout=h.connect_timeout,
                 auth_timeout=h.connect_timeout,
-                transport_factory=_gcm_first,
+                transport_factory=gcm_first,
                 sock=self._proxy(paramiko),
             )
         except paramiko.BadHostKeyException as e:
@@ -363,20 +364,6 @@ class SSHTransport(Transport):
             self._client = None
 
 
-# OpenSSH's default cipher set (ssh_config(5), 6.5 to 9.x) with AES-GCM first, as _gcm_first does for paramiko:
-# with AES instructions it outruns chacha20-poly1305, ssh's own first choice (docs/benchmarks.md).
-SSH_CIPHERS = ",".join(
-    [
-        "aes128-gcm@openssh.com",
-        "aes256-gcm@openssh.com",
-        "chacha20-poly1305@openssh.com",
-        "aes128-ctr",
-        "aes192-ctr",
-        "aes256-ctr",
-    ]
-)
-
-
 def _connect_failure(e: BaseException, timeout: float) -> str:
     """Why a connection could not be made, in the user's terms: a refusal is not a timeout."""
     if isinstance(e, (socket.timeout, TimeoutError)):
@@ -386,18 +373,6 @@ def _connect_failure(e: BaseException, timeout: float) -> str:
     if errno.ECONNREFUSED in codes:
         return "connection refused: nothing listens on that port (is sshd running there? is the port right?)"
     return getattr(e, "strerror", None) or str(e) or type(e).__name__  # EOFError (a banner cut off): its name
-
-
-def _gcm_first(sock, **kwargs):
-    """paramiko's Transport, offering AES-GCM first where this paramiko has it (from 3.5 on), the rest
-    of its list after: one AEAD call per packet instead of AES-CTR plus a separate HMAC (fetch's fallback
-    without an ssh client runs on this connection; bench/remote.py measures it)."""
-    paramiko = load_paramiko()
-
-    transport = paramiko.Transport(sock, **kwargs)
-    opts = transport.get_security_options()
-    opts.ciphers = sorted(opts.ciphers, key=lambda name: "-gcm@" not in name)  # stable: the rest keep their order
-    return transport
 
 
 def connect(host: Host, accept_new_host_key: bool = False) -> Transport:
