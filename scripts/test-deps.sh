@@ -10,6 +10,7 @@ needs=(
   iptables:iptables ip:iproute2
   slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client squeue:slurm-client scontrol:slurm-client munged:munge
   /usr/bin/chromium:chromium /usr/bin/chromedriver:chromium-driver
+  "$@"  # more COMMAND:PACKAGE pairs (a test names one that cannot exist)
 )
 missing=()
 for need in "${needs[@]}"; do

@@ -115,9 +115,9 @@ def main() -> int:
     ok = all(c["ok"] for c in checks)
     warnings = cfg.get("warnings") or []  # valid but probably not meant: the driver shows them
     # a config error is exit 2 whichever verb finds it (a wrong key, a bad value); anything missing is 3
-    config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")  # not what the machine lacks
-    only_config = [c for c in checks if not c["ok"]] == [checks[-1]] and config_error
-    code = 0 if ok else USAGE if only_config and checks[-1]["name"].startswith("enlace check-config") else VERIFY
+    # check-config's own failure (not what the machine lacks) and nothing else: exit 2, as a config error is
+    config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")
+    code = 0 if ok else USAGE if config_error and sum(not c["ok"] for c in checks) == 1 else VERIFY
     doc = {"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings}
     print(json.dumps({**doc, "exit_code": code}))
     return code

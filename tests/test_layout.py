@@ -7,6 +7,7 @@ import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from support import REPO
 
@@ -193,3 +194,27 @@ def test_the_folders_import_contracts_hold():
         text=True,
     )
     assert out.returncode == 0 and "0 broken" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_the_test_command_stops_a_non_root_user_in_one_line_naming_the_install(fresh_user):
+    """#59: README's test command installs what the tests need as root; anyone else gets one line with the
+    command to run, before any test, and a non-zero exit. A package that cannot be on this machine stands in
+    for a missing part (the real parts are installed here)."""
+    import shutil
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="enlace-test-deps-"))  # pytest's tmp_path is root's alone (0700)
+    script = where / "test-deps.sh"
+    shutil.copy(REPO / "scripts" / "test-deps.sh", script)
+    where.chmod(0o755)
+    out = subprocess.run(
+        ["bash", str(script), "/nonexistent/enlace-tool:enlace-missing-package"],
+        capture_output=True,
+        text=True,
+        user=fresh_user,
+        env={"PATH": "/usr/bin:/bin", "HOME": f"/home/{fresh_user}"},
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 3 and len(lines) == 1 and out.stdout == "", out.stderr
+    shutil.rmtree(where)
+    assert "sudo apt-get install -y --no-install-recommends enlace-missing-package" in lines[0], lines[0]

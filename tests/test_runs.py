@@ -258,3 +258,19 @@ def test_the_venv_key_is_the_same_in_bash_and_python(tmp_path, files):
     fn = re.search(r"^venv_key\(\) \{.*?^\}", (REPO / "scripts" / "remote.sh").read_text(), re.S | re.M).group(0)
     bash = subprocess.run(["bash", "-c", f'{fn}\nvenv_key "$1"', "_", str(tmp_path)], capture_output=True, text=True)
     assert bash.stdout.strip() == venv_key(tmp_path) and len(venv_key(tmp_path)) == 16
+
+
+def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_over_starts():
+    """The driver's table for what the server's rows now carry: a supervisor gone or frozen (with the command
+    that re-attaches), a forced data push's warning, and ELAPSED over every start with this start's beside it."""
+    from orchestrator.view.status import format_status
+
+    row = {"run_name": "r", "status": "running", "step": 3, "max_steps": 10, "loss": None, "tokens_per_s": None}
+    row |= {"elapsed_s": 125.0, "start_elapsed_s": 5.0, "eta_s": None, "updated_at": None, "commit": "abc"}
+    row |= {"supervisor": {"state": "gone", "since": 0.0}, "data_warning": "its data was changed by a data push"}
+    lines = format_status([row]).splitlines()
+    assert lines[1].split()[:3] == ["r", "running,", "unsupervised"] and "2m05s (0m05s this start)" in lines[1]
+    assert "supervisor gone since" in lines[2] and "enlace-remote launch r re-attaches" in lines[2], lines
+    assert "warning: its data was changed by a data push" in lines[3], lines
+    alone = format_status([{**row, "supervisor": None, "data_warning": None, "elapsed_s": 5.0}]).splitlines()
+    assert len(alone) == 2 and "unsupervised" not in alone[1] and "this start" not in alone[1]

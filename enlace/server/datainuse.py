@@ -32,7 +32,8 @@ def active_runs(runs_root: Path) -> list[Path]:
         return []
     found = []
     for run_dir in sorted(p for p in runs_root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if runs.recorded_status(runs.read(run_dir)) in ACTIVE and runs.alive(runs.read(run_dir), run_dir):
+        state = runs.read(run_dir)
+        if runs.recorded_status(state) in ACTIVE and runs.alive(state, run_dir):
             found.append(run_dir)
     return found
 
