@@ -15,10 +15,9 @@ sys.path.insert(0, str(REPO))
 
 HEADER = """# Command-line reference
 
-After reading this page you can look up every verb and option of both command lines. It is generated
-from the code by `python scripts/cli_reference.py` (a test fails when it is out of date): the same text
-as each verb's `--help` says first, and every option. Every driver verb also takes `--host` and
-`--accept-new-host-key` after it.
+After reading this page you can look up every verb and option of both command lines. Generated from the
+code by `python scripts/cli_reference.py` (a test fails when it is stale): each verb's `--help` first line,
+and every option. Every driver verb also takes `--host` and `--accept-new-host-key` after it.
 """
 
 

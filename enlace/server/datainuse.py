@@ -88,5 +88,5 @@ def mark_changed(runs_root: Path, names: set[str], changed: list[str]) -> None:
         runs.update(run_dir, data_warning=f"{DATA_CHANGED} ({len(changed)} file(s), {time.strftime('%H:%M:%S')})")
         with contextlib.suppress(OSError), open(run_dir / "train.log", "a") as fh:
             fh.write(
-                f"{time.strftime('%Y-%m-%d %H:%M:%S')} data push --force: {DATA_CHANGED}: {', '.join(changed[:5])}\n"
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} data push --force changed what this run reads ({', '.join(changed[:5])}): a restart or resume needs launch --allow-data-change\n"
             )

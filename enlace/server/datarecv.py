@@ -134,10 +134,10 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     if first is None:
         return None
     files = {str(p): (int(s), int(m)) for p, s, m in first["files"]}
-    for parent in {checked(data_dir, rel).parent for rel in files}:  # what a failed cross-file-system copy left
-        shutil.rmtree(parent / BESIDE, ignore_errors=True)
     hashers: dict[str, Any] = {}
-    have = {rel: state_of(data_dir, staging, rel, s, m, hashers) for rel, (s, m) in files.items()}
+    have = {rel: state_of(data_dir, staging, rel, s, m, hashers) for rel, (s, m) in files.items()}  # each checked
+    for parent in {(data_dir / rel).parent for rel in files}:  # what a failed cross-file-system copy left
+        shutil.rmtree(parent / BESIDE, ignore_errors=True)
     extra = [[rel, (data_dir / rel).stat().st_size] for rel in in_scope(data_dir, first["scope"]) if rel not in files]
     changing = [rel for rel, state in have.items() if state != "same"] + [rel for rel, _ in extra]
     in_use = datainuse.readers(data_dir, changing, runs_root, root)

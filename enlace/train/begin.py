@@ -86,6 +86,12 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
     if ckpt is not None:
         trainer = engine.restore_state(setup, files, train_stream, str(ckpt), data_id, allow)
         progress = {"step": trainer["step"], "tokens": trainer["tokens"]}
+        then = trainer.get("data") or {}
+        if then and data_id and then.get("sha256") != data_id.get("sha256"):  # allowed (--allow-data-change)
+            run.log(
+                f"warning: resuming on other data than the checkpoint's (sha256 {then['sha256'][:12]} then, "
+                f"{data_id['sha256'][:12]} now; --allow-data-change): this run is no longer an exact resume"
+            )
     start = Start(
         setup,
         train_stream,

@@ -129,15 +129,16 @@ def push(
 
 @data.command("ls")
 @click.argument("run")
+@click.option("--follow-links", is_flag=True, help="Count what a link leading outside data/ points to (as push's).")
 @hosts_option
 @set_option
 @with_remote
-def ls(remote: Remote, run: str, hosts: str | None, overrides: tuple[str, ...]) -> None:
+def ls(remote: Remote, run: str, follow_links: bool, hosts: str | None, overrides: tuple[str, ...]) -> None:
     """What RUN reads, here and on the server: files, bytes, and whether the server is up to date."""
     from orchestrator.transfer.datapush import converse, synced_first
     from orchestrator.transfer.wire import human_bytes
 
-    local = local_data_of(remote, run, overrides)
+    local = local_data_of(remote, run, overrides, follow_links)
     click.echo(f"here: {len(local.files)} files, {human_bytes(local.bytes)} ({', '.join(local.globs) or 'none'})")
     if not local.files:
         return

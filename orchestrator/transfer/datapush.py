@@ -75,13 +75,16 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
     cfg = load_config(run, overrides, repo)
     globs, notes = push_scope(cfg.data)
     files = {}
-    corpus = (repo / DATA_DIR).resolve()
+    corpus, real_dirs = (repo / DATA_DIR).resolve(), {}
     for path in push_files(cfg.data, repo) if globs else []:
-        if not follow_links and not path.resolve().is_relative_to(corpus):
-            raise UsageError(
-                f"{path.relative_to(repo)} leads to {path.resolve()}, outside {DATA_DIR}/: refused (a link?) — copy "
-                "the file into the corpus, or pass --follow-links to send what it points to"
-            )
+        if not follow_links:  # the file's directory resolved once per directory, the file itself if a link
+            real_dir = real_dirs.get(path.parent) or real_dirs.setdefault(path.parent, path.parent.resolve())
+            real = path.resolve() if path.is_symlink() else real_dir / path.name
+            if not real.is_relative_to(corpus):
+                raise UsageError(
+                    f"{path.relative_to(repo)} leads to {real}, outside {DATA_DIR}/: refused (a link?) — copy the "
+                    "file into the corpus, or pass --follow-links to send what it points to"
+                )
         st = path.stat()
         files[path.relative_to(repo / DATA_DIR).as_posix()] = (path, st.st_size, st.st_mtime_ns)
     return LocalData(run, globs, notes, files)
@@ -223,12 +226,9 @@ def _past_waiting(session: Session, reader) -> bytes:
     said = False
     while True:
         line = reader.readline()
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError:
+        if not line.startswith(b'{"waiting"'):  # the server's answer (a large one is parsed once, by _answer)
             return line
-        if not (isinstance(doc, dict) and "waiting" in doc):
-            return line
+        doc = json.loads(line)
         if not said:
             click.echo(f"data push → {session.host.name}: {doc['waiting']}", err=True)
             said = True
