@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from enlace.contract import BACKOFF_S, RESTARTS, RUN_NAME_RE, RUN_NAME_RULE
+from enlace.contract import BACKOFF_S, CPU_SLOTS, GPU_FREE_BELOW, RESTARTS, RUN_NAME_RE, RUN_NAME_RULE
 
 
 class Seconds(click.ParamType):
@@ -97,3 +97,21 @@ def supervisor_options(backoff: bool = True):
         )(fn)
 
     return add
+
+
+def queue_options(fn):
+    """The server queue's settings (hosts.yaml's cpu_slots and gpu_free_below), as start and supervise take them."""
+    fn = click.option(
+        "--gpu-free-below",
+        type=click.FloatRange(0, 1),
+        default=GPU_FREE_BELOW,
+        show_default=True,
+        help="A GPU whose other processes hold less than this fraction of its memory is free.",
+    )(fn)
+    return click.option(
+        "--cpu-slots",
+        type=click.IntRange(min=1),
+        default=CPU_SLOTS,
+        show_default=True,
+        help="How many CPU runs may run at once on this server.",
+    )(fn)

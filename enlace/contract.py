@@ -99,6 +99,7 @@ def run_name_of(run_file: dict[str, Any], stem: str, sets: dict[str, Any]) -> tu
 
 class Status(str, enum.Enum):
     PENDING = "pending"  # queued on Slurm (submitted or requeued), waiting for a node
+    QUEUED = "queued"  # waiting in the server's own queue for free GPUs or a CPU slot (its supervisor waits)
     STARTING = "starting"  # launched; the trainer has not logged its first step yet
     RUNNING = "running"
     STOPPING = "stopping"  # a stop was requested; the trainer is finishing its step and checkpointing
@@ -106,6 +107,7 @@ class Status(str, enum.Enum):
     FINISHED = "finished"  # reached max_steps
     FAILED = "failed"  # ended with an error it reported (config, checkpoint, disk full, exception)
     CRASHED = "crashed"  # the process vanished without writing a final status (SIGKILL, OOM killer)
+    DROPPED = "dropped"  # was queued, and its waiter is gone (a reboot, a kill): launch queues it again
 
     def __str__(self) -> str:
         return self.value
@@ -116,14 +118,18 @@ class Status(str, enum.Enum):
         return self not in ACTIVE
 
 
-ACTIVE = frozenset({Status.PENDING, Status.STARTING, Status.RUNNING, Status.STOPPING})
+ACTIVE = frozenset({Status.PENDING, Status.QUEUED, Status.STARTING, Status.RUNNING, Status.STOPPING})
 ENDED_CLEANLY = frozenset({Status.STOPPED, Status.FINISHED})
-STOPPABLE = frozenset({Status.STARTING, Status.RUNNING})  # what `stop` moves to STOPPING (compare-and-set)
+STOPPABLE = frozenset(
+    {Status.QUEUED, Status.STARTING, Status.RUNNING}
+)  # what `stop` moves to STOPPING (compare-and-set)
 UNLESS_STOPPING = frozenset(Status) - {Status.STOPPING}  # the trainer's own starting/running never undoes a stop
 
 
 # -- the supervisor's policy and the trainer's command line -----------------------------------------------
 
+CPU_SLOTS = 1  # the queue: CPU runs at once on a server (hosts.yaml cpu_slots; torch's threads take every core)
+GPU_FREE_BELOW = 0.1  # the queue: a GPU whose other processes hold less than this share of its memory is free
 RESTARTS = 3  # restarts after a crash or a stall, from the newest checkpoint (launch --restarts)
 BACKOFF_S = 10.0  # the wait before the first restart; each next one is 3x longer
 
@@ -138,7 +144,7 @@ def exit_code_of(row: dict[str, Any]) -> int:
     status = Status(row["status"])
     if status in ENDED_CLEANLY:
         return OK
-    if status == Status.CRASHED:
+    if status in (Status.CRASHED, Status.DROPPED):
         return CRASHED
     code = row.get("exit_code")
     return code if isinstance(code, int) and code not in (0, CRASHED) else FAILED
@@ -149,6 +155,8 @@ def ended_message(row: dict[str, Any]) -> str:
     ckpt = row.get("latest_checkpoint") or "none"
     if row["status"] == Status.CRASHED:
         what = "crashed: its process vanished without a final status (killed, OOM killer or reboot)"
+    elif row["status"] == Status.DROPPED:
+        what = "was queued and its waiter is gone (a reboot or a kill): it never started"
     else:
         what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
     return (
@@ -160,7 +168,7 @@ def ended_message(row: dict[str, Any]) -> str:
 def describe_live(row: dict[str, Any]) -> str:
     """What a live run is doing, in a few words: `running, step 24 of 500, pid 4242`, `starting: building
     the model`, `pending, Slurm job 3`. Only what is known (no `pid None`, no `step 0/None`)."""
-    if row["status"] in (Status.STARTING, Status.PENDING) and row.get("phase"):
+    if row["status"] in (Status.STARTING, Status.PENDING, Status.QUEUED) and row.get("phase"):
         what = f"{row['status']}: {row['phase']}"
     else:
         what = str(row["status"])

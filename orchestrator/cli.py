@@ -75,7 +75,11 @@ def hosts(ctx: click.Context) -> None:
     for h in list_hosts(repo, warn=False):
         mark = "*" if h.name == ctx.obj["host"] else " "
         extra = f", default run {h.default_run}" if h.default_run else ""
-        extra += ", scheduler slurm" if h.slurm else ""
+        extra += (
+            ", scheduler slurm"
+            if h.slurm
+            else f", queue: {h.cpu_slots} CPU run{'s' if h.cpu_slots != 1 else ''}, GPUs free below {h.gpu_free_below:g}"
+        )
         click.echo(f"{mark} {h.name:16} {h.describe()}, python {h.python}{extra}")
     invalid = load_host_table(repo).invalid
     for name, error in invalid.items():

@@ -118,7 +118,9 @@ def main() -> int:
     # check-config's own failure (not what the machine lacks) and nothing else: exit 2, as a config error is
     config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")
     code = 0 if ok else USAGE if config_error and sum(not c["ok"] for c in checks) == 1 else VERIFY
+    device = ((cfg.get("config") or {}).get("runtime") or {}).get("device")  # what the run queues for
     doc = {"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings}
+    doc["device"] = device
     print(json.dumps({**doc, "exit_code": code}))
     return code
 

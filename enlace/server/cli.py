@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
-from enlace.clitypes import Seconds, gc_options, root_option, set_option, supervisor_options
+from enlace.clitypes import Seconds, gc_options, queue_options, root_option, set_option, supervisor_options
 from enlace.names import find_root
 
 
@@ -47,6 +47,14 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @root_option
 @supervisor_options()
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda", "auto"]),
+    default=None,
+    help="The run's runtime.device: it queues for GPUs or a CPU slot (without it: no queue).",
+)
+@click.option("--procs", default=None, metavar="N|all", help="Processes per host (launch --gpus): GPUs it needs.")
+@queue_options
 @click.option("--json", "as_json", is_flag=True)
 def start_cmd(
     run_name: str,
@@ -55,17 +63,25 @@ def start_cmd(
     restarts: int,
     stall_timeout: float | None,
     backoff: float,
+    device: str | None,
+    procs: str | None,
+    cpu_slots: int,
+    gpu_free_below: float,
     as_json: bool,
 ) -> None:
     """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME under its supervisor, unless
-    it is running (exit 7)."""
+    it is alive (exit 7). With --device it takes its turn in this server's queue (enlace/server/queue.py);
+    a need the server can never meet is refused (exit 3)."""
     from enlace.names import validate_run_name
-    from enlace.server import lifecycle
+    from enlace.server import lifecycle, queue
 
     validate_run_name(run_name, "RUN_NAME")
     project = find_root(root)
     policy = ["--restarts", str(restarts), "--backoff", str(backoff)]
     policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
+    if device is not None:
+        need = queue.need_for(device, procs, queue.Settings(cpu_slots, gpu_free_below))
+        policy += ["--need", str(need), "--cpu-slots", str(cpu_slots), "--gpu-free-below", str(gpu_free_below)]
     supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
     doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, dict(os.environ))
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
@@ -76,6 +92,8 @@ def start_cmd(
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @root_option
 @supervisor_options()
+@click.option("--need", default=None, help="What it waits for in the queue: gpu:N, gpu:all, cpu:N (none: no queue).")
+@queue_options
 def supervise_cmd(
     run_name: str,
     pyargs: tuple[str, ...],
@@ -83,15 +101,29 @@ def supervise_cmd(
     restarts: int,
     stall_timeout: float | None,
     backoff: float,
+    need: str | None,
+    cpu_slots: int,
+    gpu_free_below: float,
 ) -> None:
     """Run `python PYARGS` for RUN_NAME and heal it: restart after a crash or a stall from the newest
-    checkpoint, at most --restarts times (enlace/server/supervise.py says what is retried and what is not)."""
-    from enlace.server import lifecycle
+    checkpoint, at most --restarts times (enlace/server/supervise.py says what is retried and what is not).
+    With --need, first wait for its turn in the server's queue."""
+    import functools
+
+    from enlace.server import lifecycle, queue
     from enlace.server.supervise import Policy, Supervisor, exit_code
+    from enlace.state import runs
 
     run_dir = _runs_root(root) / run_name
     env = {**lifecycle.torchrun_env(run_dir), **os.environ}
-    outcome = Supervisor(run_dir, [sys.executable, *pyargs], Policy(restarts, stall_timeout, backoff), env).run()
+    wait_turn = None
+    if need:
+        wanted = queue.Need.parse(need)
+        runs.update(run_dir, need=str(wanted), gpus=None)
+        settings = queue.Settings(cpu_slots, gpu_free_below)
+        wait_turn = functools.partial(queue.wait_for_seat, run_dir, wanted, settings)
+    policy = Policy(restarts, stall_timeout, backoff)
+    outcome = Supervisor(run_dir, [sys.executable, *pyargs], policy, env, wait_turn=wait_turn).run()
     sys.exit(exit_code(outcome))
 
 

@@ -78,6 +78,8 @@ def launching(run_dir: Path):
             requeues=None,
             requeue_limit_reached=False,
             data_warning=None,  # this launch's trainer checks the data itself
+            need=None,  # the queue's: set by this launch's supervisor if it queues
+            gpus=None,
         )
         yield launch_id, offset
 
@@ -141,6 +143,8 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
             on_phase(shown)
         if mine and (status not in ACTIVE or (status == Status.RUNNING and st.get("step", 0) > 0)):
             return observe(run_dir) | {"waited": "done"}
+        if mine and status == Status.QUEUED:  # its turn may be hours away: the launch returns, the run waits
+            return observe(run_dir) | {"waited": "queued"}
         if not is_alive:  # died before it could write anything (e.g. the interpreter failed)
             return observe(run_dir) | {"status": Status.CRASHED.value, "waited": "done"}
         if time.monotonic() > deadline:

@@ -11,6 +11,9 @@ outlives it, and heals the run without anyone watching:
       trained: no new step and no heartbeat (a hung            faulthandler), SIGTERM, SIGKILL after the
       collective, a dead mount)                                grace, and a restart as above
     SIGTERM to the supervisor (`stop`)                        one SIGTERM to the child; never restarted
+    a queued run (enlace/server/queue.py)                     first waits for its turn (status `queued`),
+                                                              then holds its GPUs or CPU slot through every
+                                                              restart; the child inherits the locks
 
 The trainer beats a heartbeat (enlace/state/heartbeat.py) on every step, eval batch and checkpoint: the
 stall clock measures silence, not the absence of new steps, and a finished run is final whatever it thought.
@@ -35,6 +38,7 @@ from pathlib import Path
 from enlace import contract
 from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
 from enlace.manifest import latest_checkpoint
+from enlace.server.queue import Seat
 from enlace.state import heartbeat, runs
 
 # a retry cannot fix these: a config or checkpoint error, something missing, a disk full, the device's memory
@@ -80,8 +84,11 @@ class Supervisor:
         signals: dict[int, str] | None = None,
         on_stop: Callable[[str], None] = lambda name: None,
         poll: float = 0.2,
+        wait_turn: Callable[..., Seat | None] | None = None,
     ):
         self.run_dir, self.argv, self.policy, self.env, self.poll = run_dir, argv, policy, env, poll
+        self.wait_turn = wait_turn  # the server's queue (queue.wait_for_seat, its run and need bound); None: none
+        self.seat: Seat | None = None
         self.signals = {signal.SIGTERM: "term", **(signals or {})}
         self.on_stop = on_stop
         self.got: set[str] = set()
@@ -96,6 +103,10 @@ class Supervisor:
     def run(self) -> Outcome:
         for s in self.signals:
             signal.signal(s, self.on_signal)
+        if self.wait_turn is not None and not self._take_seat():
+            say("stopped while queued: it never started")
+            runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while queued: it never started")
+            return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
         restarts = 0
         while True:
             code, stalled = self._run_child()
@@ -136,6 +147,25 @@ class Supervisor:
                 return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
             runs.update(self.run_dir, restarts=restarts)
 
+    def _take_seat(self) -> bool:
+        """Wait in the queue for the run's GPUs (or CPU slot); False if a stop came first."""
+        self.seat = self.wait_turn(stopped=lambda: bool(self.got), beat=self.beat, on_wait=self._queued)
+        if self.seat is None or self.got:
+            return False
+        self.env.update(self.seat.env())
+        where = f"GPU {','.join(map(str, self.seat.gpus))}" if self.seat.gpus else "its CPU slot"
+        if runs.transition(
+            self.run_dir, Status.STARTING, frozenset({Status.QUEUED}), phase="starting", gpus=self.seat.gpus
+        ):
+            say(f"its turn came: starting on {where}")
+        else:
+            runs.update(self.run_dir, gpus=self.seat.gpus)
+        return True
+
+    def _queued(self, why: str) -> None:
+        say(f"queued: {why}")
+        runs.transition(self.run_dir, Status.QUEUED, frozenset({Status.STARTING, Status.QUEUED}), phase=why)
+
     def _cause(self, code: int, stalled: bool, st: dict) -> str:
         where = f"at step {st.get('step', 0)} (newest checkpoint {self._newest()})"
         if stalled:
@@ -162,7 +192,9 @@ class Supervisor:
     def _run_child(self) -> tuple[int, bool]:
         """Start the child and watch it; (its exit code, whether it was ended for a stall)."""
         # in the supervisor's own process group: `stop --kill` (killpg) ends the trainer with it
-        self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env)
+        # the seat's lock files go to the child: a run holds its GPUs for as long as its supervisor or its trainer lives
+        fds = self.seat.fds if self.seat else ()
+        self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
         forwarded, stalled = False, False
         last_sign, last_change, longest_gap = None, time.monotonic(), 0.0
         trainer_beat = self.run_dir / heartbeat.TRAINER

@@ -172,10 +172,12 @@ def recorded_status(state: dict[str, Any]) -> Status:
 
 def status_of(state: dict[str, Any], is_alive: bool, job_state: str | None = None) -> Status:
     """The recorded status, except that an active run whose processes (or Slurm job) are gone has
-    crashed, and a run whose Slurm job is queued is pending."""
+    crashed (dropped, if it was waiting in the queue), and a run whose Slurm job is queued is pending."""
     recorded = recorded_status(state)
     if job_state in slurm.QUEUED_STATES:
         return Status.PENDING
+    if recorded == Status.QUEUED and not is_alive:
+        return Status.DROPPED
     if recorded in ACTIVE and not is_alive:
         return Status.CRASHED
     return recorded
@@ -243,6 +245,8 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "slurm_reason": job.get("reason"),
         "requeues": st.get("requeues"),
         "restarts": st.get("restarts"),
+        "need": st.get("need"),  # what it waits for or holds in the server's queue: gpu:N, cpu:N (none: no queue)
+        "gpus": st.get("gpus"),  # the GPUs it holds (their nvidia-smi indices), once its turn came
         "requeue_limit_reached": st.get("requeue_limit_reached", False),
         "supervisor": unsupervised,  # None, or {"state": "gone" | "frozen", "since": …}: nothing heals it now
     }

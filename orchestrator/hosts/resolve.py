@@ -28,6 +28,7 @@ from typing import Any
 import click
 import yaml
 
+from enlace.contract import CPU_SLOTS, GPU_FREE_BELOW
 from enlace.errors import EnlaceError
 from enlace.slurm.settings import KEYS as SLURM_KEYS
 from enlace.slurm.settings import SlurmSpec, spec_from
@@ -57,6 +58,8 @@ class Host:
     proxy_jump: str | None = None  # ~/.ssh/config's ProxyJump for it: [user@]host[:port] hops, comma-separated
     proxy_command: str | None = None  # ~/.ssh/config's ProxyCommand for it, tokens (%h, %p, ...) unexpanded
     known: tuple[str, ...] = ()  # the host names the files define (for messages)
+    cpu_slots: int = CPU_SLOTS  # the host's queue: CPU runs at once
+    gpu_free_below: float = GPU_FREE_BELOW  # the host's queue: a GPU others use less than this share of is free
 
     @property
     def known_hosts_key(self) -> str:
@@ -129,6 +132,8 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
             python,
             default_run=entry.get("default_run"),
             slurm=_scheduler(table.get("local", {}), "local"),
+            cpu_slots=entry.get("cpu_slots") or CPU_SLOTS,
+            gpu_free_below=entry.get("gpu_free_below", GPU_FREE_BELOW),
         )
     target = entry.get("ssh") or name
     if name not in table:  # --host NAME is itself the target: checked before any connection
@@ -167,6 +172,8 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         proxy_jump=_unless_none(cfg.get("proxyjump")),
         proxy_command=_unless_none(cfg.get("proxycommand")),
         known=("local", *sorted(n for n in table if n != "local")),
+        cpu_slots=entry.get("cpu_slots") or CPU_SLOTS,
+        gpu_free_below=entry.get("gpu_free_below", GPU_FREE_BELOW),
     )
 
 

@@ -117,6 +117,19 @@ def check_scheduler(value: Any) -> str:
     return value
 
 
+def check_cpu_slots(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise ValueError(f"{quoted(value)} is not a number of CPU runs", "a whole number from 1, e.g. 2")
+    return value
+
+
+def check_fraction(value: Any) -> float:
+    fix = "a share of a GPU's memory from 0 to 1, e.g. 0.1 (10%)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{quoted(value)} is not a share from 0 to 1", fix)
+    return float(value)
+
+
 CHECKS = {
     "ssh": check_target,
     "remote_dir": check_remote_dir,
@@ -129,6 +142,8 @@ CHECKS = {
     "port": check_port,
     "pip_args": check_pip_args,
     "scheduler": check_scheduler,
+    "cpu_slots": check_cpu_slots,
+    "gpu_free_below": check_fraction,
 }
 HOST_KEYS = frozenset(CHECKS) | frozenset(SLURM_KEYS)
 

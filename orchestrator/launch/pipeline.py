@@ -3,8 +3,10 @@
     ship       sync HEAD (with --push-data, the run's data too) and verify it on every host → commit, run name
     decide     refuse a live run (its preflight would compete with it); a finished run is said, not relaunched
     preflight  measure on the server (on a Slurm host, as a short job on a compute node); a bad verdict stops
-    start      the backend starts the trainer: detached under its supervisor (SSH), or as an sbatch job (Slurm)
-    wait       until the trainer logs its first step (a pending Slurm job says why it waits)
+    start      the backend starts the trainer: detached under its supervisor, in the host's queue (SSH), or as
+               an sbatch job (Slurm)
+    wait       until the trainer logs its first step (a pending Slurm job says why it waits; a queued run
+               says its place in the queue, and the launch returns)
     follow     the log until the run ends (--follow)
 
 The click command parses options into a Plan; `stages_for(plan)` says which stages it runs (--no-preflight,
@@ -73,6 +75,7 @@ class Launch:
     backend: Backend
     sha: str = ""
     run_name: RunName | None = None  # what the server calls the run (ship learns it from verify)
+    device: str | None = None  # its runtime.device (from verify): what it queues for on the host
     started: dict | None = None
 
     @property
@@ -105,7 +108,10 @@ class SSHBackend(Backend):
                 addr = plan.targets[0].hostname or "127.0.0.1"
                 rdzv = {"nnodes": len(plan.targets), "node_rank": rank, "addr": addr, "port": plan.master_port}
             command = stages.train_command(plan.run_file, plan.train_args, plan.gpus, rdzv)
-            doc = stages.start_detached(launch.session_for(host), launch.sha, launch.run_name, command, plan.policy)
+            # one run across hosts starts on every host at once: a queue per host could start half of it
+            queue = [] if many else stages.queue_args(host, launch.device, plan.gpus)
+            session = launch.session_for(host)
+            doc = stages.start_detached(session, launch.sha, launch.run_name, command, [*plan.policy, *queue])
             started = started or doc
             choose.remember_run(launch.repo, host.name, launch.run_name, plan.run_file, plan.overrides)
         return started
@@ -136,7 +142,7 @@ def _ship(launch: Launch):
     for host in plan.targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
         if len(plan.targets) > 1:
             click.echo(f"== {host.name}", err=True)
-        launch.sha, launch.run_name = ship.ship(
+        launch.sha, launch.run_name, launch.device = ship.ship(
             launch.session_for(host),
             launch.repo,
             plan.run_file,

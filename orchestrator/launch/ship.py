@@ -4,6 +4,7 @@ there (sync, then verify), after the local check that RUN names a config in this
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 import yaml
@@ -74,6 +75,12 @@ def verify(session: Session, sha: str, run: str, for_launch: bool = False, overr
     return doc
 
 
+class Shipped(NamedTuple):
+    commit: str
+    run_name: str
+    device: str | None  # the run's runtime.device, as the server's config check resolved it (the queue's need)
+
+
 def ship(
     session,
     repo: Path,
@@ -83,9 +90,9 @@ def ship(
     overrides=(),
     fresh: bool = False,
     data=None,
-) -> tuple[str, str]:
+) -> Shipped:
     """Stage 1 of launch (and preflight): sync, push `data` (launch --push-data: RUN's data files,
-    orchestrator/transfer/datapush.py), verify on one host; (commit, run_name). Raises if anything is missing there;
+    orchestrator/transfer/datapush.py), verify on one host. Raises if anything is missing there;
     the run name comes from the server's own config check (one round trip)."""
 
     rep = sync(session, repo, allow_dirty)
@@ -93,4 +100,4 @@ def ship(
     if data is not None and data.files:
         push(session, repo, data)
     doc = verify(session, rep.commit, run, for_launch, overrides, fresh)
-    return rep.commit, validate_run_name(doc["run_name"], "run_name")
+    return Shipped(rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"))

@@ -108,6 +108,14 @@ def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous:
     ]
 
 
+def queue_args(host, device: str | None, gpus: str | None) -> list[str]:
+    """`enlace start`'s queue options: the run's device and processes (what it needs), the host's settings."""
+    if device is None:
+        return []
+    args = ["--device", device, "--cpu-slots", str(host.cpu_slots), "--gpu-free-below", str(host.gpu_free_below)]
+    return args + (["--procs", gpus] if gpus else [])
+
+
 def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str], policy: list[str] = ()) -> dict:
     """Start `python PYARGS` (the trainer, or torchrun) detached on the host under its supervisor (`policy`:
     --restarts, --stall-timeout): `enlace start`, which refuses a live run. Not retried after a dropped
@@ -141,6 +149,12 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
         on_progress=lambda line: click.echo(line, err=True),
         stall_timeout=wait_s + 60,
     )
+    if row["waited"] == "queued":
+        click.echo(f"{run_name}: queued on {session.host.name}: {row['phase']}", err=True)
+        click.echo(
+            f"  it starts by itself when its turn comes: `enlace-remote logs {run_name} -f` waits with it", err=True
+        )
+        return row
     if row["waited"] == "timeout":
         where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
         raise EnlaceError(

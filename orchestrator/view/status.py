@@ -43,6 +43,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 *lead,
                 r["run_name"],
                 r["status"]
+                + (f" on GPU {','.join(map(str, r['gpus']))}" if r.get("gpus") and r["status"] != "queued" else "")
                 + (", unsupervised" if r.get("supervisor") else "")
                 + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
                 f"{r['step']}/{r['max_steps']}",
@@ -81,6 +82,12 @@ def _details(row: dict, full: bool) -> list[str]:
         found.append(
             f"supervisor {sup['state']} since {when}, nothing heals it: enlace-remote launch {row['run_name']}"
             " re-attaches"
+        )
+    if row["status"] == "queued" and row.get("phase"):
+        found.append(f"queued: {row['phase']}")
+    if row["status"] == "dropped":
+        found.append(
+            f"was queued; its waiter is gone (a reboot, a kill): enlace-remote launch {row['run_name']} queues it again"
         )
     if row.get("error") and row["status"] in ("failed", "stopped", "crashed"):
         found.append(f"error: {row['error']}")

@@ -1,0 +1,341 @@
+"""The queue of one server: runs wait for free GPUs (or CPU slots) instead of colliding. No daemon, no root:
+a queued run is a run whose supervisor waits for its turn, and every decision is taken under one lock
+file that the kernel releases when its holder dies.
+
+    QUEUE_DIR/lock            held for a moment by whoever decides a turn (flock)
+    QUEUE_DIR/seq             the last ticket's number
+    QUEUE_DIR/tickets/N.json  a waiting run (name, run dir, need); flocked by its waiter as long as it waits:
+                              a ticket whose lock is free belongs to a waiter that died, and is dropped
+    QUEUE_DIR/slot-gpu-UUID   one per GPU, one per CPU slot (slot-cpu-I): flocked by the run that holds it,
+    QUEUE_DIR/slot-cpu-I      for as long as its supervisor or its trainer lives (the trainer inherits the
+                              descriptor); the file says which run, for `status`. Never deleted (a lock on
+                              a deleted file would let a second run take the same GPU).
+
+QUEUE_DIR is ~/.enlace/queue/HOSTNAME, one per machine and account (every driver and every remote_dir of the
+account share it; HOSTNAME keeps machines that share a home over NFS apart), or $ENLACE_QUEUE_DIR.
+
+A turn, for the waiting runs that need the same kind (GPUs, CPU slots), oldest ticket first: a slot is free
+when no run holds its lock and, for a GPU, other people's processes use less than `gpu_free_below` of its
+memory. The oldest ticket takes the free slots it needs, all at once, or waits; nobody behind a waiting run
+passes it (strict first come, first served). So a 2-GPU run is never starved by a stream of 1-GPU runs, and
+two 2-GPU runs on 3 GPUs never deadlock (a claim is all or nothing). Stdlib and psutil only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO
+
+from enlace import contract
+from enlace.errors import EnlaceError
+from enlace.server import gpus as gpuinfo
+
+POLL_S = 2.0  # a waiter looks at the queue this often
+INVENTORY_MAX_AGE_S = 5.0  # nvidia-smi is asked at most this often, whatever the number of waiters
+
+
+def queue_dir() -> Path:
+    return Path(os.environ.get("ENLACE_QUEUE_DIR") or Path.home() / ".enlace" / "queue" / socket.gethostname())
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a run waits for: `count` GPUs (None: every GPU of the server) or `count` CPU slots."""
+
+    kind: str  # "gpu" | "cpu"
+    count: int | None = 1
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{'all' if self.count is None else self.count}"
+
+    @classmethod
+    def parse(cls, text: str) -> Need:
+        kind, _, count = text.partition(":")
+        if kind not in ("gpu", "cpu") or not (count == "all" or (count.isdigit() and int(count) > 0)):
+            raise ValueError(f"{text!r} is not a need (gpu:N, gpu:all or cpu:N)")
+        return cls(kind, None if count == "all" else int(count))
+
+    def describe(self) -> str:
+        if self.count is None:
+            return "every GPU"
+        unit = "GPU" if self.kind == "gpu" else "CPU slot"
+        return f"{self.count} {unit}{'s' if self.count != 1 else ''}"
+
+
+def need_of(device: str, procs: str | None, have_gpus: bool) -> Need:
+    """A run's need from its device (cpu, cuda, auto: a GPU where the server has one) and its processes per
+    host (`--gpus N|all`: torchrun's; one otherwise)."""
+    gpu = device == "cuda" or (device == "auto" and have_gpus)
+    if procs == "all":
+        return Need("gpu", None) if gpu else Need("cpu", 1)
+    return Need("gpu" if gpu else "cpu", int(procs or 1))
+
+
+@dataclass(frozen=True)
+class Settings:
+    cpu_slots: int = contract.CPU_SLOTS
+    gpu_free_below: float = contract.GPU_FREE_BELOW
+    dir: Path = field(default_factory=queue_dir)
+
+
+@dataclass
+class Seat:
+    """The slots a run holds: their locked files (kept open, passed to the trainer), and the GPUs' indices."""
+
+    files: list[IO]
+    gpus: list[int]
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return tuple(f.fileno() for f in self.files)
+
+    def env(self) -> dict[str, str]:
+        """The run's view of the GPUs: only its own, in nvidia-smi's order (PCI bus), as torchrun's ranks see
+        them too (rank i takes the i-th)."""
+        if not self.gpus:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    def release(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str  # its lock file's name
+    label: str  # how a person names it: `GPU 1`, `CPU slot 0`
+    gpu: gpuinfo.Gpu | None = None
+
+
+# -- the files ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _decision(qdir: Path) -> Iterator[None]:
+    qdir.mkdir(parents=True, exist_ok=True)
+    with open(qdir / "lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _try_lock(path: Path) -> IO | None:
+    """The file opened and flocked, or None if another process holds it."""
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh
+
+
+def _holder(path: Path) -> dict | None:
+    """Who holds the slot `path` ({"run": ...}), None if nobody does."""
+    fh = _try_lock(path)
+    if fh is not None:
+        fh.close()
+        return None
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+@dataclass
+class Ticket:
+    path: Path
+    file: IO
+    need: Need
+    run: str
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.file.close()
+
+
+def _enqueue(qdir: Path, run_dir: Path, need: Need) -> Ticket:
+    """A new ticket, after every ticket taken so far (under the decision lock)."""
+    tickets = qdir / "tickets"
+    tickets.mkdir(parents=True, exist_ok=True)
+    seq_file = qdir / "seq"
+    seq = int(seq_file.read_text() or 0) + 1 if seq_file.exists() else 1
+    seq_file.write_text(f"{seq}\n")
+    path = tickets / f"{seq:012d}.json"
+    fh = _try_lock(path)
+    doc = {"run": run_dir.name, "run_dir": str(run_dir), "need": str(need), "pid": os.getpid(), "at": time.time()}
+    fh.write(json.dumps(doc))
+    fh.flush()
+    return Ticket(path, fh, need, run_dir.name)
+
+
+def _waiting(qdir: Path, mine: Ticket) -> list[tuple[Path, dict]]:
+    """The live tickets, oldest first; a dead waiter's ticket is removed."""
+    live = []
+    for path in sorted((qdir / "tickets").glob("*.json")):
+        if path != mine.path:
+            fh = _try_lock(path)
+            if fh is not None:  # its waiter is gone (killed, a reboot): the ticket goes with it
+                path.unlink(missing_ok=True)
+                fh.close()
+                continue
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            live.append((path, json.loads(path.read_text())))
+    return live
+
+
+def _inventory(qdir: Path) -> list[gpuinfo.Gpu]:
+    """The GPUs, as nvidia-smi said at most INVENTORY_MAX_AGE_S ago (cached for every waiter)."""
+    cache = qdir / "inventory.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        doc = json.loads(cache.read_text())
+        if time.time() - doc["at"] < INVENTORY_MAX_AGE_S:
+            return [
+                gpuinfo.Gpu(**{**g, "processes": tuple(gpuinfo.GpuProcess(**p) for p in g["processes"])})
+                for g in doc["gpus"]
+            ]
+    found = gpuinfo.inventory()
+    cache.write_text(json.dumps({"at": time.time(), "gpus": [asdict(g) for g in found]}))
+    return found
+
+
+# -- a turn ------------------------------------------------------------------------------------------
+
+
+class QueueError(EnlaceError):
+    """A need this server can never meet (more GPUs than it has, a GPU where it has none)."""
+
+    exit_code = contract.VERIFY
+
+
+def need_for(device: str, procs: str | None, settings: Settings) -> Need:
+    """The need of a run about to be launched here; QueueError if this server can never meet it."""
+    try:
+        found = _inventory(settings.dir)
+    except gpuinfo.InventoryError as e:
+        raise QueueError(f"cannot tell which GPUs are free: {e}") from None
+    need = need_of(device, procs, bool(found))
+    total = len(found) if need.kind == "gpu" else settings.cpu_slots
+    if need.kind == "gpu" and not found:
+        raise QueueError(
+            "the run needs a GPU (runtime.device: cuda) and nvidia-smi here reports none — run it where there "
+            "is one, or on the CPU (--set runtime.device=cpu)"
+        )
+    if need.count is not None and need.count > total:
+        has = f"{total} GPU{'s' if total != 1 else ''}" if need.kind == "gpu" else f"cpu_slots: {total}"
+        raise QueueError(f"the run needs {need.describe()} and this server has {has} — ask for fewer (--gpus)")
+    return need
+
+
+def _pool(kind: str, settings: Settings) -> list[Slot]:
+    if kind == "gpu":
+        return [Slot(f"slot-gpu-{g.uuid}", f"GPU {g.index}", g) for g in _inventory(settings.dir)]
+    return [Slot(f"slot-cpu-{i}", f"CPU slot {i}") for i in range(settings.cpu_slots)]
+
+
+def _taken(slot: Slot, settings: Settings) -> str | None:
+    """Why `slot` is not free, in a few words; None if it is."""
+    holder = _holder(settings.dir / slot.name)
+    if holder is not None:
+        return f"{slot.label}: run {holder.get('run', '?')}"
+    gpu = slot.gpu
+    if gpu is None:
+        return None
+    foreign = max(sum(p.mib for p in gpu.processes), gpu.used_mib)
+    if foreign < settings.gpu_free_below * gpu.total_mib:
+        return None
+    if not gpu.processes:
+        return f"{slot.label}: {foreign / 1024:.1f} GiB used by processes this account cannot see"
+    biggest = max(gpu.processes, key=lambda p: p.mib)
+    more = len(gpu.processes) - 1
+    return f"{slot.label}: {biggest.describe()}" + (f" and {more} more" if more else "")
+
+
+def _claim(slots: list[Slot], settings: Settings, run_dir: Path) -> Seat | None:
+    files = []
+    for slot in slots:
+        fh = _try_lock(settings.dir / slot.name)
+        if fh is None:  # cannot happen under the decision lock; if it does, nothing is half-taken
+            for f in files:
+                f.close()
+            return None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"run": run_dir.name, "run_dir": str(run_dir), "pid": os.getpid(), "since": time.time()}))
+        fh.flush()
+        files.append(fh)
+    return Seat(files, [s.gpu.index for s in slots if s.gpu is not None])
+
+
+def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | None, str]:
+    """Take the seat if it is this ticket's turn; else (None, why it waits)."""
+    with _decision(settings.dir):
+        pool = _pool(ticket.need.kind, settings)
+        free, taken = [], []
+        for slot in pool:
+            why = _taken(slot, settings)
+            (taken if why else free).append(why or slot)
+        ahead = []
+        for path, doc in _waiting(settings.dir, ticket):
+            need = Need.parse(doc["need"])
+            if need.kind != ticket.need.kind:
+                continue
+            wanted = len(pool) if need.count is None else need.count
+            if path == ticket.path:
+                if len(free) >= wanted:
+                    seat = _claim(free[:wanted], settings, run_dir)
+                    if seat is not None:
+                        return seat, ""
+                break
+            ahead.append(doc["run"])
+            free = free[wanted:] if len(free) >= wanted else []  # nobody passes a run that waits
+    where = "; ".join(taken) or ("this server reports no GPU" if not pool else "")
+    behind = f"behind {', '.join(ahead[:3])}{' and others' if len(ahead) > 3 else ''}" if ahead else ""
+    because = "; ".join(x for x in (where, behind) if x)
+    return None, f"position {len(ahead) + 1}, waiting for {ticket.need.describe()}" + (
+        f" ({because})" if because else ""
+    )
+
+
+def wait_for_seat(
+    run_dir: Path,
+    need: Need,
+    settings: Settings,
+    stopped: Callable[[], bool],
+    beat: Callable[[], None],
+    on_wait: Callable[[str], None],
+) -> Seat | None:
+    """Queue the run and wait for its turn: its seat, or None if `stopped()` said to give up first.
+    `on_wait(why)` hears each new reason to wait (its position, what holds the slots); `beat` is called
+    while it waits (the supervisor's heartbeat)."""
+    with _decision(settings.dir):
+        ticket = _enqueue(settings.dir, run_dir, need)
+    try:
+        said = None
+        while True:
+            try:
+                seat, why = _turn(ticket, settings, run_dir)
+            except gpuinfo.InventoryError as e:
+                seat, why = None, f"cannot read the GPUs ({e}); trying again"
+            if seat is not None:
+                return seat
+            if why != said:
+                on_wait(why)
+                said = why
+            deadline = time.monotonic() + POLL_S
+            while time.monotonic() < deadline:
+                if stopped():
+                    return None
+                beat()
+                time.sleep(0.1)
+    finally:
+        with _decision(settings.dir):
+            ticket.close()
