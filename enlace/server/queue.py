@@ -37,6 +37,7 @@ from typing import IO
 from enlace import contract
 from enlace.errors import EnlaceError
 from enlace.server import gpus as gpuinfo
+from enlace.state.runs import atomic_write
 
 POLL_S = 2.0  # a waiter looks at the queue this often
 INVENTORY_MAX_AGE_S = 5.0  # nvidia-smi is asked at most this often, whatever the number of waiters
@@ -203,7 +204,8 @@ def _inventory(qdir: Path) -> list[gpuinfo.Gpu]:
                 for g in doc["gpus"]
             ]
     found = gpuinfo.inventory()
-    cache.write_text(json.dumps({"at": time.time(), "gpus": [asdict(g) for g in found]}))
+    qdir.mkdir(parents=True, exist_ok=True)
+    atomic_write(cache, json.dumps({"at": time.time(), "gpus": [asdict(g) for g in found]}))
     return found
 
 
