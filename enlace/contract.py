@@ -191,6 +191,7 @@ class ErrorKind(str, enum.Enum):
     CONFIG = "config"
     CHECKPOINT = "checkpoint"
     NO_SPACE = "no_space"
+    QUEUE_BUSY = "queue_busy"  # nothing in the server's queue is free for a preflight now
     OTHER = "other"
 
     def __str__(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,9 @@ def pytest_configure() -> None:
     """With N xdist workers on C cores, each worker's torch (and every trainer it starts, here or
     through the test sshd) gets C // N threads: N processes each spinning C OpenMP threads on C cores
     wait on one another. An OMP_NUM_THREADS of your own wins."""
+    # the `local` host's queue (enlace/server/queue.py) is the account's: one per test process, so that the
+    # workers' runs do not wait for one another (each test sshd's account has its own HOME, hence its own)
+    os.environ["ENLACE_QUEUE_DIR"] = tempfile.mkdtemp(prefix="enlace-queue-")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))

@@ -127,6 +127,42 @@ def supervise_cmd(
     sys.exit(exit_code(outcome))
 
 
+@click.command("seated", hidden=True, context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--for-run", required=True, help="The run whose preflight this is (named to whoever waits).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), required=True)
+@click.option("--procs", default=None, metavar="N|all")
+@queue_options
+@click.option("--json", "as_json", is_flag=True)
+def seated_cmd(
+    args: tuple[str, ...],
+    for_run: str,
+    device: str,
+    procs: str | None,
+    cpu_slots: int,
+    gpu_free_below: float,
+    as_json: bool,
+) -> None:
+    """Run `enlace ARGS` (preflight) on what this server's queue has free now, holding it until it ends, with
+    CUDA_VISIBLE_DEVICES set to it; refused (kind queue_busy) when nothing is free: a measurement beside
+    another run would be wrong, and could push that run out of memory."""
+    from enlace.names import validate_run_name
+    from enlace.server import queue
+
+    validate_run_name(for_run, "--for-run")
+    settings = queue.Settings(cpu_slots, gpu_free_below)
+    seat, why = queue.seat_now(for_run, queue.need_for(device, procs, settings), settings)
+    if seat is None:
+        raise queue.QueueBusy(why)
+    for fd in seat.fds:  # the measuring process holds the seat for as long as it lives
+        os.set_inheritable(fd, True)
+    tied = click.get_current_context().find_root().params.get("exit_with_client")
+    argv = [sys.executable, "-m", "enlace", *(["--exit-with-client"] if tied else []), *args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, {**os.environ, **seat.env()})
+
+
 @click.command("wait", hidden=True)
 @click.argument("run_name")
 @click.option("--launch-id", required=True, help="The launch to wait for (from `start`).")
@@ -280,6 +316,7 @@ COMMANDS = (
     runs_cmd,
     start_cmd,
     supervise_cmd,
+    seated_cmd,
     wait_cmd,
     stop_cmd,
     logs_cmd,

@@ -178,11 +178,11 @@ def _enqueue(qdir: Path, run_dir: Path, need: Need) -> Ticket:
     return Ticket(path, fh, need, run_dir.name)
 
 
-def _waiting(qdir: Path, mine: Ticket) -> list[tuple[Path, dict]]:
+def _waiting(qdir: Path, mine: Ticket | None = None) -> list[tuple[Path, dict]]:
     """The live tickets, oldest first; a dead waiter's ticket is removed."""
     live = []
     for path in sorted((qdir / "tickets").glob("*.json")):
-        if path != mine.path:
+        if mine is None or path != mine.path:
             fh = _try_lock(path)
             if fh is not None:  # its waiter is gone (killed, a reboot): the ticket goes with it
                 path.unlink(missing_ok=True)
@@ -210,6 +210,12 @@ def _inventory(qdir: Path) -> list[gpuinfo.Gpu]:
 
 
 # -- a turn ------------------------------------------------------------------------------------------
+
+
+class QueueBusy(EnlaceError):
+    """Nothing is free for a preflight now (the driver skips it, saying why)."""
+
+    kind = contract.ErrorKind.QUEUE_BUSY
 
 
 class QueueError(EnlaceError):
@@ -261,7 +267,7 @@ def _taken(slot: Slot, settings: Settings) -> str | None:
     return f"{slot.label}: {biggest.describe()}" + (f" and {more} more" if more else "")
 
 
-def _claim(slots: list[Slot], settings: Settings, run_dir: Path) -> Seat | None:
+def _claim(slots: list[Slot], settings: Settings, run: str, run_dir: str) -> Seat | None:
     files = []
     for slot in slots:
         fh = _try_lock(settings.dir / slot.name)
@@ -271,20 +277,26 @@ def _claim(slots: list[Slot], settings: Settings, run_dir: Path) -> Seat | None:
             return None
         fh.seek(0)
         fh.truncate()
-        fh.write(json.dumps({"run": run_dir.name, "run_dir": str(run_dir), "pid": os.getpid(), "since": time.time()}))
+        fh.write(json.dumps({"run": run, "run_dir": run_dir, "pid": os.getpid(), "since": time.time()}))
         fh.flush()
         files.append(fh)
     return Seat(files, [s.gpu.index for s in slots if s.gpu is not None])
+
+
+def _look(pool: list[Slot], settings: Settings) -> tuple[list[Slot], list[str]]:
+    """The free slots of `pool`, and why each other one is taken."""
+    free, taken = [], []
+    for slot in pool:
+        why = _taken(slot, settings)
+        (taken if why else free).append(why or slot)
+    return free, taken
 
 
 def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | None, str]:
     """Take the seat if it is this ticket's turn; else (None, why it waits)."""
     with _decision(settings.dir):
         pool = _pool(ticket.need.kind, settings)
-        free, taken = [], []
-        for slot in pool:
-            why = _taken(slot, settings)
-            (taken if why else free).append(why or slot)
+        free, taken = _look(pool, settings)
         ahead = []
         for path, doc in _waiting(settings.dir, ticket):
             need = Need.parse(doc["need"])
@@ -293,7 +305,7 @@ def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | Non
             wanted = len(pool) if need.count is None else need.count
             if path == ticket.path:
                 if len(free) >= wanted:
-                    seat = _claim(free[:wanted], settings, run_dir)
+                    seat = _claim(free[:wanted], settings, run_dir.name, str(run_dir))
                     if seat is not None:
                         return seat, ""
                 break
@@ -305,6 +317,22 @@ def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | Non
     return None, f"position {len(ahead) + 1}, waiting for {ticket.need.describe()}" + (
         f" ({because})" if because else ""
     )
+
+
+def seat_now(run: str, need: Need, settings: Settings) -> tuple[Seat | None, str]:
+    """The seat `need` asks for, if it is free now and no run waits for one of its kind (preflight takes it for
+    as long as it measures: on what a run would get, beside nobody); else (None, why not)."""
+    with _decision(settings.dir):
+        pool = _pool(need.kind, settings)
+        free, taken = _look(pool, settings)
+        waiting = [doc["run"] for _, doc in _waiting(settings.dir) if Need.parse(doc["need"]).kind == need.kind]
+        wanted = len(pool) if need.count is None else need.count
+        if not waiting and len(free) >= wanted:
+            seat = _claim(free[:wanted], settings, f"{run} (its preflight)", "")
+            if seat is not None:
+                return seat, ""
+    because = "; ".join([*taken, *([f"{len(waiting)} run(s) queued: {', '.join(waiting[:3])}"] if waiting else [])])
+    return None, f"{need.describe()} not free now" + (f" ({because})" if because else "")
 
 
 def wait_for_seat(

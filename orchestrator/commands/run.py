@@ -45,10 +45,10 @@ def preflight(
     from orchestrator.launch import ship, stages
 
     ship.check_run_config(remote.repo, run)
-    sha, run_name, _ = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
+    sha, run_name, device = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
     extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
     extra += ship.set_args(overrides)
-    report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra)
+    report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra, device)
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
 
 

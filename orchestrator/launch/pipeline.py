@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from enlace.contract import VERDICT, trainer_args
+from enlace.contract import VERDICT, ErrorKind, trainer_args
 from enlace.errors import EnlaceError
 from enlace.names import RunFile, RunName
 from enlace.slurm.settings import SlurmSpec
@@ -161,7 +161,20 @@ def _decide(launch: Launch):
 def _preflight(launch: Launch):
     plan = launch.plan
     extra = ["--steps", "5", *ship.set_args(plan.overrides)]
-    report = stages.remote_preflight(launch.first, launch.sha, plan.run_file, launch.repo, launch.run_name, extra)
+    device = launch.device if len(plan.targets) == 1 else None  # across hosts: no queue (see SSHBackend)
+    try:
+        report = stages.remote_preflight(
+            launch.first, launch.sha, plan.run_file, launch.repo, launch.run_name, extra, device
+        )
+    except EnlaceError as e:
+        if e.kind != ErrorKind.QUEUE_BUSY:
+            raise
+        click.echo(
+            f"preflight skipped: {e.message} — it would measure beside another run; the run queues unmeasured "
+            f"(`enlace-remote preflight {plan.run_file}` measures it once the host has room)",
+            err=True,
+        )
+        return None
     if report["verdict"] in VERDICT and not plan.force:
         raise PreflightRefused(report["verdict"])
 

@@ -18,14 +18,19 @@ from orchestrator.launch.slurm import on_node
 from orchestrator.ssh.session import Session
 
 
-def remote_preflight(session: Session, sha: str, run: str, repo: Path, run_name: str, extra: list[str]) -> dict:
-    """Run `enlace preflight RUN --json` on the server (on a Slurm host: as a short job on a compute node),
-    streaming its progress lines; save the report under the local runs/<run_name>/ and print the table.
-    If this client dies, so does the server's preflight (it must not overlap the next one on the GPU)."""
+def remote_preflight(
+    session: Session, sha: str, run: str, repo: Path, run_name: str, extra: list[str], device: str | None = None
+) -> dict:
+    """Run `enlace preflight RUN --json` on the server (on a Slurm host: as a short job on a compute node;
+    on another host: on what its queue has free now, refused with kind queue_busy when nothing is), streaming
+    its progress lines; save the report under the local runs/<run_name>/ and print the table. If this client
+    dies, so does the server's preflight (it must not overlap the next one on the GPU)."""
 
     args = ("preflight", run, "--json", *extra)
     if session.host.slurm:
         args = on_node(session.host.slurm, args)
+    elif device is not None:
+        args = ("seated", "--for-run", run_name, *queue_args(session.host, device, None), "--json", "--", *args)
     report = session.stream_json(
         sha,
         *args,

@@ -1,0 +1,216 @@
+"""The server's queue (enlace/server/queue.py) with real processes taking real locks: each waiter is its own
+process, as each queued run's supervisor is. Only the GPUs are not real (a GPU cannot exist on this
+machine): a fake nvidia-smi on PATH reports them (tests/support/fakegpu.py). The queue seen through launch,
+status and stop over the real sshd is tests/test_queue_remote.py."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import REPO
+from support.fakegpu import FakeGpus
+from support.remote import wait_until
+
+from enlace.server import queue
+
+WAITER = Path(__file__).parent / "support" / "waiter.py"
+
+
+class Queue:
+    """A queue directory and the waiters started on it."""
+
+    def __init__(self, base: Path, gpus: FakeGpus | None = None, cpu_slots: int = 1):
+        self.base, self.dir, self.cpu_slots = base, base / "queue", cpu_slots
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": gpus.path if gpus else os.environ["PATH"]}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def wait(self, run: str, need: str, clone: str = "clone-a", child: bool = False) -> subprocess.Popen:
+        run_dir = self.base / clone / "runs" / run
+        argv = [sys.executable, str(WAITER), str(self.dir), str(run_dir), need, str(self.cpu_slots)]
+        self.procs[run] = subprocess.Popen([*argv, *(["--child"] if child else [])], env=self.env)
+        return self.procs[run]
+
+    def tickets(self) -> int:
+        return len(list((self.dir / "tickets").glob("*.json")))
+
+    def seated(self) -> list[str]:
+        order = self.base / "order"
+        return order.read_text().split("\n")[:-1] if order.exists() else []
+
+    def release(self, run: str) -> None:
+        (self.base / f"release-{run}").touch()
+        self.procs[run].wait(timeout=60)
+
+    def waits(self, run: str, clone: str = "clone-a") -> str:
+        path = self.base / clone / "runs" / run / "waits"
+        return path.read_text() if path.exists() else ""
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def make_queue(tmp_path: Path):
+    made = []
+
+    def make(**kw) -> Queue:
+        made.append(Queue(tmp_path, **kw))
+        return made[-1]
+
+    yield make
+    for q in made:
+        q.close()
+
+
+def test_first_come_first_served_over_ten_waiters_from_two_clones(make_queue):
+    """Ten runs queue at random moments from two clones (two remote_dirs of one account) for one CPU slot:
+    they get it in the order they queued, one at a time."""
+    q = make_queue()
+    rng = random.Random(7)
+    names = [f"run{i}" for i in range(10)]
+    q.wait(names[0], "cpu:1")
+    wait_until(lambda: q.seated() == [f"{names[0]} -"], 60, "the first run seated")
+    for i, name in enumerate(names[1:], start=1):
+        time.sleep(rng.uniform(0, 0.3))  # a random moment (the order is what the test asserts, not a timing)
+        q.wait(name, "cpu:1", clone=("clone-a", "clone-b")[i % 2])
+        wait_until(lambda i=i: q.tickets() == i, 60, f"{name}'s ticket")  # queued before the next one comes
+    for i, name in enumerate(names[:-1]):
+        q.release(name)
+        wait_until(lambda i=i: len(q.seated()) == i + 2, 60, "the next run seated")
+        assert q.tickets() == len(names) - i - 2  # the seated run's ticket is gone
+    assert q.seated() == [f"{n} -" for n in names]
+    assert "position 9, waiting for 1 CPU slot (CPU slot 0: run run0; behind run1, run2, run3 and others)" in q.waits(
+        "run9", "clone-b"
+    )
+
+
+def test_a_two_gpu_run_is_not_starved_by_one_gpu_runs(tmp_path, make_queue):
+    """3 GPUs, two 1-GPU runs hold two of them; a 2-GPU run queues, then a stream of 1-GPU runs: none of
+    them takes the free GPU ahead of it (strict first come, first served), and it starts as soon as a
+    second GPU is free — no 1-GPU run that queued after it started before it."""
+    q = make_queue(gpus=FakeGpus(tmp_path, 3))
+    for run in ("a", "b"):
+        q.wait(run, "gpu:1")
+        wait_until(lambda run=run: any(s.startswith(run) for s in q.seated()), 60, f"{run} seated")
+    q.wait("big", "gpu:2")
+    wait_until(lambda: "waiting for 2 GPUs" in q.waits("big"), 60, "big queued")
+    for n, run in enumerate(("s1", "s2", "s3"), start=2):
+        q.wait(run, "gpu:1")
+        wait_until(lambda n=n: q.tickets() == n, 60, f"{run} queued")
+    wait_until(lambda: "behind big" in q.waits("s3"), 60, "s3 waits behind big")
+    assert [s.split()[0] for s in q.seated()] == ["a", "b"]  # GPU 2 is free, and nobody took it past big
+    q.release("a")
+    wait_until(lambda: len(q.seated()) == 3, 60, "big seated")
+    assert q.seated()[2].split()[0] == "big"
+    held = {q.seated()[1].split()[1], *q.seated()[2].split()[1].split(",")}
+    assert held == {"0", "1", "2"}  # big took the two GPUs b does not hold
+    q.release("b")
+    wait_until(lambda: len(q.seated()) == 4, 60, "s1 seated")
+    assert q.seated()[3].split()[0] == "s1"
+
+
+def test_two_gpu_runs_on_three_gpus_do_not_deadlock(tmp_path, make_queue):
+    """Each claim is all or nothing: two 2-GPU runs on 3 GPUs run one after the other."""
+    q = make_queue(gpus=FakeGpus(tmp_path, 3))
+    q.wait("x", "gpu:2")
+    q.wait("y", "gpu:2")
+    wait_until(lambda: len(q.seated()) == 1 and "waiting for 2 GPUs" in q.waits("y"), 60, "x seated, y queued")
+    q.release("x")
+    wait_until(lambda: len(q.seated()) == 2, 60, "y seated")
+
+
+def test_a_killed_holder_frees_its_gpu_once_its_child_is_gone_too(tmp_path, make_queue):
+    """The seat's locks are held by the supervisor and the trainer it hands them to: SIGKILL of the supervisor
+    alone leaves the GPU held (its trainer still computes on it); once the trainer is gone as well, the next
+    run in line gets it — the kernel released the locks, nobody cleaned up."""
+    q = make_queue(gpus=FakeGpus(tmp_path, 1))
+    holder = q.wait("holder", "gpu:1", child=True)
+    child_pid = tmp_path / "clone-a" / "runs" / "holder" / "child.pid"
+    wait_until(child_pid.exists, 60, "the holder's child started")
+    q.wait("next", "gpu:1")
+    wait_until(lambda: "GPU 0: run holder" in q.waits("next"), 60, "next queued behind holder")
+    holder.kill()
+    holder.wait()
+    time.sleep(2 * queue.POLL_S)  # two turns of the waiter: the only way to see that nothing happens
+    assert len(q.seated()) == 1
+    os.kill(int(child_pid.read_text()), signal.SIGKILL)
+    wait_until(lambda: len(q.seated()) == 2, 60, "next seated after the child died")
+    assert q.seated()[1] == "next 0"
+
+
+def test_a_dead_waiters_ticket_is_dropped(make_queue):
+    q = make_queue()
+    q.wait("first", "cpu:1")
+    wait_until(lambda: len(q.seated()) == 1, 60, "first seated")
+    gone = q.wait("gone", "cpu:1")
+    wait_until(lambda: q.tickets() == 1, 60, "gone queued")
+    q.wait("third", "cpu:1")
+    wait_until(lambda: "position 2" in q.waits("third"), 60, "third behind gone")
+    gone.kill()
+    gone.wait()
+    wait_until(lambda: "position 1" in q.waits("third"), 60, "third moved up")
+    assert q.tickets() == 1
+    q.release("first")
+    wait_until(lambda: len(q.seated()) == 2, 60, "third seated")
+    assert q.seated()[1] == "third -"
+
+
+def test_another_users_process_keeps_a_gpu_out_until_it_goes(tmp_path, make_queue):
+    """GPU 1 holds another user's 21.3 GiB process (over 10% of its memory): a run takes GPU 0; the next waits,
+    naming the process; when it ends, the waiter gets GPU 1. A process under the threshold does not count."""
+    gpus = FakeGpus(tmp_path, 2)
+    gpus.foreign(gpu=1, pid=3999991, mib=21811)
+    gpus.foreign(gpu=0, pid=3999992, mib=600)  # a notebook's context: under 10% of 80 GiB
+    q = make_queue(gpus=gpus)
+    q.wait("a", "gpu:1")
+    wait_until(lambda: len(q.seated()) == 1, 60, "a seated")
+    assert q.seated() == ["a 0"]
+    q.wait("b", "gpu:1")
+    wait_until(lambda: "GPU 1: a process, pid 3999991, 21.3 GiB" in q.waits("b"), 60, "b names the foreign process")
+    assert "GPU 0: run a" in q.waits("b")
+    gpus.clear()
+    wait_until(lambda: len(q.seated()) == 2, 60, "b seated once the process has gone")
+    assert q.seated()[1] == "b 1"
+
+
+def test_a_need_the_server_cannot_meet_is_refused(tmp_path, monkeypatch):
+    gpus = FakeGpus(tmp_path, 2)
+    monkeypatch.setenv("PATH", gpus.path)
+    settings = queue.Settings(2, 0.1, tmp_path / "q")
+    assert queue.need_for("auto", None, settings) == queue.Need("gpu", 1)
+    assert queue.need_for("cpu", None, settings) == queue.Need("cpu", 1)
+    assert queue.need_for("cuda", "all", settings) == queue.Need("gpu", None)
+    with pytest.raises(queue.QueueError, match="needs 4 GPUs and this server has 2 GPUs"):
+        queue.need_for("cuda", "4", settings)
+    with pytest.raises(queue.QueueError, match="needs 3 CPU slots and this server has cpu_slots: 2"):
+        queue.need_for("cpu", "3", settings)
+    monkeypatch.setenv("PATH", "/nonexistent")  # a server without nvidia-smi
+    empty = queue.Settings(1, 0.1, tmp_path / "q2")
+    assert queue.need_for("auto", None, empty) == queue.Need("cpu", 1)
+    with pytest.raises(queue.QueueError, match=r"needs a GPU .* reports none"):
+        queue.need_for("cuda", None, empty)
+
+
+def test_need_text_round_trips_and_rejects_nonsense():
+    for text in ("gpu:1", "gpu:all", "cpu:2"):
+        assert str(queue.Need.parse(text)) == text
+    for bad in ("gpu:0", "tpu:1", "gpu:-1", "cpu"):
+        with pytest.raises(ValueError):
+            queue.Need.parse(bad)
+    assert queue.Need("gpu", None).describe() == "every GPU"
+    assert queue.Need("cpu", 2).describe() == "2 CPU slots"
+
+
+def test_seat_env_names_its_gpus_in_pci_order():
+    assert queue.Seat([], [2, 3]).env() == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert queue.Seat([], []).env() == {}

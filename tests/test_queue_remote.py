@@ -1,0 +1,132 @@
+"""The queue through enlace-remote over the real sshd: real launches from two clones, real supervisors and
+trainers, real locks. Only the GPUs are faked (a GPU cannot exist here): the test server's PATH starts with
+a fake nvidia-smi that reports them from a file this test writes (tests/support/fakegpu.py); the runs say
+`runtime.device: auto`, so they queue for a GPU there and train on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+from support.fakegpu import FakeGpus
+from support.remote import PipeReader, popen_remote, remote, tiny_corpus, wait_until
+from support.sshd import make_server
+
+from enlace.state import runs
+
+pytestmark = pytest.mark.slow
+LONG = ("long", "--no-preflight", "--restarts", "0")
+
+
+@pytest.fixture
+def gpu_host(tmp_path: Path):
+    gpus = FakeGpus(tmp_path, 2)
+    srv = make_server(tmp_path, session_env={"PATH": gpus.path})
+    tiny_corpus(tmp_path / "remote-testhost")
+    yield srv, gpus
+    srv.stop()
+    from support.procs import kill_processes_under
+
+    kill_processes_under(tmp_path)
+
+
+def rows(repo: Path, env: dict) -> dict[str, dict]:
+    return {r["run_name"]: r for r in json.loads(remote(repo, env, "status", "--json").stdout)}
+
+
+def visible_devices(row: dict) -> str | None:
+    """CUDA_VISIBLE_DEVICES as the run's trainer process sees it."""
+    return psutil.Process(row["pid"]).environ().get("CUDA_VISIBLE_DEVICES")
+
+
+def test_four_runs_on_two_gpus_queue_and_take_freed_gpus(gpu_host, user_repo, tmp_path):
+    srv, gpus = gpu_host
+    env = srv.env
+    clone = tmp_path / "clone-b"
+    subprocess.run(["git", "clone", "-q", str(user_repo), str(clone)], check=True)
+    remote(user_repo, env, "sync")  # the server has the commit before the four launches race
+    refused = remote(user_repo, env, "launch", *LONG, "--gpus", "4", "--set", "runtime.device=auto", check=False)
+    assert refused.returncode == 3, refused.stderr
+    assert "the run needs 4 GPUs and this server has 2 GPUs — ask for fewer (--gpus)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    names = ["q1", "q2", "q3", "q4"]
+    launches = [
+        popen_remote(repo, env, "launch", *LONG, "--set", f"run_name={n}", "--set", "runtime.device=auto")
+        for n, repo in zip(names, (user_repo, clone, user_repo, clone))
+    ]
+    said = [PipeReader(p.stderr) for p in launches]
+    for p in launches:
+        assert p.wait(timeout=300) == 0
+    state = rows(user_repo, env)
+    running = sorted((n for n in names if state[n]["status"] == "running"), key=lambda n: state[n]["gpus"])
+    queued = [n for n in names if state[n]["status"] == "queued"]
+    assert len(running) == 2 and len(queued) == 2, {n: state[n]["status"] for n in names}
+    assert [state[n]["gpus"] for n in running] == [[0], [1]]
+    assert [visible_devices(state[n]) for n in running] == ["0", "1"]  # each trainer sees only its own GPU
+    first, second = sorted(queued, key=lambda n: state[n]["phase"])  # position 1 before position 2
+    assert state[first]["phase"].startswith("position 1, waiting for 1 GPU (GPU 0: run ")
+    assert "position 2" in state[second]["phase"] and f"behind {first}" in state[second]["phase"]
+    assert f"{first}: queued on testhost: position 1" in said[names.index(first)].text()
+    follow = popen_remote(user_repo, env, "logs", first, "-f")
+    followed = PipeReader(follow.stdout)
+
+    # the run on GPU 0 stops; another user's process takes GPU 0 meanwhile: it stays out until it goes
+    gpus.foreign(gpu=0, pid=3999991, mib=30000)
+    cache = srv.dir / "home" / ".enlace" / "queue"  # the queue asks nvidia-smi at most every 5 s: ask it now
+    for old in cache.glob("*/inventory.json"):
+        old.unlink()
+    wait_until(lambda: any("3999991" in f.read_text() for f in cache.glob("*/inventory.json")), 60, "a new look")
+    remote(user_repo, env, "stop", running[0])
+    wait_until(lambda: "pid 3999991, 29.3 GiB" in rows(user_repo, env)[first]["phase"], 60, "status names it")
+    assert rows(user_repo, env)[first]["status"] == "queued"
+    table = remote(user_repo, env, "status").stdout
+    assert (
+        f"queued: position 1, waiting for 1 GPU (GPU 0: a process, pid 3999991, 29.3 GiB; GPU 1: run {running[1]})"
+        in table
+    )
+    gpus.clear()
+    wait_until(lambda: rows(user_repo, env)[first]["status"] == "running", 120, f"{first} to start on GPU 0")
+    now = rows(user_repo, env)
+    assert now[first]["gpus"] == [0] and visible_devices(now[first]) == "0"
+    assert "running on GPU 0" in remote(user_repo, env, "status").stdout
+    wait_until(lambda: "its turn came: starting on GPU 0" in followed.text(), 60, "logs -f to show the start")
+
+    # stop of a queued run removes it, and touches nothing else
+    remote(user_repo, env, "stop", second)
+    now = rows(user_repo, env)
+    assert now[second]["status"] == "stopped" and now[second]["phase"].startswith("stopped while queued")
+    assert now[first]["status"] == now[running[1]]["status"] == "running"
+    assert not list((srv.dir / "home" / ".enlace" / "queue").glob("*/tickets/*.json"))
+    remote(user_repo, env, "stop", first)
+    assert follow.wait(timeout=120) == 0  # logs -f followed it from the queue to its stop
+
+
+def test_a_cpu_host_with_two_slots_queues_the_third_run_and_a_lost_waiter_is_said(sshd, user_repo):
+    """cpu_slots: 2 in hosts.yaml: a third CPU run queues. Its waiter killed (a reboot would do the same), status
+    says `dropped` with what to do; launch queues it again."""
+    hosts = Path(sshd.env["ENLACE_HOSTS_FILE"])
+    hosts.write_text(
+        hosts.read_text().replace("    default_run: tiny\n", "    default_run: tiny\n    cpu_slots: 2\n", 1)
+    )
+    assert "queue: 2 CPU runs" in remote(user_repo, sshd.env, "hosts").stdout
+    tiny_corpus(sshd.dir.parent / "remote-testhost")
+    for name in ("c1", "c2", "c3"):
+        remote(user_repo, sshd.env, "launch", *LONG, "--set", f"run_name={name}", "--no-wait")
+    wait_until(lambda: rows(user_repo, sshd.env)["c3"]["status"] == "queued", 120, "c3 queued")
+    state = rows(user_repo, sshd.env)
+    assert {state["c1"]["status"], state["c2"]["status"]} <= {"starting", "running"}
+    assert state["c3"]["need"] == "cpu:1" and "waiting for 1 CPU slot" in state["c3"]["phase"]
+    run_dir = sshd.dir.parent / "remote-testhost" / "runs" / "c3"
+    os.kill(runs.read(run_dir)["launcher_pid"], signal.SIGKILL)  # the waiter, as a reboot takes it
+    wait_until(lambda: rows(user_repo, sshd.env)["c3"]["status"] == "dropped", 60, "c3 dropped")
+    table = remote(user_repo, sshd.env, "status").stdout
+    assert "was queued; its waiter is gone (a reboot, a kill): enlace-remote launch c3 queues it again" in table
+    out = remote(user_repo, sshd.env, "launch", *LONG, "--set", "run_name=c3")
+    assert "c3: queued on testhost: position 1, waiting for 1 CPU slot" in out.stderr
+    for name in ("c1", "c2", "c3"):
+        remote(user_repo, sshd.env, "stop", name)
