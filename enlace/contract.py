@@ -34,7 +34,7 @@ UNREACHABLE = 4  # host unreachable, authentication rejected, unknown or changed
 OOM = 5  # the batch does not fit: preflight's verdict, or a training run out of device memory (not retried)
 UNSTABLE = 6  # preflight: fp16 keeps skipping steps
 ALREADY_RUNNING = 7  # launch: the run is already running (or another launch of it is in progress)
-CRASHED = 8  # the run's process vanished without a final status (SIGKILL, OOM killer, reboot)
+CRASHED = 8  # the run's process vanished without a final status (SIGKILL, OOM killer, reboot); a dropped run too
 NO_SPACE = 9  # not enough free disk for the run's checkpoints
 TOO_SLOW = 10  # preflight: the measured steps project past preflight's own time budget
 
@@ -47,7 +47,7 @@ TABLE = {
     OOM: "the batch does not fit: preflight's oom verdict, or training ran out of device memory",
     UNSTABLE: "preflight: fp16 unstable",
     ALREADY_RUNNING: "launch: the run is already running",
-    CRASHED: "the run crashed: its process vanished without a final status",
+    CRASHED: "the run crashed: its process vanished without a final status (queued: its waiter did, dropped)",
     NO_SPACE: "not enough free disk space for the run's checkpoints",
     TOO_SLOW: "preflight: too slow (its steps project past its time budget)",
 }

@@ -124,9 +124,12 @@ def test_two_gpu_runs_on_three_gpus_do_not_deadlock(tmp_path, make_queue):
     q = make_queue(gpus=FakeGpus(tmp_path, 3))
     q.wait("x", "gpu:2")
     q.wait("y", "gpu:2")
-    wait_until(lambda: len(q.seated()) == 1 and "waiting for 2 GPUs" in q.waits("y"), 60, "x seated, y queued")
-    q.release("x")
-    wait_until(lambda: len(q.seated()) == 2, 60, "y seated")
+    wait_until(lambda: len(q.seated()) == 1, 60, "one of them seated")
+    first = q.seated()[0].split()[0]
+    other = "y" if first == "x" else "x"
+    wait_until(lambda: "waiting for 2 GPUs" in q.waits(other), 60, "the other queued")
+    q.release(first)
+    wait_until(lambda: len(q.seated()) == 2, 60, "the other seated")
 
 
 def test_a_killed_holder_frees_its_gpu_once_its_child_is_gone_too(tmp_path, make_queue):
@@ -192,8 +195,7 @@ def test_a_need_the_server_cannot_meet_is_refused(tmp_path, monkeypatch):
     assert queue.need_for("cuda", "all", settings) == queue.Need("gpu", None)
     with pytest.raises(queue.QueueError, match="needs 4 GPUs and this server has 2 GPUs"):
         queue.need_for("cuda", "4", settings)
-    with pytest.raises(queue.QueueError, match="needs 3 CPU slots and this server has cpu_slots: 2"):
-        queue.need_for("cpu", "3", settings)
+    assert queue.need_for("cpu", "3", settings) == queue.Need("cpu", 1)  # torchrun on the CPU: still one run
     monkeypatch.setenv("PATH", "/nonexistent")  # a server without nvidia-smi
     empty = queue.Settings(1, 0.1, tmp_path / "q2")
     assert queue.need_for("auto", None, empty) == queue.Need("cpu", 1)

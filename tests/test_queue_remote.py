@@ -68,6 +68,9 @@ def test_four_runs_on_two_gpus_queue_and_take_freed_gpus(gpu_host, user_repo, tm
     assert len(running) == 2 and len(queued) == 2, {n: state[n]["status"] for n in names}
     assert [state[n]["gpus"] for n in running] == [[0], [1]]
     assert [visible_devices(state[n]) for n in running] == ["0", "1"]  # each trainer sees only its own GPU
+    busy = remote(user_repo, env, "preflight", "long", "--set", "runtime.device=auto", check=False)
+    assert busy.returncode == 1 and "1 GPU not free now (GPU 0: run " in busy.stderr, busy.stderr
+    assert "try again once it is free" in busy.stderr and "Traceback" not in busy.stderr
     first, second = sorted(queued, key=lambda n: state[n]["phase"])  # position 1 before position 2
     assert state[first]["phase"].startswith("position 1, waiting for 1 GPU (GPU 0: run ")
     assert "position 2" in state[second]["phase"] and f"behind {first}" in state[second]["phase"]
@@ -115,8 +118,12 @@ def test_a_cpu_host_with_two_slots_queues_the_third_run_and_a_lost_waiter_is_sai
     )
     assert "queue: 2 CPU runs" in remote(user_repo, sshd.env, "hosts").stdout
     tiny_corpus(sshd.dir.parent / "remote-testhost")
-    for name in ("c1", "c2", "c3"):
-        remote(user_repo, sshd.env, "launch", *LONG, "--set", f"run_name={name}", "--no-wait")
+    # c1's preflight holds a CPU slot while it measures (`enlace seated`); c3's finds none free and is skipped
+    first = remote(user_repo, sshd.env, "launch", "long", "--restarts", "0", "--set", "run_name=c1", "--no-wait")
+    assert "verdict" in first.stdout + first.stderr and "preflight skipped" not in first.stderr
+    remote(user_repo, sshd.env, "launch", *LONG, "--set", "run_name=c2", "--no-wait")
+    third = remote(user_repo, sshd.env, "launch", "long", "--restarts", "0", "--set", "run_name=c3", "--no-wait")
+    assert "preflight skipped: on testhost: 1 CPU slot not free now (CPU slot 0: run c" in third.stderr
     wait_until(lambda: rows(user_repo, sshd.env)["c3"]["status"] == "queued", 120, "c3 queued")
     state = rows(user_repo, sshd.env)
     assert {state["c1"]["status"], state["c2"]["status"]} <= {"starting", "running"}

@@ -73,11 +73,10 @@ class Need:
 
 def need_of(device: str, procs: str | None, have_gpus: bool) -> Need:
     """A run's need from its device (cpu, cuda, auto: a GPU where the server has one) and its processes per
-    host (`--gpus N|all`: torchrun's; one otherwise)."""
-    gpu = device == "cuda" or (device == "auto" and have_gpus)
-    if procs == "all":
-        return Need("gpu", None) if gpu else Need("cpu", 1)
-    return Need("gpu" if gpu else "cpu", int(procs or 1))
+    host (`--gpus N|all`: torchrun's, one GPU each; one otherwise). A CPU run takes one slot."""
+    if not (device == "cuda" or (device == "auto" and have_gpus)):
+        return Need("cpu", 1)  # a slot is one run, however many processes share the cores
+    return Need("gpu", None if procs == "all" else int(procs or 1))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ import click
 
 from enlace.clitypes import Seconds, set_option, supervisor_options
 from enlace.contract import VERDICT as VERDICT_EXIT
+from enlace.contract import ErrorKind
+from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
 
@@ -41,14 +43,20 @@ def preflight(
     """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
 
     Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable, 10 too
-    slow (its steps ran past --budget-s: the report says what the whole run would take)."""
+    slow (its steps ran past --budget-s: the report says what the whole run would take). It measures on a GPU
+    (or the CPU slot) the host's queue has free, holding it meanwhile; exit 1 when none is free now."""
     from orchestrator.launch import ship, stages
 
     ship.check_run_config(remote.repo, run)
     sha, run_name, device = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
     extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
     extra += ship.set_args(overrides)
-    report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra, device)
+    try:
+        report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra, device)
+    except EnlaceError as e:
+        if e.kind == ErrorKind.QUEUE_BUSY:  # it measures on what a run would get, alone
+            e.message += " — preflight measures alone on what the run would get: try again once it is free"
+        raise
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
 
 

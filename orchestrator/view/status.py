@@ -8,6 +8,7 @@ from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.units import duration
 
+HOLDING = ("starting", "running", "stopping")  # a run in one of these holds the GPUs its row names
 DETAIL_WIDTH = 100  # a detail line (a run's error, a skipped checkpoint) is cut here in the table
 
 
@@ -43,7 +44,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 *lead,
                 r["run_name"],
                 r["status"]
-                + (f" on GPU {','.join(map(str, r['gpus']))}" if r.get("gpus") and r["status"] != "queued" else "")
+                + (f" on GPU {','.join(map(str, r['gpus']))}" if r.get("gpus") and r["status"] in HOLDING else "")
                 + (", unsupervised" if r.get("supervisor") else "")
                 + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
                 f"{r['step']}/{r['max_steps']}",
