@@ -115,3 +115,38 @@ def queue_options(fn):
         show_default=True,
         help="How many CPU runs may run at once on this server.",
     )(fn)
+
+
+class WebhookUrl(click.ParamType):
+    """An http(s) URL without control characters or spaces (it travels in an argv and is POSTed to as is)."""
+
+    name = "URL"
+
+    def convert(self, value, param, ctx) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or any(c.isspace() or ord(c) < 32 for c in value)
+        ):
+            self.fail(
+                f"{value[:60]!r} is not an http(s) URL — e.g. https://hooks.slack.com/services/T0/B0/XYZ", param, ctx
+            )
+        return value
+
+
+def run_end_options(fn):
+    """Who is told when the run ends (the supervisor POSTs; enlace/server/notify.py), and the sweep it is part
+    of, as start and supervise take them."""
+    fn = click.option(
+        "--sweep-share", type=click.IntRange(min=1), default=1, help="How many runs of the sweep this host has."
+    )(fn)
+    fn = click.option(
+        "--sweep", default=None, help="The sweep this run is part of (its end is told once all its runs here ended)."
+    )(fn)
+    fn = click.option("--host-name", default="", help="The host's name as the driver knows it (for the message).")(fn)
+    return click.option(
+        "--notify", type=WebhookUrl(), default=None, help="POST a JSON document here when the run ends."
+    )(fn)

@@ -1,7 +1,7 @@
 """`enlace-remote`: drive training on a GPU server over SSH (or on this machine: host `local`).
 
 Thin click commands over the operations layers (launch/, transfer/, view/): each verb lives in
-orchestrator/commands/ (run.py, tools.py, data.py) and is added here. Never imports torch.
+orchestrator/commands/ (run.py, tools.py, data.py, sweep.py) and is added here. Never imports torch.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from enlace.contract import leave
 from enlace.errors import EnlaceError
 from orchestrator.commands import data as cli_data
 from orchestrator.commands import run as cli_run
+from orchestrator.commands import sweep as cli_sweep
 from orchestrator.commands import tools as cli_tools
 from orchestrator.commands.common import (
     HOST_ENV,
@@ -199,6 +200,11 @@ def run_main() -> None:
     leave(code)  # every verb has closed its files, processes and connections by now
 
 
-for module in (cli_run, cli_tools, cli_data):  # they import nothing from here: `enlace-remote` holds every verb
+for module in (
+    cli_run,
+    cli_tools,
+    cli_data,
+    cli_sweep,
+):  # they import nothing from here: `enlace-remote` holds every verb
     for command in module.COMMANDS:
         main.add_command(command)

@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
 import click
 
 from enlace import contract
-from enlace.clitypes import Seconds, gc_options, queue_options, root_option, set_option, supervisor_options
+from enlace.clitypes import (
+    Seconds,
+    gc_options,
+    queue_options,
+    root_option,
+    run_end_options,
+    set_option,
+    supervisor_options,
+)
 from enlace.names import find_root
 
 
@@ -55,6 +64,7 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
 )
 @click.option("--procs", default=None, metavar="N|all", help="Processes per host (launch --gpus): GPUs it needs.")
 @queue_options
+@run_end_options
 @click.option("--json", "as_json", is_flag=True)
 def start_cmd(
     run_name: str,
@@ -67,6 +77,10 @@ def start_cmd(
     procs: str | None,
     cpu_slots: int,
     gpu_free_below: float,
+    notify: str | None,
+    host_name: str,
+    sweep: str | None,
+    sweep_share: int,
     as_json: bool,
 ) -> None:
     """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME under its supervisor, unless
@@ -82,6 +96,10 @@ def start_cmd(
     if device is not None:
         need = queue.need_for(device, procs, queue.Settings(cpu_slots, gpu_free_below))
         policy += ["--need", str(need), "--cpu-slots", str(cpu_slots), "--gpu-free-below", str(gpu_free_below)]
+    if sweep:
+        validate_run_name(sweep, "--sweep")
+        policy += ["--sweep", sweep, "--sweep-share", str(sweep_share)]
+    policy += ["--notify", notify, "--host-name", host_name] if notify else []
     supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
     doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, dict(os.environ))
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
@@ -94,6 +112,7 @@ def start_cmd(
 @supervisor_options()
 @click.option("--need", default=None, help="What it waits for in the queue: gpu:N, gpu:all, cpu:N (none: no queue).")
 @queue_options
+@run_end_options
 def supervise_cmd(
     run_name: str,
     pyargs: tuple[str, ...],
@@ -104,6 +123,10 @@ def supervise_cmd(
     need: str | None,
     cpu_slots: int,
     gpu_free_below: float,
+    notify: str | None,
+    host_name: str,
+    sweep: str | None,
+    sweep_share: int,
 ) -> None:
     """Run `python PYARGS` for RUN_NAME and heal it: restart after a crash or a stall from the newest
     checkpoint, at most --restarts times (enlace/server/supervise.py says what is retried and what is not).
@@ -116,6 +139,8 @@ def supervise_cmd(
 
     run_dir = _runs_root(root) / run_name
     env = {**lifecycle.torchrun_env(run_dir), **os.environ}
+    if sweep:
+        runs.update(run_dir, sweep=sweep, sweep_share=sweep_share)
     wait_turn = None
     if need:
         wanted = queue.Need.parse(need)
@@ -123,7 +148,15 @@ def supervise_cmd(
         settings = queue.Settings(cpu_slots, gpu_free_below)
         wait_turn = functools.partial(queue.wait_for_seat, run_dir, wanted, settings)
     policy = Policy(restarts, stall_timeout, backoff)
-    outcome = Supervisor(run_dir, [sys.executable, *pyargs], policy, env, wait_turn=wait_turn).run()
+    supervisor = Supervisor(run_dir, [sys.executable, *pyargs], policy, env, wait_turn=wait_turn)
+    outcome = supervisor.run()
+    if supervisor.seat is not None:
+        supervisor.seat.release()  # the next run in line need not wait for the notification
+    if notify:
+        from enlace.server import notify as tell
+        from enlace.server.supervise import say
+
+        tell.after_run(run_dir, notify, host_name or socket.gethostname(), say)
     sys.exit(exit_code(outcome))
 
 
@@ -161,6 +194,19 @@ def seated_cmd(
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, {**os.environ, **seat.env()})
+
+
+@click.command("queue-free", hidden=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), required=True)
+@click.option("--procs", default=None, metavar="N|all")
+@queue_options
+@click.option("--json", "as_json", is_flag=True)
+def queue_free_cmd(device: str, procs: str | None, cpu_slots: int, gpu_free_below: float, as_json: bool) -> None:
+    """How much room this server's queue has now for a run of DEVICE: slots, free, waiting (a sweep spreads by it)."""
+    from enlace.server import queue
+
+    settings = queue.Settings(cpu_slots, gpu_free_below)
+    click.echo(json.dumps(queue.capacity(queue.need_for(device, procs, settings), settings)))
 
 
 @click.command("wait", hidden=True)
@@ -317,6 +363,7 @@ COMMANDS = (
     start_cmd,
     supervise_cmd,
     seated_cmd,
+    queue_free_cmd,
     wait_cmd,
     stop_cmd,
     logs_cmd,

@@ -334,6 +334,16 @@ def seat_now(run: str, need: Need, settings: Settings) -> tuple[Seat | None, str
     return None, f"{need.describe()} not free now" + (f" ({because})" if because else "")
 
 
+def capacity(need: Need, settings: Settings) -> dict:
+    """How much room this server has now for runs that need what `need` does (a sweep spreads by it)."""
+    with _decision(settings.dir):
+        pool = _pool(need.kind, settings)
+        free, _ = _look(pool, settings)
+        waiting = sum(Need.parse(doc["need"]).kind == need.kind for _, doc in _waiting(settings.dir))
+    per_run = len(pool) if need.count is None else need.count
+    return {"need": str(need), "slots": len(pool), "free": len(free), "waiting": waiting, "per_run": per_run}
+
+
 def wait_for_seat(
     run_dir: Path,
     need: Need,

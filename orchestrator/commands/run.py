@@ -9,12 +9,14 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import Seconds, set_option, supervisor_options
+from enlace.clitypes import Seconds, WebhookUrl, set_option, supervisor_options
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
+from orchestrator.commands import sweep as sweeps
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
+from orchestrator.commands.sweep import sweep_option
 
 
 @click.command(cls=HostOptionsCommand)
@@ -111,6 +113,12 @@ def preflight(
     help="On a Slurm host: nodes (one torchrun each; default: the host's `nodes`).",
 )
 @click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
+@click.option(
+    "--notify",
+    type=WebhookUrl(),
+    default=None,
+    help="POST a JSON note here when the run ends (default: the host's `notify`).",
+)
 @supervisor_options(backoff=False)
 @click.option(
     "--resume",
@@ -212,6 +220,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
         master_port=o.master_port,
         policy=policy,
         slurm=spec,
+        notify=o.notify,
     )
 
 
@@ -254,9 +263,10 @@ def _nproc(gpus: str | None, spec) -> int | str | None:
 @click.command(cls=HostOptionsCommand)
 @click.argument("run_name", required=False)
 @click.option("--all", "everywhere", is_flag=True, help="Every run on every configured host (asked in parallel).")
+@sweep_option
 @click.option("--json", "as_json", is_flag=True)
 @with_remote
-def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool) -> None:
+def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: str | None, as_json: bool) -> None:
     """The host's runs (every run on it, or RUN_NAME's whole row): status, step, loss, val bpb, tokens/s,
     elapsed over all its starts, ETA, age of the last update, commit. A status is pending (a Slurm job
     waiting), starting, running, stopping, stopped, finished, failed, or crashed (the process vanished
@@ -265,6 +275,8 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
     that does not answer is a row saying so. --json: the rows as JSON."""
     from orchestrator.view import status as table
 
+    if sweep_name is not None:  # one table of the sweep's runs, ranked, on whichever hosts they are
+        return sweeps.show_status(remote, sweep_name, as_json)
     if everywhere:
         from orchestrator.hosts.resolve import list_hosts
 
@@ -287,11 +299,16 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, as_json: bool
     help="Seconds to wait for the trainer's checkpoint (longer than a save; at most a day).",
 )
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
+@sweep_option
 @with_remote
-def stop(remote: Remote, run_name: str | None, grace: float, kill: bool) -> None:
+def stop(remote: Remote, run_name: str | None, grace: float, kill: bool, sweep_name: str | None) -> None:
     """SIGTERM the run (default: the run last launched there): it finishes its step, saves a checkpoint and
-    exits; report the checkpoint. Once only: a second stop waits for the same checkpoint."""
+    exits; report the checkpoint. Once only: a second stop waits for the same checkpoint. A queued run leaves
+    the queue. --sweep: every queued and running run of the sweep."""
     from orchestrator.launch import choose
+
+    if sweep_name is not None:
+        return sweeps.stop_all(remote, sweep_name, grace, kill)
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     args = ["stop", run_name, "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
@@ -348,13 +365,20 @@ def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, re
     default=None,
     help="Local run directory (default: runs/RUN_NAME in this repo).",
 )
+@sweep_option
+@click.option("--best", is_flag=True, help="With --sweep: only its best run (lowest val bpb).")
 @with_remote
-def fetch(remote: Remote, run_name: str | None, which: str, dest: Path | None) -> None:
+def fetch(
+    remote: Remote, run_name: str | None, which: str, dest: Path | None, sweep_name: str | None, best: bool
+) -> None:
     """Pull complete checkpoints (verified against MANIFEST) and run.json, config.yaml,
     metrics.jsonl, train.log. Incremental and resumable, over the one SSH connection (neither rsync
-    nor SFTP needed); each file is hashed as it arrives."""
+    nor SFTP needed); each file is hashed as it arrives. --sweep: each run of the sweep (--best: its best)."""
     from orchestrator.launch import choose
     from orchestrator.transfer.fetch import fetch as do_fetch
+
+    if sweep_name is not None:
+        return sweeps.fetch_all(remote, sweep_name, best, which == "all")
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     rep = do_fetch(remote.session, run_name, dest or remote.repo / "runs" / run_name, which == "all")

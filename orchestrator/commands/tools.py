@@ -12,7 +12,9 @@ import click
 
 from enlace.clitypes import gc_options
 from enlace.names import validate_run_name
+from orchestrator.commands import sweep as sweeps
 from orchestrator.commands.common import HostOptionsCommand, Remote, with_remote
+from orchestrator.commands.sweep import sweep_option
 from orchestrator.ssh.session import SHA_RE
 
 
@@ -63,13 +65,26 @@ def sample(
     default=None,
     help="Local run directory to fetch into (default: runs/RUN_NAME here), as fetch's --dest; one RUN_NAME.",
 )
+@sweep_option
 @with_remote
-def plot(remote: Remote, run_names: tuple[str, ...], out: Path | None, metrics: str, dest: Path | None) -> None:
+def plot(
+    remote: Remote,
+    run_names: tuple[str, ...],
+    out: Path | None,
+    metrics: str,
+    dest: Path | None,
+    sweep_name: str | None,
+) -> None:
     """Fetch only metrics.jsonl and run.json of each run (incremental) into runs/RUN_NAME here (or --dest),
-    and draw them locally with `enlace plot` (matplotlib; nothing heavy runs on the server)."""
+    and draw them locally with `enlace plot` (matplotlib; nothing heavy runs on the server). --sweep: every run
+    of the sweep, overlaid (runs/sweep-NAME.png)."""
     from enlace.tools.plot import plot as draw
     from orchestrator.launch import choose
     from orchestrator.transfer.fetch import fetch_run_files
+
+    if sweep_name is not None:
+        click.echo(str(sweeps.plot_all(remote, sweep_name, out, [m.strip() for m in metrics.split(",") if m.strip()])))
+        return
 
     names = list(run_names) or [choose.choose_run(remote.repo, remote.host, None, last_first=True)]
     if dest is not None and len(names) > 1:

@@ -60,6 +60,7 @@ class Host:
     known: tuple[str, ...] = ()  # the host names the files define (for messages)
     cpu_slots: int = CPU_SLOTS  # the host's queue: CPU runs at once
     gpu_free_below: float = GPU_FREE_BELOW  # the host's queue: a GPU others use less than this share of is free
+    notify: str | None = None  # POSTed to when a run (or a sweep) there ends, unless launch --notify says otherwise
 
     @property
     def known_hosts_key(self) -> str:
@@ -134,6 +135,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
             slurm=_scheduler(table.get("local", {}), "local"),
             cpu_slots=entry.get("cpu_slots") or CPU_SLOTS,
             gpu_free_below=entry.get("gpu_free_below", GPU_FREE_BELOW),
+            notify=entry.get("notify"),
         )
     target = entry.get("ssh") or name
     if name not in table:  # --host NAME is itself the target: checked before any connection
@@ -174,6 +176,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         known=("local", *sorted(n for n in table if n != "local")),
         cpu_slots=entry.get("cpu_slots") or CPU_SLOTS,
         gpu_free_below=entry.get("gpu_free_below", GPU_FREE_BELOW),
+        notify=entry.get("notify"),
     )
 
 

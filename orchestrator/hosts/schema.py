@@ -130,6 +130,18 @@ def check_fraction(value: Any) -> float:
     return float(value)
 
 
+def check_url(value: Any) -> str:
+    from urllib.parse import urlsplit
+
+    fix = "an http(s) URL, e.g. https://hooks.slack.com/services/T0/B0/XYZ or https://ntfy.sh/my-runs"
+    if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname:
+        raise ValueError(f"{quoted(value)} is not an http(s) URL", fix)
+    _text(value, fix)
+    if " " in value:
+        raise ValueError(f"{quoted(value)} holds a space", fix)
+    return value
+
+
 CHECKS = {
     "ssh": check_target,
     "remote_dir": check_remote_dir,
@@ -144,6 +156,7 @@ CHECKS = {
     "scheduler": check_scheduler,
     "cpu_slots": check_cpu_slots,
     "gpu_free_below": check_fraction,
+    "notify": check_url,
 }
 HOST_KEYS = frozenset(CHECKS) | frozenset(SLURM_KEYS)
 

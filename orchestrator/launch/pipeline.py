@@ -62,6 +62,7 @@ class Plan:
     nproc: int | str | None = None  # processes per node (Slurm: the host's gpus_per_node by default)
     master_port: int = 29500
     policy: list[str] = field(default_factory=list)  # the supervisor's: --restarts, --stall-timeout
+    notify: str | None = None  # launch --notify: POSTed to when the run ends (else the host's `notify`)
     slurm: SlurmSpec | None = None
 
 
@@ -110,8 +111,9 @@ class SSHBackend(Backend):
             command = stages.train_command(plan.run_file, plan.train_args, plan.gpus, rdzv)
             # one run across hosts starts on every host at once: a queue per host could start half of it
             queue = [] if many else stages.queue_args(host, launch.device, plan.gpus)
+            ends = stages.run_end_args(host, plan.notify) if rank == 0 else []
             session = launch.session_for(host)
-            doc = stages.start_detached(session, launch.sha, launch.run_name, command, [*plan.policy, *queue])
+            doc = stages.start_detached(session, launch.sha, launch.run_name, command, [*plan.policy, *queue, *ends])
             started = started or doc
             choose.remember_run(launch.repo, host.name, launch.run_name, plan.run_file, plan.overrides)
         return started

@@ -55,14 +55,25 @@ def set_args(overrides: tuple[str, ...] | list[str]) -> list[str]:
     return [a for o in overrides for a in ("--set", o)]
 
 
-def verify(session: Session, sha: str, run: str, for_launch: bool = False, overrides=(), fresh: bool = False) -> dict:
-    """The server-side checklist for RUN in trees/SHA; prints it, raises VerifyError naming what is missing."""
+def verify(
+    session: Session,
+    sha: str,
+    run: str,
+    for_launch: bool = False,
+    overrides=(),
+    fresh: bool = False,
+    quiet: bool = False,
+) -> dict:
+    """The server-side checklist for RUN in trees/SHA; prints it (`quiet`: only what failed or warns), raises
+    VerifyError naming what is missing."""
     args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
     args += set_args(overrides)
     doc = session.call_json("verify", *args, ok_codes=(0, contract.USAGE, contract.VERIFY))
     if "checks" not in doc:
         raise VerifyError(f"verify on {session.host.name}: {doc.get('error', 'failed')}")
     for c in doc["checks"]:
+        if quiet and c["ok"]:
+            continue
         mark = " ok " if c["ok"] else "FAIL"
         click.echo(f"  [{mark}] {c['name']}" + (f" — {c['detail']}" if c["detail"] else ""), err=True)
     for warning in doc.get("warnings") or []:
@@ -71,7 +82,8 @@ def verify(session: Session, sha: str, run: str, for_launch: bool = False, overr
         failed = "; ".join(f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["ok"])
         error = UsageError if doc.get("exit_code") == contract.USAGE else VerifyError  # a config error is exit 2
         raise error(f"verify {run} on {session.host.name} failed: {failed}")
-    click.echo(f"verify: {run} ready on {session.host.name} at {sha[:12]}", err=True)
+    if not quiet:
+        click.echo(f"verify: {run} ready on {session.host.name} at {sha[:12]}", err=True)
     return doc
 
 

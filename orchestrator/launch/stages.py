@@ -121,6 +121,13 @@ def queue_args(host, device: str | None, gpus: str | None) -> list[str]:
     return args + (["--procs", gpus] if gpus else [])
 
 
+def run_end_args(host, notify: str | None, sweep: str | None = None, share: int = 1) -> list[str]:
+    """`enlace start`'s options for the run's end: whom to tell (launch --notify, else the host's `notify`), its sweep."""
+    url = notify or host.notify
+    args = ["--notify", url, "--host-name", host.name] if url else []
+    return args + (["--sweep", sweep, "--sweep-share", str(share)] if sweep else [])
+
+
 def start_detached(session: Session, sha: str, run_name: str, pyargs: list[str], policy: list[str] = ()) -> dict:
     """Start `python PYARGS` (the trainer, or torchrun) detached on the host under its supervisor (`policy`:
     --restarts, --stall-timeout): `enlace start`, which refuses a live run. Not retried after a dropped

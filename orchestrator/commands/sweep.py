@@ -1,0 +1,160 @@
+"""`enlace-remote sweep` and the `--sweep [NAME]` of status, stop, fetch and plot: a sweep's runs acted on as one
+thing, on whichever hosts they were placed (orchestrator/launch/sweep.py launches; orchestrator/sweep/ holds the
+grid, the record and the table)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+
+from enlace.clitypes import WebhookUrl, supervisor_options
+from enlace.errors import EnlaceError
+from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
+from orchestrator.sweep import record, table
+
+sweep_option = click.option(
+    "--sweep",
+    "sweep_name",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[NAME]",
+    help="Every run of the sweep NAME (bare --sweep: the last one launched from this repo), on its hosts.",
+)
+
+
+@click.command(cls=HostOptionsCommand)
+@click.argument("run")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    required=True,
+    metavar="KEY=V1,V2,...",
+    help="A swept key and its values (two or more, comma-separated), or a fixed one (one value). Repeatable.",
+)
+@click.option(
+    "--hosts", default=None, metavar="H1,H2,...", help="Spread the runs over these hosts (default: the host)."
+)
+@click.option("--name", default=None, metavar="NAME", help="The sweep's name (default RUN-sweepK); its runs are NAME-<key><value>-...")
+@click.option(
+    "--notify", type=WebhookUrl(), default=None, help="POST a JSON note here when each run, and the sweep, ends."
+)
+@supervisor_options(backoff=False)
+@allow_dirty_option
+@with_remote
+def sweep(remote: Remote, run: str, overrides: tuple[str, ...], hosts: str | None, name: str | None, **options) -> None:
+    """Launch one run of RUN per point of a grid: each --set KEY=V1,V2,... is a swept key (a --set with one value
+    applies to every point). The runs are named after their values (lr-sweep-lr1e-3-nl4), spread over --hosts by
+    the room each host's queue has, started detached in those queues (no preflight: it would measure beside the
+    sweep's own runs), and recorded here as the sweep NAME, which `status --sweep`, `stop --sweep`, `fetch
+    --sweep` and `plot --sweep` act on (bare --sweep: the last sweep).
+
+    \b
+      enlace-remote sweep smoke-2060 --set optim.learning_rate=1e-3,3e-3,1e-2 --set model.n_layer=4,6
+      enlace-remote status --sweep          # one table, ranked by val bpb, "2/6 finished"
+      enlace-remote stop --sweep            # every run of it, queued ones first"""
+    from orchestrator.launch.sweep import launch_sweep
+
+    made = launch_sweep(remote, run, overrides, hosts, name, SimpleNamespace(**options))
+    click.echo(f"sweep {made.name}: {len(made.points)} runs on {', '.join(made.hosts())}")
+    show_status(remote, made.name, as_json=False)
+
+
+def _rows(remote: Remote, sweep: record.Sweep) -> list[dict]:
+    """Each run of the sweep as its host reports it, the hosts asked in parallel; ranked."""
+
+    def ask(host_name: str) -> list[dict]:
+        from orchestrator.hosts.resolve import resolve_host
+
+        session = remote.session_for(resolve_host(host_name, remote.repo))
+        try:
+            return [{**r, "host": host_name} for r in session.enlace_json("latest", "runs")]
+        except EnlaceError as e:
+            click.echo(f"warning: {host_name}: {e.format_message().splitlines()[0]}", err=True)
+            return []
+
+    with ThreadPoolExecutor(max_workers=max(1, len(sweep.hosts()))) as pool:
+        found = {(r["host"], r["run_name"]): r for rows in pool.map(ask, sweep.hosts()) for r in rows}
+    return table.rows_of(sweep, found)
+
+
+def show_status(remote: Remote, name: str, as_json: bool) -> None:
+    sweep = record.load(remote.repo, name)
+    rows = _rows(remote, sweep)
+    click.echo(json.dumps(rows, indent=1) if as_json else table.format_table(sweep, rows))
+
+
+def stop_all(remote: Remote, name: str, grace: float, kill: bool) -> None:
+    """Stop every live run of the sweep: the queued ones first (none of them may start on a GPU a stopping run
+    frees), then the running ones, in parallel."""
+    from orchestrator.hosts.resolve import resolve_host
+
+    sweep = record.load(remote.repo, name)
+    rows = _rows(remote, sweep)
+    live = [r for r in rows if r.get("alive")]
+    queued = [r for r in live if r["status"] == "queued"]
+
+    def stop_one(row: dict) -> str:
+        session = remote.session_for(resolve_host(row["host"], remote.repo))
+        args = ["stop", row["run_name"], "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
+        rep = session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
+        return f"{row['run_name']} on {row['host']}: {rep['status']} at step {rep['step']}" + (
+            "" if rep["stopped"] else f" — still running after {grace:g}s (--kill forces it)"
+        )
+
+    said = [stop_one(r) for r in queued]
+    with ThreadPoolExecutor(max_workers=max(1, len(live) - len(queued))) as pool:
+        said += list(pool.map(stop_one, [r for r in live if r["status"] != "queued"]))
+    click.echo("\n".join(said) or f"sweep {sweep.name}: nothing is running or queued")
+    if any("still running" in line for line in said):
+        sys.exit(1)
+
+
+def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
+    """Fetch the newest checkpoint (or every one) of each run of the sweep, or of its best run only."""
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.transfer.fetch import fetch as do_fetch
+
+    sweep = record.load(remote.repo, name)
+    rows = _rows(remote, sweep)
+    chosen = [r for r in rows if r.get("best")] if best else [r for r in rows if r.get("latest_checkpoint")]
+    if not chosen:
+        raise EnlaceError(
+            f"sweep {sweep.name}: {'no run has a val bpb yet' if best else 'no run has a checkpoint yet'}"
+        )
+    for row in chosen:
+        session = remote.session_for(resolve_host(row["host"], remote.repo))
+        rep = do_fetch(session, row["run_name"], remote.repo / "runs" / row["run_name"], which_all)
+        click.echo(
+            f"fetch {row['run_name']} ({row['host']}): {', '.join(rep['fetched']) or 'up to date'} → {rep['dest']}"
+        )
+
+
+def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) -> Path:
+    """The curves of every run of the sweep, overlaid in one PNG (runs/sweep-NAME.png by default)."""
+    from enlace.tools.plot import plot as draw
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.transfer.fetch import fetch_run_files
+
+    sweep = record.load(remote.repo, name)
+    dirs = []
+    for point in sweep.points:
+        session = remote.session_for(resolve_host(point["host"], remote.repo))
+        dirs.append(remote.repo / "runs" / point["run_name"])
+        try:
+            fetch_run_files(session, point["run_name"], dirs[-1], ("metrics.jsonl", "run.json"))
+        except EnlaceError as e:  # a run that never started (still queued): left out, said
+            click.echo(f"warning: {point['run_name']}: {e.format_message().splitlines()[0]}", err=True)
+            dirs.pop()
+    target = out or remote.repo / "runs" / f"sweep-{sweep.name}.png"
+    draw(dirs, target, metrics)
+    return target
+
+
+COMMANDS = (sweep,)

@@ -1,0 +1,101 @@
+"""Launching a sweep: the commit shipped to each host once, each point's config checked there (one line only
+when something is wrong), the points spread over the hosts by the room each host's queue has, the sweep
+recorded here (before any run starts: `stop --sweep` reaches what an interrupted launch started), then each
+point's run started detached in its host's queue — none waited for."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import click
+
+from orchestrator.errors import UsageError
+from orchestrator.hosts.resolve import resolve_host
+from orchestrator.launch import choose, ship, stages
+from orchestrator.sweep import grid, record
+
+
+def default_name(repo, run: str) -> str:
+    """`RUN-sweepK`, K one more than the sweeps of that run launched from here (`sweepK` for a long RUN)."""
+    stem = run if len(run) <= 32 else ""
+    k = 1
+    while record.exists(repo, f"{stem}-sweep{k}" if stem else f"sweep{k}"):
+        k += 1
+    return f"{stem}-sweep{k}" if stem else f"sweep{k}"
+
+
+def place(points: list, hosts: list[str], rooms: dict[str, dict]) -> list[str]:
+    """Each point's host: the one with the most free room not yet given out; once every host is full, the one
+    whose queue is shortest for its size. Ties go to the host named first."""
+    per_run = {h: max(1, rooms[h]["per_run"]) for h in hosts}
+    free = {h: rooms[h]["free"] // per_run[h] for h in hosts}
+    size = {h: max(1, rooms[h]["slots"] // per_run[h]) for h in hosts}
+    waiting = {h: rooms[h]["waiting"] for h in hosts}
+    out = []
+    for _ in points:
+        host = max(hosts, key=lambda h: (free[h], -waiting[h] / size[h]))
+        if free[host] > 0:
+            free[host] -= 1
+        else:
+            waiting[host] += 1
+        out.append(host)
+    return out
+
+
+def _room(session, host, device: str | None) -> dict:
+    if device is None:  # a server too old to say its device: every host counts as one free slot
+        return {"slots": 1, "free": 1, "waiting": 0, "per_run": 1}
+    args = ["--device", device, "--cpu-slots", str(host.cpu_slots), "--gpu-free-below", str(host.gpu_free_below)]
+    return session.enlace_json("latest", "queue-free", *args)
+
+
+def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, name: str | None, o) -> record.Sweep:
+    """Launch one run per point of the grid `items` (--set KEY=V1,V2 ...) on `hosts` (default: the host)."""
+    repo = remote.repo
+    run = ship.check_run_config(repo, run)
+    swept, fixed = grid.parse_sets(items)
+    name = record.check_name(name or default_name(repo, run))
+    if record.exists(repo, name):
+        raise UsageError(f"sweep {name!r} was launched from here before — `--name` another, or `status --sweep {name}`")
+    points = grid.points(name, swept)
+    targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
+    for host in targets:
+        if host.slurm:
+            raise UsageError(
+                f"host {host.name} is a Slurm host: a sweep there (one job array) is not built yet — sweep on SSH "
+                "hosts, or launch its points there one by one"
+            )
+    shipped, rooms = {}, {}
+    for host in targets:
+        click.echo(f"== {host.name}", err=True)
+        shipped[host.name] = ship.ship(remote.session_for(host), repo, run, o.allow_dirty, False, tuple(fixed))
+        rooms[host.name] = _room(remote.session_for(host), host, shipped[host.name].device)
+    placement = place(points, [h.name for h in targets], rooms)
+    sweep = record.Sweep(
+        name,
+        run,
+        fixed,
+        list(swept),
+        [{"run_name": p.run_name, "host": h, "values": p.values} for p, h in zip(points, placement)],
+        o.notify,
+    )
+    record.save(repo, sweep)
+    share = Counter(placement)
+    by_name = {h.name: h for h in targets}
+    for i, (point, host_name) in enumerate(zip(points, placement), start=1):
+        host, (sha, _, device) = by_name[host_name], shipped[host_name]
+        session = remote.session_for(host)
+        overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
+        click.echo(f"== {i}/{len(points)} {point.run_name} on {host.name}: {' '.join(point.sets())}", err=True)
+        ship.verify(session, sha, run, True, overrides, quiet=True)
+        policy = [
+            "--restarts",
+            str(o.restarts),
+            *(["--stall-timeout", str(o.stall_timeout)] if o.stall_timeout else []),
+        ]
+        policy += stages.queue_args(host, device, None)
+        policy += stages.run_end_args(host, o.notify, name, share[host_name])
+        command = stages.train_command(run, ship.set_args(overrides), None)
+        stages.start_detached(session, sha, point.run_name, command, policy)
+        choose.remember_run(repo, host.name, point.run_name, run, overrides)
+    return sweep

@@ -1,0 +1,74 @@
+"""A sweep's record on this machine, .enlace/sweeps/NAME.json in the repo it was launched from: its run file,
+the fixed --set items, and each point (run name, host, values). `status --sweep`, `stop --sweep`, `fetch
+--sweep`, `plot --sweep` and the board read it; .enlace/sweeps/last names the newest (bare `--sweep`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from enlace.contract import RUN_NAME_RE
+from orchestrator.errors import UsageError
+
+NAME_RULE = "a sweep name is 1-40 characters of [A-Za-z0-9._-] starting with a letter or digit"
+
+
+@dataclass
+class Sweep:
+    name: str
+    run_file: str
+    fixed: list[str]  # the --set items every point has
+    keys: list[str]  # the swept keys, in the grid's order
+    points: list[dict]  # {"run_name", "host", "values": {key: value}}
+    notify: str | None = None
+    created: float = field(default_factory=time.time)
+
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(p["host"] for p in self.points))
+
+
+def _dir(repo: Path) -> Path:
+    return repo / ".enlace" / "sweeps"
+
+
+def check_name(name: str) -> str:
+    if not (RUN_NAME_RE.fullmatch(name) and len(name) <= 40):
+        raise UsageError(f"sweep name {name!r}: {NAME_RULE}")
+    return name
+
+
+def save(repo: Path, sweep: Sweep) -> None:
+    d = _dir(repo)
+    d.mkdir(parents=True, exist_ok=True)
+    for path, text in (
+        (d / f"{sweep.name}.json", json.dumps(asdict(sweep), indent=1) + "\n"),
+        (d / "last", sweep.name),
+    ):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def exists(repo: Path, name: str) -> bool:
+    return (_dir(repo) / f"{name}.json").is_file()
+
+
+def load(repo: Path, name: str | None) -> Sweep:
+    """The sweep `name`, or the newest launched from this repo (None or ""), said on a bad name with the ones
+    there are."""
+    d = _dir(repo)
+    if not name:
+        last = d / "last"
+        if not last.is_file():
+            raise UsageError(
+                "no sweep was launched from this repo yet — start one with `enlace-remote sweep RUN --set KEY=V1,V2`"
+            )
+        name = last.read_text().strip()
+    check_name(name)
+    path = d / f"{name}.json"
+    if not path.is_file():
+        have = sorted(p.stem for p in d.glob("*.json"))
+        raise UsageError(f"no sweep {name!r} launched from this repo — sweeps: {', '.join(have) or 'none'}")
+    return Sweep(**json.loads(path.read_text()))
