@@ -41,7 +41,12 @@ sweep_option = click.option(
 @click.option(
     "--hosts", default=None, metavar="H1,H2,...", help="Spread the runs over these hosts (default: the host)."
 )
-@click.option("--name", default=None, metavar="NAME", help="The sweep's name (default RUN-sweepK); its runs are NAME-<key><value>-...")
+@click.option(
+    "--name",
+    default=None,
+    metavar="NAME",
+    help="The sweep's name (default RUN-sweepK); its runs are NAME-<key><value>-...",
+)
 @click.option(
     "--notify", type=WebhookUrl(), default=None, help="POST a JSON note here when each run, and the sweep, ends."
 )

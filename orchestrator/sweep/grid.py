@@ -55,12 +55,12 @@ def points(sweep: str, swept: dict[str, list[str]]) -> list[Point]:
         raise UsageError(f"the grid has {len(combos)} points (more than {MAX_POINTS}) — sweep fewer values at once")
     tags = _tags(list(swept))
     out = []
-    for i, combo in enumerate(combos):
+    for combo in combos:
         name = "-".join([sweep, *(f"{tags[k]}{UNSAFE.sub('_', v)}" for k, v in zip(swept, combo))])
-        if not RUN_NAME_RE.fullmatch(name):  # too long for a run name: its number instead
-            name = f"{sweep}-{i:03d}"
         out.append(Point(name, dict(zip(swept, combo))))
-    if len({p.run_name for p in out}) < len(out):  # two values that read the same once made safe
+    names = [p.run_name for p in out]
+    if len(set(names)) < len(names) or not all(RUN_NAME_RE.fullmatch(n) for n in names):
+        # a name too long for a run name, or two values that read the same once made safe: numbers, all of them
         out = [Point(f"{sweep}-{i:03d}", p.values) for i, p in enumerate(out)]
     return out
 

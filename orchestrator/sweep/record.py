@@ -55,6 +55,10 @@ def exists(repo: Path, name: str) -> bool:
     return (_dir(repo) / f"{name}.json").is_file()
 
 
+def names(repo: Path) -> list[str]:
+    return sorted(p.stem for p in _dir(repo).glob("*.json"))
+
+
 def load(repo: Path, name: str | None) -> Sweep:
     """The sweep `name`, or the newest launched from this repo (None or ""), said on a bad name with the ones
     there are."""
@@ -69,6 +73,6 @@ def load(repo: Path, name: str | None) -> Sweep:
     check_name(name)
     path = d / f"{name}.json"
     if not path.is_file():
-        have = sorted(p.stem for p in d.glob("*.json"))
+        have = names(repo)
         raise UsageError(f"no sweep {name!r} launched from this repo — sweeps: {', '.join(have) or 'none'}")
     return Sweep(**json.loads(path.read_text()))

@@ -28,6 +28,7 @@ from typing import Any
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.tools.curves import Curves
+from orchestrator.sweep import record, table
 from orchestrator.transfer.fetch import fetch_run_files
 
 RUNS_MAX_AGE_S = 2.0
@@ -127,6 +128,25 @@ class Board:
         finds it ready)."""
         for name in self.hosts:
             self._refresh(name)
+
+    # -- sweeps -------------------------------------------------------------------------------------
+    def sweeps(self) -> list[dict]:
+        """The sweeps launched from this repo, newest first: name, run file, how many runs."""
+        found = [record.load(self.repo, name) for name in record.names(self.repo)]
+        found.sort(key=lambda s: -s.created)
+        return [{"name": s.name, "run_file": s.run_file, "runs": len(s.points)} for s in found]
+
+    def sweep(self, name: str) -> dict[str, Any]:
+        """One sweep: its keys, its runs ranked by val bpb (the best marked) from the hosts' rows, its progress."""
+        sweep = record.load(self.repo, name)
+        rows = table.rows_of(sweep, {(r["host"], r["run_name"]): r for r in self.runs() if "run_name" in r})
+        return {
+            "name": sweep.name,
+            "run_file": sweep.run_file,
+            "keys": sweep.keys,
+            "progress": table.progress(rows),
+            "rows": rows,
+        }
 
     # -- one run ------------------------------------------------------------------------------------
     def run(self, host: str, run_name: str, log_offset: int) -> dict[str, Any]:

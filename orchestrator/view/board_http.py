@@ -7,6 +7,8 @@ rebinding. Read-only: nothing here changes a run.
     GET /?token=T                          the page
     GET /api/runs                          every run on every host (rows as `status --all --json` has them)
     GET /api/run?host=H&run=R&log=N        one run's curves, run.json and its log from byte N (-1: its tail)
+    GET /api/sweeps                        the sweeps launched from this repo (orchestrator/sweep/record.py)
+    GET /api/sweep?name=S                  one sweep's runs, ranked by val bpb, and its progress
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
 from enlace.contract import RUN_NAME_RE
+from enlace.errors import EnlaceError
 from orchestrator.view.board import Board
 
 TOKEN_HEADER = "X-Enlace-Token"
@@ -101,5 +104,12 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError:
                 offset = -1
             self._json(self.server.board.run(host, run, offset))
+        elif url.path == "/api/sweeps":
+            self._json({"sweeps": self.server.board.sweeps()})
+        elif url.path == "/api/sweep":
+            try:
+                self._json(self.server.board.sweep((query.get("name") or [""])[0]))
+            except EnlaceError as e:
+                self._json({"error": e.format_message()}, HTTPStatus.NOT_FOUND)
         else:
             self._json({"error": f"no page {url.path}"}, HTTPStatus.NOT_FOUND)

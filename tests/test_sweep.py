@@ -1,0 +1,208 @@
+"""Sweeps as one object: the grid and its run names, placement by each host's room, the ranked table (fast);
+then a 2x2 sweep over two real sshd hosts told to a real webhook, its status, fetch, plot and board page in
+chromium; and `stop --sweep` stopping its runs, queued and running, and nothing else."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from support.browser import artifacts_dir, chromium, wait_for
+from support.remote import PipeReader, popen_remote, remote, tiny_corpus, wait_until
+from support.sshd import make_server
+from support.webhook import Webhook
+
+from orchestrator.errors import UsageError
+from orchestrator.launch.sweep import place
+from orchestrator.sweep import grid, record, table
+
+
+def test_the_grid_names_each_point_by_its_values():
+    swept, fixed = grid.parse_sets(("optim.learning_rate=1e-3,3e-3", "model.n_layer=4,6", "training.max_steps=50"))
+    assert fixed == ["training.max_steps=50"]
+    names = [p.run_name for p in grid.points("lr", swept)]
+    assert names == ["lr-lr1e-3-nl4", "lr-lr1e-3-nl6", "lr-lr3e-3-nl4", "lr-lr3e-3-nl6"]
+    assert grid.points("lr", swept)[1].sets() == ["optim.learning_rate=1e-3", "model.n_layer=6"]
+    clash, _ = grid.parse_sets(("optim.learning_rate=1,2", "distill.loss_rate=3,4"))  # both `lr`: last parts
+    assert grid.points("s", clash)[0].run_name == "s-learning_rate1-loss_rate3"
+    long, _ = grid.parse_sets((f"a.key={'x' * 70},y",))
+    assert [p.run_name for p in grid.points("s", long)] == ["s-000", "s-001"]  # too long: numbered
+
+
+@pytest.mark.parametrize(
+    "items, said",
+    [
+        (("optim.learning_rate=1e-3",), "at least one --set KEY=V1,V2"),
+        (("optim.learning_rate=1e-3,,2",), "an empty value between commas"),
+        (("a.b=1,2", "a.b=3,4"), "given twice"),
+        (("nonsense",), "expected KEY=V1,V2"),
+    ],
+)
+def test_a_bad_grid_is_one_clear_line(items, said):
+    with pytest.raises(UsageError, match=said):
+        grid.parse_sets(items)
+
+
+def test_points_go_where_there_is_room_then_to_the_shorter_queue():
+    rooms = {
+        "a": {"slots": 2, "free": 1, "waiting": 0, "per_run": 1},
+        "b": {"slots": 1, "free": 1, "waiting": 0, "per_run": 1},
+    }
+    assert place(range(5), ["a", "b"], rooms) == ["a", "b", "a", "b", "a"]  # free first; then by queue per slot
+    full = {
+        "a": {"slots": 4, "free": 0, "waiting": 0, "per_run": 1},
+        "b": {"slots": 1, "free": 0, "waiting": 0, "per_run": 1},
+    }
+    assert place(range(5), ["a", "b"], full) == ["a", "b", "a", "a", "a"]  # a's queue drains four at a time
+
+
+def test_the_table_ranks_by_val_bpb_and_says_progress():
+    sweep = record.Sweep(
+        "s", "tiny", [], ["k"], [{"run_name": f"s-k{i}", "host": "h", "values": {"k": str(i)}} for i in range(4)]
+    )
+    found = {
+        ("h", "s-k0"): {"run_name": "s-k0", "status": "finished", "val_bpb": 2.5, "step": 30, "max_steps": 30},
+        ("h", "s-k1"): {"run_name": "s-k1", "status": "finished", "val_bpb": 1.5, "step": 30, "max_steps": 30},
+        ("h", "s-k2"): {"run_name": "s-k2", "status": "queued", "val_bpb": None, "step": 0, "max_steps": None},
+    }
+    rows = table.rows_of(sweep, found)
+    assert [r["run_name"] for r in rows] == ["s-k1", "s-k0", "s-k2", "s-k3"] and rows[0]["best"]
+    assert table.progress(rows) == "2/4 finished (1 queued, 1 not launched)"
+    text = table.format_table(sweep, rows)
+    assert text.splitlines()[0] == "sweep s: tiny, 2/4 finished (1 queued, 1 not launched); best s-k1 (val bpb 1.5000)"
+    assert text.splitlines()[2].startswith("*  s-k1  h     1  finished      30/30  1.5000")
+
+
+def test_a_bare_sweep_option_without_any_sweep_says_how_to_start_one(tmp_path):
+    with pytest.raises(UsageError, match="no sweep was launched from this repo yet"):
+        record.load(tmp_path, "")
+    with pytest.raises(UsageError, match="sweep name"):
+        record.load(tmp_path, "../x")
+
+
+def _two_hosts(tmp_path: Path) -> dict:
+    servers = [make_server(tmp_path, name) for name in ("h1", "h2")]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("".join((s.dir / "ssh_config").read_text() for s in servers))
+    hosts = tmp_path / "hosts.yaml"
+    entry = "  {n}: {{remote_dir: {d}/remote-{n}, python: {py}}}\n"
+    hosts.write_text(
+        "hosts:\n" + "".join(entry.format(n=n, d=tmp_path, py=json.dumps(sys.executable)) for n in ("h1", "h2"))
+    )
+    for s in servers:  # each host's ssh config names its own known_hosts: one file knows both
+        s.dir.joinpath("known_hosts").write_text("".join((t.dir / "known_hosts").read_text() for t in servers))
+    for n in ("h1", "h2"):
+        tiny_corpus(tmp_path / f"remote-{n}")
+    return {"env": {"ENLACE_SSH_CONFIG": str(cfg), "ENLACE_HOSTS_FILE": str(hosts)}, "servers": servers}
+
+
+@pytest.mark.slow
+def test_a_two_by_two_sweep_on_two_hosts_finishes_ranked_and_told(tmp_path, user_repo):
+    setup, hook = _two_hosts(tmp_path), Webhook()
+    env, board, driver = setup["env"], None, None
+    try:
+        out = remote(
+            user_repo,
+            env,
+            "sweep",
+            "tiny",
+            "--set",
+            "optim.learning_rate=1e-3,1e-2",
+            "--set",
+            "model.n_layer=1,2",
+            "--hosts",
+            "h1,h2",
+            "--name",
+            "grid",
+            "--notify",
+            hook.url,
+            host="h1",
+        )
+        assert "sweep grid: 4 runs on h1, h2" in out.stdout
+        sweep = json.loads((user_repo / ".enlace" / "sweeps" / "grid.json").read_text())
+        placed = {p["run_name"]: (p["host"], p["values"]) for p in sweep["points"]}
+        assert placed["grid-lr1e-3-nl1"] == ("h1", {"optim.learning_rate": "1e-3", "model.n_layer": "1"})
+        assert sorted(h for h, _ in placed.values()) == ["h1", "h1", "h2", "h2"]  # one slot each: two per host
+
+        def rows() -> list[dict]:
+            return json.loads(remote(user_repo, env, "status", "--sweep", "--json", host="h1").stdout)
+
+        wait_until(lambda: all(r["status"] == "finished" for r in rows()), 600, "every run of the sweep to finish")
+        ranked = rows()
+        for name, (host, values) in placed.items():  # each run recorded its values and its sweep on its host
+            state = json.loads((tmp_path / f"remote-{host}" / "runs" / name / "run.json").read_text())
+            assert state["sweep"] == "grid" and {f"{k}={v}" for k, v in values.items()} <= set(state["overrides"])
+        assert [r["val_bpb"] for r in ranked] == sorted(r["val_bpb"] for r in ranked) and ranked[0]["best"]
+        text = remote(user_repo, env, "status", "--sweep", host="h1").stdout  # bare: the last sweep
+        assert text.startswith(f"sweep grid: tiny, 4/4 finished; best {ranked[0]['run_name']}")
+
+        wait_until(lambda: len(hook.events("run_end")) == 4 and len(hook.events("sweep_end")) == 2, 120, "the POSTs")
+        assert sorted(d["run"] for d in hook.events("run_end")) == sorted(placed)  # one per run end
+        assert {d["status"] for d in hook.events("run_end")} == {"finished"}
+        assert sorted(d["host"] for d in hook.events("sweep_end")) == ["h1", "h2"]  # each host's share, once
+        assert all(d["text"].startswith("enlace: sweep grid on h") for d in hook.events("sweep_end"))
+
+        best = ranked[0]["run_name"]
+        out = remote(user_repo, env, "fetch", "--sweep", "grid", "--best", host="h1")
+        assert f"fetch {best} ({ranked[0]['host']})" in out.stdout
+        assert list((user_repo / "runs" / best / "checkpoints").glob("step-*/MANIFEST"))
+        png = remote(user_repo, env, "plot", "--sweep", host="h1").stdout.strip()
+        assert png.endswith("runs/sweep-grid.png") and Path(png).stat().st_size > 1000
+
+        board = popen_remote(user_repo, env, "board", "--no-browser", "--hosts", "h1,h2", host="h1")
+        err = PipeReader(board.stderr)
+        wait_until(lambda: "token=" in err.text(), 60, "the board's URL")
+        url = next(w for w in err.text().split() if "token=" in w)
+        driver = chromium(tmp_path / "chromium-profile")
+        driver.get(url)
+        wait_for(driver, lambda d: d.find_element("css selector", '#sweeps a[href="#sweep=grid"]')).click()
+        head = wait_for(
+            driver,
+            lambda d: "4/4 finished" in d.find_element("id", "sweep-head").text and d.find_element("id", "sweep-head"),
+        )
+        assert f"best {best}" in head.text
+        order = [
+            tr.get_attribute("data-run") for tr in driver.find_elements("css selector", "#sweep-table tr[data-run]")
+        ]
+        assert order == [r["run_name"] for r in ranked]
+        assert driver.find_element("css selector", "#sweep-table tr.best").get_attribute("data-run") == best
+        wait_for(
+            driver,
+            lambda d: len(d.find_elements("css selector", 'svg[data-metric="val_bpb"] polyline')) == 4,
+            what="the four runs' curves overlaid",
+        )
+        driver.save_screenshot(str(artifacts_dir() / "board-sweep.png"))
+    finally:
+        if driver is not None:
+            driver.quit()
+        if board is not None:
+            board.terminate()
+            board.wait(timeout=30)
+        hook.close()
+        for s in setup["servers"]:
+            s.stop()
+
+
+@pytest.mark.slow
+def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, user_repo):
+    hosts = Path(sshd.env["ENLACE_HOSTS_FILE"])
+    hosts.write_text(
+        hosts.read_text().replace("    default_run: tiny\n", "    default_run: tiny\n    cpu_slots: 2\n", 1)
+    )
+    tiny_corpus(sshd.dir.parent / "remote-testhost")
+    remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--set", "run_name=bystander")
+    remote(user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,2e-3,3e-3", "--name", "s")
+    state = lambda: {
+        r["run_name"]: r["status"] for r in json.loads(remote(user_repo, sshd.env, "status", "--json").stdout)
+    }
+    wait_until(
+        lambda: sorted(state().values()) == ["queued", "queued", "running", "running"], 120, "1 running, 2 queued"
+    )
+    out = remote(user_repo, sshd.env, "stop", "--sweep")
+    assert out.stdout.count(": stopped at step") == 3
+    now = state()
+    assert now["bystander"] == "running"
+    assert {now[n] for n in ("s-lr1e-3", "s-lr2e-3", "s-lr3e-3")} == {"stopped"}
+    remote(user_repo, sshd.env, "stop", "bystander")
