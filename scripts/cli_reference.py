@@ -1,6 +1,6 @@
-"""Write docs/cli.md: every verb and option of `enlace` and `enlace-remote`, taken from click itself, so
-the reference cannot drift from --help. `python scripts/cli_reference.py` rewrites it; with `--check` it
-exits 1 when the file differs from what the code says (tests/test_docs.py runs that)."""
+"""Write docs/cli.md and docs/cli-server.md: every verb and option of `enlace-remote` and of `enlace`, taken
+from click itself, so the reference cannot drift from --help. `python scripts/cli_reference.py` rewrites them;
+with `--check` it exits 1 when a file differs from what the code says (tests/test_docs.py runs that)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,27 @@ import click
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HEADER = """# Command-line reference
+HEADER = """# Command-line reference: {title}
 
-After reading this page you can look up every verb and option of both command lines. Generated from the
-code by `python scripts/cli_reference.py` (a test fails when it is stale): each verb's `--help` first line,
-and every option. Every driver verb also takes `--host` and `--accept-new-host-key` after it.
+After reading this page you can look up every verb and option of {what}.
+Generated from the code by `python scripts/cli_reference.py` (a test fails when it is stale): each verb's
+`--help` first line, and every option. {other}
 """
+PAGES = {
+    "cli.md": (
+        "enlace-remote",
+        "`enlace-remote`",
+        "the driver, `enlace-remote`",
+        "Every verb also takes `--host` and `--accept-new-host-key` after it. The server's own command line, "
+        "`enlace`, is [the other page](cli-server.md).",
+    ),
+    "cli-server.md": (
+        "enlace",
+        "`enlace`",
+        "`enlace`, the trainer's and the server's command line",
+        "The driver, `enlace-remote`, is [the other page](cli.md).",
+    ),
+}
 
 
 COMMON = {"--host", "--accept-new-host-key"}  # every driver verb takes the global options after it too
@@ -59,34 +74,37 @@ def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Com
     return found
 
 
-def render() -> str:
+def render(page: str) -> str:
     from enlace.cli import main as trainer
     from orchestrator.cli import main as driver
 
-    lines = [HEADER]
-    for prog, group in (("enlace-remote", driver), ("enlace", trainer)):
-        lines += [f"## `{prog}`", ""]
-        lines += [f"Global options: {', '.join(f'`{o}`' for p in group.params for o in p.opts)}.", ""]
-        cmds = _commands(group)
-        for name, cmd in [c for c in cmds if not c[1].hidden]:
-            lines += _section(prog, name, cmd)
-        hidden = [name for name, cmd in cmds if cmd.hidden]
-        if hidden:
-            lines += [f"The driver's server verbs (hidden from --help): {', '.join(f'`{n}`' for n in hidden)}.", ""]
+    prog, title, what, other = PAGES[page]
+    group = driver if prog == "enlace-remote" else trainer
+    lines = [HEADER.format(title=title, what=what, other=other)]
+    lines += [f"Global options: {', '.join(f'`{o}`' for p in group.params for o in p.opts)}.", ""]
+    cmds = _commands(group)
+    for name, cmd in [c for c in cmds if not c[1].hidden]:
+        lines += _section(prog, name, cmd)
+    hidden = [name for name, cmd in cmds if cmd.hidden]
+    if hidden:
+        lines += [f"The driver's server verbs (hidden from --help): {', '.join(f'`{n}`' for n in hidden)}.", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def main() -> int:
-    target = REPO / "docs" / "cli.md"
-    text = render()
-    if "--check" in sys.argv[1:]:
-        if target.exists() and target.read_text() == text:
-            return 0
+    stale = []
+    for page in PAGES:
+        target = REPO / "docs" / page
+        text = render(page)
+        if "--check" in sys.argv[1:]:
+            if not (target.exists() and target.read_text() == text):
+                stale.append(str(target))
+            continue
+        target.write_text(text)
+        print(f"wrote {target}")
+    for target in stale:
         print(f"{target} is out of date: run python scripts/cli_reference.py", file=sys.stderr)
-        return 1
-    target.write_text(text)
-    print(f"wrote {target}")
-    return 0
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -197,6 +197,8 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
         name = ship.local_run_name(remote.repo, run, overrides)
         click.echo(print_script(spec, remote.host, remote.repo, commit, run, name, nproc, train_args))
         return None
+    if spec and o.notify:
+        raise click.UsageError("--notify: a Slurm run does not notify yet (docs/sweeps.md says what does)")
     hosts = o.hosts
     targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
     if hosts and (len(targets) < 2 or not o.gpus):
