@@ -34,6 +34,7 @@ CLI_MODULES = {
     "orchestrator.commands.common",
     "orchestrator.commands.run",
     "orchestrator.commands.tools",
+    "orchestrator.commands.sweep",
     "orchestrator.commands.data",
 }
 

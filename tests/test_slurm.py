@@ -320,3 +320,53 @@ def test_bare_verbs_act_on_the_run_name_and_launch_name_extends_it_on_slurm(logi
     remote(user_repo, login.env, "logs", "-f", host="cluster")
     state = run_json(login, "mytry")
     assert (state["status"], state["step"], state["resumed_from"]) == ("finished", 34, "step-000030"), state
+
+
+def test_a_sweep_is_one_job_array_whose_task_requeues_at_its_limit_and_resumes_exactly(login, user_repo, cluster):
+    """A sweep of 3 on the Slurm host is one job array, at most 2 tasks at once. Its points differ only in
+    training.log_every, which changes no arithmetic: task 0 gets Slurm's time-limit signal while it trains (USR1 to
+    its batch step, as Slurm sends it signal_grace s before the limit), checkpoints, requeues itself and resumes;
+    the sweep finishes, and task 0's final weights equal an uninterrupted task's, byte for byte."""
+    rd = server_dir(login, "cluster")
+    tiny_corpus(rd)
+    training_ = {**TINY["training"], "max_steps": 300, "log_every": 50, "eval_every": 100}
+    write_run(user_repo, "sw", run_name="sw", **DETERMINISTIC, training=training_, checkpoint={"every": 100, "keep": 2})
+    commit_all(user_repo, "a run to sweep")
+    out = remote(
+        user_repo,
+        login.env,
+        "sweep",
+        "sw",
+        "--set",
+        "training.log_every=10,20,30",
+        "--name",
+        "arr",
+        "--max-running",
+        "2",
+        host="cluster",
+    )
+    assert "job array" in out.stderr and "at most 2 at once" in out.stderr, out.stderr
+    names = ["arr-le10", "arr-le20", "arr-le30"]
+    jobs = [run_json(login, n)["job_id"] for n in names]
+    assert len({j.split("_")[0] for j in jobs}) == 1 and [j.split("_")[1] for j in jobs] == ["0", "1", "2"], jobs
+    script = next((rd / "runs" / ".sweeps" / "arr").glob("job-*.sh")).read_text()
+    assert "#SBATCH --array=0-2%2" in script and "#SBATCH --requeue" in script
+
+    wait_until(partial(training, login, names[0], 1), 180, "task 0 training")
+    pid = run_json(login, names[0])["pid"]
+    os.kill(pid, signal.SIGSTOP)  # held mid-run until its batch step has the signal (a pause changes no bytes)
+    try:
+        cluster.run("scancel", "--signal=USR1", "--batch", jobs[0])
+        wait_until(lambda: "time limit is near" in train_log(login, names[0]), 120, "the limit's signal")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    done = lambda: all(run_json(login, n).get("status") == "finished" for n in names)
+    wait_until(done, 600, "the sweep to finish")
+    log = train_log(login, names[0])
+    assert "requeueing job" in log and "resumed from checkpoints/" in log, log
+    assert run_json(login, names[0])["requeues"] >= 1
+    ours = load_checkpoint(rd / "runs" / names[0] / "checkpoints" / "step-000300")
+    straight = load_checkpoint(rd / "runs" / names[1] / "checkpoints" / "step-000300")
+    assert compare_states(ours, straight)["identical"]
+    table = remote(user_repo, login.env, "status", "--sweep", host="cluster").stdout
+    assert table.startswith("sweep arr: sw, 3/3 finished"), table

@@ -122,6 +122,25 @@ def submit(run_dir: Path, submit_job) -> dict[str, Any]:
     return {"ok": True, "pid": None, "job_id": job_id, "log_offset": offset, "launch_id": launch_id}
 
 
+def submit_array(run_dirs: list[Path], submit_job) -> dict[str, str]:
+    """Submit the runs as one Slurm job array (`submit_job(launch_ids)` → the array's job id), unless any is
+    alive; each run's job is then ARRAY_TASK. {run name: its job}."""
+    with contextlib.ExitStack() as stack:
+        launches = [stack.enter_context(launching(d)) for d in run_dirs]
+        for i, run_dir in enumerate(run_dirs):
+            phase = f"submitted to Slurm as task {i} of a job array"
+            update(run_dir, status=Status.PENDING, phase=phase, launcher_pid=None, launcher_start=None)
+        try:
+            array = submit_job([launch_id for launch_id, _ in launches])
+        except BaseException as e:
+            for run_dir in run_dirs:
+                update(run_dir, status=Status.FAILED, error=getattr(e, "message", str(e)), exit_code=contract.USAGE)
+            raise
+        for i, run_dir in enumerate(run_dirs):
+            update(run_dir, job_id=f"{array}_{i}")
+    return {d.name: f"{array}_{i}" for i, d in enumerate(run_dirs)}
+
+
 def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, poll: float = 0.1) -> dict[str, Any]:
     """Wait on the server until the launch `launch_id` has logged a step or ended; the row at that moment.
 

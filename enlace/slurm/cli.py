@@ -67,10 +67,57 @@ def submit_cmd(
             job_args,
             header,
         )
-        return slurm.submit(script, run_dir / "slurm", run_dir)
+        return slurm.submit(script, run_dir / "slurm", run_dir / "train.log")
 
     doc = lifecycle.submit(run_dir, submit_job)
     click.echo(json.dumps(doc) if as_json else f"submitted {run_name}: Slurm job {doc['job_id']}")
+
+
+@click.command("submit-array", hidden=True)
+@click.argument("sweep")
+@spec_option
+@click.option("--tasks", "tasks_json", required=True, metavar="JSON", help='[{"run": NAME, "pyargs": [...]}, ...]')
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many tasks at once (%N).")
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def submit_array_cmd(
+    sweep: str, spec_json: str, tasks_json: str, gpus: int, limit: int | None, root: Path | None, as_json: bool
+) -> None:
+    """sbatch one job array for the sweep SWEEP: task i runs tasks[i] as a single run's job would (train.log,
+    checkpoints, the time-limit requeue of that task alone); refused if any of its runs is live (exit 7)."""
+    from enlace.server import lifecycle
+    from enlace.slurm import settings as slurm
+
+    validate_run_name(sweep, "SWEEP")
+    spec = _spec(spec_json)
+    tasks = json.loads(tasks_json)
+    for task in tasks:
+        validate_run_name(task["run"], "a task's run")
+    project = find_root(root)
+    runs_root = (project / "runs").resolve()
+    env = {"ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""), "PYTHONUNBUFFERED": "1"}
+
+    def submit_job(launch_ids: list[str]) -> str:
+        header = f"enlace sweep {sweep}: one task per run, written and submitted by `enlace-remote sweep`."
+        script = slurm.array_script(
+            spec,
+            sweep,
+            [{**t, "launch_id": lid} for t, lid in zip(tasks, launch_ids)],
+            gpus,
+            limit,
+            shlex.quote(str(project)),
+            shlex.quote(sys.executable),
+            env,
+            header,
+        )
+        where = runs_root / ".sweeps" / sweep
+        return slurm.submit(script, where, where / "task-%a.out")
+
+    ids = lifecycle.submit_array([runs_root / t["run"] for t in tasks], submit_job)
+    click.echo(
+        json.dumps({"ok": True, "tasks": ids}) if as_json else "\n".join(f"{r}: job {j}" for r, j in ids.items())
+    )
 
 
 @click.command("slurm-job", hidden=True)
@@ -139,4 +186,4 @@ def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
     sys.exit(subprocess.run(argv).returncode)
 
 
-COMMANDS = (submit_cmd, slurm_job_cmd, on_node_cmd)
+COMMANDS = (submit_cmd, submit_array_cmd, slurm_job_cmd, on_node_cmd)

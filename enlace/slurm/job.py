@@ -71,9 +71,11 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     """The whole batch step; returns its exit code (0 when the run stopped or finished cleanly). The trainer
     runs under the supervisor (enlace/server/supervise.py: restarts after a crash or a stall, within this job);
     Slurm's USR1 is one more stop signal, and the requeue after it this step's own action."""
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
+    raw = os.environ.get("SLURM_JOB_ID")
+    if not raw:
         raise SlurmError("`enlace slurm-job` runs inside a Slurm batch job (SLURM_JOB_ID is not set)")
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")  # a sweep's job array: the task is named ARRAY_TASK, as submitted
+    job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{task}" if task and os.environ.get("SLURM_ARRAY_JOB_ID") else raw
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
     def announce(name: str) -> None:
@@ -87,7 +89,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
 
     argv = [sys.executable, *train]
     if gpus > 1 or nodes > 1:
-        argv = distributed_argv(sys.executable, train, gpus, nodes, job_id, run_dir / "train.log")
+        argv = distributed_argv(sys.executable, train, gpus, nodes, raw, run_dir / "train.log")
     env = {**lifecycle.torchrun_env(run_dir), **os.environ}
     sup = Supervisor(run_dir, argv, Policy(), env, signals={signal.SIGUSR1: "limit"}, on_stop=announce)
     for s in (signal.SIGUSR1, signal.SIGTERM):  # first of all: the job script ignored USR1 until now
@@ -97,7 +99,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     runs.new_attempt(
         run_dir, phase=f"starting on {node} (Slurm job {job_id})", job_id=job_id, requeues=restarts, node=node
     )
-    left = time_left_s(job_id)
+    left = time_left_s(raw)
     if left is not None and left <= grace + EARLY_S:  # Slurm may have sent USR1 while it was ignored
         say(f"{left}s left before the time limit (signal_grace {grace}s, and Slurm signals up to {EARLY_S}s early)")
         sup.got.add("limit")

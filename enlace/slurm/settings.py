@@ -189,6 +189,47 @@ def job_script(
     )
 
 
+def array_script(
+    spec: SlurmSpec,
+    sweep: str,
+    tasks: list[dict[str, Any]],
+    gpus: int,
+    limit: int | None,
+    tree: str,
+    python: str,
+    env: dict[str, str],
+    header: str,
+) -> str:
+    """A sweep's job array: task i is tasks[i] ({"run", "launch_id", "pyargs"}), run as the batch step a single
+    run's job runs — its output the run's own train.log, its requeue its own — at most `limit` at once."""
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    arms = []
+    for i, task in enumerate(tasks):
+        step = job_step_args(spec, task["run"], gpus, task["pyargs"])
+        log = f"{tree}/runs/{task['run']}"
+        arms.append(
+            f"  {i}) mkdir -p {log} && exec >>{log}/train.log 2>&1; "
+            f"export ENLACE_LAUNCH_ID={shlex.quote(task['launch_id'])}; set -- {shlex.join(step)} ;;"
+        )
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            *(f"# {line}" for line in header.splitlines()),
+            *sbatch_lines(spec, f"enlace-sweep-{sweep}", spec.gpus_per_node),
+            f"#SBATCH --array=0-{len(tasks) - 1}" + (f"%{limit}" if limit else ""),
+            "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
+            f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={tree}",
+            f"cd {tree}",
+            'case "$SLURM_ARRAY_TASK_ID" in',
+            *arms,
+            '  *) echo "enlace: this array has no task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
+            "esac",
+            f'exec {python} -m enlace slurm-job "$@"',
+            "",
+        ]
+    )
+
+
 def job_step_args(spec: SlurmSpec, run_name: str, gpus: int, pyargs: list[str]) -> list[str]:
     """The arguments of `enlace slurm-job` (the batch step) for a run: one owner for both the submitted
     script and the one `launch --slurm --print` shows."""
@@ -267,21 +308,24 @@ def forget(job_id: str) -> None:
 # -- submit, stop ------------------------------------------------------------------------------
 
 
-def submit(script: str, script_dir: Path, run_dir: Path) -> str:
-    """sbatch the script (its output appended to the run's train.log); keep it as slurm/job-ID.sh."""
+def submit(script: str, script_dir: Path, output: Path) -> str:
+    """sbatch the script, its output appended to `output` (a run's train.log; an array's per-task file, where
+    %a is the task); keep it as SCRIPT_DIR/job-ID.sh."""
     if not shutil.which("sbatch"):
         raise SlurmError(
             "sbatch not found on this host: a Slurm host in hosts.yaml must be a login node with the "
             "Slurm client commands on PATH"
         )
-    if "%" in str(run_dir):
-        raise SlurmError(f"{run_dir}: sbatch would read the % in this path as a pattern — use a remote_dir without %")
+    if "%" in str(output.parent):
+        raise SlurmError(
+            f"{output.parent}: sbatch would read the % in this path as a pattern — use a remote_dir without %"
+        )
     script_dir.mkdir(parents=True, exist_ok=True)
     tmp = script_dir / f".job-{os.getpid()}.sh"
     tmp.write_text(script)
     try:
         r = subprocess.run(
-            ["sbatch", "--parsable", f"--output={run_dir / 'train.log'}", str(tmp)],
+            ["sbatch", "--parsable", f"--output={output}", str(tmp)],
             capture_output=True,
             text=True,
             timeout=120,

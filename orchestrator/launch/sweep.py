@@ -5,10 +5,12 @@ point's run started detached in its host's queue — none waited for."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import click
 
+from enlace.contract import trainer_args
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import resolve_host
 from orchestrator.launch import choose, ship, stages
@@ -59,12 +61,10 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         raise UsageError(f"sweep {name!r} was launched from here before — `--name` another, or `status --sweep {name}`")
     points = grid.points(name, swept)
     targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
-    for host in targets:
-        if host.slurm:
-            raise UsageError(
-                f"host {host.name} is a Slurm host: a sweep there (one job array) is not built yet — sweep on SSH "
-                "hosts, or launch its points there one by one"
-            )
+    if any(h.slurm for h in targets):
+        if len(targets) > 1:
+            raise UsageError("a sweep on a Slurm host is one job array there: give that host alone (--hosts NAME)")
+        return _on_slurm(remote, targets[0], run, name, points, fixed, o)
     shipped, rooms = {}, {}
     for host in targets:
         click.echo(f"== {host.name}", err=True)
@@ -98,4 +98,37 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         command = stages.train_command(run, ship.set_args(overrides), None)
         stages.start_detached(session, sha, point.run_name, command, policy)
         choose.remember_run(repo, host.name, point.run_name, run, overrides)
+    return sweep
+
+
+def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str], o) -> record.Sweep:
+    """The sweep as one job array on a Slurm host (`--array=0-N%max_running`): each task a run, requeued at its
+    time limit and resumed exactly, as a single run's job is."""
+    if o.notify:
+        raise UsageError("--notify: a Slurm run does not notify yet (docs/sweeps.md says what does)")
+    session = remote.session_for(host)
+    sha, _, _ = ship.ship(session, remote.repo, run, o.allow_dirty, False, tuple(fixed))
+    tasks = []
+    for point in points:
+        overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
+        ship.verify(session, sha, run, True, overrides, quiet=True)
+        tasks.append({"run": point.run_name, "pyargs": trainer_args(run, ship.set_args(overrides)), "sets": overrides})
+    sweep = record.Sweep(
+        name,
+        run,
+        fixed,
+        list(points[0].values),
+        [{"run_name": p.run_name, "host": host.name, "values": p.values} for p in points],
+        o.notify,
+    )
+    record.save(remote.repo, sweep)
+    args = ["--slurm", json.dumps(host.slurm.to_json()), "--gpus", str(host.slurm.gpus_per_node or 1)]
+    args += ["--tasks", json.dumps([{"run": t["run"], "pyargs": t["pyargs"]} for t in tasks])]
+    args += ["--limit", str(o.max_running)] if o.max_running else []
+    doc = session.enlace_json(sha, "submit-array", name, *args, idempotent=False)
+    for task in tasks:
+        choose.remember_run(remote.repo, host.name, task["run"], run, task["sets"])
+    first, last = doc["tasks"][tasks[0]["run"]], doc["tasks"][tasks[-1]["run"]]
+    limit = f", at most {o.max_running} at once" if o.max_running else ""
+    click.echo(f"submitted sweep {name} to Slurm on {host.name}: job array {first}..{last}{limit}", err=True)
     return sweep
