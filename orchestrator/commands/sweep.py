@@ -50,6 +50,13 @@ sweep_option = click.option(
 @click.option(
     "--notify", type=WebhookUrl(), default=None, help="POST a JSON note here when each run, and the sweep, ends."
 )
+@click.option(
+    "--max-running",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="On a Slurm host: at most N of its runs at once (the job array's %N). Elsewhere the hosts' queues decide.",
+)
 @supervisor_options(backoff=False)
 @allow_dirty_option
 @with_remote
