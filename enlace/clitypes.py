@@ -103,7 +103,7 @@ def queue_options(fn):
     """The server queue's settings (hosts.yaml's cpu_slots and gpu_free_below), as start and supervise take them."""
     fn = click.option(
         "--gpu-free-below",
-        type=click.FloatRange(0, 1),
+        type=click.FloatRange(0, 1, min_open=True),
         default=GPU_FREE_BELOW,
         show_default=True,
         help="A GPU whose other processes hold less than this fraction of its memory is free.",
@@ -126,6 +126,10 @@ class WebhookUrl(click.ParamType):
         from urllib.parse import urlsplit
 
         parts = urlsplit(value)
+        try:
+            parts.port  # noqa: B018 (a port that is not a number raises here, not in the supervisor)
+        except ValueError:
+            self.fail(f"{value[:60]!r}: its port is not a number", param, ctx)
         if (
             parts.scheme not in ("http", "https")
             or not parts.hostname
@@ -138,15 +142,25 @@ class WebhookUrl(click.ParamType):
 
 
 def run_end_options(fn):
-    """Who is told when the run ends (the supervisor POSTs; enlace/server/notify.py), and the sweep it is part
-    of, as start and supervise take them."""
+    """The sweep a run is part of, and the host's name as the driver knows it (for the end's message), as start
+    and supervise take them. Whom to tell is start's --notify alone: the supervisor gets the URL in its
+    environment (ENLACE_NOTIFY_URL), never on a command line other accounts can read."""
     fn = click.option(
         "--sweep-share", type=click.IntRange(min=1), default=1, help="How many runs of the sweep this host has."
     )(fn)
     fn = click.option(
         "--sweep", default=None, help="The sweep this run is part of (its end is told once all its runs here ended)."
     )(fn)
-    fn = click.option("--host-name", default="", help="The host's name as the driver knows it (for the message).")(fn)
-    return click.option(
-        "--notify", type=WebhookUrl(), default=None, help="POST a JSON document here when the run ends."
-    )(fn)
+    return click.option("--host-name", default="", help="The host's name as the driver knows it (for the message).")(fn)
+
+
+def shown_url(url: str) -> str:
+    """A webhook URL as a message may show it: its scheme and host, not its path (a webhook's secret)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # not a port: left out, never raised from here
+        port = ""
+    return f"{parts.scheme}://{parts.hostname}{port}/…"

@@ -8,6 +8,7 @@ import json
 import os
 import threading
 
+import psutil
 import pytest
 from support.cli import enlace
 from support.configs import write_run
@@ -43,6 +44,15 @@ def test_post_retries_a_failing_endpoint_and_never_writes_the_secret_path(hook):
     assert "secret-token" not in " ".join(said)
 
 
+def test_a_url_whose_port_is_no_number_is_refused_and_never_breaks_a_log_line():
+    from enlace.clitypes import shown_url
+    from orchestrator.hosts.schema import check_url
+
+    assert shown_url("https://hooks.example:8x/secret") == "https://hooks.example/…"
+    with pytest.raises(ValueError, match="its port is not a number"):
+        check_url("https://hooks.example:8x/secret")
+
+
 def test_post_gives_up_on_a_closed_port_and_says_so():
     said: list[str] = []
     assert not notify.post("http://127.0.0.1:9/x", {"event": "run_end", "status": "failed"}, said.append, tries=2)
@@ -68,6 +78,8 @@ def test_a_run_tells_its_end_once_and_a_dead_endpoint_never_delays_it(project, h
     assert doc["text"].startswith("enlace: told on box finished at step 6/6, val bpb ")
     stuck = project / "runs" / "stuck"
     wait_until(lambda: dead.tries >= 1, 300, "the dead endpoint tried")
+    supervisor = psutil.Process(runs.read(stuck)["launcher_pid"])  # still trying: its argv holds no secret
+    assert "secret-token" not in " ".join(supervisor.cmdline())
     assert runs.read(stuck)["status"] == "finished"  # recorded before anyone is told, whatever the endpoint does
     assert runs.observe(stuck)["status"] == "finished"
     log = stuck / "train.log"

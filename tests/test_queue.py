@@ -203,6 +203,35 @@ def test_a_need_the_server_cannot_meet_is_refused(tmp_path, monkeypatch):
         queue.need_for("cuda", None, empty)
 
 
+def test_a_broken_nvidia_smi_refuses_gpu_runs_clearly_and_never_cpu_runs(tmp_path, monkeypatch):
+    broken = tmp_path / "broken-bin"
+    broken.mkdir()
+    (broken / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch' >&2\nexit 18\n"
+    )
+    (broken / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{broken}:{os.environ['PATH']}")
+    settings = queue.Settings(1, 0.1, tmp_path / "q")
+    assert queue.need_for("cpu", None, settings) == queue.Need("cpu", 1)
+    with pytest.raises(
+        queue.QueueError, match=r"cannot tell which GPUs are free: nvidia-smi failed .exit 18.: Failed to"
+    ):
+        queue.need_for("auto", None, settings)
+
+
+def test_a_ticket_is_never_numbered_behind_one_that_exists(tmp_path):
+    """The counter file emptied (a full disk, a kill mid-write): the next ticket still comes after the newest."""
+    qdir = tmp_path / "q"
+    (qdir / "tickets").mkdir(parents=True)
+    (qdir / "tickets" / f"{41:012d}.json").write_text("{}")
+    (qdir / "seq").write_text("")
+    ticket = queue._enqueue(qdir, tmp_path / "runs" / "r", queue.Need("cpu", 1))
+    try:
+        assert ticket.path.name == f"{42:012d}.json" and (qdir / "seq").read_text() == "42\n"
+    finally:
+        ticket.close()
+
+
 def test_need_text_round_trips_and_rejects_nonsense():
     for text in ("gpu:1", "gpu:all", "cpu:2"):
         assert str(queue.Need.parse(text)) == text

@@ -206,3 +206,12 @@ def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, use
     assert now["bystander"] == "running"
     assert {now[n] for n in ("s-lr1e-3", "s-lr2e-3", "s-lr3e-3")} == {"stopped"}
     remote(user_repo, sshd.env, "stop", "bystander")
+    (user_repo / ".enlace" / "sweeps" / "s.json").unlink()  # as another clone would be: no record of `s` here
+    again = remote(
+        user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,5e-3", "--name", "s", check=False
+    )
+    assert (
+        again.returncode == 2
+        and "testhost already has run s-lr1e-3 (a sweep of this name from elsewhere?)" in again.stderr
+    )
+    assert not (user_repo / ".enlace" / "sweeps" / "s.json").exists()  # nothing recorded, nothing started

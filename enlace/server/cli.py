@@ -15,6 +15,7 @@ import click
 from enlace import contract
 from enlace.clitypes import (
     Seconds,
+    WebhookUrl,
     gc_options,
     queue_options,
     root_option,
@@ -23,6 +24,8 @@ from enlace.clitypes import (
     supervisor_options,
 )
 from enlace.names import find_root
+
+NOTIFY_ENV = "ENLACE_NOTIFY_URL"  # start → supervise: the webhook URL (its path is a secret)
 
 
 def _runs_root(root: Path | None) -> Path:
@@ -65,6 +68,7 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
 @click.option("--procs", default=None, metavar="N|all", help="Processes per host (launch --gpus): GPUs it needs.")
 @queue_options
 @run_end_options
+@click.option("--notify", type=WebhookUrl(), default=None, help="POST a JSON document here when the run ends.")
 @click.option("--json", "as_json", is_flag=True)
 def start_cmd(
     run_name: str,
@@ -99,9 +103,10 @@ def start_cmd(
     if sweep:
         validate_run_name(sweep, "--sweep")
         policy += ["--sweep", sweep, "--sweep-share", str(sweep_share)]
-    policy += ["--notify", notify, "--host-name", host_name] if notify else []
+    policy += ["--host-name", host_name] if host_name else []
     supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
-    doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, dict(os.environ))
+    env = {**os.environ, **({NOTIFY_ENV: notify} if notify else {})}  # not argv: `ps` shows argv to everyone
+    doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, env)
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
 
 
@@ -123,7 +128,6 @@ def supervise_cmd(
     need: str | None,
     cpu_slots: int,
     gpu_free_below: float,
-    notify: str | None,
     host_name: str,
     sweep: str | None,
     sweep_share: int,
@@ -138,6 +142,7 @@ def supervise_cmd(
     from enlace.state import runs
 
     run_dir = _runs_root(root) / run_name
+    notify = os.environ.pop(NOTIFY_ENV, None)  # the supervisor's alone: not the trainer's
     env = {**lifecycle.torchrun_env(run_dir), **os.environ}
     if sweep:
         runs.update(run_dir, sweep=sweep, sweep_share=sweep_share)

@@ -2,7 +2,8 @@
 webhook shows its `text` as it is; ntfy and any other endpoint get the whole document. The supervisor sends
 it once the run's final status is recorded, so a dead or slow endpoint never delays or changes the run;
 each try is bounded (TIMEOUT_S), there are TRIES of them, and each outcome is a `supervisor:` line in
-train.log. The URL is never written whole (a webhook's path is its secret): only its scheme and host.
+train.log. The URL is never written whole (a webhook's path is its secret): only its scheme and host; the
+supervisor has it in its environment, which only its own account can read.
 
 A sweep's end on this host is told once, by the supervisor of whichever of its runs here ends last: when
 every run of the sweep this host was given has ended. A marker file created exclusively makes it once.
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from enlace.clitypes import shown_url
 from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
 from enlace.state import runs
 from enlace.units import duration
@@ -33,9 +35,7 @@ WAIT_S = 1.0  # before the second try; twice that before the third
 
 
 def shown(url: str) -> str:
-    """The URL as a log line may show it: its scheme and host, not its path (a webhook's secret)."""
-    parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}/…"
+    return shown_url(url)
 
 
 def post(
@@ -73,7 +73,8 @@ def run_end(run_dir: Path, host: str) -> dict[str, Any]:
     status = row["status"]
     gave_up = status == Status.CRASHED and "gave up" in (row.get("error") or "")
     word = "gave up" if gave_up else status
-    text = f"enlace: {row['run_name']} on {host} {word} at step {row['step']}/{row['max_steps']}"
+    at = f"at step {row['step']}/{row['max_steps']}" if row.get("max_steps") else "before it started"
+    text = f"enlace: {row['run_name']} on {host} {word} {at}"
     if row.get("val_bpb") is not None:
         text += f", val bpb {row['val_bpb']:.4f}"
     if row.get("elapsed_s"):

@@ -167,10 +167,17 @@ def _enqueue(qdir: Path, run_dir: Path, need: Need) -> Ticket:
     tickets = qdir / "tickets"
     tickets.mkdir(parents=True, exist_ok=True)
     seq_file = qdir / "seq"
-    seq = int(seq_file.read_text() or 0) + 1 if seq_file.exists() else 1
-    seq_file.write_text(f"{seq}\n")
-    path = tickets / f"{seq:012d}.json"
-    fh = _try_lock(path)
+    try:
+        seq = int(seq_file.read_text())
+    except (OSError, ValueError):  # none yet, or emptied (a full disk): never behind a ticket that exists
+        seq = 0
+    newest = max((int(p.stem) for p in tickets.glob("*.json") if p.stem.isdigit()), default=0)
+    fh, seq = None, max(seq, newest)
+    while fh is None:
+        seq += 1
+        path = tickets / f"{seq:012d}.json"
+        fh = _try_lock(path)
+    atomic_write(seq_file, f"{seq}\n")
     doc = {"run": run_dir.name, "run_dir": str(run_dir), "need": str(need), "pid": os.getpid(), "at": time.time()}
     fh.write(json.dumps(doc))
     fh.flush()
@@ -225,6 +232,8 @@ class QueueError(EnlaceError):
 
 def need_for(device: str, procs: str | None, settings: Settings) -> Need:
     """The need of a run about to be launched here; QueueError if this server can never meet it."""
+    if device == "cpu":  # a CPU run never asks nvidia-smi (a broken driver must not refuse it)
+        return Need("cpu", 1)
     try:
         found = _inventory(settings.dir)
     except gpuinfo.InventoryError as e:

@@ -149,8 +149,12 @@ class Supervisor:
 
     def _take_seat(self) -> bool:
         """Wait in the queue for the run's GPUs (or CPU slot); False if a stop came first."""
-        self.seat = self.wait_turn(stopped=lambda: bool(self.got), beat=self.beat, on_wait=self._queued)
-        if self.seat is None or self.got:
+        with self.beat.beating():  # a turn may block a while (the queue's lock, nvidia-smi): never "frozen" meanwhile
+            self.seat = self.wait_turn(stopped=lambda: bool(self.got), beat=lambda: None, on_wait=self._queued)
+        if self.seat is not None and (self.got or runs.recorded_status(runs.read(self.run_dir)) == Status.STOPPING):
+            self.seat.release()  # a stop came as its turn did: it never starts
+            self.seat = None
+        if self.seat is None:
             return False
         self.env.update(self.seat.env())
         where = f"GPU {','.join(map(str, self.seat.gpus))}" if self.seat.gpus else "its CPU slot"

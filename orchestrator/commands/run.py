@@ -381,6 +381,8 @@ def fetch(
 
     if sweep_name is not None:
         return sweeps.fetch_all(remote, sweep_name, best, which == "all")
+    if best:
+        raise click.UsageError("--best picks a sweep's best run: give it with --sweep [NAME]")
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     rep = do_fetch(remote.session, run_name, dest or remote.repo / "runs" / run_name, which == "all")

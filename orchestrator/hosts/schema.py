@@ -124,9 +124,9 @@ def check_cpu_slots(value: Any) -> int:
 
 
 def check_fraction(value: Any) -> float:
-    fix = "a share of a GPU's memory from 0 to 1, e.g. 0.1 (10%)"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{quoted(value)} is not a share from 0 to 1", fix)
+    fix = "a share of a GPU's memory above 0, at most 1, e.g. 0.1 (10%)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{quoted(value)} is not a share above 0 and at most 1", fix)
     return float(value)
 
 
@@ -136,6 +136,10 @@ def check_url(value: Any) -> str:
     fix = "an http(s) URL, e.g. https://hooks.slack.com/services/T0/B0/XYZ or https://ntfy.sh/my-runs"
     if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname:
         raise ValueError(f"{quoted(value)} is not an http(s) URL", fix)
+    try:
+        urlsplit(value).port  # noqa: B018 (raises when the port is not a number)
+    except ValueError:
+        raise ValueError(f"{quoted(value)}: its port is not a number", fix) from None
     _text(value, fix)
     if " " in value:
         raise ValueError(f"{quoted(value)} holds a space", fix)

@@ -10,6 +10,7 @@ from collections import Counter
 
 import click
 
+from enlace.clitypes import shown_url
 from enlace.contract import trainer_args
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import resolve_host
@@ -51,6 +52,20 @@ def _room(session, host, device: str | None) -> dict:
     return session.enlace_json("latest", "queue-free", *args)
 
 
+def _refuse_taken(remote, targets: list, points: list) -> None:
+    """A point whose run name a host already has (another clone's sweep of that name, an earlier one whose
+    record here is gone) would resume that run, or fail half-way: said before anything starts."""
+    wanted = {p.run_name for p in points}
+    for host in targets:
+        taken = sorted(wanted & {r["run_name"] for r in remote.session_for(host).enlace_json("latest", "runs")})
+        if taken:
+            raise UsageError(
+                f"{host.name} already has run{'s' if len(taken) > 1 else ''} {', '.join(taken[:3])}"
+                f"{' and more' if len(taken) > 3 else ''} (a sweep of this name from elsewhere?) — give the sweep "
+                "another --name"
+            )
+
+
 def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, name: str | None, o) -> record.Sweep:
     """Launch one run per point of the grid `items` (--set KEY=V1,V2 ...) on `hosts` (default: the host)."""
     repo = remote.repo
@@ -70,6 +85,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         click.echo(f"== {host.name}", err=True)
         shipped[host.name] = ship.ship(remote.session_for(host), repo, run, o.allow_dirty, False, tuple(fixed))
         rooms[host.name] = _room(remote.session_for(host), host, shipped[host.name].device)
+    _refuse_taken(remote, targets, points)
     placement = place(points, [h.name for h in targets], rooms)
     sweep = record.Sweep(
         name,
@@ -77,7 +93,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         fixed,
         list(swept),
         [{"run_name": p.run_name, "host": h, "values": p.values} for p, h in zip(points, placement)],
-        o.notify,
+        shown_url(o.notify) if o.notify else None,  # the record says whom it told, never the secret path
     )
     record.save(repo, sweep)
     share = Counter(placement)
@@ -108,6 +124,7 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
         raise UsageError("--notify: a Slurm run does not notify yet (docs/sweeps.md says what does)")
     session = remote.session_for(host)
     sha, _, _ = ship.ship(session, remote.repo, run, o.allow_dirty, False, tuple(fixed))
+    _refuse_taken(remote, [host], points)
     tasks = []
     for point in points:
         overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
@@ -119,7 +136,7 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
         fixed,
         list(points[0].values),
         [{"run_name": p.run_name, "host": host.name, "values": p.values} for p in points],
-        o.notify,
+        None,
     )
     record.save(remote.repo, sweep)
     args = ["--slurm", json.dumps(host.slurm.to_json()), "--gpus", str(host.slurm.gpus_per_node or 1)]

@@ -22,7 +22,7 @@ class Sweep:
     fixed: list[str]  # the --set items every point has
     keys: list[str]  # the swept keys, in the grid's order
     points: list[dict]  # {"run_name", "host", "values": {key: value}}
-    notify: str | None = None
+    notify: str | None = None  # whom its ends are told, as shown: scheme and host only
     created: float = field(default_factory=time.time)
 
     def hosts(self) -> list[str]:
@@ -75,4 +75,9 @@ def load(repo: Path, name: str | None) -> Sweep:
     if not path.is_file():
         have = names(repo)
         raise UsageError(f"no sweep {name!r} launched from this repo — sweeps: {', '.join(have) or 'none'}")
-    return Sweep(**json.loads(path.read_text()))
+    try:
+        return Sweep(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        raise UsageError(
+            f"{path}: not a sweep record this enlace can read — remove it, or launch the sweep anew"
+        ) from None

@@ -132,7 +132,12 @@ class Board:
     # -- sweeps -------------------------------------------------------------------------------------
     def sweeps(self) -> list[dict]:
         """The sweeps launched from this repo, newest first: name, run file, how many runs."""
-        found = [record.load(self.repo, name) for name in record.names(self.repo)]
+        found = []
+        for name in record.names(self.repo):
+            try:
+                found.append(record.load(self.repo, name))
+            except (EnlaceError, TypeError, ValueError):  # a record it cannot read: left out, the page still shows
+                continue
         found.sort(key=lambda s: -s.created)
         return [{"name": s.name, "run_file": s.run_file, "runs": len(s.points)} for s in found]
 
