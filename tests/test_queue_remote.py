@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -74,7 +77,7 @@ def test_four_runs_on_two_gpus_queue_and_take_freed_gpus(gpu_host, user_repo, tm
     first, second = sorted(queued, key=lambda n: state[n]["phase"])  # position 1 before position 2
     assert state[first]["phase"].startswith("position 1, waiting for 1 GPU (GPU 0: run ")
     assert "position 2" in state[second]["phase"] and f"behind {first}" in state[second]["phase"]
-    assert f"{first}: queued on testhost: position 1" in said[names.index(first)].text()
+    assert f"{first}: queued on testhost: position " in said[names.index(first)].text()
     follow = popen_remote(user_repo, env, "logs", first, "-f")
     followed = PipeReader(follow.stdout)
 
@@ -137,3 +140,37 @@ def test_a_cpu_host_with_two_slots_queues_the_third_run_and_a_lost_waiter_is_sai
     assert "c3: queued on testhost: position 1, waiting for 1 CPU slot" in out.stderr
     for name in ("c1", "c2", "c3"):
         remote(user_repo, sshd.env, "stop", name)
+
+
+def test_runs_leave_the_queue_in_the_order_their_launches_came_over_ten_launches_from_two_clones(
+    sshd, user_repo, tmp_path
+):
+    """Ten launches at random moments, two clones launching at once, on a host with one CPU slot: each launch
+    takes its place when `enlace start` runs (not when its supervisor gets going), and the runs leave the
+    queue in exactly that order."""
+    tiny_corpus(sshd.dir.parent / "remote-testhost")
+    clone = tmp_path / "clone-b"
+    subprocess.run(["git", "clone", "-q", str(user_repo), str(clone)], check=True)
+    remote(user_repo, sshd.env, "sync")
+    streams = {user_repo: [f"a{i}" for i in range(5)], clone: [f"b{i}" for i in range(5)]}
+
+    def launches(repo: Path, names: list[str], seed: int) -> None:
+        rng = random.Random(seed)
+        for name in names:
+            time.sleep(rng.uniform(0, 0.4))  # a random moment: the order is what is checked, not a time
+            args = ("launch", "tiny", "--no-preflight", "--no-wait", "--restarts", "0", "--until", "2")
+            proc = popen_remote(repo, sshd.env, *args, "--set", f"run_name={name}")
+            assert proc.wait(timeout=300) == 0, proc.stderr.read()
+
+    threads = [threading.Thread(target=launches, args=(r, n, i)) for i, (r, n) in enumerate(streams.items())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    names = [n for ns in streams.values() for n in ns]
+    run_dir = lambda n: sshd.dir.parent / "remote-testhost" / "runs" / n
+    wait_until(lambda: all(runs.read(run_dir(n)).get("status") == "stopped" for n in names), 300, "all ten ran")
+    state = {n: runs.read(run_dir(n)) for n in names}
+    by_ticket = sorted(names, key=lambda n: state[n]["ticket"])
+    assert sorted(names, key=lambda n: state[n]["seated_at"]) == by_ticket
+    assert {n[0] for n in by_ticket[:5]} == {"a", "b"}  # the two clones' launches did interleave

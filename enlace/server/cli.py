@@ -97,16 +97,28 @@ def start_cmd(
     project = find_root(root)
     policy = ["--restarts", str(restarts), "--backoff", str(backoff)]
     policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
-    if device is not None:
-        need = queue.need_for(device, procs, queue.Settings(cpu_slots, gpu_free_below))
+    ticket = None
+    if device is not None:  # its place in the queue is taken now: first come is the launch that came first
+        settings = queue.Settings(cpu_slots, gpu_free_below)
+        need = queue.need_for(device, procs, settings)
+        ticket = queue.enqueue(_runs_root(root) / run_name, need, settings)
         policy += ["--need", str(need), "--cpu-slots", str(cpu_slots), "--gpu-free-below", str(gpu_free_below)]
+        policy += ["--ticket", str(ticket.path), "--ticket-fd", str(ticket.file.fileno())]
     if sweep:
         validate_run_name(sweep, "--sweep")
         policy += ["--sweep", sweep, "--sweep-share", str(sweep_share)]
     policy += ["--host-name", host_name] if host_name else []
     supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
     env = {**os.environ, **({NOTIFY_ENV: notify} if notify else {})}  # not argv: `ps` shows argv to everyone
-    doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, env)
+    try:
+        fds = (ticket.file.fileno(),) if ticket else ()
+        doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, env, fds)
+    except BaseException:
+        if ticket:  # refused (already running): its place goes
+            ticket.close()
+        raise
+    if ticket:
+        ticket.file.close()  # the supervisor holds it now (the same lock, inherited)
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
 
 
@@ -116,6 +128,10 @@ def start_cmd(
 @root_option
 @supervisor_options()
 @click.option("--need", default=None, help="What it waits for in the queue: gpu:N, gpu:all, cpu:N (none: no queue).")
+@click.option("--ticket", type=click.Path(path_type=Path), default=None, help="Its place in the queue (start took it).")
+@click.option(
+    "--ticket-fd", type=click.IntRange(min=0), default=None, help="The ticket's locked descriptor, inherited."
+)
 @queue_options
 @run_end_options
 def supervise_cmd(
@@ -126,6 +142,8 @@ def supervise_cmd(
     stall_timeout: float | None,
     backoff: float,
     need: str | None,
+    ticket: Path | None,
+    ticket_fd: int | None,
     cpu_slots: int,
     gpu_free_below: float,
     host_name: str,
@@ -151,7 +169,10 @@ def supervise_cmd(
         wanted = queue.Need.parse(need)
         runs.update(run_dir, need=str(wanted), gpus=None)
         settings = queue.Settings(cpu_slots, gpu_free_below)
-        wait_turn = functools.partial(queue.wait_for_seat, run_dir, wanted, settings)
+        place = queue.Ticket.adopt(ticket, ticket_fd, wanted, run_name) if ticket and ticket_fd is not None else None
+        if place:
+            runs.update(run_dir, ticket=place.number)
+        wait_turn = functools.partial(queue.wait_for_seat, run_dir, wanted, settings, ticket=place)
     policy = Policy(restarts, stall_timeout, backoff)
     supervisor = Supervisor(run_dir, [sys.executable, *pyargs], policy, env, wait_turn=wait_turn)
     outcome = supervisor.run()

@@ -8,9 +8,14 @@ cannot exist on a CI machine). Stdlib and psutil only.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from enlace.state.runs import atomic_write
 
 QUERY_GPUS = ["--query-gpu=index,uuid,memory.total,memory.used", "--format=csv,noheader,nounits"]
 QUERY_APPS = ["--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"]
@@ -52,6 +57,18 @@ def inventory() -> list[Gpu]:
         uuid, pid, mib = (part.strip() for part in line.split(","))
         procs.setdefault(uuid, []).append(GpuProcess(int(pid), _mib(mib), _owner(int(pid))))
     return [Gpu(g.index, g.uuid, g.total_mib, g.used_mib, tuple(procs.get(g.uuid, ()))) for g in gpus]
+
+
+def cached(cache: Path, max_age: float) -> list[Gpu]:
+    """`inventory()` as it was at most `max_age` s ago, kept in the file `cache` (replaced whole)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        doc = json.loads(cache.read_text())
+        if time.time() - doc["at"] < max_age:
+            return [Gpu(**{**g, "processes": tuple(GpuProcess(**p) for p in g["processes"])}) for g in doc["gpus"]]
+    found = inventory()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(cache, json.dumps({"at": time.time(), "gpus": [asdict(g) for g in found]}))
+    return found
 
 
 def _query(exe: str, args: list[str]) -> list[str]:

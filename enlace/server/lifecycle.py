@@ -84,11 +84,14 @@ def launching(run_dir: Path):
         yield launch_id, offset
 
 
-def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+def start(
+    run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """Start `argv` (the trainer, or torchrun) detached, unless the run is alive; one launch at a time.
 
     setsid (its own session and process group), all three streams redirected: it survives the SSH
-    session that started it. Its pid and start time go into run.json before this returns."""
+    session that started it. Its pid and start time go into run.json before this returns. `pass_fds`:
+    descriptors it inherits (its ticket in the queue)."""
     with launching(run_dir) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
         proc = subprocess.Popen(
             argv,
@@ -98,6 +101,7 @@ def start(run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str]) -> dic
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env={**torchrun_env(run_dir), **env, "ENLACE_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"},
+            pass_fds=pass_fds,
         )
         update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
     return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}

@@ -30,7 +30,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -157,9 +157,25 @@ class Ticket:
     need: Need
     run: str
 
+    @property
+    def number(self) -> int:
+        return int(self.path.stem)
+
     def close(self) -> None:
         self.path.unlink(missing_ok=True)
         self.file.close()
+
+    @classmethod
+    def adopt(cls, path: Path, fd: int, need: Need, run: str) -> Ticket:
+        """The ticket `enlace start` took, its locked descriptor inherited as `fd` (its place is the launch's)."""
+        return cls(path, open(fd, "a+", closefd=True), need, run)
+
+
+def enqueue(run_dir: Path, need: Need, settings: Settings) -> Ticket:
+    """Take the run's place in the queue now (`enlace start` does, before its supervisor exists: first come is
+    the launch that came first), after every ticket taken so far."""
+    with _decision(settings.dir):
+        return _enqueue(settings.dir, run_dir, need)
 
 
 def _enqueue(qdir: Path, run_dir: Path, need: Need) -> Ticket:
@@ -200,19 +216,8 @@ def _waiting(qdir: Path, mine: Ticket | None = None) -> list[tuple[Path, dict]]:
 
 
 def _inventory(qdir: Path) -> list[gpuinfo.Gpu]:
-    """The GPUs, as nvidia-smi said at most INVENTORY_MAX_AGE_S ago (cached for every waiter)."""
-    cache = qdir / "inventory.json"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        doc = json.loads(cache.read_text())
-        if time.time() - doc["at"] < INVENTORY_MAX_AGE_S:
-            return [
-                gpuinfo.Gpu(**{**g, "processes": tuple(gpuinfo.GpuProcess(**p) for p in g["processes"])})
-                for g in doc["gpus"]
-            ]
-    found = gpuinfo.inventory()
-    qdir.mkdir(parents=True, exist_ok=True)
-    atomic_write(cache, json.dumps({"at": time.time(), "gpus": [asdict(g) for g in found]}))
-    return found
+    """The GPUs, as nvidia-smi said at most INVENTORY_MAX_AGE_S ago (one cache for every waiter)."""
+    return gpuinfo.cached(qdir / "inventory.json", INVENTORY_MAX_AGE_S)
 
 
 # -- a turn ------------------------------------------------------------------------------------------
@@ -315,6 +320,7 @@ def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | Non
                 if len(free) >= wanted:
                     seat = _claim(free[:wanted], settings, run_dir.name, str(run_dir))
                     if seat is not None:
+                        ticket.close()  # seated: no longer waiting, for whoever looks next
                         return seat, ""
                 break
             ahead.append(doc["run"])
@@ -360,12 +366,12 @@ def wait_for_seat(
     stopped: Callable[[], bool],
     beat: Callable[[], None],
     on_wait: Callable[[str], None],
+    ticket: Ticket | None = None,
 ) -> Seat | None:
-    """Queue the run and wait for its turn: its seat, or None if `stopped()` said to give up first.
-    `on_wait(why)` hears each new reason to wait (its position, what holds the slots); `beat` is called
-    while it waits (the supervisor's heartbeat)."""
-    with _decision(settings.dir):
-        ticket = _enqueue(settings.dir, run_dir, need)
+    """Wait for the run's turn on `ticket` (taken at its launch; without one, taken now): its seat, or None if
+    `stopped()` said to give up first. `on_wait(why)` hears each new reason to wait (its position, what holds
+    the slots); `beat` is called while it waits (the supervisor's heartbeat)."""
+    ticket = ticket or enqueue(run_dir, need, settings)
     try:
         said = None
         while True:

@@ -158,12 +158,11 @@ class Supervisor:
             return False
         self.env.update(self.seat.env())
         where = f"GPU {','.join(map(str, self.seat.gpus))}" if self.seat.gpus else "its CPU slot"
-        if runs.transition(
-            self.run_dir, Status.STARTING, frozenset({Status.QUEUED}), phase="starting", gpus=self.seat.gpus
-        ):
+        seated = {"gpus": self.seat.gpus, "seated_at": time.time()}
+        if runs.transition(self.run_dir, Status.STARTING, frozenset({Status.QUEUED}), phase="starting", **seated):
             say(f"its turn came: starting on {where}")
         else:
-            runs.update(self.run_dir, gpus=self.seat.gpus)
+            runs.update(self.run_dir, **seated)
         return True
 
     def _queued(self, why: str) -> None:
