@@ -215,3 +215,8 @@ def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, use
         and "testhost already has run s-lr1e-3 (a sweep of this name from elsewhere?)" in again.stderr
     )
     assert not (user_repo / ".enlace" / "sweeps" / "s.json").exists()  # nothing recorded, nothing started
+    bad = remote(
+        user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,abc", "--name", "t", check=False
+    )
+    assert bad.returncode == 2 and "expected a number, got 'abc'" in bad.stderr  # its second point is wrong:
+    assert "t-lr1e-3" not in state() and not (user_repo / ".enlace" / "sweeps" / "t.json").exists()  # none started

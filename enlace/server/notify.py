@@ -108,7 +108,7 @@ def sweep_end(runs_root: Path, sweep: str, share: int, host: str) -> dict[str, A
     except FileExistsError:
         return None
     finished = sum(r["status"] == Status.FINISHED for r in rows)
-    scored = [r for r in rows if r.get("val_bpb") is not None]
+    scored = [r for r in rows if r.get("val_bpb") is not None and r["status"] == Status.FINISHED]  # not a step-0 eval
     best = min(scored, key=lambda r: r["val_bpb"]) if scored else None
     text = f"enlace: sweep {sweep} on {host} ended: {finished}/{len(rows)} finished"
     if best:

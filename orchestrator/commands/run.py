@@ -318,13 +318,13 @@ def stop(remote: Remote, run_name: str | None, grace: float, kill: bool, sweep_n
     if not rep["was_running"]:
         click.echo(
             f"{run_name} is not running ({rep['status']} at step {rep['step']}); nothing to stop. Latest "
-            f"checkpoint {rep['latest_checkpoint']}"
+            f"checkpoint {rep['latest_checkpoint'] or 'none'}"
         )
         return
     click.echo(
         f"{run_name}: {rep['status']} at step {rep['step']}"
         + (" (killed)" if rep["killed"] else "")
-        + f"; latest checkpoint {rep['latest_checkpoint']}"
+        + f"; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
     )
     if not rep["stopped"]:
         click.echo(f"still running after {grace:g}s — rerun with --kill to force it", err=True)

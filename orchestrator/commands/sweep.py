@@ -137,9 +137,8 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
     rows = _rows(remote, sweep)
     chosen = [r for r in rows if r.get("best")] if best else [r for r in rows if r.get("latest_checkpoint")]
     if not chosen:
-        raise EnlaceError(
-            f"sweep {sweep.name}: {'no run has a val bpb yet' if best else 'no run has a checkpoint yet'}"
-        )
+        why = "no run of it has finished with a val bpb yet" if best else "no run of it has a checkpoint yet"
+        raise EnlaceError(f"sweep {sweep.name}: {why} — `enlace-remote status --sweep {sweep.name}` shows where it is")
     for row in chosen:
         session = remote.session_for(resolve_host(row["host"], remote.repo))
         rep = do_fetch(session, row["run_name"], remote.repo / "runs" / row["run_name"], which_all)
@@ -164,6 +163,12 @@ def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) ->
         except EnlaceError as e:  # a run that never started (still queued): left out, said
             click.echo(f"warning: {point['run_name']}: {e.format_message().splitlines()[0]}", err=True)
             dirs.pop()
+            continue
+        if not (dirs[-1] / "metrics.jsonl").is_file():
+            click.echo(f"warning: {point['run_name']}: no step logged yet, left out", err=True)
+            dirs.pop()
+    if not dirs:
+        raise EnlaceError(f"sweep {sweep.name}: no run of it has logged a step yet — nothing to plot")
     target = out or remote.repo / "runs" / f"sweep-{sweep.name}.png"
     draw(dirs, target, metrics)
     return target

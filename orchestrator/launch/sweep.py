@@ -87,6 +87,11 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         rooms[host.name] = _room(remote.session_for(host), host, shipped[host.name].device)
     _refuse_taken(remote, targets, points)
     placement = place(points, [h.name for h in targets], rooms)
+    by_name = {h.name: h for h in targets}
+    for i, (point, host_name) in enumerate(zip(points, placement), start=1):  # every point checked, then any start
+        click.echo(f"== check {i}/{len(points)} {point.run_name} on {host_name}: {' '.join(point.sets())}", err=True)
+        overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
+        ship.verify(remote.session_for(by_name[host_name]), shipped[host_name].commit, run, True, overrides, quiet=True)
     sweep = record.Sweep(
         name,
         run,
@@ -97,13 +102,10 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     )
     record.save(repo, sweep)
     share = Counter(placement)
-    by_name = {h.name: h for h in targets}
-    for i, (point, host_name) in enumerate(zip(points, placement), start=1):
+    for point, host_name in zip(points, placement):
         host, (sha, _, device) = by_name[host_name], shipped[host_name]
         session = remote.session_for(host)
         overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
-        click.echo(f"== {i}/{len(points)} {point.run_name} on {host.name}: {' '.join(point.sets())}", err=True)
-        ship.verify(session, sha, run, True, overrides, quiet=True)
         policy = [
             "--restarts",
             str(o.restarts),

@@ -1,5 +1,6 @@
 """A sweep's runs as one table: each run's values, status, step and metric, ranked by the metric (lower is
-better: val bits/byte for enlace's trainer), the best marked, and the progress line ("7/12 finished")."""
+better: val bits/byte for enlace's trainer; finished runs first, since an unfinished run's figure may be its
+untrained step-0 eval's), the best finished run marked, and the progress line ("7/12 finished")."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ def rows_of(sweep: Sweep, found: dict[tuple[str, str], dict]) -> list[dict]:
     for i, p in enumerate(sweep.points):
         row = found.get((p["host"], p["run_name"])) or {"run_name": p["run_name"], "status": "not launched", "step": 0}
         out.append({**row, "host": p["host"], "values": p["values"], "point": i})
-    out.sort(key=lambda r: (r.get(METRIC) is None, r.get(METRIC) or 0.0, r["point"]))
-    if out and out[0].get(METRIC) is not None:
+    # finished runs first: a running or stopped run's val bpb may be its untrained step-0 eval's
+    out.sort(key=lambda r: (r.get(METRIC) is None, r["status"] != "finished", r.get(METRIC) or 0.0, r["point"]))
+    for r in out:
+        r["best"] = False
+    if out and out[0].get(METRIC) is not None and out[0]["status"] == "finished":
         out[0]["best"] = True
     return out
 

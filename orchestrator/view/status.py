@@ -47,7 +47,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 + (f" on GPU {','.join(map(str, r['gpus']))}" if r.get("gpus") and r["status"] in HOLDING else "")
                 + (", unsupervised" if r.get("supervisor") else "")
                 + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
-                f"{r['step']}/{r['max_steps']}",
+                f"{r['step']}/{r['max_steps'] or '-'}",
                 f"{r['loss']:.4f}" if r["loss"] is not None else "-",
                 f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
                 f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
@@ -86,6 +86,8 @@ def _details(row: dict, full: bool) -> list[str]:
         )
     if row["status"] == "queued" and row.get("phase"):
         found.append(f"queued: {row['phase']}")
+    if row["status"] == "stopped" and (row.get("phase") or "").startswith("stopped while queued"):
+        found.append(row["phase"])
     if row["status"] == "dropped":
         found.append(
             f"was queued; its waiter is gone (a reboot, a kill): enlace-remote launch {row['run_name']} queues it again"
