@@ -2,7 +2,7 @@
 alternated, CPU slots, so no nvidia-smi), and how long a freed slot stays idle before the next run in line
 takes it (real waiter processes, as supervisors are; the waiter looks every POLL_S).
 
-    python bench/queue.py [--reps 200] [--handoffs 8]
+    python bench/queue_turns.py [--reps 200] [--handoffs 8]
 """
 
 from __future__ import annotations
