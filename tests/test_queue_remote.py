@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 from support.fakegpu import FakeGpus
-from support.remote import PipeReader, popen_remote, remote, tiny_corpus, wait_until
+from support.remote import PipeReader, head, popen_remote, remote, tiny_corpus, wait_until
+from support.repocopy import commit_all
 from support.sshd import make_server
 
 from enlace.state import runs
@@ -125,12 +126,20 @@ def test_a_cpu_host_with_two_slots_queues_the_third_run_and_a_lost_waiter_is_sai
     first = remote(user_repo, sshd.env, "launch", "long", "--restarts", "0", "--set", "run_name=c1", "--no-wait")
     assert "verdict" in first.stdout + first.stderr and "preflight skipped" not in first.stderr
     remote(user_repo, sshd.env, "launch", *LONG, "--set", "run_name=c2", "--no-wait")
+    (user_repo / "NOTES.md").write_text("a newer commit for c3\n")
+    commit_all(user_repo, "a newer commit: c3 waits to start in its tree")
     third = remote(user_repo, sshd.env, "launch", "long", "--restarts", "0", "--set", "run_name=c3", "--no-wait")
     assert "preflight skipped: on testhost: 1 CPU slot not free now (CPU slot 0: run c" in third.stderr
     wait_until(lambda: rows(user_repo, sshd.env)["c3"]["status"] == "queued", 120, "c3 queued")
     state = rows(user_repo, sshd.env)
     assert {state["c1"]["status"], state["c2"]["status"]} <= {"starting", "running"}
     assert state["c3"]["need"] == "cpu:1" and "waiting for 1 CPU slot" in state["c3"]["phase"]
+    c3_tree = head(user_repo)
+    (user_repo / "NOTES.md").write_text("newer still\n")
+    commit_all(user_repo, "the newest commit, synced: c3's tree is neither the newest nor a running run's")
+    remote(user_repo, sshd.env, "sync")
+    gc = remote(user_repo, sshd.env, "gc", "--keep", "1", "--dry-run").stdout
+    assert state["c3"]["commit"] == c3_tree and c3_tree not in gc, gc  # the queued run's tree stays
     run_dir = sshd.dir.parent / "remote-testhost" / "runs" / "c3"
     os.kill(runs.read(run_dir)["launcher_pid"], signal.SIGKILL)  # the waiter, as a reboot takes it
     wait_until(lambda: rows(user_repo, sshd.env)["c3"]["status"] == "dropped", 60, "c3 dropped")

@@ -80,6 +80,8 @@ def launching(run_dir: Path):
             data_warning=None,  # this launch's trainer checks the data itself
             need=None,  # the queue's: set by this launch's supervisor if it queues
             gpus=None,
+            # the tree it will start in, from now: gc keeps it for a run that waits hours in the queue
+            **({"commit": os.environ["ENLACE_COMMIT"]} if os.environ.get("ENLACE_COMMIT") else {}),
         )
         yield launch_id, offset
 
