@@ -49,7 +49,8 @@ class Dist:
         """True on every rank if it is true on any (e.g. a stop signal: all ranks stop at the same step)."""
         if self.world == 1:
             return flag
-        t = torch.tensor([int(flag)], device=collective_device(torch_dist.get_backend(), self.local_rank))
+        # filled on the device (torch.tensor would copy a host list to it, blocking)
+        t = torch.full((1,), int(flag), device=collective_device(torch_dist.get_backend(), self.local_rank))
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
         return bool(t.item())
 

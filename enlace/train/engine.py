@@ -55,12 +55,25 @@ class TrainingSetup:
 
 @dataclass
 class StepResult:
+    """A step's figures, left on the device: reading `loss`, `skipped` or `scale` waits for the GPU (a host
+    sync), so the loop reads them on logging steps only."""
+
     loss: torch.Tensor  # mean loss over the micro-batches, nats per byte (0-dim, on device)
     lr: float
-    skipped: bool  # GradScaler skipped the update (inf/NaN gradients)
-    scale: float
+    scale_before: torch.Tensor | None  # GradScaler's scale before and after the step (fp16; None otherwise)
+    scale_after: torch.Tensor | None
     terms: dict[str, torch.Tensor] = field(default_factory=dict)  # distillation: "ce" and "kd", as `loss`
     grad_norm: torch.Tensor | None = None  # global L2 norm of the gradients before clipping (optim.grad_clip > 0)
+
+    @property
+    def skipped(self) -> bool:
+        """GradScaler skipped the update (inf/NaN gradients): it lowered the scale. Syncs."""
+        return self.scale_after is not None and bool(self.scale_after < self.scale_before)
+
+    @property
+    def scale(self) -> float:
+        """The scale after the step (1.0 without fp16). Syncs."""
+        return float(self.scale_after.item()) if self.scale_after is not None else 1.0
 
 
 def pick_device(want: str) -> torch.device:
@@ -168,13 +181,15 @@ def train_step(
     if cfg.optim.grad_clip > 0:
         scaler.unscale_(opt)
         grad_norm = torch.nn.utils.clip_grad_norm_(setup.raw_model.parameters(), cfg.optim.grad_clip)
-    before = scaler.get_scale()
+    # the scale read on the device, not with get_scale() (a host sync each): the step's only sync is then
+    # GradScaler's own check for inf/NaN gradients (fp16); fp32 and bf16 steps have none
+    before = scaler._get_scale_async().clone() if scaler.is_enabled() else None
     scaler.step(opt)
     scaler.update()
-    after = scaler.get_scale()
+    after = scaler._get_scale_async() if scaler.is_enabled() else None
     opt.zero_grad(set_to_none=True)
     phase("done")
-    return StepResult(total, lr, scaler.is_enabled() and after < before, after, terms, grad_norm)
+    return StepResult(total, lr, before, after, terms, grad_norm)
 
 
 @torch.no_grad()
