@@ -24,18 +24,18 @@ from enlace.train.dist import Dist, collective_device
 
 def test_any_rank_puts_its_tensor_on_the_process_groups_device(monkeypatch):
     """nccl moves CUDA tensors only: any_rank's flag must be made on cuda:LOCAL_RANK under nccl (finding 1:
-    every multi-GPU run crashed at step 1). Stands in for a GPU: torch.tensor and the collective are
-    recorded, not run."""
+    every multi-GPU run crashed at step 1); it is filled there (torch.full), not copied from a host list.
+    Stands in for a GPU: torch.full and the collective are recorded, not run."""
     import enlace.train.dist as dist_module
 
     made = []
-    real_tensor = torch.tensor
+    real_full = torch.full
 
-    def record_tensor(data, device=None, **kw):
+    def record_full(size, value, device=None, **kw):
         made.append(device)
-        return real_tensor(data, **kw)
+        return real_full(size, value, **kw)
 
-    monkeypatch.setattr(dist_module.torch, "tensor", record_tensor)
+    monkeypatch.setattr(dist_module.torch, "full", record_full)
     monkeypatch.setattr(dist_module.torch_dist, "get_backend", lambda: "nccl")
     monkeypatch.setattr(dist_module.torch_dist, "all_reduce", lambda t, op=None: None)
     assert Dist(rank=1, world=2, local_rank=1).any_rank(True) is True

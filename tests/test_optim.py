@@ -30,7 +30,7 @@ def _torch_adamw(model: torch.nn.Module, deterministic: bool) -> torch.optim.Ada
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": OPTIM.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    pinned = {"foreach": False, "fused": False} if deterministic else {}
+    pinned = {"foreach": True, "fused": False} if deterministic else {}
     return torch.optim.AdamW(groups, lr=OPTIM.learning_rate, betas=(OPTIM.beta1, OPTIM.beta2), eps=OPTIM.eps, **pinned)
 
 
@@ -113,6 +113,26 @@ def test_a_state_dict_moves_between_the_two_and_training_goes_on_identically(dir
         _step(second_model, second, off, step)
     assert _weights(second_model) == _weights(first_model)
     assert _saved(second.state_dict()) == _saved(first.state_dict())
+
+
+def test_deterministic_runs_step_with_foreach_bit_for_bit_the_single_tensor_loop():
+    """The implementation each run takes (optim.implementation), and the reason deterministic mode may take
+    foreach: on the CPU its bytes are the single-tensor loop's, step by step. Fused is CUDA's, for the runs
+    that are not deterministic (no CUDA here: the choice is checked, not stepped)."""
+    from enlace.train.optim import implementation
+
+    assert implementation(True, "cuda") == implementation(True, "cpu") == {"foreach": True, "fused": False}
+    assert implementation(False, "cuda") == {"foreach": False, "fused": True}
+    assert implementation(False, "cpu") == {}
+    models = [_model(), _model()]
+    opts = [build_optimizer(m, OPTIM, True) for m in models]
+    for group in opts[1].param_groups:  # the same groups, stepped by the single-tensor loop
+        group["foreach"] = False
+    off = torch.amp.GradScaler("cpu", enabled=False)
+    for step in range(6):
+        for model, opt in zip(models, opts):
+            _step(model, opt, off, step)
+        assert _weights(models[0]) == _weights(models[1]), f"foreach and the loop differ after step {step}"
 
 
 def test_a_state_dict_for_another_parameter_layout_is_refused():

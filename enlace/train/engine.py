@@ -116,7 +116,7 @@ def build_setup(cfg: Config, dist: Dist | None = None) -> TrainingSetup:
         determinism.seed_everything((cfg.runtime.seed + dist.rank) % 2**64)
     if cfg.runtime.compile:
         model = torch.compile(model)
-    optimizer = build_optimizer(raw_model, cfg.optim, cfg.runtime.deterministic)
+    optimizer = build_optimizer(raw_model, cfg.optim, cfg.runtime.deterministic, device.type)
     scaler = torch.amp.GradScaler(
         device.type, enabled=cfg.runtime.precision == "fp16", init_scale=cfg.runtime.fp16_init_scale
     )

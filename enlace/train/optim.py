@@ -150,17 +150,30 @@ def _placed(p: torch.Tensor, key: str, value: torch.Tensor, on_device: bool) -> 
     return value.to(dtype=p.dtype, device=p.device) if p.is_floating_point() else value.to(device=p.device)
 
 
-def build_optimizer(model: torch.nn.Module, o: OptimConfig, deterministic: bool) -> AdamW:
-    """AdamW with decoupled weight decay on matrices (dim >= 2) only; not on norms or biases.
+def implementation(deterministic: bool, device_type: str) -> dict[str, bool]:
+    """Which of torch's AdamW implementations a new run steps with (a resumed one keeps its checkpoint's: the
+    saved groups' settings win, as in torch.optim).
 
-    Deterministic mode pins the single-tensor implementation, so the optimizer's arithmetic never follows
-    torch's per-device default. Not for run-to-run variance: foreach and fused are elementwise and
-    deterministic too; what the pin costs on a GPU is for the first lent device to measure
-    (docs/gpu-path.md)."""
+    Deterministic mode: foreach, the multi-tensor kernels — elementwise like the single-tensor loop (no atomics,
+    no reduction), so deterministic, and bit for bit the loop's on the CPU (tests/test_optim.py), with one kernel
+    launch per op and group instead of per parameter (≈20 against ≈400 per step for smoke-2060). Not fused:
+    its one-kernel arithmetic is a different implementation from the CPU's, and deterministic runs are the
+    ones compared across machines. Otherwise on CUDA: fused, one kernel per group. Otherwise torch's own
+    default for the device."""
+    if deterministic:
+        return {"foreach": True, "fused": False}
+    if device_type == "cuda":
+        return {"foreach": False, "fused": True}
+    return {}
+
+
+def build_optimizer(model: torch.nn.Module, o: OptimConfig, deterministic: bool, device_type: str = "cpu") -> AdamW:
+    """AdamW with decoupled weight decay on matrices (dim >= 2) only; not on norms or biases; the implementation
+    `implementation()` picks."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    pinned = {"foreach": False, "fused": False} if deterministic else {}
-    return AdamW(groups, lr=o.learning_rate, betas=(o.beta1, o.beta2), eps=o.eps, **pinned)
+    chosen = implementation(deterministic, device_type)
+    return AdamW(groups, lr=o.learning_rate, betas=(o.beta1, o.beta2), eps=o.eps, **chosen)
