@@ -236,19 +236,32 @@ def bf16_native(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version, as nvidia-smi says it; None without nvidia-smi (a container may lack it:
+    the check goes on without the figure)."""
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = smi.stdout.strip().splitlines()
+    return lines[0] if smi.returncode == 0 and lines else None
+
+
 def environment(device: torch.device) -> dict:
     env = {"device": str(device), "torch": str(torch.__version__), "python": sys.version.split()[0]}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-        )
         env.update(
             name=props.name,
             capability=f"{props.major}.{props.minor}",
             cuda=torch.version.cuda,
-            driver=smi.stdout.strip().splitlines()[0] if smi.returncode == 0 else None,
+            driver=driver_version(),
             free_mib=mib(free),
             total_mib=mib(total),
             bf16=bf16_native(device),

@@ -45,3 +45,15 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     assert r["preflight"]["memory_ratio"] > 0 and r["preflight"]["throughput_ratio"] > 0
     assert {"deterministic", "compile", "bf16"} <= set(r["costs"])
     assert r["environment"]["torch"].startswith("2.") and "resume" in p.stdout and "drift" in p.stdout
+
+
+def test_a_missing_nvidia_smi_costs_only_the_driver_figure(monkeypatch, tmp_path):
+    """bench/gpu_check.py reads the driver's version with nvidia-smi; a container without it used to end the
+    whole check before its first section (FileNotFoundError)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi anywhere on it
+    assert gpu_check.driver_version() is None
