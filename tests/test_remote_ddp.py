@@ -24,6 +24,8 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     assert "stopped" in out.stdout
     log = remote(user_repo, sshd.env, "logs", "long").stdout
     assert "world 2" in log and "SIGTERM received" in log
+    # the ranks were asked, not torchrun: it would SIGKILL them 30 s on, whatever their checkpoint needs
+    assert "death signal" not in log and "SignalException" not in log, log[-3000:]
     # torchrun's log dir is the run's (else it leaves a /tmp/torchelastic_* per launch): one per launch
     assert len(list((rd / "runs" / "long" / "torchrun").iterdir())) == 1
     remote(user_repo, sshd.env, "fetch", "long")

@@ -207,7 +207,7 @@ class Supervisor:
             if self.got and not forwarded and (st.get("pid") or st.get("status") not in ACTIVE):
                 # one SIGTERM, once the trainer has recorded itself (its handler is in place by then)
                 self.on_stop(sorted(self.got)[0])
-                self.child.send_signal(signal.SIGTERM)
+                self._ask_to_stop()
                 forwarded = True
             # a sign of life: a new step, or the trainer's heartbeat (steps, eval batches, checkpoints)
             step, now = st.get("step"), time.monotonic()
@@ -222,6 +222,22 @@ class Supervisor:
                     stalled = forwarded = True
             time.sleep(self.poll)
         return code, stalled
+
+    def _ask_to_stop(self) -> None:
+        """One SIGTERM to what trains. Under torchrun, to its ranks themselves: torchrun, signalled, forwards it
+        and SIGKILLs the ranks 30 s later whatever their last step and checkpoint need; ranks that end by
+        themselves end torchrun cleanly."""
+        import psutil
+
+        ranks = []
+        if "torch.distributed.run" in self.argv:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                ranks = psutil.Process(self.child.pid).children()
+        if not ranks:
+            self.child.send_signal(signal.SIGTERM)
+        for rank in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.send_signal(signal.SIGTERM)
 
     def _watch(self, seconds: float) -> bool:
         """Wait up to `seconds` for the child to end, beating meanwhile; True if it ended."""
