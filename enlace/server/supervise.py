@@ -230,7 +230,7 @@ class Supervisor:
         import psutil
 
         ranks = []
-        if "torch.distributed.run" in self.argv:
+        if self.argv[1:3] == ["-m", "torch.distributed.run"]:  # torchrun itself is the child (not srun's)
             with contextlib.suppress(psutil.NoSuchProcess):
                 ranks = psutil.Process(self.child.pid).children()
         if not ranks:
