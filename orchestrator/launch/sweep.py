@@ -80,6 +80,8 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         if len(targets) > 1:
             raise UsageError("a sweep on a Slurm host is one job array there: give that host alone (--hosts NAME)")
         return _on_slurm(remote, targets[0], run, name, points, fixed, o)
+    if o.max_running:
+        click.echo("note: --max-running is a Slurm job array's limit; on these hosts their queues decide", err=True)
     shipped, rooms = {}, {}
     for host in targets:
         click.echo(f"== {host.name}", err=True)
