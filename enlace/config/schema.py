@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
+from enlace.config import cards
 from enlace.config.rules import check_combinations  # the rules need Config: imported here
 from enlace.contract import run_name_of
 from enlace.errors import ConfigError
@@ -135,6 +136,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     root: Path = Path(".")  # project root: configs/, data/, runs/ live here
     files: dict[str, str] = field(default_factory=dict)  # run/profile/data → file used
+    profile_why: str = ""  # `profile: auto`: why this profile was chosen (the card), else ""
     runs_root: Path | None = None  # where run dirs go (default: <root>/runs)
     origins: dict[str, str] = field(default_factory=dict)  # "section.key" → the file (or --set) that set it
     warnings: list[str] = field(default_factory=list)  # valid but probably not meant (train logs them)
@@ -322,6 +324,9 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
         raise ConfigError(run_src, "profile", "missing", "name a file in configs/profiles/, e.g. profile: cpu")
     validate_run_name(run_name, name_src)
 
+    profile_why = ""
+    if profile_ref == cards.AUTO:  # the profile that fits the card here (enlace/config/cards.py)
+        profile_ref, profile_why = cards.pick(*cards.card())
     data_path = _resolve_file(root, "data", data_ref, data_src, "data")
     profile_path = _resolve_file(root, "profiles", profile_ref, profile_src, "profile")
     rel = lambda p: str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
@@ -346,6 +351,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
         run_name=run_name,
         root=root,
         files={"run": run_src, "profile": rel(profile_path), "data": rel(data_path)},
+        profile_why=profile_why,
         origins=origin,
         overrides=list(overrides),
         **{s: _build_section(s, flat, origin) for s in SECTIONS},

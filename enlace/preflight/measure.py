@@ -178,6 +178,7 @@ def preflight(
     t = cfg.training
     report: dict[str, Any] = {
         "run_name": cfg.run_name,
+        "profile": cfg.files.get("profile", "") + (f" (profile: auto — {cfg.profile_why})" if cfg.profile_why else ""),
         "batch_size": t.batch_size,
         "grad_accum": t.grad_accum,
         "seq_len": cfg.model.seq_len,

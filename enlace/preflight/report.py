@@ -17,7 +17,7 @@ def format_report(r: dict[str, Any]) -> str:
 
 def _environment_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     """The device and the settings the run measured with."""
-    rows: list[tuple[str, str]] = []
+    rows: list[tuple[str, str]] = [("profile", r["profile"])] if r.get("profile") else []
     env = r.get("environment", {})
     if env:
         rows.append(
