@@ -123,3 +123,22 @@ def test_verify_resume_runs_one_trainer_at_a_time_on_a_gpu_and_gpu_check_keeps_d
         sys.path.remove(str(REPO / "bench"))
     for device in ("cuda", "cpu"):
         assert not any("dropout" in o for o in gpu_check.runs_for(device)[2])
+
+
+def test_no_sync_finds_ddp_inside_torch_compile(tmp_path):
+    """train_step skips DDP's all-reduce on all but the last micro-step with `no_sync`; under compile the model
+    it holds is torch.compile's wrapper around the DDP, which an isinstance check missed (every micro-step
+    all-reduced). A one-process gloo group and an uncompiled wrapper (nothing runs): the decision is shown."""
+    import torch.distributed as torch_dist
+
+    from enlace.train.engine import ddp_of
+
+    store = torch_dist.FileStore(str(tmp_path / "store"), 1)
+    torch_dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        assert ddp_of(ddp) is ddp
+        assert ddp_of(torch.compile(ddp)) is ddp
+        assert ddp_of(torch.nn.Linear(2, 2)) is None
+    finally:
+        torch_dist.destroy_process_group()

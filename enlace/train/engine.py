@@ -139,6 +139,12 @@ def _no_phase(name: str) -> None:
     pass
 
 
+def ddp_of(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel | None:
+    """The DistributedDataParallel under `model`: itself, or inside torch.compile's wrapper (`_orig_mod`)."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner if isinstance(inner, torch.nn.parallel.DistributedDataParallel) else None
+
+
 def train_step(
     setup: TrainingSetup, step: int, next_batch: Callable[[], Batch], phase: Callable[[str], None] = _no_phase
 ) -> StepResult:
@@ -156,9 +162,9 @@ def train_step(
     terms = {k: torch.zeros((), device=setup.device) for k in (("ce", "kd") if setup.teacher is not None else ())}
     for micro in range(accum):
         x, y = (t.to(setup.device, non_blocking=True) for t in next_batch())
-        # DDP: all-reduce gradients only on the last micro-step.
-        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        sync = model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext()
+        # DDP: all-reduce gradients only on the last micro-step (under compile too: the DDP is inside its wrapper)
+        ddp = ddp_of(model)
+        sync = ddp.no_sync() if ddp is not None and micro < accum - 1 else contextlib.nullcontext()
         with sync:
             phase("forward")
             with setup.autocast():
