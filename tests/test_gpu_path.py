@@ -142,3 +142,28 @@ def test_no_sync_finds_ddp_inside_torch_compile(tmp_path):
         assert ddp_of(torch.nn.Linear(2, 2)) is None
     finally:
         torch_dist.destroy_process_group()
+
+
+def test_max_batch_aims_at_the_memory_the_run_may_use_not_the_cards_total(monkeypatch):
+    """--max-batch aims each probe where the fitted peaks extrapolate to the memory cap. On a shared card the
+    cap is what this run may use (free plus its own), not the card's total: aimed at 80 GiB when 40 are usable,
+    probes overshoot and bisect back. Stands in for a GPU: a probe's peak is 1000 MiB + 10 MiB a sample, and it
+    fits within 40,000 MiB (the real probes run the trainer; preflight's own tests cover them on the CPU)."""
+    from enlace.preflight import maxbatch
+
+    def fake_probe(cfg, run, overrides, memory_limit):
+        b = int(overrides[-1].split("=")[1])
+        peak = 1000 + 10 * b
+        return {"verdict": "ok" if peak <= 40_000 else "oom", "memory": {"kind": "cuda", "peak_reserved_mib": peak}}
+
+    monkeypatch.setattr(maxbatch, "probe", fake_probe)
+    cfg = type("Cfg", (), {"training": type("T", (), {"batch_size": 64})()})()
+
+    def search(memory: dict) -> dict:
+        measured = {"verdict": "ok", "memory": {"kind": "cuda", "peak_reserved_mib": 1640, **memory}}
+        return maxbatch.find_max_batch(cfg, "r", [], None, measured, lambda _: None, cap=8192)
+
+    usable = search({"total_mib": 80_000, "usable_mib": 40_000})
+    total = search({"total_mib": 80_000})  # what the aim saw before: the card's total
+    assert usable["batch_size"] == total["batch_size"] == 3840  # the largest multiple of the resolution that fits
+    assert usable["probes"] < total["probes"]

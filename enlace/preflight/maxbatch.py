@@ -121,7 +121,8 @@ def find_max_batch(
     lo, hi, good_rep, fitted, probes, last = 0, b0, {}, [], 0, "plain"
     if measured["verdict"] != "oom":
         lo, hi, good_rep, fitted = b0, None, measured, [(b0, _peak_mib(measured))]
-    total_mib = measured["memory"]["total_mib"]
+    # aimed at what this run may use: on a GPU the free memory plus its own (others' processes hold the rest)
+    total_mib = measured["memory"].get("usable_mib") or measured["memory"]["total_mib"]
     while (lo < cap) if hi is None else (hi - lo > _resolution(lo)):
         b, kind = _next_probe(lo, hi, fitted, total_mib, cap, last)
         rep, probes = fits(b), probes + 1
