@@ -82,6 +82,7 @@ DRIVER_MAY_IMPORT = {
     "enlace.config",
     "enlace.config.schema",  # data push/ls resolve a run's data paths here as the trainer does (yaml, stdlib)
     "enlace.config.rules",
+    "enlace.config.cards",  # profile: auto, read with nvidia-smi (standard library)
     "enlace.data",
     "enlace.data.paths",
     "enlace.hashing",  # the one sha256 of a file (fetch, data push), the venv key (standard library)
