@@ -164,3 +164,8 @@ def shown_url(url: str) -> str:
     except ValueError:  # not a port: left out, never raised from here
         port = ""
     return f"{parts.scheme}://{parts.hostname}{port}/…"
+
+
+def notify_option(help_text: str = "POST a JSON note here when the run ends."):
+    """--notify URL (a webhook; enlace/server/notify.py), as launch, sweep and the server's start take it."""
+    return click.option("--notify", type=WebhookUrl(), default=None, help=help_text)

@@ -145,6 +145,11 @@ class Config:
     def origin(self, key: str) -> str:
         return self.origins.get(key, "defaults")
 
+    def profile_shown(self) -> str:
+        """The profile file, and why `profile: auto` chose it."""
+        why = f" (profile: auto — {self.profile_why})" if self.profile_why else ""
+        return self.files.get("profile", "") + why
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run_name": self.run_name}
         for name in SECTIONS:

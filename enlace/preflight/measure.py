@@ -28,6 +28,7 @@ from enlace.sysinfo import cpu_name, mib, peak_rss_bytes, reset_peak_rss, total_
 from enlace.train import engine
 from enlace.train.checkpoint import save_checkpoint
 from enlace.train.dist import Dist
+from enlace.units import hours
 
 WARMUP_STEPS = 3  # also the fp16 calibration window: skips here are the scaler finding its scale
 TIGHT_HEADROOM_PCT = 10.0
@@ -159,12 +160,6 @@ def headroom_pct(usable: int, peak: int) -> float:
     return round(100.0 * (usable - peak) / usable, 1) if usable > 0 else 0.0
 
 
-def _hours(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    text = f"{minutes // 60}h {minutes % 60:02d}m"
-    return f"{text} ({seconds:.0f} s)" if seconds < 600 else text
-
-
 def preflight(
     cfg: Config,
     steps: int = 10,
@@ -178,7 +173,7 @@ def preflight(
     t = cfg.training
     report: dict[str, Any] = {
         "run_name": cfg.run_name,
-        "profile": cfg.files.get("profile", "") + (f" (profile: auto — {cfg.profile_why})" if cfg.profile_why else ""),
+        "profile": cfg.profile_shown(),
         "batch_size": t.batch_size,
         "grad_accum": t.grad_accum,
         "seq_len": cfg.model.seq_len,
@@ -292,7 +287,7 @@ def _too_slow(cfg: Config, e: TooSlow, budget_s: float, world: int) -> dict[str,
     run_s = e.step_s * max(0, t.max_steps - _resumes_at(cfg)) if e.step_s else None
     if e.step_s:
         what = (
-            f"one step takes ≈{e.step_s:.1f} s here, so the run's {t.max_steps} steps would take ≈{_hours(run_s)}; "
+            f"one step takes ≈{e.step_s:.1f} s here, so the run's {t.max_steps} steps would take ≈{hours(run_s)}; "
             f"preflight stopped after {e.elapsed_s:.0f} s of its {budget_s:.0f} s budget"
         )
     else:
@@ -348,7 +343,7 @@ def _projection(cfg: Config, m: dict[str, Any], world: int) -> dict[str, Any]:
             "resumes_at": done,
             "remaining_steps": todo,
             "projected_s": round(total_s, 1),
-            "projected": _hours(total_s),
+            "projected": hours(total_s),
         },
         "memory": m["memory"],
         "disk": {"checkpoint_mib": mib(m["ckpt_bytes"]), "free_mib": mib(free), "ok": free >= 2 * m["ckpt_bytes"]},

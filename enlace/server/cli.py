@@ -15,8 +15,8 @@ import click
 from enlace import contract
 from enlace.clitypes import (
     Seconds,
-    WebhookUrl,
     gc_options,
+    notify_option,
     queue_options,
     root_option,
     run_end_options,
@@ -68,7 +68,7 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
 @click.option("--procs", default=None, metavar="N|all", help="Processes per host (launch --gpus): GPUs it needs.")
 @queue_options
 @run_end_options
-@click.option("--notify", type=WebhookUrl(), default=None, help="POST a JSON document here when the run ends.")
+@notify_option()
 @click.option("--json", "as_json", is_flag=True)
 def start_cmd(
     run_name: str,

@@ -34,10 +34,6 @@ TIMEOUT_S = 5.0  # one try's limit: connecting, sending, the answer's status lin
 WAIT_S = 1.0  # before the second try; twice that before the third
 
 
-def shown(url: str) -> str:
-    return shown_url(url)
-
-
 def post(
     url: str, doc: dict[str, Any], say: Callable[[str], None], tries: int = TRIES, timeout: float = TIMEOUT_S
 ) -> bool:
@@ -51,7 +47,7 @@ def post(
         try:
             with urllib.request.urlopen(request, timeout=timeout) as answer:
                 say(
-                    f"notified {shown(url)} of the {doc['event'].replace('_', ' ')} ({doc['status']}): HTTP {answer.status}"
+                    f"notified {shown_url(url)} of the {doc['event'].replace('_', ' ')} ({doc['status']}): HTTP {answer.status}"
                 )
                 return True
         except urllib.error.HTTPError as e:
@@ -61,7 +57,7 @@ def post(
         if attempt < tries:
             time.sleep(WAIT_S * 2 ** (attempt - 1))
     say(
-        f"could not notify {shown(url)} of the {doc['event'].replace('_', ' ')}: {why}, {tries} tries; the run is not affected"
+        f"could not notify {shown_url(url)} of the {doc['event'].replace('_', ' ')}: {why}, {tries} tries; the run is not affected"
     )
     return False
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import Seconds, WebhookUrl, set_option, supervisor_options
+from enlace.clitypes import Seconds, notify_option, set_option, supervisor_options
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
@@ -113,12 +113,7 @@ def preflight(
     help="On a Slurm host: nodes (one torchrun each; default: the host's `nodes`).",
 )
 @click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
-@click.option(
-    "--notify",
-    type=WebhookUrl(),
-    default=None,
-    help="POST a JSON note here when the run ends (default: the host's `notify`).",
-)
+@notify_option("POST a JSON note here when the run ends (default: the host's `notify`).")
 @supervisor_options(backoff=False)
 @click.option(
     "--resume",

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import WebhookUrl, supervisor_options
+from enlace.clitypes import notify_option, supervisor_options
 from enlace.errors import EnlaceError
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
 from orchestrator.sweep import record, table
@@ -47,9 +47,7 @@ sweep_option = click.option(
     metavar="NAME",
     help="The sweep's name (default RUN-sweepK); its runs are NAME-<key><value>-...",
 )
-@click.option(
-    "--notify", type=WebhookUrl(), default=None, help="POST a JSON note here when each run, and the sweep, ends."
-)
+@notify_option("POST a JSON note here when each run, and the sweep, ends.")
 @click.option(
     "--max-running",
     type=click.IntRange(min=1),
