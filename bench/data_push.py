@@ -5,7 +5,10 @@ same ssh host:
    median of --reps alternated runs, each into an emptied destination (CLI start included);
 2. a no-op push of --files small files that are all on the server already (size + mtime match).
 
-    python bench/data_push.py [--sizes 200,1024] [--reps 3] [--files 10000]
+The shapes 1gib (one 1 GiB file), 300 (~300 files, ~120 MiB) and 20k (20,000 files of 4 KiB) stand for
+--sizes too; --connection shared pushes over OpenSSH's shared connection (what `login` opens).
+
+    python bench/data_push.py [--sizes 200,1024] [--reps 3] [--files 10000] [--connection shared]
 """
 
 from __future__ import annotations
@@ -28,6 +31,22 @@ from tests.support.repocopy import commit_all, copy_worktree_repo  # noqa: E402
 from tests.support.sshd import make_server  # noqa: E402
 
 CLI = [*DRIVER, "--host", "testhost"]
+CONNECTION = ["direct"]  # --connection: which the pushes use (rsync always opens its own ssh)
+
+
+def shape(root: Path, name: str) -> None:
+    """The issue's three shapes: `1gib` one 1 GiB file; `300` ~300 files of ~120 MiB in all; `20k` 20,000
+    files of a few KiB. Incompressible."""
+    counts = {"1gib": (1, 2**30), "300": (300, 120 * 2**20 // 300), "20k": (20_000, 4096)}
+    n, size = counts[name]
+    for i in range(n):
+        d = root / f"d{i % 100}" if n > 1 else root
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / f"f{i}.bin", "wb") as fh:
+            left = size + (i % 7) * 97 if n > 1 else size
+            while left:
+                fh.write(os.urandom(min(left, 2**20)))
+                left -= min(left, 2**20)
 
 
 def corpus(root: Path, mib: int) -> None:
@@ -58,9 +77,9 @@ def run(cmd: list[str], env: dict, cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def push_vs_rsync(srv, env: dict, base: Path, repo: Path, mib: int, reps: int) -> None:
+def push_vs_rsync(srv, env: dict, base: Path, repo: Path, mib: int | str, reps: int) -> None:
     src = repo / "data" / f"c{mib}"
-    corpus(src, mib)
+    corpus(src, mib) if isinstance(mib, int) else shape(src, mib)
     (repo / "configs" / "data" / "bench.yaml").write_text(f"kind: bytes\npaths: ['data/c{mib}/**/*']\n")
     commit_all(repo, f"bench {mib}")
     subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
@@ -76,7 +95,8 @@ def push_vs_rsync(srv, env: dict, base: Path, repo: Path, mib: int, reps: int) -
         shutil.rmtree(dest, ignore_errors=True)
     size = sum(f.stat().st_size for f in src.rglob("*") if f.is_file()) / 2**20
     p, r = statistics.median(push_t), statistics.median(rsync_t)
-    print(f"push of {size:.0f} MiB (204 files), median of {reps}:")
+    files = sum(1 for f in src.rglob("*") if f.is_file())
+    print(f"push of {size:.0f} MiB ({files} files), median of {reps}, connection {CONNECTION[0]}:")
     print(f"  enlace-remote data push: {p:6.2f} s  {size / p:6.0f} MiB/s  (sha256 both sides, CLI start)")
     print(
         f"  rsync -a               : {r:6.2f} s  {size / r:6.0f} MiB/s   ratio push/rsync = {r / p:.2f}x (goal >= 0.9)"
@@ -99,17 +119,21 @@ def noop(env: dict, repo: Path, n: int, reps: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="200,1024")
+    ap.add_argument("--sizes", default="200,1024", help="MiB of the mixed corpus, or the shapes 1gib, 300, 20k")
+    ap.add_argument("--connection", choices=["direct", "shared"], default="direct")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--files", type=int, default=10_000)
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="enlace-bench-push-"))
     srv = make_server(base)
-    env = {**os.environ, "PYTHONPATH": str(REPO), **srv.env}
+    CONNECTION[0] = args.connection
+    if args.connection == "shared":
+        srv.share_connection()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ENLACE_CONTROL_DIR": str(base / "cm"), **srv.env}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
         repo = make_repo(base, "c0")
-        for mib in (int(s) for s in args.sizes.split(",") if s):
+        for mib in (int(s) if s.isdigit() and s != "300" else s for s in args.sizes.split(",") if s):
             push_vs_rsync(srv, env, base, repo, mib, args.reps)
         noop(env, repo, args.files, args.reps)
     finally:

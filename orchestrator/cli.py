@@ -15,6 +15,7 @@ from enlace.clitypes import set_option
 from enlace.contract import leave
 from enlace.errors import EnlaceError
 from orchestrator.commands import data as cli_data
+from orchestrator.commands import login as cli_login
 from orchestrator.commands import run as cli_run
 from orchestrator.commands import sweep as cli_sweep
 from orchestrator.commands import tools as cli_tools
@@ -70,6 +71,7 @@ def hosts(ctx: click.Context) -> None:
     if ctx.invoked_subcommand:
         return
     from orchestrator.hosts.resolve import list_hosts, load_host_table
+    from orchestrator.ssh.openssh import control_path, shares_connection
     from orchestrator.transfer.gitsync import repo_root
 
     repo = repo_root(Path.cwd())
@@ -81,6 +83,9 @@ def hosts(ctx: click.Context) -> None:
             if h.slurm
             else f", queue: {h.cpu_slots} CPU run{'s' if h.cpu_slots != 1 else ''}, GPUs free below {h.gpu_free_below:g}"
         )
+        if not h.local:
+            extra += f", connection {'shared' if shares_connection(h) else 'direct'}"
+            extra += ", logged in" if control_path(h).exists() else ""
         click.echo(f"{mark} {h.name:16} {h.describe()}, python {h.python}{extra}")
     invalid = load_host_table(repo).invalid
     for name, error in invalid.items():
@@ -103,6 +108,13 @@ def hosts(ctx: click.Context) -> None:
 )
 @click.option("--identity-file", default=None, help="SSH private key (default: ssh-agent / ~/.ssh/id_*).")
 @click.option("--default-run", default=None, help="What launch/fetch use without a RUN.")
+@click.option(
+    "--connection",
+    type=click.Choice(["direct", "shared"]),
+    default=None,
+    help="`shared`: OpenSSH's connection sharing, one `enlace-remote login` per session (docs/hosts.md).",
+)
+@click.option("--persist", default=None, metavar="DURATION", help="How long a shared connection stays open unused.")
 def hosts_add(
     name: str,
     target: str,
@@ -111,12 +123,15 @@ def hosts_add(
     pip_args: tuple[str, ...],
     identity_file: str | None,
     default_run: str | None,
+    connection: str | None,
+    persist: str | None,
 ) -> None:
     """Add host NAME to your hosts file (~/.config/enlace/hosts.yaml, or ENLACE_HOSTS_FILE), or update it.
 
     \b
     enlace-remote hosts add gpu1 --ssh alice@gpu1.example.org
-    enlace-remote hosts add gpu1 --ssh alice@gpu1:2222 --remote-dir /scratch/alice/enlace"""
+    enlace-remote hosts add gpu1 --ssh alice@gpu1:2222 --remote-dir /scratch/alice/enlace
+    enlace-remote hosts add hpc --ssh alice@login.hpc.edu --connection shared   # then: login hpc"""
     import yaml
 
     from orchestrator.hosts.resolve import add_host
@@ -128,10 +143,13 @@ def hosts_add(
         "pip_args": list(pip_args),
         "identity_file": identity_file,
         "default_run": default_run,
+        "connection": connection,
+        "persist": persist,
     }
     path, merged = add_host(name, entry)
     click.echo(f"{path}:\n" + yaml.safe_dump({"hosts": {name: merged}}, sort_keys=False), nl=False)
-    click.echo(f"next: enlace-remote --host {name} sync   (or export ENLACE_REMOTE_HOST={name})", err=True)
+    first = f"enlace-remote login {name}, then " if merged.get("connection") == "shared" else ""
+    click.echo(f"next: {first}enlace-remote --host {name} sync   (or export ENLACE_REMOTE_HOST={name})", err=True)
 
 
 @main.command()
@@ -205,6 +223,7 @@ for module in (
     cli_tools,
     cli_data,
     cli_sweep,
+    cli_login,
 ):  # they import nothing from here: `enlace-remote` holds every verb
     for command in module.COMMANDS:
         main.add_command(command)

@@ -32,6 +32,14 @@ class Transient(UnreachableError):
         self.started = started
 
 
+class NotLoggedIn(UnreachableError):
+    """The host asks for more than a key (a one-time code, a password, Kerberos) and no login is open for it:
+    verbs never prompt; `enlace-remote login HOST` does, once (orchestrator/ssh/openssh.py)."""
+
+    def __init__(self, host: str, why: str):
+        super().__init__(f"{host}: {why} — log in once with: enlace-remote login {host}")
+
+
 class ServerRefused(EnlaceError):
     """A server verb's refusal ({"ok": false, ...}): its exit code and its kind, as the server said them."""
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The system parts the tests need (scripts/test.sh runs this first): a real sshd, rsync, git, iptables and
 # iproute2 (network faults), a single-node Slurm with munge, Debian's chromium and its driver (the board's
-# browser test). When one is missing: as root with apt-get, install it, saying what once; otherwise stop
+# browser test), oathtool and PAM's oath module (an sshd that asks for a one-time code: tests/support/otp.py).
+# When one is missing: as root with apt-get, install it, saying what once; otherwise stop
 # before any test runs with the one command that installs it. Nothing is skipped: a missing part is an error.
 set -euo pipefail
 # command (as the tests look for it)   Debian package
@@ -10,12 +11,13 @@ needs=(
   iptables:iptables ip:iproute2
   slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client squeue:slurm-client scontrol:slurm-client munged:munge
   /usr/bin/chromium:chromium /usr/bin/chromedriver:chromium-driver
+  oathtool:oathtool "/lib/$(uname -m)-linux-gnu/security/pam_oath.so:libpam-oath"
   "$@"  # more COMMAND:PACKAGE pairs (a test names one that cannot exist)
 )
 missing=()
 for need in "${needs[@]}"; do
   cmd=${need%%:*} pkg=${need#*:}
-  if [[ $cmd == /* ]]; then [ -x "$cmd" ] && continue; else
+  if [[ $cmd == /* ]]; then [ -e "$cmd" ] && continue; else
     PATH="$PATH:/usr/sbin:/sbin" command -v "$cmd" >/dev/null 2>&1 && continue
   fi
   [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")

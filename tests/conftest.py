@@ -27,6 +27,8 @@ def pytest_configure() -> None:
     # the `local` host's queue (enlace/server/queue.py) is the account's: one per test process, so that the
     # workers' runs do not wait for one another (each test sshd's account has its own HOME, hence its own)
     os.environ["ENLACE_QUEUE_DIR"] = tempfile.mkdtemp(prefix="enlace-queue-")
+    # the shared connections' sockets (orchestrator/ssh/openssh.py): a short path of the test process's own
+    os.environ["ENLACE_CONTROL_DIR"] = tempfile.mkdtemp(prefix="enlace-ssh-")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))

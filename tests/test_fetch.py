@@ -40,8 +40,8 @@ def test_fetch_without_an_ssh_client_goes_over_paramikos_channel(sshd, user_repo
     channel of paramiko's connection, and resumes a partial file the same way."""
     from orchestrator.hosts.resolve import resolve_host
     from orchestrator.ssh import duplex
+    from orchestrator.ssh.connect import connect
     from orchestrator.ssh.session import Session
-    from orchestrator.ssh.transport import connect
     from orchestrator.transfer.fetch import fetch
 
     tiny_corpus(server_dir(sshd, "testhost"))

@@ -18,7 +18,7 @@ def test_ssh_offers_aes_gcm_first_unless_the_users_ssh_config_sets_ciphers(sshd,
     """Every ssh the driver runs (fetch, git, logs) offers AES-GCM first, as the paramiko connection
     does; the Ciphers line of the host in the user's ssh config is kept."""
     from orchestrator.hosts.resolve import resolve_host
-    from orchestrator.ssh.transport import connect
+    from orchestrator.ssh.connect import connect
 
     def negotiated() -> str:
         transport = connect(resolve_host("testhost", user_repo))

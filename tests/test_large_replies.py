@@ -16,7 +16,7 @@ from enlace.state import runs
 
 def _transport(sshd, repo, monkeypatch):
     from orchestrator.hosts.resolve import resolve_host
-    from orchestrator.ssh.transport import connect
+    from orchestrator.ssh.connect import connect
 
     for key, value in sshd.env.items():
         monkeypatch.setenv(key, value)
@@ -24,7 +24,10 @@ def _transport(sshd, repo, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_10_mb_json_reply_arrives_whole_100_times_in_a_row(sshd, user_repo, tmp_path, monkeypatch):
+@pytest.mark.parametrize("connection", ["direct", "shared"])
+def test_a_10_mb_json_reply_arrives_whole_100_times_in_a_row(sshd, user_repo, tmp_path, monkeypatch, connection):
+    if connection == "shared":
+        sshd.share_connection()
     doc = json.dumps([{"run": f"r{i:05d}", "loss": i / 7, "pad": "x" * 90} for i in range(100_000)])
     assert len(doc) > 10_000_000
     (tmp_path / "reply.json").write_text(doc)

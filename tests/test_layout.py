@@ -32,6 +32,7 @@ CLI_MODULES = {
     "enlace.tools.cli",
     "orchestrator.cli",
     "orchestrator.commands.common",
+    "orchestrator.commands.login",
     "orchestrator.commands.run",
     "orchestrator.commands.tools",
     "orchestrator.commands.sweep",

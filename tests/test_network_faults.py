@@ -33,7 +33,11 @@ def _steady_run(user_repo, name, log_every=10):
 
 
 @pytest.mark.slow
-def test_logs_follow_over_10_sshd_restarts_and_10_killed_sessions_is_exact(sshd, user_repo):
+@pytest.mark.parametrize("connection", ["direct", "shared"])
+def test_logs_follow_over_10_sshd_restarts_and_10_killed_sessions_is_exact(sshd, user_repo, connection):
+    """Both stacks: paramiko's connection, and OpenSSH's shared one (whose master the kills end too)."""
+    if connection == "shared":
+        sshd.share_connection()
     rd = sshd.dir.parent / "remote-testhost"
     tiny_corpus(rd)
     _steady_run(user_repo, "steady")
@@ -124,13 +128,16 @@ def test_logs_follow_over_20_percent_packet_loss_is_exact(tmp_path, user_repo, l
         srv.stop()
 
 
-def test_a_host_that_took_us_is_retried_past_the_first_attempts(sshd, user_repo, tmp_path, monkeypatch):
+@pytest.mark.parametrize("connection", ["direct", "shared"])
+def test_a_host_that_took_us_is_retried_past_the_first_attempts(sshd, user_repo, tmp_path, monkeypatch, connection):
     """Three tries is the budget for a host never reached (down, or a typo). One that completed a
     handshake is there: sessions it drops are retried for the whole retry window. Seen under load:
     `logs -f` gave up when sessions were killed three times before its first command had answered."""
     from orchestrator.hosts.resolve import resolve_host
-    from orchestrator.ssh.transport import connect
+    from orchestrator.ssh.connect import connect
 
+    if connection == "shared":
+        sshd.share_connection()
     for key, value in sshd.env.items():
         monkeypatch.setenv(key, value)
     count = tmp_path / "tries"

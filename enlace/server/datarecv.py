@@ -99,8 +99,8 @@ def receive(
     root = root or data_dir.parent
     with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real pipe (a test's BytesIO)
         grow_pipe(requests.fileno(), CHUNK // 4)  # sshd's pipe to us: 1 MiB reads instead of 64 KiB ones
+    data_dir = Path(os.path.realpath(data_dir))  # a tree's `data` link: its target (made again if removed)
     data_dir.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(os.path.realpath(data_dir))
     requests = _Watched(requests)
     with one_push_at_a_time(data_dir, out):
         return _receive(data_dir, requests, out, runs_root or data_dir.parent / "runs", root)

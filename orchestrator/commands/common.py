@@ -30,8 +30,8 @@ class Remote:
     def session_for(self, host):
         """One session (one connection) per host for this invocation."""
         if host.name not in self._sessions:
+            from orchestrator.ssh.connect import connect
             from orchestrator.ssh.session import Session
-            from orchestrator.ssh.transport import connect
 
             self._sessions[host.name] = Session(connect(host, self.accept_new), self.repo)
         return self._sessions[host.name]

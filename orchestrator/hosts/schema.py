@@ -146,6 +146,22 @@ def check_url(value: Any) -> str:
     return value
 
 
+def check_connection(value: Any) -> str:
+    if value not in ("direct", "shared"):
+        fix = "`shared` (OpenSSH's connection sharing: `enlace-remote login` once) or `direct` (the default)"
+        raise ValueError(f"{quoted(value)} is not a connection kind", fix)
+    return value
+
+
+DURATION_RE = re.compile(r"[1-9][0-9]{0,6}[smhdw]?")  # ssh_config(5)'s TIME FORMATS, one unit
+
+
+def check_duration(value: Any) -> str:
+    if not isinstance(value, str) or not DURATION_RE.fullmatch(value):
+        raise ValueError(f"{quoted(value)} is not a duration", "a number and a unit (s, m, h, d, w), e.g. 30m or 8h")
+    return value
+
+
 CHECKS = {
     "ssh": check_target,
     "remote_dir": check_remote_dir,
@@ -161,6 +177,8 @@ CHECKS = {
     "cpu_slots": check_cpu_slots,
     "gpu_free_below": check_fraction,
     "notify": check_url,
+    "connection": check_connection,
+    "persist": check_duration,
 }
 HOST_KEYS = frozenset(CHECKS) | frozenset(SLURM_KEYS)
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import Transient, UnreachableError, short
+from orchestrator.errors import Transient, short
 from orchestrator.ssh.portable import die_with_us, grow_pipe
 from orchestrator.sshlib import load_paramiko
 
@@ -114,7 +114,7 @@ class SystemSSHDuplex(ProcessDuplex):
     other."""
 
     def __init__(self, transport: SSHTransport, argv: list[str], stall_timeout: float, tick: Callable[[], None]):
-        self.host = transport.host.name
+        self.transport = transport
         ssh = [
             *transport.ssh_argv(),
             "-o",
@@ -127,10 +127,7 @@ class SystemSSHDuplex(ProcessDuplex):
     def finish(self) -> tuple[int, str]:
         code, err = super().finish()
         if code == 255:  # ssh's own failure, not the command's
-            reason = err.strip().splitlines()[-1] if err.strip() else "ssh exited 255"
-            if "Permission denied" in err or "Host key verification failed" in err:
-                raise UnreachableError(f"{self.host}: {reason}")
-            raise Transient(f"{self.host}: {reason}", started=True)
+            raise self.transport.ssh_failure(err, started=True)
         return code, err
 
 

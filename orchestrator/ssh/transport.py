@@ -1,4 +1,6 @@
-"""The only module that talks SSH. One connection per enlace-remote invocation, reused.
+"""A host's transport: the interface, and the default path, paramiko's own connection (one per enlace-remote
+invocation, reused). The others: orchestrator/ssh/openssh.py (OpenSSH's shared connection, after `login`)
+and orchestrator/ssh/local.py (this machine); orchestrator/ssh/connect.py picks one per host.
 
 `Transport.run(argv)` runs a command on the host and returns its stdout, stderr and exit code;
 `Transport.stream(argv, ...)` passes stdout and stderr bytes to two callbacks as they arrive. argv is
@@ -6,7 +8,7 @@ shlex-joined into one command string (every element quoted; callers validate nam
 `SSHTransport` is paramiko's SSHClient, used directly (README, Development: why not fabric), with host keys
 checked against known_hosts (RejectPolicy: unknown and changed keys are refused), TCP_NODELAY and
 keepalive on, a deadline on every command and one channel loop for `run` and `stream`.
-`LocalTransport` runs the same argv on this machine. `Transport.duplex(argv)` starts a command to
+`Transport.duplex(argv)` starts a command to
 talk to both ways (orchestrator/ssh/duplex.py: a channel of the same connection, or a local process).
 
 Transient faults — a refused or timed-out connect, a handshake or auth *timeout* on a lossy network,
@@ -19,12 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import select
-import selectors
 import shlex
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,11 +32,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError, short
+from orchestrator.errors import CommandFailed, NotLoggedIn, Transient, UnreachableError, UsageError, short
 from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file
 from orchestrator.ssh.ciphers import SSH_CIPHERS, gcm_first
-from orchestrator.ssh.duplex import ChannelDuplex, ProcessDuplex, SystemSSHDuplex
+from orchestrator.ssh.duplex import ChannelDuplex, SystemSSHDuplex
 from orchestrator.ssh.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
+from orchestrator.ssh.pump import OnData
 from orchestrator.ssh.retry import WINDOW_S, retrying
 from orchestrator.sshlib import load_paramiko
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from orchestrator.ssh.duplex import Duplex
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
-OnData = Callable[[bytes], None]
 
 
 @dataclass
@@ -57,6 +56,25 @@ class Result:
 
 class DeadlinePassed(Exception):
     """A command ran past its timeout (not a connection fault: it is not retried)."""
+
+
+ASKS_MORE = "the host asks for more than a key (a password or a one-time code) and there is no open login"
+
+
+class _SecondFactor(Exception):
+    """The server took our key and asks for more: paramiko would print its prompt on our stdout and read
+    stdin (auth_interactive_dumb); a verb never prompts, `login` does (orchestrator/ssh/openssh.py)."""
+
+
+def _no_prompts(sock, **kwargs):
+    """paramiko's Transport (AES-GCM first) that refuses to prompt for a second factor."""
+    transport = gcm_first(sock, **kwargs)
+
+    def refuse(*args, **kwargs):
+        raise _SecondFactor
+
+    transport.auth_interactive_dumb = refuse
+    return transport
 
 
 class Transport:
@@ -114,46 +132,6 @@ class Transport:
         return result
 
 
-class LocalTransport(Transport):
-    def __init__(self, host: Host):
-        self.host = host
-
-    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as e:
-            raise CommandFailed("local", short(argv), -1, f"timed out after {timeout}s\n{e.stdout or ''}") from None
-        return Result(p.stdout, p.stderr, p.returncode)
-
-    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
-        # Its own session (a server-side `killpg` never reaches us); stdin a pipe we never write, which
-        # closes when this process dies, however it dies.
-        with (
-            subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-            ) as p,
-            selectors.DefaultSelector() as sel,
-        ):
-            sel.register(p.stdout, selectors.EVENT_READ, on_stdout)
-            sel.register(p.stderr, selectors.EVENT_READ, on_stderr)
-            try:
-                while sel.get_map():
-                    for key, _ in sel.select():
-                        chunk = os.read(key.fd, 1 << 16)
-                        if chunk:
-                            key.data(chunk)
-                        else:
-                            sel.unregister(key.fileobj)
-                return p.wait()
-            finally:
-                if p.poll() is None:
-                    p.kill()
-
-    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
-
-        return ProcessDuplex(argv, stall_timeout, tick)
-
-
 class SSHTransport(Transport):
     def __init__(self, host: Host, accept_new_host_key: bool = False):
         self.host, self.accept_new = host, accept_new_host_key
@@ -183,7 +161,7 @@ class SSHTransport(Transport):
                 timeout=h.connect_timeout,
                 banner_timeout=h.connect_timeout,
                 auth_timeout=h.connect_timeout,
-                transport_factory=gcm_first,
+                transport_factory=_no_prompts,
                 sock=self._proxy(paramiko),
             )
         except paramiko.BadHostKeyException as e:
@@ -193,6 +171,12 @@ class SSHTransport(Transport):
                 f"server was really reinstalled, remove the old key with: ssh-keygen -R "
                 f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}"
             ) from None
+        except _SecondFactor:
+            raise NotLoggedIn(h.name, ASKS_MORE) from None
+        except paramiko.BadAuthenticationType as e:
+            if {"keyboard-interactive", "password"} & set(e.allowed_types):
+                raise NotLoggedIn(h.name, ASKS_MORE) from None
+            raise UnreachableError(f"{where}: authentication rejected ({e})") from None
         except paramiko.AuthenticationException as e:
             if "timeout" in str(e).lower() or "EOF" in str(e):  # the network, not the credentials
                 raise Transient(f"{where}: the SSH handshake did not complete ({e})") from None
@@ -319,11 +303,12 @@ class SSHTransport(Transport):
         return ChannelDuplex(self, argv, stall_timeout, tick)
 
     # -- git / ssh ---------------------------------------------------------------------------
-    def ssh_argv(self) -> list[str]:
+    def ssh_argv(self, batch: bool = True) -> list[str]:
+        """The system ssh command with this host's settings; `batch`: never a prompt (BatchMode)."""
         h = self.host
         argv = [
             "ssh",
-            *self._client_options(),
+            *self._client_options(batch),
             "-o",
             f"UserKnownHostsFile={h.known_hosts}",
             "-o",
@@ -343,12 +328,21 @@ class SSHTransport(Transport):
             argv += ["-i", key]
         return argv
 
-    def _client_options(self) -> list[str]:
-        """What every ssh the driver starts carries, to the host or to a hop on the way there: no prompts,
-        the host's connect timeout, and the user's ssh config (or none)."""
+    def _client_options(self, batch: bool = True) -> list[str]:
+        """What every ssh the driver starts carries, to the host or to a hop on the way there: no prompts
+        (but for `login`'s), the host's connect timeout, and the user's ssh config (or none)."""
         cfg = ssh_config_file()
         timeout = f"ConnectTimeout={int(self.host.connect_timeout)}"
-        return ["-o", "BatchMode=yes", "-o", timeout, "-F", str(cfg) if cfg.is_file() else "/dev/null"]
+        prompts = ["-o", "BatchMode=yes"] if batch else []
+        return [*prompts, "-o", timeout, "-F", str(cfg) if cfg.is_file() else "/dev/null"]
+
+    def ssh_failure(self, stderr: str, started: bool) -> UnreachableError:
+        """The error for an ssh client that exited 255 (its own failure, not the command's): a refused key or
+        host key is final, anything else (a dropped or refused connection) Transient."""
+        reason = stderr.strip().splitlines()[-1] if stderr.strip() else "the connection closed (ssh exited 255)"
+        if "Permission denied" in stderr or "Host key verification failed" in stderr:
+            return UnreachableError(f"{self.host.name}: {reason}")
+        return Transient(f"{self.host.name}: {reason}", started=started)
 
     def remote_path(self, path: str) -> str:
         user = f"{self.host.user}@" if self.host.user else ""
@@ -373,7 +367,3 @@ def _connect_failure(e: BaseException, timeout: float) -> str:
     if errno.ECONNREFUSED in codes:
         return "connection refused: nothing listens on that port (is sshd running there? is the port right?)"
     return getattr(e, "strerror", None) or str(e) or type(e).__name__  # EOFError (a banner cut off): its name
-
-
-def connect(host: Host, accept_new_host_key: bool = False) -> Transport:
-    return LocalTransport(host) if host.local else SSHTransport(host, accept_new_host_key)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+KEY_ONLY = "UsePAM no\nPermitRootLogin prohibit-password"
 
 CONFIG = """\
 Port {port}
@@ -23,9 +24,8 @@ ListenAddress 127.0.0.1
 HostKey {dir}/host_key
 AuthorizedKeysFile {keys}
 PidFile {dir}/sshd.pid
-UsePAM no
+{auth}
 StrictModes no
-PermitRootLogin prohibit-password
 {sftp}
 {setenv}
 MaxStartups 100:30:200
@@ -54,6 +54,8 @@ class SSHServer:
     own_homes: bool = False  # True: users keep their own HOME and ~/.ssh/authorized_keys (a real fresh account)
     prefix: list[str] = field(default_factory=list)  # e.g. ["ip", "netns", "exec", NS]: run sshd there
     session_env: dict[str, str] = field(default_factory=dict)  # set in every session (e.g. SLURM_CONF)
+    auth: str = KEY_ONLY  # the config's authentication lines (support/otp.py: a key and a one-time code)
+    binary: str = SSHD  # its name is the PAM service sshd asks (support/otp.py links one under another name)
 
     def start(self, port: int | None = None) -> None:
         """Start sshd on `port` (a restart keeps its port), else on a free one."""
@@ -69,12 +71,12 @@ class SSHServer:
             setenv = f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}" if env else ""
             keys = ".ssh/authorized_keys" if self.own_homes else f"{self.dir}/authorized_keys"
             (self.dir / "sshd_config").write_text(
-                CONFIG.format(port=self.port, dir=self.dir, sftp=sftp, setenv=setenv, keys=keys)
+                CONFIG.format(port=self.port, dir=self.dir, sftp=sftp, setenv=setenv, keys=keys, auth=self.auth)
             )
             log = self.dir / "sshd.log"
             log.write_text("")
             self.proc = subprocess.Popen(
-                [*self.prefix, SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)]
+                [*self.prefix, self.binary, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(log)]
             )
             deadline = time.time() + 10
             while time.time() < deadline and self.proc.poll() is None:
@@ -120,6 +122,13 @@ class SSHServer:
         time.sleep(down_s)  # the outage itself, not a wait for an event
         self.start(port=self.port)
 
+    def share_connection(self, name: str = "testhost") -> None:
+        """Set the host `connection: shared` in its hosts.yaml (OpenSSH's master instead of paramiko)."""
+        hosts = self.dir / "hosts.yaml"
+        text = hosts.read_text()
+        assert f"  {name}:\n" in text, text
+        hosts.write_text(text.replace(f"  {name}:\n", f"  {name}:\n    connection: shared\n", 1))
+
     def host_public_key(self) -> str:
         return (self.dir / "host_key.pub").read_text().split()[:2]
 
@@ -132,13 +141,17 @@ def make_server(
     prefix: list[str] | None = None,
     own_homes: bool = False,
     session_env: dict[str, str] | None = None,
+    auth: str = KEY_ONLY,
+    binary: str = SSHD,
 ) -> SSHServer:
     d = base / f"sshd-{name}"
     (d / "home").mkdir(parents=True)
     keygen(d / "host_key")
     keygen(d / "client_key")
     shutil.copy(d / "client_key.pub", d / "authorized_keys")
-    srv = SSHServer(d, sftp=sftp, prefix=prefix or [], own_homes=own_homes, session_env=session_env or {})
+    srv = SSHServer(
+        d, sftp=sftp, prefix=prefix or [], own_homes=own_homes, session_env=session_env or {}, auth=auth, binary=binary
+    )
     srv.start()
     kind, key = srv.host_public_key()
     (d / "known_hosts").write_text(f"[127.0.0.1]:{srv.port} {kind} {key}\n" if trust else "")

@@ -1,0 +1,224 @@
+"""A run of your own command: a run file with `command:` (an argv list) instead of enlace's model and training
+sections, or `enlace-remote launch --name NAME -- ARGV...`. Both halves read it here: the driver to launch
+and to push the data, the server to check it (check-config, verify) and the supervisor to start and restart
+the command (enlace/server/supervise.py). docs/own-script.md is the user's page.
+
+    command: [python, train.py, --out_dir, "{run_dir}/out"]   # `python`: the host's python (hosts.yaml)
+    data: ["data/shakespeare_char/*.bin"]   # what it reads, relative to the tree: verify, data push
+    outputs: ["out/*"]                       # under the run directory: what fetch pulls, sha256-verified
+    nproc: 1                                 # > 1: under torchrun, one process per GPU
+    device: cpu                              # cpu | cuda | auto: what it waits for in the host's queue
+    env: {WANDB_MODE: offline}
+    supervise: {restarts: 3, stall_timeout: null, grace: 30}
+    resume: {args: ["--init_from=resume"], when: "{run_dir}/out/ckpt.pt"}
+
+Placeholders, in command, env, resume and outputs: {run_dir}, {run_name}, {restart} ({{ and }} are braces).
+Standard library only: the driver and every server verb read it without torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import string
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enlace import contract
+from enlace.errors import ConfigError
+
+PLACEHOLDERS = ("run_dir", "run_name", "restart")
+KEYS = ("command", "run_name", "data", "outputs", "nproc", "device", "env", "supervise", "resume")
+EXAMPLE = 'command: [python, train.py, --out_dir, "{run_dir}/out"]'
+GRACE_S = 30.0  # a stop: SIGTERM to the command's process group, then SIGKILL after this long
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Supervise:
+    restarts: int = contract.RESTARTS
+    stall_timeout: float | None = None  # only with enlace.job's heartbeat (a script that logs steps)
+    grace: float = GRACE_S
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What changes on a restart: `args` appended to the command once `when` (a glob, placeholders expanded,
+    relative to the tree) matches a file; without `when`, once an enlace.job checkpoint exists."""
+
+    args: tuple[str, ...] = ()
+    when: str | None = None
+
+
+@dataclass(frozen=True)
+class CommandRun:
+    argv: tuple[str, ...]
+    run_name: str
+    data: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    nproc: int = 1
+    device: str = "cpu"
+    env: dict[str, str] = field(default_factory=dict)
+    supervise: Supervise = Supervise()
+    resume: Resume = Resume()
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form: `enlace start --command-spec` carries it, run.json keeps it (status shows `command`)."""
+        doc = asdict(self)
+        doc["command"] = list(doc.pop("argv"))
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Any, where: str) -> CommandRun:
+        return parse(doc, where, default_name=None)
+
+    def scripts(self) -> list[str]:
+        """The argv's relative paths to files of the tree (train.py, scripts/x.sh): verify checks they arrived."""
+        return [a for a in self.argv if not a.startswith(("-", "/", "{")) and Path(a).suffix in SCRIPT_SUFFIXES]
+
+    def values(self, run_dir: Path, restart: int) -> dict[str, str]:
+        return {"run_dir": str(run_dir), "run_name": self.run_name, "restart": str(restart)}
+
+    def attempt(self, run_dir: Path, restart: int, python: str = sys.executable) -> tuple[list[str], bool]:
+        """The argv of this start (placeholders expanded, `python` the host's, torchrun for nproc > 1, the resume
+        args once there is something to resume from) and whether it resumes."""
+        values = self.values(run_dir, restart)
+        argv = [expand(a, values) for a in self.argv]
+        resumes = self.resumable(run_dir, values)
+        argv += [expand(a, values) for a in self.resume.args] if resumes else []
+        is_python = os.path.basename(argv[0]) in ("python", "python3")
+        if self.nproc > 1:
+            script = argv[1:] if is_python else ["--no-python", *argv]
+            return [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={self.nproc}",
+                *script,
+            ], resumes
+        return ([python, *argv[1:]] if is_python else argv), resumes
+
+    def resumable(self, run_dir: Path, values: dict[str, str]) -> bool:
+        if self.resume.when:
+            return bool(glob.glob(expand(self.resume.when, values)))
+        from enlace.manifest import latest_checkpoint
+
+        return latest_checkpoint(run_dir / "checkpoints") is not None
+
+
+SCRIPT_SUFFIXES = frozenset({".py", ".sh", ".bash", ".pl", ".rb", ".jl", ".R", ".lua"})
+
+
+def expand(text: str, values: dict[str, str]) -> str:
+    return text.format_map(values)
+
+
+def _check_placeholders(text: str, where: str) -> str:
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+    except ValueError as e:
+        raise ConfigError(f"{where}: {text!r}: {e} — write a literal brace as {{{{ or }}}}", key=where) from None
+    unknown = [n for n in names if n not in PLACEHOLDERS]
+    if unknown:
+        raise ConfigError(
+            f"{where}: {text!r} uses {{{unknown[0]}}}, which enlace does not fill — the placeholders are "
+            f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} (a literal brace: {{{{ or }}}})",
+            key=where,
+        )
+    return text
+
+
+def _strings(value: Any, where: str, fix: str, empty_ok: bool = True) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v and "\0" not in v for v in value):
+        raise ConfigError(f"{where}: {value!r} is not a list of strings — {fix}", key=where)
+    if not value and not empty_ok:
+        raise ConfigError(f"{where}: is empty — {fix}", key=where)
+    return tuple(_check_placeholders(v, where) for v in value)
+
+
+def _number(value: Any, where: str, low: float, whole: bool, fix: str) -> Any:
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < low:
+        raise ConfigError(f"{where}: {value!r} is not a {'whole ' if whole else ''}number ≥ {low:g} — {fix}", key=where)
+    return value
+
+
+def _mapping(value: Any, where: str, keys: tuple[str, ...], fix: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {value!r} is not a mapping — {fix}", key=where)
+    for key in value:
+        if key not in keys:
+            raise ConfigError(f"{where}.{key}: unknown key — valid: {', '.join(keys)}", key=f"{where}.{key}")
+    return value
+
+
+def parse(layer: Any, where: str, default_name: str | None) -> CommandRun:
+    """A command run file's mapping (or the JSON form), every key checked: one ConfigError naming the key."""
+    from enlace.names import validate_run_name
+
+    doc = _mapping(layer, where, KEYS, f"a run file holds {EXAMPLE} and the keys in docs/own-script.md")
+    argv = _strings(doc.get("command"), f"{where}: command", f"an argv list, e.g. {EXAMPLE}", empty_ok=False)
+    name = doc.get("run_name") or default_name
+    if not name:
+        raise ConfigError(f"{where}: run_name: missing — name the run (launch --name NAME)", key="run_name")
+    name = validate_run_name(name, f"{where}: run_name")
+    env = doc.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.fullmatch(k) for k in env):
+        raise ConfigError(f"{where}: env: {env!r} is not a mapping of variable names to values", key="env")
+    env = {k: _check_placeholders(str(v), f"{where}: env.{k}") for k, v in env.items()}
+    sup = _mapping(
+        doc.get("supervise"), f"{where}: supervise", ("restarts", "stall_timeout", "grace"), "see docs/own-script.md"
+    )
+    res = _mapping(
+        doc.get("resume"),
+        f"{where}: resume",
+        ("args", "when"),
+        'e.g. {args: ["--init_from=resume"], when: "{run_dir}/out/ckpt.pt"}',
+    )
+    stall = sup.get("stall_timeout")
+    device = doc.get("device", "cpu")
+    if device not in ("cpu", "cuda", "auto"):
+        raise ConfigError(f"{where}: device: {device!r} — use cpu, cuda or auto", key="device")
+    when = res.get("when")
+    return CommandRun(
+        argv=argv,
+        run_name=name,
+        data=_strings(
+            doc.get("data") or [], f"{where}: data", 'globs relative to the repo, e.g. ["data/shakespeare_char/*.bin"]'
+        ),
+        outputs=_strings(
+            doc.get("outputs") or [], f"{where}: outputs", 'globs under the run directory, e.g. ["out/*"]'
+        ),
+        nproc=_number(doc.get("nproc", 1), f"{where}: nproc", 1, True, "processes (torchrun when > 1), e.g. 2"),
+        device=device,
+        env=env,
+        supervise=Supervise(
+            restarts=_number(sup.get("restarts", contract.RESTARTS), f"{where}: supervise.restarts", 0, True, "e.g. 3"),
+            stall_timeout=None
+            if stall is None
+            else float(_number(stall, f"{where}: supervise.stall_timeout", 1, False, "seconds, e.g. 600")),
+            grace=float(_number(sup.get("grace", GRACE_S), f"{where}: supervise.grace", 0, False, "seconds, e.g. 30")),
+        ),
+        resume=Resume(
+            args=_strings(res.get("args") or [], f"{where}: resume.args", 'e.g. ["--init_from=resume"]'),
+            when=_strings(when, f"{where}: resume.when", 'a glob, e.g. "{run_dir}/out/ckpt.pt"')[0] if when else None,
+        ),
+    )
+
+
+def is_command(layer: Any) -> bool:
+    """Whether a run file's mapping is a command run (it has `command:`)."""
+    return isinstance(layer, dict) and "command" in layer
+
+
+def adhoc(argv: list[str], run_name: str) -> CommandRun:
+    """`launch --name NAME -- ARGV...`: the command with enlace's defaults."""
+    return parse({"command": list(argv), "run_name": run_name}, "launch -- COMMAND", default_name=None)

@@ -1,0 +1,209 @@
+"""One login per session: OpenSSH's connection sharing (ControlMaster), for hosts whose login asks for more
+than a key (a password, a one-time code, Kerberos) and for any host set `connection: shared`.
+
+`enlace-remote login HOST` opens a master connection with the system ssh client, answering at this
+terminal whatever the host asks, and leaves it running in the background for `persist` after its last
+use (ssh's ControlPersist). Every command of every verb after it — git's push, remote.sh and `enlace`
+calls, `logs -f`, fetch's and data push's wires, the board's polls, sbatch — is an `ssh -S SOCKET` that
+rides that connection: no new authentication and no handshake. Nothing here ever prompts: commands run in
+BatchMode, and a host that asks for more than a key without an open login is NotLoggedIn (exit 4, one line
+naming `enlace-remote login HOST`). A `connection: shared` host that takes a key alone opens its master
+itself on first use (the speed without a login step).
+
+The socket: ENLACE_CONTROL_DIR or ~/.enlace/ssh (0700), one per host entry; a path too long for a Unix
+socket falls back to a directory of ours in the system's temp directory. Windows' OpenSSH has no
+ControlMaster: `login` says so (docs/hosts.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.errors import CommandFailed, NotLoggedIn, Transient, UnreachableError, UsageError, short
+from orchestrator.hosts.resolve import Host
+from orchestrator.ssh.duplex import Duplex, SystemSSHDuplex
+from orchestrator.ssh.hostkeys import unknown_key_message
+from orchestrator.ssh.pump import OnData, pump
+from orchestrator.ssh.transport import ASKS_MORE, Result, SSHTransport
+
+CONTROL_DIR_ENV = "ENLACE_CONTROL_DIR"
+AUTO_PERSIST = "10m"  # a master a `connection: shared` host opened itself: gone 10 minutes after its last use
+LOGIN_PERSIST = "8h"  # `login`'s, unless --for or the host's `persist:` says otherwise: a working day
+SUN_PATH_MAX = 100  # a Unix socket's path: 104 bytes on macOS, 108 on Linux, less ssh's temporary suffix
+
+
+def control_path(host: Host) -> Path:
+    """The master's socket for this host entry (its name, user, address and port: two entries never share)."""
+    key = hashlib.sha256(f"{host.name}\0{host.user}\0{host.hostname}\0{host.port}".encode()).hexdigest()[:16]
+    folder = Path(os.environ.get(CONTROL_DIR_ENV) or Path.home() / ".enlace" / "ssh")
+    if len(str(folder / key)) + 25 > SUN_PATH_MAX:  # ssh binds SOCKET.XXXXXXXXXXXXXXXX first, then renames
+        folder = Path(tempfile.gettempdir()) / f"enlace-ssh-{getattr(os, 'getuid', lambda: 'user')()}"
+    return folder / key
+
+
+def shares_connection(host: Host) -> bool:
+    """Whether the host's verbs go through OpenSSH's master: it is set `connection: shared`, or a login is
+    open for it (its socket is there)."""
+    return not host.local and (host.connection == "shared" or control_path(host).exists())
+
+
+class SharedTransport(SSHTransport):
+    """Every command an `ssh -S SOCKET` riding the host's master connection (opened by `login`, or here in
+    BatchMode for a host a key lets in). Host keys stay strict; an unknown key is refused as on the direct
+    path unless --accept-new-host-key."""
+
+    def __init__(self, host: Host, accept_new_host_key: bool = False):
+        super().__init__(host, accept_new_host_key)
+        self.socket = control_path(host)
+        self._master_checked = self._failed_once = False
+
+    # -- the master -------------------------------------------------------------------------
+    @property
+    def destination(self) -> str:
+        return f"{self.host.user}@{self.host.hostname}" if self.host.user else self.host.hostname
+
+    def _control(self, operation: str) -> subprocess.CompletedProcess:
+        """`ssh -O check|exit`: asks the master over its socket (no network, no authentication)."""
+        argv = ["ssh", "-F", os.devnull, "-o", f"ControlPath={self.socket}", "-O", operation, self.destination]
+        return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+
+    def master_running(self) -> bool:
+        return self.socket.exists() and self._control("check").returncode == 0
+
+    def master_argv(self, persist: str, batch: bool) -> list[str]:
+        strict = "accept-new" if self.accept_new else "yes"
+        return [
+            "ssh",
+            "-o",
+            f"StrictHostKeyChecking={strict}",  # the first of an option wins: before ssh_argv's `yes`
+            *super().ssh_argv(batch=batch)[1:],
+            "-o",
+            f"ControlPath={self.socket}",
+            "-o",
+            "ControlMaster=yes",
+            "-o",
+            f"ControlPersist={persist}",
+            "-o",
+            "ServerAliveInterval=15",  # a dead network ends the master (and its commands) within a minute
+            "-N",
+            "-f",
+            self.destination,
+        ]
+
+    def open_master(self, persist: str, batch: bool) -> None:
+        """Start the master (`-f`: ssh goes to the background once authenticated). `batch`: no prompt at
+        all; otherwise ssh asks at this terminal (or through SSH_ASKPASS) what the host asks."""
+        self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        argv = self.master_argv(persist, batch)
+        with tempfile.TemporaryFile() as err:  # a pipe would stay open in the backgrounded master
+            code = subprocess.run(argv, stdin=subprocess.DEVNULL if batch else None, stderr=err).returncode
+            err.seek(0)
+            text = err.read().decode(errors="replace")
+        if code != 0:
+            raise self.ssh_failure(text, started=False)
+        self._master_checked = self.answered = True  # it took us: later drops are the network's, not a typo's
+
+    def ensure_master(self) -> None:
+        """Once per invocation (again after a dropped connection): the master is there, or is opened now
+        where a key alone lets us in; a host that asks for more raises NotLoggedIn. Its socket is taken at
+        its word the first time (a master removes it as it ends; asking it costs a process): a command that
+        fails on it (ssh's 255) has the master asked here before the next try."""
+        if self._master_checked:
+            return
+        if self.socket.exists() and not self._failed_once:
+            self._master_checked = self.answered = True
+            return
+        if not self.master_running():
+            self.open_master(self.host.persist or AUTO_PERSIST, batch=True)
+        self._master_checked = self.answered = True
+
+    def close_master(self) -> bool:
+        """`ssh -O exit`; True when there was one."""
+        running = self.master_running()
+        if running:
+            self._control("exit")
+        self._master_checked = False
+        return running
+
+    def ssh_failure(self, stderr: str, started: bool) -> UnreachableError:
+        self._master_checked, self._failed_once = False, True  # the next try asks the master itself
+        if "Permission denied" in stderr:
+            return NotLoggedIn(self.host.name, ASKS_MORE if "keyboard-interactive" in stderr else "not logged in")
+        if "Host key verification failed" in stderr and "CHANGED" not in stderr:
+            return UnreachableError(unknown_key_message(self.host, f"{self.host.name} ({self.host.hostname})"))
+        return super().ssh_failure(stderr, started)
+
+    # -- commands ---------------------------------------------------------------------------
+    def ssh_argv(self, batch: bool = True) -> list[str]:
+        """An ssh that rides the master (opened first if need be): git's, `shell`'s, the wires'."""
+        self.ensure_master()
+        return [*super().ssh_argv(batch=True), "-o", f"ControlPath={self.socket}", "-o", "ControlMaster=no"]
+
+    def _command(self, argv: list[str]) -> list[str]:
+        return [*self.ssh_argv(), self.destination, shlex.join(argv)]
+
+    def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
+        try:
+            p = subprocess.run(self._command(argv), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise CommandFailed(self.host.name, short(argv), -1, f"timed out after {timeout}s") from None
+        stderr = p.stderr.decode(errors="replace")
+        if p.returncode == 255:  # ssh's own failure, not the command's
+            raise self.ssh_failure(stderr, started=True)
+        return Result(p.stdout.decode(errors="replace"), stderr, p.returncode)
+
+    def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
+        tail = bytearray()
+
+        def err(chunk: bytes) -> None:
+            tail[:] = (tail + chunk)[-4096:]
+            on_stderr(chunk)
+
+        with subprocess.Popen(  # stdin a pipe we never write: it closes when we die (--exit-with-client)
+            self._command(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ) as p:
+            try:
+                code = pump(p, on_stdout, err, stall_timeout, f"{self.host.name}: {short(argv)}")
+            finally:
+                if p.poll() is None:
+                    p.kill()
+        if code == 255:
+            raise self.ssh_failure(tail.decode(errors="replace"), started=True)
+        return code
+
+    def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
+        return SystemSSHDuplex(self, argv, stall_timeout, tick)
+
+    def open_channel(self):
+        raise NotImplementedError("a shared connection has no paramiko channel")
+
+    @property
+    def cipher(self) -> str:
+        raise NotImplementedError("the master's cipher is ssh's: `ssh -v` shows it")
+
+    def close(self) -> None:
+        pass  # the master outlives this invocation: that is its point
+
+
+def login(transport: SharedTransport, persist: str, say: Callable[[str], None]) -> bool:
+    """Open the host's master, asking at this terminal what the host asks; False when one was open already."""
+    if sys.platform == "win32":
+        raise UsageError(
+            "login needs OpenSSH's connection sharing (ControlMaster), which Windows' OpenSSH lacks — run "
+            "enlace-remote from WSL, or use a host a key alone lets in (docs/hosts.md)"
+        )
+    if transport.master_running():
+        return False
+    say(f"logging in to {transport.host.name} ({transport.destination}:{transport.host.port}); answer what it asks")
+    try:
+        transport.open_master(persist, batch=False)
+    except Transient as e:
+        raise UnreachableError(f"login failed: {e.message}") from None
+    return True
