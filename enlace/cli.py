@@ -16,6 +16,7 @@ import click
 from enlace import contract
 from enlace.clitypes import root_option, set_option
 from enlace.server import cli as cli_server
+from enlace.server import filescli as cli_files
 from enlace.slurm import cli as cli_slurm
 from enlace.tools import cli as cli_tools
 
@@ -72,7 +73,10 @@ def _exit_when_stdin_closes(hooks: list) -> None:
 @set_option
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved config (or the error) as JSON.")
-def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
+@click.option("--command-spec", default=None, metavar="JSON", help="Check a command given on launch's command line.")
+def check_config(
+    run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool, command_spec: str | None
+) -> None:
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2); with --json the error document
     says whether it is the config itself or what this machine lacks (`machine`: the teacher, a GPU's bf16).
 
@@ -88,7 +92,13 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
         click.echo(json.dumps(doc))
         sys.exit(e.exit_code)
 
+    from enlace.config import command
+
     try:
+        # a run of your own command: `command:` in the run file, or launch's `-- ARGV` (None: enlace's trainer)
+        own = command.from_spec(command_spec, run) if command_spec else command.load(run, root, overrides)
+        if own is not None:
+            return _command_config(own, run, as_json)
         cfg = load_run_config(run, overrides, root)
     except ConfigError as e:  # the config itself is wrong
         refuse(e, machine=False)
@@ -118,6 +128,20 @@ def check_config(run: str, overrides: tuple[str, ...], root: Path | None, as_jso
 
         click.echo(f"# {cfg.files['run']} (profile {cfg.files['profile']}, data {cfg.files['data']})")
         click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
+
+
+def _command_config(own, run: str, as_json: bool) -> None:
+    """check-config's answer for a command run: its run file and the scripts its argv names (verify checks
+    they arrived), what it queues for; no trainer config."""
+    from enlace.config.command import run_file
+    from enlace.names import find_root
+
+    path = run_file(run, find_root(None))
+    files = {"run": str(path)} if path.is_file() else {}  # launch's `-- ARGV` has no run file
+    files |= {f"script {s}": s for s in own.scripts()}
+    doc = {"ok": True, "kind": "command", "run_name": own.run_name, "files": files, "warnings": []}
+    doc |= {"resume_problem": None, "command": own.to_doc(), "config": {"runtime": {"device": own.device}}}
+    click.echo(json.dumps(doc, indent=1) if as_json else json.dumps(own.to_doc(), indent=1))
 
 
 @main.command()
@@ -381,6 +405,6 @@ def preflight_cmd(
 
 # The driver's server verbs, the Slurm verbs and the tools live in their own modules (which import
 # nothing from here): `enlace.cli:main` holds every verb however it is reached.
-for module in (cli_server, cli_slurm, cli_tools):
+for module in (cli_server, cli_files, cli_slurm, cli_tools):
     for command in module.COMMANDS:
         main.add_command(command)

@@ -66,6 +66,9 @@ def main() -> int:
     fresh = "--fresh" in rest  # launch --resume none: nothing is resumed
     sets = [a for i, a in enumerate(rest) if i > 0 and rest[i - 1] == "--set"]
     set_args = [a for s in sets for a in ("--set", s)]
+    # launch's `-- ARGV`: the command itself, checked by check-config instead of a run file
+    spec = [a for i, a in enumerate(rest) if i > 0 and rest[i - 1] == "--command-spec"]
+    set_args += ["--command-spec", spec[0]] if spec else []
     checks: list[dict] = []
     add = lambda name, ok, detail="": checks.append({"name": name, "ok": bool(ok), "detail": detail})
 
@@ -74,9 +77,9 @@ def main() -> int:
     missing = [p for p in NEEDED if not Path(p).exists()]
     add("package and config dirs present", not missing, "missing: " + ", ".join(missing) if missing else "")
     run_file = Path("configs/runs") / f"{run_ref}.yaml"
-    add(
-        f"configs/runs/{run_ref}.yaml present", run_file.is_file(), "" if run_file.is_file() else f"missing: {run_file}"
-    )
+    if not spec:
+        there = run_file.is_file()
+        add(f"configs/runs/{run_ref}.yaml present", there, "" if there else f"missing: {run_file}")
     # The module must come from this tree: an installed copy elsewhere (e.g. an editable install) would hide
     # a tree that lacks it. The dependencies are looked for, not imported: torch's import is slow.
     imp_p = start(
@@ -98,14 +101,14 @@ def main() -> int:
     if cfg.get("ok"):
         absent = [f for f in cfg["files"].values() if not Path(f).is_file()]
         add(
-            "referenced configs present",
+            "the command's files present" if cfg.get("kind") == "command" else "referenced configs present",
             not absent,
             "missing: " + ", ".join(absent) if absent else ", ".join(cfg["files"].values()),
         )
     if for_launch and cfg.get("ok") and not fresh:
         problem = cfg.get("resume_problem")
         add("its checkpoints can resume it", not problem, problem or "")
-    if for_launch and cfg.get("ok"):
+    if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
         df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args)
         try:
             data = json.loads(df.stdout)

@@ -28,6 +28,7 @@ def modules() -> dict[str, ast.Module]:
 CLI_MODULES = {
     "enlace.cli",
     "enlace.server.cli",
+    "enlace.server.filescli",
     "enlace.slurm.cli",
     "enlace.tools.cli",
     "orchestrator.cli",

@@ -83,6 +83,8 @@ DRIVER_MAY_IMPORT = {
     "enlace.config.schema",  # data push/ls resolve a run's data paths here as the trainer does (yaml, stdlib)
     "enlace.config.rules",
     "enlace.config.cards",  # profile: auto, read with nvidia-smi (standard library)
+    "enlace.config.command",  # a run of the user's own command: launch and data push read its run file (stdlib)
+    "enlace.manifest",  # a checkpoint's MANIFEST (standard library): a command run's resume rule asks for the newest
     "enlace.data",
     "enlace.data.paths",
     "enlace.hashing",  # the one sha256 of a file (fetch, data push), the venv key (standard library)

@@ -9,7 +9,7 @@ the command (enlace/server/supervise.py). docs/own-script.md is the user's page.
     nproc: 1                                 # > 1: under torchrun, one process per GPU
     device: cpu                              # cpu | cuda | auto: what it waits for in the host's queue
     env: {WANDB_MODE: offline}
-    supervise: {restarts: 3, stall_timeout: null, grace: 30}
+    supervise: {restarts: 3, stall_timeout: null, grace: 30, backoff: 10}
     resume: {args: ["--init_from=resume"], when: "{run_dir}/out/ckpt.pt"}
 
 Placeholders, in command, env, resume and outputs: {run_dir}, {run_name}, {restart} ({{ and }} are braces).
@@ -19,6 +19,7 @@ Standard library only: the driver and every server verb read it without torch.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import string
@@ -29,6 +30,9 @@ from typing import Any
 
 from enlace import contract
 from enlace.errors import ConfigError
+from enlace.manifest import latest_checkpoint
+from enlace.names import find_root, validate_run_name
+from enlace.yamlio import read_yaml
 
 PLACEHOLDERS = ("run_dir", "run_name", "restart")
 KEYS = ("command", "run_name", "data", "outputs", "nproc", "device", "env", "supervise", "resume")
@@ -37,11 +41,21 @@ GRACE_S = 30.0  # a stop: SIGTERM to the command's process group, then SIGKILL a
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+class Bad(ConfigError):
+    """One wrong key of a command run: the message names the file (or the option), the key and the fix."""
+
+    def __init__(self, text: str):
+        super().__init__(text, "", "")
+        self.message = text
+        self.args = (text,)
+
+
 @dataclass(frozen=True)
 class Supervise:
     restarts: int = contract.RESTARTS
     stall_timeout: float | None = None  # only with enlace.job's heartbeat (a script that logs steps)
     grace: float = GRACE_S
+    backoff: float = contract.BACKOFF_S  # the wait before the first restart; each next one 3x longer
 
 
 @dataclass(frozen=True)
@@ -105,8 +119,6 @@ class CommandRun:
     def resumable(self, run_dir: Path, values: dict[str, str]) -> bool:
         if self.resume.when:
             return bool(glob.glob(expand(self.resume.when, values)))
-        from enlace.manifest import latest_checkpoint
-
         return latest_checkpoint(run_dir / "checkpoints") is not None
 
 
@@ -121,31 +133,30 @@ def _check_placeholders(text: str, where: str) -> str:
     try:
         names = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
     except ValueError as e:
-        raise ConfigError(f"{where}: {text!r}: {e} — write a literal brace as {{{{ or }}}}", key=where) from None
+        raise Bad(f"{where}: {text!r}: {e} — write a literal brace as {{{{ or }}}}") from None
     unknown = [n for n in names if n not in PLACEHOLDERS]
     if unknown:
-        raise ConfigError(
+        raise Bad(
             f"{where}: {text!r} uses {{{unknown[0]}}}, which enlace does not fill — the placeholders are "
             f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} (a literal brace: {{{{ or }}}})",
-            key=where,
         )
     return text
 
 
 def _strings(value: Any, where: str, fix: str, empty_ok: bool = True) -> tuple[str, ...]:
-    if isinstance(value, str):
+    if isinstance(value, str) and empty_ok:  # one glob for a list of them (never for the argv: it is not split)
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) and v and "\0" not in v for v in value):
-        raise ConfigError(f"{where}: {value!r} is not a list of strings — {fix}", key=where)
+        raise Bad(f"{where}: {value!r} is not a list of strings — {fix}")
     if not value and not empty_ok:
-        raise ConfigError(f"{where}: is empty — {fix}", key=where)
+        raise Bad(f"{where}: is empty — {fix}")
     return tuple(_check_placeholders(v, where) for v in value)
 
 
 def _number(value: Any, where: str, low: float, whole: bool, fix: str) -> Any:
     kinds = (int,) if whole else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or value < low:
-        raise ConfigError(f"{where}: {value!r} is not a {'whole ' if whole else ''}number ≥ {low:g} — {fix}", key=where)
+        raise Bad(f"{where}: {value!r} is not a {'whole ' if whole else ''}number ≥ {low:g} — {fix}")
     return value
 
 
@@ -153,29 +164,31 @@ def _mapping(value: Any, where: str, keys: tuple[str, ...], fix: str) -> dict[st
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: {value!r} is not a mapping — {fix}", key=where)
+        raise Bad(f"{where}: {value!r} is not a mapping — {fix}")
     for key in value:
         if key not in keys:
-            raise ConfigError(f"{where}.{key}: unknown key — valid: {', '.join(keys)}", key=f"{where}.{key}")
+            joined = f"{where}.{key}" if ": " in where else f"{where}: {key}"  # a section's key, or the file's
+            raise Bad(f"{joined}: unknown key — valid: {', '.join(keys)}")
     return value
 
 
 def parse(layer: Any, where: str, default_name: str | None) -> CommandRun:
     """A command run file's mapping (or the JSON form), every key checked: one ConfigError naming the key."""
-    from enlace.names import validate_run_name
-
     doc = _mapping(layer, where, KEYS, f"a run file holds {EXAMPLE} and the keys in docs/own-script.md")
     argv = _strings(doc.get("command"), f"{where}: command", f"an argv list, e.g. {EXAMPLE}", empty_ok=False)
     name = doc.get("run_name") or default_name
     if not name:
-        raise ConfigError(f"{where}: run_name: missing — name the run (launch --name NAME)", key="run_name")
+        raise Bad(f"{where}: run_name: missing — name the run (launch --name NAME)")
     name = validate_run_name(name, f"{where}: run_name")
     env = doc.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.fullmatch(k) for k in env):
-        raise ConfigError(f"{where}: env: {env!r} is not a mapping of variable names to values", key="env")
+        raise Bad(f"{where}: env: {env!r} is not a mapping of variable names to values")
     env = {k: _check_placeholders(str(v), f"{where}: env.{k}") for k, v in env.items()}
     sup = _mapping(
-        doc.get("supervise"), f"{where}: supervise", ("restarts", "stall_timeout", "grace"), "see docs/own-script.md"
+        doc.get("supervise"),
+        f"{where}: supervise",
+        ("restarts", "stall_timeout", "grace", "backoff"),
+        "see docs/own-script.md",
     )
     res = _mapping(
         doc.get("resume"),
@@ -186,14 +199,13 @@ def parse(layer: Any, where: str, default_name: str | None) -> CommandRun:
     stall = sup.get("stall_timeout")
     device = doc.get("device", "cpu")
     if device not in ("cpu", "cuda", "auto"):
-        raise ConfigError(f"{where}: device: {device!r} — use cpu, cuda or auto", key="device")
+        raise Bad(f"{where}: device: {device!r} — use cpu, cuda or auto")
     when = res.get("when")
+    data = _strings(doc.get("data") or [], f"{where}: data", 'globs in the repo, e.g. ["data/shakespeare_char/*.bin"]')
     return CommandRun(
         argv=argv,
         run_name=name,
-        data=_strings(
-            doc.get("data") or [], f"{where}: data", 'globs relative to the repo, e.g. ["data/shakespeare_char/*.bin"]'
-        ),
+        data=data,
         outputs=_strings(
             doc.get("outputs") or [], f"{where}: outputs", 'globs under the run directory, e.g. ["out/*"]'
         ),
@@ -206,6 +218,11 @@ def parse(layer: Any, where: str, default_name: str | None) -> CommandRun:
             if stall is None
             else float(_number(stall, f"{where}: supervise.stall_timeout", 1, False, "seconds, e.g. 600")),
             grace=float(_number(sup.get("grace", GRACE_S), f"{where}: supervise.grace", 0, False, "seconds, e.g. 30")),
+            backoff=float(
+                _number(
+                    sup.get("backoff", contract.BACKOFF_S), f"{where}: supervise.backoff", 0, False, "seconds, e.g. 10"
+                )
+            ),
         ),
         resume=Resume(
             args=_strings(res.get("args") or [], f"{where}: resume.args", 'e.g. ["--init_from=resume"]'),
@@ -222,3 +239,45 @@ def is_command(layer: Any) -> bool:
 def adhoc(argv: list[str], run_name: str) -> CommandRun:
     """`launch --name NAME -- ARGV...`: the command with enlace's defaults."""
     return parse({"command": list(argv), "run_name": run_name}, "launch -- COMMAND", default_name=None)
+
+
+def run_file(run: str, root: Path) -> Path:
+    """configs/runs/RUN.yaml, or RUN itself when it is a path to a YAML file (as enlace's run files)."""
+    if run.endswith((".yaml", ".yml")) or "/" in run:
+        return Path(run) if Path(run).is_absolute() else root / run
+    return root / "configs" / "runs" / f"{run}.yaml"
+
+
+def load(run: str, root: Path | None = None, overrides=()) -> CommandRun | None:
+    """RUN's run file as a command run; None when it is one of enlace's trainer (or is not there: the trainer's
+    loader says so). `--set run_name=NAME` is the one override a command run takes."""
+    root = find_root(root)
+    path = run_file(run, root)
+    if not path.is_file():
+        return None
+    layer = read_yaml(path, "run")
+    if not is_command(layer):
+        return None
+    where = str(path.relative_to(root) if path.is_relative_to(root) else path)
+    sets = dict(o.partition("=")[::2] for o in overrides)
+    other = sorted(set(sets) - {"run_name"})
+    if other:
+        raise Bad(
+            f"--set {other[0]}: {where} runs your own command, whose settings are its own arguments — change the "
+            "command in the run file (--set run_name=NAME is the one override it takes)"
+        )
+    if "run_name" in sets:
+        layer = {**layer, "run_name": sets["run_name"]}
+    return parse(layer, where, default_name=path.stem)
+
+
+def from_spec(spec: str, run_name: str) -> CommandRun:
+    """A command given as JSON (`--command-spec`: launch's `-- ARGV`, start's), checked as a run file is."""
+    try:
+        doc = json.loads(spec)
+    except json.JSONDecodeError as e:
+        raise Bad(f"--command-spec: not JSON ({e.msg})") from None
+    own = CommandRun.from_doc(doc, "--command-spec")
+    if own.run_name != run_name:
+        raise Bad(f"--command-spec: run_name {own.run_name!r} is not the run's name {run_name!r}")
+    return own

@@ -1,5 +1,5 @@
-"""`enlace` verbs for the driver (enlace-remote) on the server: runs, start, wait, stop, logs,
-fetch-serve, data-receive, data-files. With --json each answers exactly one JSON document on stdout — errors too,
+"""`enlace` verbs for the driver (enlace-remote) on the server: runs, start, wait, stop, logs (fetch-serve,
+data-receive and data-files: enlace/server/filescli.py). With --json each answers exactly one JSON document on stdout — errors too,
 as {"ok": false, "error", "exit_code"} — and progress on stderr; `logs` streams the raw log bytes."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 
-from enlace import contract
 from enlace.clitypes import (
     Seconds,
     gc_options,
@@ -20,7 +19,6 @@ from enlace.clitypes import (
     queue_options,
     root_option,
     run_end_options,
-    set_option,
     supervisor_options,
 )
 from enlace.names import find_root
@@ -69,6 +67,12 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
 @queue_options
 @run_end_options
 @notify_option()
+@click.option(
+    "--command-spec",
+    default=None,
+    metavar="JSON",
+    help="Run the user's own command (enlace/config/command.py's JSON form) instead of `python PYARGS`.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def start_cmd(
     run_name: str,
@@ -85,15 +89,17 @@ def start_cmd(
     host_name: str,
     sweep: str | None,
     sweep_share: int,
+    command_spec: str | None,
     as_json: bool,
 ) -> None:
     """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME under its supervisor, unless
     it is alive (exit 7). With --device it takes its turn in this server's queue (enlace/server/queue.py);
-    a need the server can never meet is refused (exit 3)."""
+    a need the server can never meet is refused (exit 3). With --command-spec: the user's own command."""
     from enlace.names import validate_run_name
     from enlace.server import lifecycle, queue
 
     validate_run_name(run_name, "RUN_NAME")
+    command = _command_doc(command_spec, run_name, pyargs) if command_spec else None
     project = find_root(root)
     policy = ["--restarts", str(restarts), "--backoff", str(backoff)]
     policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
@@ -108,11 +114,12 @@ def start_cmd(
         validate_run_name(sweep, "--sweep")
         policy += ["--sweep", sweep, "--sweep-share", str(sweep_share)]
     policy += ["--host-name", host_name] if host_name else []
+    policy += ["--command"] if command else []
     supervisor = [sys.executable, "-m", "enlace", "supervise", run_name, "--root", str(project), *policy, "--"]
     env = {**os.environ, **({NOTIFY_ENV: notify} if notify else {})}  # not argv: `ps` shows argv to everyone
     try:
         fds = (ticket.file.fileno(),) if ticket else ()
-        doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, env, fds)
+        doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, env, fds, command)
     except BaseException:
         if ticket:  # refused (already running): its place goes
             ticket.close()
@@ -120,6 +127,15 @@ def start_cmd(
     if ticket:
         ticket.file.close()  # the supervisor holds it now (the same lock, inherited)
     click.echo(json.dumps(doc) if as_json else f"started {run_name}: pid {doc['pid']}")
+
+
+def _command_doc(spec: str, run_name: str, pyargs: tuple[str, ...]) -> dict:
+    """--command-spec checked as a run file is (one line naming the key, exit 2): its JSON form, for run.json."""
+    from enlace.config.command import from_spec
+
+    if pyargs:
+        raise click.UsageError("--command-spec runs the command it holds: give no PYARGS")
+    return from_spec(spec, run_name).to_doc()
 
 
 @click.command("supervise", hidden=True)
@@ -134,6 +150,7 @@ def start_cmd(
 )
 @queue_options
 @run_end_options
+@click.option("--command", "own", is_flag=True, help="Run the user's command kept in run.json (start put it there).")
 def supervise_cmd(
     run_name: str,
     pyargs: tuple[str, ...],
@@ -149,6 +166,7 @@ def supervise_cmd(
     host_name: str,
     sweep: str | None,
     sweep_share: int,
+    own: bool,
 ) -> None:
     """Run `python PYARGS` for RUN_NAME and heal it: restart after a crash or a stall from the newest
     checkpoint, at most --restarts times (enlace/server/supervise.py says what is retried and what is not).
@@ -174,7 +192,13 @@ def supervise_cmd(
             runs.update(run_dir, ticket=place.number)
         wait_turn = functools.partial(queue.wait_for_seat, run_dir, wanted, settings, ticket=place)
     policy = Policy(restarts, stall_timeout, backoff)
-    supervisor = Supervisor(run_dir, [sys.executable, *pyargs], policy, env, wait_turn=wait_turn)
+    command = None
+    if own:
+        from enlace.config.command import CommandRun
+
+        command = CommandRun.from_doc(runs.read(run_dir)["command"], "run.json command")
+    argv = [sys.executable, *pyargs]
+    supervisor = Supervisor(run_dir, argv, policy, env, wait_turn=wait_turn, command=command)
     outcome = supervisor.run()
     if supervisor.seat is not None:
         supervisor.seat.release()  # the next run in line need not wait for the notification
@@ -335,55 +359,6 @@ def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
         click.echo(f"{'would remove' if dry_run else 'removed'} {e['path']} ({e['bytes'] / 2**20:.1f} MiB)")
 
 
-@click.command("fetch-serve", hidden=True)
-@click.argument("run_name")
-@root_option
-@click.option(
-    "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the offer is JSON anyway)."
-)
-def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
-    """For fetch: offer RUN_NAME's complete checkpoints and run files (one JSON line), read which
-    files the driver wants from stdin, send them (enlace/server/fetchserve.py has the wire)."""
-    from enlace.server import fetchserve, runfiles
-
-    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
-    fetchserve.serve(run_dir, sys.stdin.buffer, sys.stdout.buffer)
-
-
-@click.command("data-receive", hidden=True)
-@root_option
-@click.option(
-    "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the answers are JSON anyway)."
-)
-def data_receive_cmd(root: Path | None, as_json: bool) -> None:
-    """For data push and data ls: compare the driver's file list with data/, then take the files it sends
-    (enlace/server/datarecv.py has the wire)."""
-    from enlace.server import datarecv
-
-    project = find_root(root)
-    datarecv.receive(project / "data", sys.stdin.buffer, sys.stdout.buffer, _runs_root(root), project)
-
-
-@click.command("data-files")
-@click.argument("run")
-@set_option
-@root_option
-@click.option("--json", "as_json", is_flag=True)
-def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
-    """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
-    from enlace.config.recorded import load_run_config
-    from enlace.data.streams import data_files
-    from enlace.errors import EnlaceError
-
-    cfg = load_run_config(run, overrides, root)
-    try:
-        files = data_files(cfg)
-    except EnlaceError as e:
-        click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
-        sys.exit(contract.VERIFY)
-    click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
-
-
 COMMANDS = (
     runs_cmd,
     start_cmd,
@@ -394,7 +369,4 @@ COMMANDS = (
     stop_cmd,
     logs_cmd,
     gc_cmd,
-    fetch_serve_cmd,
-    data_receive_cmd,
-    data_files_cmd,
 )

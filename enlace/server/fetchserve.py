@@ -5,7 +5,8 @@ second connection for rsync, no separate manifest call). The driver hashes while
 The wire, on this process's stdin/stdout:
 
     server → driver   one JSON line: the offer — complete checkpoints with their MANIFEST entries, the
-                      exports kept in the run (exports/NAME/, with theirs), the run files with their sizes (or {"ok": false, "error", "exit_code"}, then exit)
+                      exports kept in the run (exports/NAME/, with theirs), the run files with their sizes,
+                      a command run's outputs with their sha256 (or {"ok": false, "error", "exit_code"}, then exit)
     driver → server   one JSON line: {"send": [[PATH, OFFSET, PREFIX_SHA256], ...]}, PATHs relative
                       to the run dir, each one the offer lists; OFFSET > 0 resumes a file the driver
                       holds the first OFFSET bytes of, whose sha256 is PREFIX_SHA256
@@ -21,6 +22,7 @@ size at offer time).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from pathlib import Path
@@ -30,6 +32,7 @@ from enlace.contract import FRAME, RUN_FILES
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.hashing import fd_sha256
 from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
+from enlace.state import runs
 
 
 class BadRequest(EnlaceError):
@@ -81,6 +84,12 @@ def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]
         if got:
             held[name] = got
             files[name] = got[1]
+    outputs = {}
+    for rel, path in _outputs(run_dir):  # a command run's `outputs:`, hashed here (they have no MANIFEST)
+        got = _open(path)
+        if got:
+            held[rel] = got
+            outputs[rel] = {"sha256": fd_sha256(*got), "bytes": got[1]}
     latest = latest_checkpoint(run_dir / "checkpoints")
     offer = {
         "run_name": run_dir.name,
@@ -88,9 +97,27 @@ def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]
         "checkpoints": listed["checkpoints"],
         "exports": listed["exports"],
         "files": files,
+        "outputs": outputs,
         "latest": latest.name if latest else None,
     }
     return offer, held
+
+
+def _outputs(run_dir: Path) -> list[tuple[str, Path]]:
+    """The files a command run's `outputs:` globs match under its directory (relative POSIX path, path): regular
+    files inside it, neither its checkpoints nor its run files (offered as those)."""
+    patterns = (runs.read(run_dir).get("command") or {}).get("outputs") or []
+    root, found = run_dir.resolve(), {}
+    for pattern in patterns:
+        for match in glob.glob(str(run_dir / pattern), recursive=True):
+            path = Path(match)
+            real = path.resolve()
+            if path.is_symlink() or not real.is_file() or not real.is_relative_to(root):
+                continue
+            rel = real.relative_to(root).as_posix()
+            if rel.split("/")[0] not in ("checkpoints", *RUN_FILES) and not rel.startswith("."):
+                found[rel] = real
+    return sorted(found.items())
 
 
 def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO) -> None:

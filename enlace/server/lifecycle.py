@@ -36,9 +36,10 @@ ADOPT_GRACE_S = 120.0  # launch of a run nobody supervises: how long its trainer
 
 
 @contextlib.contextmanager
-def launching(run_dir: Path):
+def launching(run_dir: Path, command: dict | None = None):
     """One launch of a run at a time (a lock beside its directory); a live run is refused (exit 7).
-    Yields (launch_id, log_offset) once run.json says `starting` for this launch."""
+    Yields (launch_id, log_offset) once run.json says `starting` for this launch. `command`: a run of the
+    user's own command (enlace/config/command.py's JSON form), kept in run.json; None for enlace's trainer."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with locked(run_dir.parent, blocking=False, name=f".{run_dir.name}.launch-lock"):
         row = observe(run_dir)
@@ -80,6 +81,8 @@ def launching(run_dir: Path):
             data_warning=None,  # this launch's trainer checks the data itself
             need=None,  # the queue's: set by this launch's supervisor if it queues
             gpus=None,
+            command=command,  # what the supervisor starts (and status shows); None: enlace's trainer
+            attempt_argv=None,
             # the tree it will start in, from now: gc keeps it for a run that waits hours in the queue
             **({"commit": os.environ["ENLACE_COMMIT"]} if os.environ.get("ENLACE_COMMIT") else {}),
         )
@@ -87,14 +90,19 @@ def launching(run_dir: Path):
 
 
 def start(
-    run_dir: Path, argv: list[str], cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+    run_dir: Path,
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    pass_fds: tuple[int, ...] = (),
+    command: dict | None = None,
 ) -> dict[str, Any]:
     """Start `argv` (the trainer, or torchrun) detached, unless the run is alive; one launch at a time.
 
     setsid (its own session and process group), all three streams redirected: it survives the SSH
     session that started it. Its pid and start time go into run.json before this returns. `pass_fds`:
     descriptors it inherits (its ticket in the queue)."""
-    with launching(run_dir) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
+    with launching(run_dir, command) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
@@ -166,7 +174,8 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
         if mine and phase != shown and on_phase:
             shown = phase
             on_phase(shown)
-        if mine and (status not in ACTIVE or (status == Status.RUNNING and st.get("step", 0) > 0)):
+        started = status == Status.RUNNING and (st.get("step", 0) > 0 or st.get("command"))  # a command: once it runs
+        if mine and (status not in ACTIVE or started):
             return observe(run_dir) | {"waited": "done"}
         if mine and status == Status.QUEUED:  # its turn may be hours away: the launch returns, the run waits
             return observe(run_dir) | {"waited": "queued"}

@@ -28,15 +28,19 @@ supervisor with the time-limit signal and the requeue added. Stdlib and psutil o
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from enlace import contract
-from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
+from enlace.config.command import CommandRun, expand
+from enlace.contract import ACTIVE, ENDED_CLEANLY, UNLESS_STOPPING, Status
 from enlace.manifest import latest_checkpoint
 from enlace.server.queue import Seat
 from enlace.state import heartbeat, runs
@@ -85,8 +89,11 @@ class Supervisor:
         on_stop: Callable[[str], None] = lambda name: None,
         poll: float = 0.2,
         wait_turn: Callable[..., Seat | None] | None = None,
+        command: CommandRun | None = None,
     ):
         self.run_dir, self.argv, self.policy, self.env, self.poll = run_dir, argv, policy, env, poll
+        self.command = command  # a run of the user's own command (enlace/config/command.py): argv is built per start
+        self.restarts, self._term_at, self._killed = 0, None, False
         self.wait_turn = wait_turn  # the server's queue (queue.wait_for_seat, its run and need bound); None: none
         self.seat: Seat | None = None
         self.signals = {signal.SIGTERM: "term", **(signals or {})}
@@ -109,7 +116,10 @@ class Supervisor:
             return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
         restarts = 0
         while True:
+            self.restarts = restarts
             code, stalled = self._run_child()
+            if self.command is not None:  # a command records nothing itself: what it did is said here
+                self._record_command_end(code, stalled)
             st = runs.read(self.run_dir)
             if self.launch_id and st.get("launch_id") not in (None, self.launch_id):
                 # frozen while another launch took the run over: this supervisor's trainer is history
@@ -122,9 +132,9 @@ class Supervisor:
                 # host of a multi-host run records no status of its own); a trainer that stopped because the
                 # stall clock asked it to is restarted: nobody asked the run to stop
                 return Outcome(status, 0)
-            if status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
+            if self.command is None and status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
                 return Outcome(status, st["exit_code"], "not retried: a retry cannot fix it")
-            if code in NOT_RETRIED:  # refused before it could record why (a config error at load)
+            if self.command is None and code in NOT_RETRIED:  # refused before it could record why (config error)
                 runs.update(self.run_dir, status=Status.FAILED, exit_code=code, error=last_line(self.run_dir))
                 return Outcome(Status.FAILED, code, "not retried: a retry cannot fix it")
             cause = self._cause(code, stalled, st)
@@ -139,7 +149,8 @@ class Supervisor:
                 return Outcome(Status.CRASHED, contract.CRASHED, why)
             restarts += 1
             wait = self.policy.backoff * 3 ** (restarts - 1)
-            say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s, from the newest checkpoint")
+            whence = ", from the newest checkpoint" if self.command is None else ""  # a command resumes its own way
+            say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s{whence}")
             phase = f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts})"
             runs.new_attempt(self.run_dir, phase=phase)
             if self._sleep(wait):  # the restart never happened: it is not counted
@@ -171,11 +182,32 @@ class Supervisor:
 
     def _cause(self, code: int, stalled: bool, st: dict) -> str:
         where = f"at step {st.get('step', 0)} (newest checkpoint {self._newest()})"
+        what = "the trainer"
+        if self.command is not None:
+            what, where = "the command", where if st.get("step") else ""
+            st = {**st, "error": None}  # the error recorded is this very line
         if stalled:
-            return f"the trainer stalled {where}: no sign of life for {self._stall_s:.0f} s"
+            return f"{what} stalled {where}: no sign of life for {self._stall_s:.0f} s"
         if code < 0:
-            return f"the trainer was killed by {signal.Signals(-code).name} {where}"
-        return f"the trainer exited {code} {where}" + (f": {st['error']}" if st.get("error") else "")
+            return f"{what} was killed by {signal.Signals(-code).name} {where}".rstrip()
+        return f"{what} exited {code} {where}".rstrip() + (f": {st['error']}" if st.get("error") else "")
+
+    def _record_command_end(self, code: int, stalled: bool) -> None:
+        """run.json after the command ended: stopped (and how), finished (exit 0), or its exit code (the loop
+        then restarts it or gives up)."""
+        if self.got:
+            how = (
+                f"did not end within {self.command.supervise.grace:g} s of SIGTERM: killed (SIGKILL)"
+                if self._killed
+                else f"exited {code} after SIGTERM"
+            )
+            say(f"stopped: the command {how}")
+            runs.update(self.run_dir, status=Status.STOPPED, exit_code=code, phase=f"stopped: the command {how}")
+        elif code == 0 and not stalled:
+            say("the command exited 0: finished")
+            runs.update(self.run_dir, status=Status.FINISHED, exit_code=0, phase="finished: the command exited 0")
+        else:
+            runs.update(self.run_dir, exit_code=code)
 
     def _newest(self) -> str:
 
@@ -197,13 +229,18 @@ class Supervisor:
         # in the supervisor's own process group: `stop --kill` (killpg) ends the trainer with it
         # the seat's lock files go to the child: a run holds its GPUs for as long as its supervisor or its trainer lives
         fds = self.seat.fds if self.seat else ()
-        self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
+        if self.command is not None:
+            self._start_command(fds)
+        else:
+            self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
         forwarded, stalled = False, False
         last_sign, last_change, longest_gap = None, time.monotonic(), 0.0
         trainer_beat = self.run_dir / heartbeat.TRAINER
         while (code := self.child.poll()) is None:
             self.beat()
             st = runs.read(self.run_dir)
+            if forwarded and self._term_at and time.monotonic() - self._term_at > self.command.supervise.grace:
+                self._kill_command()
             if self.got and not forwarded and (st.get("pid") or st.get("status") not in ACTIVE):
                 # one SIGTERM, once the trainer has recorded itself (its handler is in place by then)
                 self.on_stop(sorted(self.got)[0])
@@ -229,6 +266,11 @@ class Supervisor:
         themselves end torchrun cleanly."""
         import psutil
 
+        if self.command is not None:  # the command's whole process group: what it started too
+            self._term_at = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, signal.SIGTERM)
+            return
         ranks = []
         if self.argv[1:3] == ["-m", "torch.distributed.run"]:  # torchrun itself is the child (not srun's)
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -238,6 +280,43 @@ class Supervisor:
         for rank in ranks:
             with contextlib.suppress(psutil.NoSuchProcess):
                 rank.send_signal(signal.SIGTERM)
+
+    def _start_command(self, fds: tuple[int, ...]) -> None:
+        """The command for this start (enlace/config/command.py: placeholders, the host's python, the resume
+        arguments once there is something to resume from), in a process group of its own that a stop ends
+        whole; it is recorded as the run's process at once (it records nothing itself)."""
+        argv, resumes = self.command.attempt(self.run_dir, self.restarts)
+        values = self.command.values(self.run_dir, self.restarts)
+        newest = latest_checkpoint(self.run_dir / "checkpoints")
+        env = {
+            **self.env,
+            **{k: expand(v, values) for k, v in self.command.env.items()},
+            "ENLACE_RUN_NAME": self.command.run_name,
+            "ENLACE_RUN_DIR": str(self.run_dir.resolve()),
+            "ENLACE_RESTART": str(self.restarts),
+            "ENLACE_RESUME_FROM": str(newest.resolve()) if newest else "",
+        }
+        say(f"starting the command{' (resuming)' if resumes else ''}: {shlex.join(argv)}")
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, pass_fds=fds, **group)
+        self._term_at, self._killed = None, False
+        first = {} if runs.read(self.run_dir).get("started_at") else {"started_at": time.time()}
+        runs.transition(
+            self.run_dir,
+            Status.RUNNING,
+            UNLESS_STOPPING,
+            pid=self.child.pid,
+            pid_start=runs.proc_start(self.child.pid),
+            phase="running the command",
+            attempt_argv=argv,
+            **first,
+        )
+
+    def _kill_command(self) -> None:
+        """The grace after the stop's SIGTERM is over: SIGKILL to the command's process group."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signal.SIGKILL)
+        self._term_at, self._killed = None, True
 
     def _watch(self, seconds: float) -> bool:
         """Wait up to `seconds` for the child to end, beating meanwhile; True if it ended."""

@@ -234,6 +234,8 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "commit": st.get("commit"),
         "exit_code": st.get("exit_code"),
         "error": st.get("error"),
+        "command": (st.get("command") or {}).get("command"),  # a run of the user's own command: its argv as given
+        "outputs": (st.get("command") or {}).get("outputs") or [],
         "resumed_from": st.get("resumed_from"),
         "latest_checkpoint": latest.name if latest else None,
         "checkpoint_warning": skipped_latest(run_dir / "checkpoints", latest),

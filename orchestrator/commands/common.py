@@ -72,6 +72,17 @@ class HostOptionsCommand(click.Command):
         ]
 
 
+class AfterDashCommand(HostOptionsCommand):
+    """Everything after the first `--` is kept as it was typed (click would drop the `--` and leave
+    `shell -- CMD` indistinguishable from `shell RUN CMD`): the words are in ctx.meta["after_dash"]."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            args, ctx.meta["after_dash"] = args[:i], args[i + 1 :]
+        return super().parse_args(ctx, args)
+
+
 class HostOptionsGroup(click.Group):
     command_class = HostOptionsCommand
 

@@ -15,7 +15,7 @@ from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
 from orchestrator.commands import sweep as sweeps
-from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
+from orchestrator.commands.common import AfterDashCommand, HostOptionsCommand, Remote, allow_dirty_option, with_remote
 from orchestrator.commands.sweep import sweep_option
 
 
@@ -62,8 +62,14 @@ def preflight(
     sys.exit(VERDICT_EXIT.get(report["verdict"], 0))
 
 
-@click.command(cls=HostOptionsCommand)
+@click.command(cls=AfterDashCommand)
 @click.argument("run", required=False)
+@click.option(
+    "--name",
+    default=None,
+    metavar="NAME",
+    help="The run's name for your own command given after `--`: launch --name exp1 -- python train.py --lr 3e-4.",
+)
 @click.option(
     "--force",
     is_flag=True,
@@ -140,8 +146,9 @@ def preflight(
 )
 @allow_dirty_option
 @set_option
+@click.pass_context
 @with_remote
-def launch(remote: Remote, run: str | None, **options) -> None:
+def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> None:
     """Sync, (push data,) verify --for-launch, preflight, then train RUN detached on the host.
 
     RUN is a run file (configs/runs/RUN.yaml) or the name of a run on the host: `launch NAME` resumes that
@@ -153,11 +160,24 @@ def launch(remote: Remote, run: str | None, **options) -> None:
 
     On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
     is an sbatch job (`srun torchrun` for --nodes/--gpus) that checkpoints and requeues itself
-    before its time limit; launch shows why it is pending and waits for the first step."""
-    from orchestrator.launch import pipeline
+    before its time limit; launch shows why it is pending and waits for the first step.
+
+    Your own script: a run file with `command:`, or `launch --name NAME -- python train.py ...` — synced,
+    verified, supervised, stopped and fetched the same way (docs/own-script.md)."""
+    from orchestrator.launch import choose, own, pipeline
 
     o = SimpleNamespace(**options)
-    plan = _plan(remote, run, o)
+    after = ctx.meta.get("after_dash")
+    name = run if after is not None else choose.choose_run(remote.repo, remote.host, run)
+    command = own.command_of(remote.repo, name, after, o.name, o.overrides)
+    restarts_given = ctx.get_parameter_source("restarts") == click.core.ParameterSource.COMMANDLINE
+    if command is None:
+        plan = _plan(remote, name, o)
+    else:
+        from orchestrator.commands.data import local_data_of
+
+        data = local_data_of(remote, name, o.overrides) if o.push_data and after is None else None
+        plan = pipeline.Plan(**own.plan_fields(remote, name, command, after is None, o, restarts_given, data))
     if plan is not None:
         pipeline.run(plan, remote.session_for, remote.repo)
 
@@ -167,15 +187,16 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
     from orchestrator.commands.data import local_data_of
     from orchestrator.hosts.resolve import resolve_host
     from orchestrator.launch import choose, pipeline, ship
+    from orchestrator.launch.slurm import nproc_of, slurm_options
 
-    name, overrides = choose.choose_run(remote.repo, remote.host, run), o.overrides
+    name, overrides = run, o.overrides
     if o.print_only:  # touches nothing: the run file as named
         run = ship.check_run_config(remote.repo, name)
     else:  # a run file, or an existing run's name (resumed, or extended with --set training.max_steps=M)
         run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides)
         run = ship.check_run_config(remote.repo, run)
     slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
-    spec = _slurm_spec(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
+    spec = slurm_options(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
     train_args = (
         (["--until", str(o.until)] if o.until else [])
         + (["--resume", o.resume] if o.resume != "latest" else [])
@@ -183,7 +204,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
         + (["--allow-teacher-change"] if o.allow_teacher_change else [])
         + ship.set_args(overrides)
     )
-    nproc = _nproc(o.gpus, spec)
+    nproc = nproc_of(o.gpus, spec)
     if o.print_only:
         from orchestrator.launch.slurm import print_script
         from orchestrator.transfer.gitsync import local_checks
@@ -219,42 +240,6 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
         slurm=spec,
         notify=o.notify,
     )
-
-
-def _slurm_spec(remote: Remote, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):
-    """The Slurm settings: the host's (with --nodes); for --print on a plain host, defaults asking for --gpus."""
-    from enlace.slurm.settings import SlurmSpec
-    from orchestrator.launch.slurm import spec_for
-
-    if print_only and not slurm:
-        raise click.UsageError("--print goes with --slurm: `launch RUN --slurm --print`")
-    if hosts:
-        raise click.UsageError("--hosts is for plain SSH hosts; on Slurm, --nodes K asks the scheduler for K nodes")
-    if not remote.host.slurm and not print_only:
-        raise click.UsageError(
-            f"host {remote.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
-            "time, ...) to its hosts.yaml entry (README: On a Slurm cluster), or print a script "
-            "to submit yourself with --slurm --print"
-        )
-    plain = SlurmSpec(gpus_per_node=int(gpus) if gpus and gpus.isdigit() else 0)
-    return spec_for(remote.host.slurm or plain, nodes)
-
-
-def _nproc(gpus: str | None, spec) -> int | str | None:
-    """Processes per node: --gpus; on Slurm, the host's gpus_per_node by default (1 on a CPU partition)."""
-    if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
-        raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
-    if not spec:
-        return gpus
-    if gpus == "all":
-        return spec.gpus_per_node or 1
-    n = int(gpus) if gpus else (spec.gpus_per_node or 1)
-    if spec.gpus_per_node and n > spec.gpus_per_node:
-        raise click.BadParameter(
-            f"{n} processes per node, but the host's jobs ask for gpus_per_node: {spec.gpus_per_node}",
-            param_hint="--gpus",
-        )
-    return n
 
 
 @click.command(cls=HostOptionsCommand)
@@ -385,7 +370,9 @@ def fetch(
     rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
     click.echo(
         f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
-        f"{len(rep['skipped'])} already here; {mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
+        f"{len(rep['skipped'])} already here; "
+        + (f"{rep['outputs']} output file(s) verified; " if rep.get("outputs") else "")
+        + f"{mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
         f"{rep['method']}) → {rep['dest']}"
     )
 

@@ -13,7 +13,7 @@ import click
 from enlace.clitypes import gc_options
 from enlace.names import validate_run_name
 from orchestrator.commands import sweep as sweeps
-from orchestrator.commands.common import HostOptionsCommand, Remote, with_remote
+from orchestrator.commands.common import AfterDashCommand, HostOptionsCommand, Remote, with_remote
 from orchestrator.commands.sweep import sweep_option
 from orchestrator.ssh.session import SHA_RE
 
@@ -171,17 +171,6 @@ def export(remote: Remote, run_name: str | None, fmt: str, out: Path | None) -> 
         f"export {run_name} ({made['checkpoint']}, {fmt}) → {target}: {', '.join(made['files'])} "
         f"({rep['bytes'] / 2**20:.1f} MiB, verified; kept on {remote.host.name} in runs/{run_name}/exports/{made['name']})"
     )
-
-
-class AfterDashCommand(HostOptionsCommand):
-    """Everything after the first `--` is kept as it was typed (click would drop the `--` and leave
-    `shell -- CMD` indistinguishable from `shell RUN CMD`): the words are in ctx.meta["after_dash"]."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            i = args.index("--")
-            args, ctx.meta["after_dash"] = args[:i], args[i + 1 :]
-        return super().parse_args(ctx, args)
 
 
 @click.command(cls=AfterDashCommand)

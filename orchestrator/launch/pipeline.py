@@ -24,11 +24,14 @@ from typing import Any
 
 import click
 
+from enlace.config.command import CommandRun
 from enlace.contract import VERDICT, ErrorKind, trainer_args
 from enlace.errors import EnlaceError
 from enlace.names import RunFile, RunName
 from enlace.slurm.settings import SlurmSpec
+from orchestrator.errors import UsageError
 from orchestrator.launch import choose, ship, stages
+from orchestrator.launch import own as own_launch
 from orchestrator.launch.slurm import submit
 from orchestrator.view.logs import follow_log
 
@@ -64,6 +67,8 @@ class Plan:
     policy: list[str] = field(default_factory=list)  # the supervisor's: --restarts, --stall-timeout
     notify: str | None = None  # launch --notify: POSTed to when the run ends (else the host's `notify`)
     slurm: SlurmSpec | None = None
+    command: CommandRun | None = None  # the user's own command (orchestrator/launch/own.py), not enlace's trainer
+    command_file: bool = False  # it comes from a run file (else from launch's `-- ARGV`)
 
 
 @dataclass
@@ -108,9 +113,11 @@ class SSHBackend(Backend):
             if many:
                 addr = plan.targets[0].hostname or "127.0.0.1"
                 rdzv = {"nnodes": len(plan.targets), "node_rank": rank, "addr": addr, "port": plan.master_port}
-            command = stages.train_command(plan.run_file, plan.train_args, plan.gpus, rdzv)
+            command = stages.train_command(plan.run_file, plan.train_args, plan.gpus, rdzv) if not plan.command else []
+            own = own_launch.spec_args(plan.command) if plan.command else []
+            procs = str(plan.command.nproc) if plan.command and plan.command.nproc > 1 else plan.gpus
             # one run across hosts starts on every host at once: a queue per host could start half of it
-            queue = [] if many else stages.queue_args(host, launch.device, plan.gpus)
+            queue = [] if many else [*stages.queue_args(host, launch.device, procs), *own]
             ends = stages.run_end_args(host, plan.notify) if rank == 0 else []
             session = launch.session_for(host)
             doc = stages.start_detached(session, launch.sha, launch.run_name, command, [*plan.policy, *queue, *ends])
@@ -126,6 +133,10 @@ class SlurmBackend(Backend):
 
     def start(self, launch: Launch) -> dict:
         plan = launch.plan
+        if plan.command:
+            raise UsageError(
+                f"{plan.command.run_name}: a command on a Slurm host is not supported yet (docs/own-script.md)"
+            )
         pyargs = trainer_args(plan.run_file, plan.train_args)
         started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc, pyargs)
         choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name, plan.run_file, plan.overrides)
@@ -144,6 +155,8 @@ def _ship(launch: Launch):
     for host in plan.targets:  # HEAD synced and verified (its HEAD == ours) on every host before anything starts
         if len(plan.targets) > 1:
             click.echo(f"== {host.name}", err=True)
+        if plan.command:
+            own_launch.check_tracked(launch.repo, plan.command)
         launch.sha, launch.run_name, launch.device = ship.ship(
             launch.session_for(host),
             launch.repo,
@@ -153,11 +166,15 @@ def _ship(launch: Launch):
             plan.overrides,
             fresh=plan.fresh,
             data=plan.data,
+            extra=own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [],
         )
+    if plan.command:
+        own_launch.say_no_preflight(plan.command)
 
 
 def _decide(launch: Launch):
-    return None if stages.worth_launching(launch.first, launch.run_name, launch.plan.overrides) else STOP
+    worth = stages.worth_launching(launch.first, launch.run_name, launch.plan.overrides, bool(launch.plan.command))
+    return None if worth else STOP
 
 
 def _preflight(launch: Launch):
@@ -206,7 +223,8 @@ STAGES: dict[str, Callable[[Launch], Any]] = {
 
 def stages_for(plan: Plan) -> list[str]:
     """The stages `plan` runs, in order."""
-    skip = {"preflight": not plan.preflight, "wait": not plan.wait, "follow": not (plan.wait and plan.follow)}
+    skip = {"preflight": not plan.preflight or bool(plan.command), "wait": not plan.wait}
+    skip["follow"] = not (plan.wait and plan.follow)
     return [name for name in STAGES if not skip.get(name, False)]
 
 

@@ -63,11 +63,12 @@ def verify(
     overrides=(),
     fresh: bool = False,
     quiet: bool = False,
+    extra: list[str] = (),
 ) -> dict:
     """The server-side checklist for RUN in trees/SHA; prints it (`quiet`: only what failed or warns), raises
     VerifyError naming what is missing."""
     args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
-    args += set_args(overrides)
+    args += [*set_args(overrides), *extra]  # extra: launch's `-- ARGV` as --command-spec
     doc = session.call_json("verify", *args, ok_codes=(0, contract.USAGE, contract.VERIFY))
     if "checks" not in doc:
         raise VerifyError(f"verify on {session.host.name}: {doc.get('error', 'failed')}")
@@ -102,6 +103,7 @@ def ship(
     overrides=(),
     fresh: bool = False,
     data=None,
+    extra: list[str] = (),
 ) -> Shipped:
     """Stage 1 of launch (and preflight): sync, push `data` (launch --push-data: RUN's data files,
     orchestrator/transfer/datapush.py), verify on one host. Raises if anything is missing there;
@@ -111,5 +113,5 @@ def ship(
     print_sync(rep)
     if data is not None and data.files:
         push(session, repo, data)
-    doc = verify(session, rep.commit, run, for_launch, overrides, fresh)
+    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, extra=extra)
     return Shipped(rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"))

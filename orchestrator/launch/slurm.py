@@ -67,3 +67,36 @@ def print_script(spec: SlurmSpec, host, repo, commit: str, run: str, run_name: s
     )
     env = {"ENLACE_COMMIT": commit, "PYTHONUNBUFFERED": "1"}
     return job_script(spec, run_name, tree, python, env, job, header, log_here=True)
+
+
+def slurm_options(remote, slurm: bool, print_only: bool, nodes: int | None, hosts: str | None, gpus: str | None):
+    """The Slurm settings: the host's (with --nodes); for --print on a plain host, defaults asking for --gpus."""
+    if print_only and not slurm:
+        raise click.UsageError("--print goes with --slurm: `launch RUN --slurm --print`")
+    if hosts:
+        raise click.UsageError("--hosts is for plain SSH hosts; on Slurm, --nodes K asks the scheduler for K nodes")
+    if not remote.host.slurm and not print_only:
+        raise click.UsageError(
+            f"host {remote.host.name} is not a Slurm host: add `scheduler: slurm` (and partition, "
+            "time, ...) to its hosts.yaml entry (README: On a Slurm cluster), or print a script "
+            "to submit yourself with --slurm --print"
+        )
+    plain = SlurmSpec(gpus_per_node=int(gpus) if gpus and gpus.isdigit() else 0)
+    return spec_for(remote.host.slurm or plain, nodes)
+
+
+def nproc_of(gpus: str | None, spec) -> int | str | None:
+    """Processes per node: --gpus; on Slurm, the host's gpus_per_node by default (1 on a CPU partition)."""
+    if gpus is not None and gpus != "all" and not (gpus.isdigit() and int(gpus) >= 1):
+        raise click.BadParameter(f"{gpus!r}: a number of GPUs (processes) or `all`", param_hint="--gpus")
+    if not spec:
+        return gpus
+    if gpus == "all":
+        return spec.gpus_per_node or 1
+    n = int(gpus) if gpus else (spec.gpus_per_node or 1)
+    if spec.gpus_per_node and n > spec.gpus_per_node:
+        raise click.BadParameter(
+            f"{n} processes per node, but the host's jobs ask for gpus_per_node: {spec.gpus_per_node}",
+            param_hint="--gpus",
+        )
+    return n

@@ -6,6 +6,7 @@ orchestrator/launch/slurm.py), wait for its first step (wait_first_step). Shippi
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -45,7 +46,7 @@ def remote_preflight(
     return report
 
 
-def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
+def worth_launching(session: Session, run_name: str, overrides=(), command: bool = False) -> bool:
     """Before any preflight: a live run is refused at once (its preflight would compete with it); a
     finished run is said to be finished, with how to extend it (False: nothing to launch)."""
     rows = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name]
@@ -67,6 +68,8 @@ def worth_launching(session: Session, run_name: str, overrides=()) -> bool:
         return True
     if row["alive"] and not Status(row["status"]).is_terminal:  # a failed run still exiting is not running
         raise AlreadyRunning(_running_message(session, row))
+    if command:  # a command that ended runs again: it has no max_steps to be finished at
+        return True
     # extended: a max_steps past where it stands (a recorded --set of the same max_steps is no extension)
     asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "training.max_steps"]
     extends = bool(asked) and asked[-1].strip().isdigit() and int(asked[-1]) > (row["step"] or 0)
@@ -176,6 +179,9 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
     if row["status"] not in ("running", "finished", "stopped"):
         tail = "\n".join(log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:])
         raise from_doc({"error": f"{ended_message(row)}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
+    if row.get("command"):
+        click.echo(f"{run_name}: {row['status']}: {shlex.join(row['command'])}", err=True)
+        return row
     how = (
         f"resumed from checkpoints/{row['resumed_from']}"
         if row["resumed_from"]

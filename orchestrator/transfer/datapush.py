@@ -23,9 +23,10 @@ from typing import Any
 
 import click
 
+from enlace.config import command
 from enlace.config.schema import load_config
 from enlace.contract import FRAME, ErrorKind
-from enlace.data.paths import DATA_DIR, push_files, push_scope
+from enlace.data.paths import DATA_DIR, push_files, push_scope, resolve_paths, under_data
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256
 from orchestrator.errors import Transient, UsageError
@@ -72,11 +73,17 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
     """RUN's data files in this checkout, resolved as the trainer resolves them. A link that leads outside
     data/ is refused (a link to /etc/passwd was uploaded), unless `follow_links`."""
 
-    cfg = load_config(run, overrides, repo)
-    globs, notes = push_scope(cfg.data)
+    own = command.load(run, repo, overrides)  # a run of your own command: its `data:` globs
+    if own is not None:
+        globs, notes = [under_data(p, "data") for p in own.data], []
+        found = resolve_paths(list(own.data), repo) if globs else []
+    else:
+        cfg = load_config(run, overrides, repo)
+        globs, notes = push_scope(cfg.data)
+        found = push_files(cfg.data, repo) if globs else []
     files = {}
     corpus, real_dirs = (repo / DATA_DIR).resolve(), {}
-    for path in push_files(cfg.data, repo) if globs else []:
+    for path in found:
         if not follow_links:  # the file's directory resolved once per directory, the file itself if a link
             real_dir = real_dirs.get(path.parent) or real_dirs.setdefault(path.parent, path.parent.resolve())
             real = path.resolve() if path.is_symlink() else real_dir / path.name

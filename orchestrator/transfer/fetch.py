@@ -48,6 +48,21 @@ def _safe(name: str, pattern: re.Pattern, what: str) -> str:
     return name
 
 
+def _safe_output(rel: str) -> str:
+    """An output's path from the server: relative, every part a plain name, outside checkpoints/ and staging."""
+    parts = rel.split("/")
+    if not all(FILE_NAME.fullmatch(p) for p in parts) or parts[0] in ("checkpoints", STAGING) or ".." in parts:
+        raise EnlaceError(f"refusing output path {rel!r} from the server: it could escape the destination")
+    return rel
+
+
+def _output_here(local: Path, entry: dict) -> bool:
+    """Fetched before and unchanged: the same size and sha256 here."""
+    return (
+        local.is_file() and local.stat().st_size == entry["bytes"] and file_sha256(local).hexdigest() == entry["sha256"]
+    )
+
+
 def _already_here(final: Path, files: dict) -> bool:
     """Fetched and verified before: the local MANIFEST lists exactly the server's files."""
     try:
@@ -61,7 +76,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
     root = dest.resolve()
 
     def plan(offer: dict[str, Any]) -> dict[str, str | None]:
-        if not offer["checkpoints"]:
+        if not offer["checkpoints"] and not offer.get("outputs"):
             raise UsageError(
                 f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
                 "— wait for the first checkpoint.every steps, or stop the run to make it save"
@@ -79,6 +94,9 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
             want[f"checkpoints/{name}/MANIFEST"] = None
         for fname in offer["files"]:
             want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
+        for rel, entry in offer.get("outputs", {}).items():  # a command run's outputs: verified by their sha256
+            if not _output_here(root / _safe_output(rel), entry):
+                want[rel] = entry["sha256"]
         return want
 
     t0 = time.perf_counter()
@@ -108,6 +126,11 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         os.replace(tmp, root / "checkpoints" / "latest")
     for fname in offer["files"]:
         os.replace(root / STAGING / fname, root / fname)
+    for rel in offer.get("outputs", {}):
+        if rel in want:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(root / STAGING / rel, root / rel)
+    report["outputs"] = len(offer.get("outputs", {}))
     shutil.rmtree(root / STAGING, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
     return report
@@ -227,6 +250,8 @@ def _answer(session: Session, wire, line: bytes) -> dict[str, Any]:
 def _size(offer: dict[str, Any], rel: str) -> int:
     if rel in offer["files"]:
         return offer["files"][rel]
+    if rel in offer.get("outputs", {}):
+        return offer["outputs"][rel]["bytes"]
     kind, name, fname = rel.split("/")  # checkpoints/NAME/FILE or exports/NAME/FILE
     entry = next(c for c in offer[kind] if c["name"] == name)
     return entry["manifest_bytes"] if fname == "MANIFEST" else entry["files"][fname]["bytes"]

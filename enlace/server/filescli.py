@@ -1,0 +1,84 @@
+"""`enlace` verbs that move a run's files for the driver: fetch-serve (fetch's server half), data-receive
+(data push's), data-files (what a run reads: verify --for-launch). With --json each answers JSON on stdout,
+errors too."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from enlace import contract
+from enlace.clitypes import root_option, set_option
+from enlace.names import find_root
+
+
+def _runs_root(root: Path | None) -> Path:
+    return find_root(root) / "runs"
+
+
+@click.command("fetch-serve", hidden=True)
+@click.argument("run_name")
+@root_option
+@click.option(
+    "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the offer is JSON anyway)."
+)
+def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
+    """For fetch: offer RUN_NAME's complete checkpoints and run files (one JSON line), read which
+    files the driver wants from stdin, send them (enlace/server/fetchserve.py has the wire)."""
+    from enlace.server import fetchserve, runfiles
+
+    run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
+    fetchserve.serve(run_dir, sys.stdin.buffer, sys.stdout.buffer)
+
+
+@click.command("data-receive", hidden=True)
+@root_option
+@click.option(
+    "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the answers are JSON anyway)."
+)
+def data_receive_cmd(root: Path | None, as_json: bool) -> None:
+    """For data push and data ls: compare the driver's file list with data/, then take the files it sends
+    (enlace/server/datarecv.py has the wire)."""
+    from enlace.server import datarecv
+
+    project = find_root(root)
+    datarecv.receive(project / "data", sys.stdin.buffer, sys.stdout.buffer, _runs_root(root), project)
+
+
+@click.command("data-files")
+@click.argument("run")
+@set_option
+@root_option
+@click.option("--json", "as_json", is_flag=True)
+def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
+    """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
+    from enlace.config import command
+    from enlace.errors import EnlaceError
+
+    own = command.load(run, root, overrides)
+    try:
+        files = _command_data_files(own, find_root(root)) if own else _trainer_data_files(run, overrides, root)
+    except EnlaceError as e:
+        click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
+        sys.exit(contract.VERIFY)
+    click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
+
+
+def _command_data_files(own, root: Path) -> list[str]:
+    """What a command run's `data:` globs match in the tree (DataError naming the first that matches none)."""
+    from enlace.data.paths import resolve_paths
+
+    return [str(p) for p in resolve_paths(list(own.data), root)]
+
+
+def _trainer_data_files(run: str, overrides: tuple[str, ...], root: Path | None) -> list[str]:
+    from enlace.config.recorded import load_run_config
+    from enlace.data.streams import data_files
+
+    return data_files(load_run_config(run, overrides, root))
+
+
+COMMANDS = (fetch_serve_cmd, data_receive_cmd, data_files_cmd)

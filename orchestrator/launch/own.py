@@ -1,0 +1,131 @@
+"""Launching the user's own command (enlace/config/command.py) through the same pipeline as enlace's trainer:
+`launch RUN` whose run file has `command:`, or `launch --name NAME -- ARGV...`. Sync, verify (the command's
+files and data on the server), start under the supervisor, wait, follow; preflight is the trainer's alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+
+from enlace.config import command
+from enlace.config.command import CommandRun
+from orchestrator.errors import UsageError, VerifyError
+
+# launch's options that only enlace's trainer takes, and what to do instead
+TRAINER_ONLY = {
+    "until": "--until: your command ends when it ends (`enlace-remote stop` ends it early)",
+    "gpus": "--gpus: set `nproc:` in the run file (torchrun with that many processes)",
+    "hosts": "--hosts: a command runs on one host",
+    "slurm": "--slurm: a command on a Slurm host is not supported yet",
+    "print_only": "--print: a command on a Slurm host is not supported yet",
+    "nodes": "--nodes: a command on a Slurm host is not supported yet",
+    "allow_data_change": "--allow-data-change: enlace's trainer's check; your command reads what it reads",
+    "allow_teacher_change": "--allow-teacher-change: enlace's trainer's distillation check",
+}
+
+
+def command_of(repo: Path, run: str | None, argv: list[str] | None, name: str | None, overrides) -> CommandRun | None:
+    """The command to launch: launch's `-- ARGV` (with --name), or RUN's run file when it has `command:`; None
+    when RUN is a run file of enlace's trainer."""
+    if argv is not None:
+        if not argv:
+            raise UsageError("launch --name NAME -- COMMAND...: nothing after `--` — give the command to run")
+        if run:
+            raise UsageError(f"launch {run} -- COMMAND: give either a run file or a command, not both")
+        if not name:
+            raise UsageError(
+                "launch -- COMMAND needs --name NAME: the run's name (status, logs, stop and fetch use it)"
+            )
+        return command.adhoc(argv, name)
+    if name:
+        raise UsageError("--name names a command given after `--` (launch --name NAME -- python train.py ...)")
+    return command.load(run, repo, overrides) if run else None
+
+
+def refuse_trainer_options(o: SimpleNamespace, own: CommandRun) -> None:
+    for key, why in TRAINER_ONLY.items():
+        if getattr(o, key, None):
+            raise UsageError(f"{why} ({own.run_name} runs your own command)")
+    if getattr(o, "resume", "latest") != "latest":
+        raise UsageError(
+            "--resume: enlace's trainer's option — a command resumes its own way: `resume:` in the run file "
+            "(docs/own-script.md)"
+        )
+
+
+def policy(own: CommandRun, restarts: int | None, stall_timeout: float | None) -> list[str]:
+    """The supervisor's options: launch's own where given, else the run file's `supervise:`."""
+    restarts = own.supervise.restarts if restarts is None else restarts
+    stall = stall_timeout or own.supervise.stall_timeout
+    backoff = ["--backoff", str(own.supervise.backoff)]
+    return ["--restarts", str(restarts), *backoff] + (["--stall-timeout", str(stall)] if stall else [])
+
+
+def spec_args(own: CommandRun) -> list[str]:
+    """`--command-spec JSON`: the command itself, for `enlace start` (for a run file too: the server runs what
+    was verified) and for verify of launch's `-- ARGV` (which has no run file to check)."""
+    return ["--command-spec", json.dumps(own.to_doc(), separators=(",", ":"))]
+
+
+def say_no_preflight(own: CommandRun) -> None:
+    click.echo(
+        f"{own.run_name}: preflight measures enlace's own trainer; your command starts without it (docs/own-script.md)",
+        err=True,
+    )
+
+
+def check_tracked(repo: Path, own: CommandRun) -> None:
+    """The command's scripts must travel with git: present, tracked and not ignored here. An ignored one is
+    refused quoting the ignore rule, before anything is synced (the server would not have it)."""
+    import subprocess
+
+    for script in own.scripts():
+        path = repo / script
+        if not path.is_file():
+            continue  # maybe made by an earlier step of the command: the server's verify says if it is missing
+        ignored = subprocess.run(
+            ["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--", script], capture_output=True, text=True
+        )
+        if ignored.returncode == 0:
+            source, _, _ = ignored.stdout.strip().partition("\t")
+            raise VerifyError(
+                f"{script} is git-ignored ({source}: the rule that matches it), so sync would not send it and the "
+                f"server could not run {own.run_name} — track it: remove that rule (or add `!{script}`), then "
+                f"`git add {script}` and commit"
+            )
+        tracked = subprocess.run(
+            ["git", "-C", str(repo), "ls-files", "--error-unmatch", "--", script], capture_output=True
+        )
+        if tracked.returncode != 0:
+            raise VerifyError(
+                f"{script} is not tracked by git, so sync would not send it — `git add {script}` and commit"
+            )
+
+
+def plan_fields(
+    remote, run: str | None, own: CommandRun, from_file: bool, o: SimpleNamespace, restarts_given: bool, data
+) -> dict:
+    """launch's options for a command: the fields of the pipeline's Plan (orchestrator/launch/pipeline.py);
+    `data`: --push-data's local files (the command's `data:`), or None."""
+    refuse_trainer_options(o, own)
+    if o.push_data and not from_file:
+        raise UsageError("--push-data: a command given after `--` names no data — put `data:` in a run file")
+    return dict(
+        run_file=run if from_file else own.run_name,
+        targets=[remote.host],
+        train_args=[],
+        overrides=o.overrides,
+        allow_dirty=o.allow_dirty,
+        data=data,
+        preflight=False,
+        force=o.force,
+        wait=not o.no_wait,
+        follow=o.follow,
+        policy=policy(own, o.restarts if restarts_given else None, o.stall_timeout),
+        notify=o.notify,
+        command=own,
+        command_file=from_file,
+    )

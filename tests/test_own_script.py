@@ -1,0 +1,115 @@
+"""Your own script under enlace-remote (enlace/config/command.py, orchestrator/launch/own.py): a script
+that knows nothing of enlace, over the real sshd — launch, logs -f, status, stop, a crash restarted then
+given up, fetch of its outputs — and the refusals before anything starts (an ignored script, a bad run file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from support import REPO
+from support.remote import remote, server_dir, status_row, wait_until
+from support.repocopy import commit_all
+
+# prints lines, writes a file to its output dir, exits 0 on SIGTERM; knows nothing of enlace
+SCRIPT = textwrap.dedent(
+    """\
+    import argparse, pathlib, signal, sys, time
+    p = argparse.ArgumentParser()
+    p.add_argument("--out"); p.add_argument("--lines", type=int, default=5); p.add_argument("--code", type=int, default=0)
+    a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM: exiting 0", flush=True), sys.exit(0)))
+    out = pathlib.Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    (out / "result.txt").write_text("the answer is 42\\n")
+    (out / "sub").mkdir(exist_ok=True); (out / "sub" / "more.bin").write_bytes(bytes(range(256)) * 40)
+    for i in range(a.lines):
+        print(f"script line {i}", flush=True)
+        time.sleep(0.05)
+    sys.exit(a.code)
+    """
+)
+
+
+def _run_file(repo, name: str, *args: str, **extra) -> None:
+    doc = {"command": ["python", "scripts/hello.py", "--out", "{run_dir}/out", *args], "outputs": ["out/**/*"], **extra}
+    (repo / "configs" / "runs" / f"{name}.yaml").write_text(json.dumps(doc) + "\n")
+
+
+@pytest.fixture
+def script_repo(user_repo):
+    (user_repo / "scripts" / "hello.py").write_text(SCRIPT)
+    _run_file(user_repo, "hello")
+    _run_file(user_repo, "forever", "--lines", "1000000")
+    _run_file(user_repo, "broken", "--code", "1", supervise={"restarts": 2, "backoff": 0.2})
+    commit_all(user_repo, "a script of our own and its run files")
+    return user_repo
+
+
+def _row(repo, env, run: str) -> dict:
+    return status_row(repo, env, "testhost", run)
+
+
+@pytest.mark.slow
+def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
+    env = sshd.env
+    out = remote(script_repo, env, "launch", "hello")
+    assert "preflight measures enlace's own trainer" in out.stderr, out.stderr
+    logs = remote(script_repo, env, "logs", "hello", "-f").stdout
+    assert all(f"script line {i}" in logs for i in range(5)), logs
+    row = _row(script_repo, env, "hello")
+    assert (row["status"], row["exit_code"]) == ("finished", 0), row
+    assert row["command"] == ["python", "scripts/hello.py", "--out", "{run_dir}/out"]
+
+    remote(script_repo, env, "fetch", "hello", "--dest", str(tmp_path / "got"))
+    run_dir = server_dir(sshd, "testhost") / "runs" / "hello"
+    for rel in ("out/result.txt", "out/sub/more.bin"):
+        assert (tmp_path / "got" / rel).read_bytes() == (run_dir / rel).read_bytes(), rel
+
+    remote(script_repo, env, "launch", "forever", "--no-wait")
+    wait_until(lambda: "script line 3" in (server_dir(sshd, "testhost") / "runs/forever/train.log").read_text())
+    out = remote(script_repo, env, "stop", "forever")
+    row = _row(script_repo, env, "forever")
+    assert row["status"] == "stopped" and row["exit_code"] == 0, row
+    log = (server_dir(sshd, "testhost") / "runs/forever/train.log").read_text()
+    assert "got SIGTERM: exiting 0" in log and "stopped: the command exited 0 after SIGTERM" in log
+
+    out = remote(script_repo, env, "launch", "broken", "--follow", check=False)  # follows it to its end
+    assert out.returncode == 8, (out.returncode, out.stderr[-2000:])  # crashed: the contract's code
+    assert out.stdout.count("script line 4") == 3  # the first start and its two restarts
+    row = _row(script_repo, env, "broken")
+    assert row["restarts"] == 2 and "gave up after 2 restarts: the command exited 1" in row["error"], row
+
+
+def test_a_git_ignored_script_is_refused_quoting_the_rule_before_anything_starts(sshd, user_repo):
+    (user_repo / ".gitignore").write_text((user_repo / ".gitignore").read_text() + "\nscratch/\n")
+    (user_repo / "scratch").mkdir()
+    (user_repo / "scratch" / "train.py").write_text("print('hi')\n")
+    (user_repo / "configs" / "runs" / "ign.yaml").write_text("command: [python, scratch/train.py]\n")
+    commit_all(user_repo, "a run file whose script is ignored")
+    out = remote(user_repo, sshd.env, "launch", "ign", check=False)
+    assert out.returncode == 3, out.stderr
+    assert "scratch/train.py is git-ignored (.gitignore:" in out.stderr and ":scratch/" in out.stderr, out.stderr
+    assert not (server_dir(sshd, "testhost") / "runs" / "ign").exists()  # nothing started, nothing synced for it
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("command: python train.py\n", "command: 'python train.py' is not a list of strings"),
+        ("command: [python, x.py]\nnproc: 0\n", "nproc: 0 is not a whole number"),
+        ("command: [python, x.py, '{out}']\n", "uses {out}, which enlace does not fill"),
+        ("command: [python, x.py]\nrestart: 3\n", "restart: unknown key"),
+        ("command: [python, x.py]\nsupervise: {retries: 2}\n", "supervise.retries: unknown key"),
+    ],
+)
+def test_a_wrong_command_run_file_is_one_line_and_exit_2(project, text, says):
+    (project / "configs" / "runs" / "bad.yaml").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "enlace", "check-config", "bad"]
+    out = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
