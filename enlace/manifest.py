@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,27 @@ def write_manifest(directory: Path, step: int, names: list[str]) -> None:
     manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
     write_file(directory / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
     fsync_dir(directory)
+
+
+def publish(ckpt_root: Path, tmp: Path, step: int, keep: int, names: list[str] | None = None) -> Path:
+    """Make `tmp` (its files written) checkpoint `step` under ckpt_root: its MANIFEST written, renamed in whole,
+    `latest` naming it, the complete ones beyond `keep` pruned. Only now does it count (the trainer's saves
+    and enlace.job's both end here). `names`: its files (default: every file in tmp)."""
+    names = names if names is not None else sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST)
+    write_manifest(tmp, step, names)
+    final = ckpt_root / step_dir_name(step)
+    if final.exists():  # saving the same step again (e.g. --until N, then a stop at N)
+        old = ckpt_root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    latest_tmp = ckpt_root / f".latest.tmp-{os.getpid()}"
+    write_file(latest_tmp, lambda fh: fh.write(final.name.encode() + b"\n"))
+    os.replace(latest_tmp, ckpt_root / "latest")
+    fsync_dir(ckpt_root)
+    done = [p for p in complete_checkpoints(ckpt_root) if p != final]
+    for older in done[: max(0, len(done) - (keep - 1))]:
+        shutil.rmtree(older, ignore_errors=True)
+    return final

@@ -23,13 +23,12 @@ from enlace.errors import CheckpointError, NoSpaceError
 from enlace.hashing import file_sha256
 from enlace.manifest import (
     complete_checkpoints,
-    fsync_dir,
     latest_checkpoint,
     manifest_problem,
+    publish,
     read_manifest,
     step_dir_name,
     write_file,
-    write_manifest,
 )
 
 
@@ -92,26 +91,7 @@ def _save(ckpt_root: Path, step: int, final: Path, tmp: Path, files: dict[str, A
     tmp.mkdir(parents=True)
     for name, obj in files.items():
         write_file(tmp / name, lambda fh, obj=obj: torch.save(obj, fh))
-    write_manifest(tmp, step, list(files))
-    if final.exists():  # saving the same step again (e.g. --until N, then a stop at N)
-        old = ckpt_root / f".old-{final.name}-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    latest_tmp = ckpt_root / f".latest.tmp-{os.getpid()}"
-    write_file(latest_tmp, lambda fh: fh.write(final.name.encode() + b"\n"))
-    os.replace(latest_tmp, ckpt_root / "latest")
-    fsync_dir(ckpt_root)
-    _prune(ckpt_root, keep, final)
-    return final
-
-
-def _prune(ckpt_root: Path, keep: int, newest: Path) -> None:
-    done = [p for p in complete_checkpoints(ckpt_root) if p != newest]
-    for old in done[: max(0, len(done) - (keep - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
+    return publish(ckpt_root, tmp, step, keep, list(files))
 
 
 def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
