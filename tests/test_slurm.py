@@ -370,3 +370,31 @@ def test_a_sweep_is_one_job_array_whose_task_requeues_at_its_limit_and_resumes_e
     assert compare_states(ours, straight)["identical"]
     table = remote(user_repo, login.env, "status", "--sweep", host="cluster").stdout
     assert table.startswith("sweep arr: sw, 3/3 finished"), table
+
+
+def test_a_script_of_your_own_checkpoints_at_the_time_limit_requeues_and_finishes_exactly(
+    login, user_repo, cluster, tmp_path
+):
+    """A training script of the user's (enlace.job; not enlace's trainer) as a Slurm job: Slurm's time-limit
+    signal reaches it as SIGTERM through the batch step, it checkpoints and exits, the job requeues itself, the
+    script starts again, resumes and finishes with weights byte-equal to a straight run of the same script."""
+    from test_own_script_resume import TRAIN
+
+    (user_repo / "scripts" / "tiny_train.py").write_text(TRAIN)
+    doc = {"command": ["python", "scripts/tiny_train.py", "40", "0.2"], "supervise": {"restarts": 1, "backoff": 0.2}}
+    (user_repo / "configs" / "runs" / "own.yaml").write_text(json.dumps(doc) + "\n")
+    commit_all(user_repo, "a script of our own")
+    remote(user_repo, login.env, "launch", "own", "--no-wait", host="cluster")
+    wait_until(lambda: run_json(login, "own").get("step", 0) >= 7, 180, "the script training")
+    cluster.run("scancel", "--signal=USR1", "--batch", run_json(login, "own")["job_id"])
+    wait_until(lambda: run_json(login, "own").get("status") == "finished", 600, "the script to finish")
+    log = train_log(login, "own")
+    assert "time limit is near" in log and "requeueing job" in log and "resumed from step-" in log, log
+    assert run_json(login, "own")["requeues"] >= 1
+
+    sha = subprocess.run(["git", "-C", str(user_repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    tree = server_dir(login, "cluster") / "trees" / sha.strip()
+    env = {**os.environ, "PYTHONPATH": str(tree), "ENLACE_RUN_DIR": str(tmp_path / "straight")}
+    subprocess.run([sys.executable, "scripts/tiny_train.py", "40", "0"], cwd=tree, env=env, check=True, timeout=300)
+    ours = server_dir(login, "cluster") / "runs" / "own" / "final.bin"
+    assert ours.read_bytes() == (tmp_path / "straight" / "final.bin").read_bytes()

@@ -123,9 +123,10 @@ def torchrun_env(run_dir: Path) -> dict[str, str]:
     return {"PET_LOG_DIR": str(run_dir.resolve() / "torchrun")}
 
 
-def submit(run_dir: Path, submit_job) -> dict[str, Any]:
-    """Submit the run as a Slurm job (`submit_job(launch_id)` → job id), unless it is alive."""
-    with launching(run_dir) as (launch_id, offset):
+def submit(run_dir: Path, submit_job, command: dict | None = None) -> dict[str, Any]:
+    """Submit the run as a Slurm job (`submit_job(launch_id)` → job id), unless it is alive. `command`: the
+    user's own command, kept in run.json for the job's batch step."""
+    with launching(run_dir, command) as (launch_id, offset):
         update(run_dir, status=Status.PENDING, phase="submitted to Slurm", launcher_pid=None, launcher_start=None)
         try:
             job_id = submit_job(launch_id)

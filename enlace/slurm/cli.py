@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import root_option
+from enlace.config.command import from_spec
 from enlace.names import find_root, validate_run_name
 
 spec_option = click.option(
@@ -36,10 +37,17 @@ def _spec(spec_json: str):
 @click.argument("pyargs", nargs=-1, type=click.UNPROCESSED)
 @spec_option
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
+@click.option("--command-spec", default=None, metavar="JSON", help="The user's own command instead of PYARGS.")
 @root_option
 @click.option("--json", "as_json", is_flag=True)
 def submit_cmd(
-    run_name: str, pyargs: tuple[str, ...], spec_json: str, gpus: int, root: Path | None, as_json: bool
+    run_name: str,
+    pyargs: tuple[str, ...],
+    spec_json: str,
+    gpus: int,
+    command_spec: str | None,
+    root: Path | None,
+    as_json: bool,
 ) -> None:
     """sbatch a job that runs `python PYARGS` (the trainer) as RUN_NAME, unless the run is live (exit 7);
     the script is kept as runs/RUN_NAME/slurm/job-ID.sh, the job's output is train.log."""
@@ -69,7 +77,8 @@ def submit_cmd(
         )
         return slurm.submit(script, run_dir / "slurm", run_dir / "train.log")
 
-    doc = lifecycle.submit(run_dir, submit_job)
+    own = from_spec(command_spec, run_name).to_doc() if command_spec else None  # run.json keeps it for the job
+    doc = lifecycle.submit(run_dir, submit_job, own)
     click.echo(json.dumps(doc) if as_json else f"submitted {run_name}: Slurm job {doc['job_id']}")
 
 

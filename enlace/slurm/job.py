@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from enlace.config.command import CommandRun
 from enlace.contract import ACTIVE, Status
 from enlace.server import lifecycle
 from enlace.server.supervise import Policy, Supervisor, last_line
@@ -91,7 +92,11 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     if gpus > 1 or nodes > 1:
         argv = distributed_argv(sys.executable, train, gpus, nodes, raw, run_dir / "train.log")
     env = {**lifecycle.torchrun_env(run_dir), **os.environ}
-    sup = Supervisor(run_dir, argv, Policy(), env, signals={signal.SIGUSR1: "limit"}, on_stop=announce)
+    doc = runs.read(run_dir).get("command")  # the user's own command (submit kept it): started and healed as such
+    own = CommandRun.from_doc(doc, "run.json command") if doc else None
+    policy = Policy(own.supervise.restarts, own.supervise.stall_timeout, own.supervise.backoff) if own else Policy()
+    limit = {signal.SIGUSR1: "limit"}
+    sup = Supervisor(run_dir, argv, policy, env, signals=limit, on_stop=announce, command=own)
     for s in (signal.SIGUSR1, signal.SIGTERM):  # first of all: the job script ignored USR1 until now
         signal.signal(s, sup.on_signal)
     node = socket.gethostname()
@@ -107,7 +112,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     code, got = outcome.exit_code, outcome.signalled
     st = runs.read(run_dir)
     ended = st.get("status") in (Status.STOPPED, Status.FINISHED)
-    short = st.get("step", 0) < (st.get("max_steps") or 0)
+    short = own is not None or st.get("step", 0) < (st.get("max_steps") or 0)  # a command stopped is not done
     if "limit" in got and "term" not in got and st.get("status") == Status.STOPPED and short:
         if restarts < max_requeues:
             return _requeue(run_dir, job_id, st)

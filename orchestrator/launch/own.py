@@ -19,9 +19,9 @@ TRAINER_ONLY = {
     "until": "--until: your command ends when it ends (`enlace-remote stop` ends it early)",
     "gpus": "--gpus: set `nproc:` in the run file (torchrun with that many processes)",
     "hosts": "--hosts: a command runs on one host",
-    "slurm": "--slurm: a command on a Slurm host is not supported yet",
-    "print_only": "--print: a command on a Slurm host is not supported yet",
-    "nodes": "--nodes: a command on a Slurm host is not supported yet",
+    "slurm": "--slurm --print: prints enlace's trainer's batch script (a command goes through launch on a Slurm host)",
+    "print_only": "--print: prints enlace's trainer's batch script (a command goes through launch on a Slurm host)",
+    "nodes": "--nodes: a command runs on one node",
     "allow_data_change": "--allow-data-change: enlace's trainer's check; your command reads what it reads",
     "allow_teacher_change": "--allow-teacher-change: enlace's trainer's distillation check",
 }
@@ -128,4 +128,6 @@ def plan_fields(
         notify=o.notify,
         command=own,
         command_file=from_file,
+        slurm=remote.host.slurm,  # a Slurm host: sbatch, the time limit's SIGTERM, the requeue (enlace/slurm/job.py)
+        nproc=own.nproc,
     )

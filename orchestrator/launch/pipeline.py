@@ -133,12 +133,11 @@ class SlurmBackend(Backend):
 
     def start(self, launch: Launch) -> dict:
         plan = launch.plan
-        if plan.command:
-            raise UsageError(
-                f"{plan.command.run_name}: a command on a Slurm host is not supported yet (docs/own-script.md)"
-            )
-        pyargs = trainer_args(plan.run_file, plan.train_args)
-        started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc, pyargs)
+        if plan.command and plan.command.nproc > 1:
+            raise UsageError(f"{plan.command.run_name}: nproc > 1 on a Slurm host is not supported yet")
+        pyargs = trainer_args(plan.run_file, plan.train_args) if not plan.command else []
+        own = own_launch.spec_args(plan.command) if plan.command else []
+        started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc or 1, pyargs, own)
         choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name, plan.run_file, plan.overrides)
         return started
 

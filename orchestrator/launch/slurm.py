@@ -26,9 +26,11 @@ def on_node(spec: SlurmSpec, args: tuple[str, ...]) -> tuple[str, ...]:
     return ("on-node", "--slurm", json.dumps(spec.to_json()), "--", *args)
 
 
-def submit(session: Session, sha: str, run_name: str, spec: SlurmSpec, gpus: int, pyargs: list[str]) -> dict:
+def submit(
+    session: Session, sha: str, run_name: str, spec: SlurmSpec, gpus: int, pyargs: list[str], extra: list[str] = ()
+) -> dict:
     """sbatch the run on the login node; its job id goes into run.json. Not retried after a dropped
-    session (it may have been submitted): a rerun says the run is live."""
+    session (it may have been submitted): a rerun says the run is live. `extra`: a command's --command-spec."""
     doc = session.enlace_json(
         sha,
         "submit",
@@ -37,6 +39,7 @@ def submit(session: Session, sha: str, run_name: str, spec: SlurmSpec, gpus: int
         json.dumps(spec.to_json()),
         "--gpus",
         str(gpus),
+        *extra,
         "--",
         *pyargs,
         idempotent=False,
