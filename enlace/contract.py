@@ -2,7 +2,7 @@
 both rely on, owned here once. Standard library only: the driver imports it on a laptop without torch,
 numpy or the trainer's modules.
 
-  exit codes         the one table of `enlace`, scripts/remote.sh and `enlace-remote`
+  exit codes         the one table of `enlace`, enlace/remote/remote.sh and `enlace-remote`
   run names          the rule a run_name follows, and where a run's name comes from
   run status         the Status enum and what each status means to the driver (terminal or not, the
                      exit code `logs -f` ends with, the words that describe it)

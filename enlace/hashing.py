@@ -1,5 +1,5 @@
 """The one owner of "the sha256 of a file" (checkpoints' MANIFEST, fetch, data push, both halves) and of the
-server venv's key, which scripts/remote.sh computes the same way in bash (a test holds them equal).
+server venv's key, which enlace/remote/remote.sh computes the same way in bash (a test holds them equal).
 Standard library only: the driver imports it."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ VENV_KEY_FILES = ("pyproject.toml", "constraints.txt")
 
 def venv_key(tree: Path) -> str:
     """Which server venv a tree uses: the first 16 hex of sha256(pyproject.toml + constraints.txt), as
-    scripts/remote.sh's `cat pyproject.toml constraints.txt | sha256sum | cut -c1-16` (a missing file adds
+    enlace/remote/remote.sh's `cat pyproject.toml constraints.txt | sha256sum | cut -c1-16` (a missing file adds
     nothing, as `cat 2>/dev/null` does)."""
     h = hashlib.sha256()
     for name in VENV_KEY_FILES:

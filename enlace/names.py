@@ -41,7 +41,7 @@ def validate_run_file(stem: str, source: str = "RUN") -> RunFile:
 def find_root(start: Path | None = None) -> Path:
     """The nearest directory at or above `start` that holds configs/runs/ (else `start`).
 
-    Without `start`, ENLACE_ROOT (set by scripts/remote.sh to the checked-out tree) wins: a tree
+    Without `start`, ENLACE_ROOT (set by enlace/remote/remote.sh to the checked-out tree) wins: a tree
     on the server must never borrow configs from a directory above it."""
     if start is None and os.environ.get("ENLACE_ROOT"):
         return Path(os.environ["ENLACE_ROOT"]).resolve()

@@ -88,7 +88,7 @@ def cpu_name() -> str:
 
 
 def git_commit(root: Path) -> str:
-    """ENLACE_COMMIT (set by scripts/remote.sh) or `git rev-parse HEAD`, else "unknown"."""
+    """ENLACE_COMMIT (set by enlace/remote/remote.sh) or `git rev-parse HEAD`, else "unknown"."""
     if os.environ.get("ENLACE_COMMIT"):
         return os.environ["ENLACE_COMMIT"]
     try:

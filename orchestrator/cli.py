@@ -15,6 +15,7 @@ from enlace.clitypes import set_option
 from enlace.contract import leave
 from enlace.errors import EnlaceError
 from orchestrator.commands import data as cli_data
+from orchestrator.commands import init as cli_init
 from orchestrator.commands import login as cli_login
 from orchestrator.commands import run as cli_run
 from orchestrator.commands import sweep as cli_sweep
@@ -224,6 +225,7 @@ for module in (
     cli_data,
     cli_sweep,
     cli_login,
+    cli_init,
 ):  # they import nothing from here: `enlace-remote` holds every verb
     for command in module.COMMANDS:
         main.add_command(command)

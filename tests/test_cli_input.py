@@ -36,11 +36,11 @@ def test_ports_are_range_checked(tmp_path, monkeypatch, port):
     assert isinstance(result.exception, SystemExit)  # a user error, said; never a traceback
 
 
-def test_a_git_repo_that_is_not_an_enlace_checkout_is_named(tmp_path, monkeypatch):
+def test_a_repository_of_your_own_without_a_run_file_is_pointed_at_init(tmp_path, monkeypatch):
     other = tmp_path / "other"
     subprocess.run(["git", "init", "-q", str(other)], check=True)
-    result = _cli(["--host", "local", "status"], other, tmp_path, monkeypatch)
-    assert result.exit_code == 2 and "not an enlace checkout" in result.output, result.output
+    result = _cli(["--host", "local", "launch", "mine"], other, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and "enlace-remote init mine -- python train.py" in result.output, result.output
     assert isinstance(result.exception, SystemExit)
 
 
@@ -65,7 +65,10 @@ def test_names_are_refused_where_they_are_given(tmp_path, monkeypatch, args, wor
 @pytest.mark.parametrize("remote_dir", ["-x", "~root/x", "a\nb", ""])
 def test_remote_sh_refuses_a_remote_dir_it_would_misread(tmp_path, remote_dir):
     out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "remote.sh"), remote_dir, "setup"], capture_output=True, text=True, cwd=tmp_path
+        ["bash", str(REPO / "enlace" / "remote" / "remote.sh"), remote_dir, "setup"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     doc = json.loads(out.stdout)
     assert out.returncode == 2 and doc["exit_code"] == 2 and "absolute path, ~ or ~/DIR" in doc["error"]

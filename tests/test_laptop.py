@@ -13,6 +13,7 @@ import pytest
 from support.configs import write_tiny_corpus
 from support.procs import install_driver
 from support.remote import remote, server_dir
+from support.repocopy import commit_all
 
 
 @pytest.fixture(scope="session")
@@ -90,3 +91,50 @@ def _board_lists(driver: list[str], repo: Path, env: dict, run_name: str) -> Non
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# a training script of a repository that is not enlace's: prints its steps, writes its output, nothing of enlace
+OWN_TRAIN = """\
+import argparse, pathlib
+p = argparse.ArgumentParser(); p.add_argument("--out_dir"); p.add_argument("--steps", type=int)
+a = p.parse_args()
+for step in range(1, a.steps + 1):
+    print(f"iter {step}: loss {1 / step:.4f}", flush=True)
+out = pathlib.Path(a.out_dir); out.mkdir(parents=True, exist_ok=True)
+(out / "result.txt").write_text(f"trained {a.steps} steps\\n")
+"""
+
+
+@pytest.mark.slow
+def test_a_repository_of_your_own_with_the_driver_from_pip(driver_venv, sshd, tmp_path):
+    """`git init`, a script, `enlace-remote init` (one run file, nothing else), then the same verbs, with the
+    driver pip-installed into a venv without torch: the server runs the driver's own enlace beside the tree."""
+    repo = tmp_path / "mine"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "train.py").write_text(OWN_TRAIN)
+    commit_all(repo, "my own training script")
+    driver = [str(driver_venv / "bin" / "enlace-remote")]
+    run = lambda *args, **kw: remote(repo, sshd.env, *args, driver=driver, **kw)
+
+    run("init", "mine", "--", "python", "train.py", "--out_dir", "{run_dir}/out", "--steps", "5")
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert status.split() == ["??", "configs/"], status  # the run file and nothing else
+    with open(repo / "configs" / "runs" / "mine.yaml", "a") as fh:
+        fh.write('outputs: ["out/*"]\n')
+    commit_all(repo, "an enlace run")
+
+    out = run("launch", "mine")
+    assert "installing enlace's server half" in out.stderr, out.stderr
+    logs = run("logs", "mine", "-f").stdout
+    assert "iter 5: loss 0.2000" in logs, logs
+    assert json.loads(run("status", "mine", "--json").stdout)[0]["status"] == "finished"
+    run("fetch", "mine", "--dest", str(tmp_path / "got"))
+    assert (tmp_path / "got" / "out" / "result.txt").read_text() == "trained 5 steps\n"
+
+    rd = server_dir(sshd, "testhost")
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert not (rd / "trees" / sha / "enlace").exists()  # the user's tree only; enlace runs from its server half
+    (half,) = (rd / "server").iterdir()
+    assert (half / "enlace" / "server" / "supervise.py").is_file()
+    out = run("launch", "mine")  # again: the server half is there already
+    assert "installing" not in out.stderr

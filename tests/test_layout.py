@@ -34,6 +34,7 @@ CLI_MODULES = {
     "orchestrator.cli",
     "orchestrator.commands.common",
     "orchestrator.commands.login",
+    "orchestrator.commands.init",
     "orchestrator.commands.run",
     "orchestrator.commands.tools",
     "orchestrator.commands.sweep",

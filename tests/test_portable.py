@@ -84,6 +84,7 @@ DRIVER_MAY_IMPORT = {
     "enlace.config.rules",
     "enlace.config.cards",  # profile: auto, read with nvidia-smi (standard library)
     "enlace.config.command",  # a run of the user's own command: launch and data push read its run file (stdlib)
+    "enlace.remote",  # remote.sh and the package's key and tar (standard library)
     "enlace.manifest",  # a checkpoint's MANIFEST (standard library): a command run's resume rule asks for the newest
     "enlace.data",
     "enlace.data.paths",

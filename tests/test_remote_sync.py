@@ -190,7 +190,7 @@ def test_verify_names_a_missing_torch_with_the_venv_fix(tmp_path):
     subprocess.run(["python3", "-m", "venv", "--without-pip", str(bare)], check=True)
     sha = head(REPO)
     out = subprocess.run(
-        [str(bare / "bin" / "python"), "scripts/verify_tree.py", sha, "smoke-cpu"],
+        [str(bare / "bin" / "python"), "enlace/remote/verify_tree.py", sha, "smoke-cpu"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -21,11 +21,11 @@ from enlace.state import runs
 
 def test_exit_codes_are_one_table_used_by_every_part():
     assert len(set(contract.TABLE)) == len(contract.TABLE) == 11
-    script = (REPO / "scripts" / "remote.sh").read_text()
+    script = (REPO / "enlace" / "remote" / "remote.sh").read_text()
     for name, value in re.findall(r"^EXIT_([A-Z_]+)=(\d+)$", script, re.M):
         assert getattr(contract, name) == int(value), name  # remote.sh spells the same values
     assert re.findall(r"exit (\d)", script) == []  # no bare numbers: only the named ones
-    verify_tree = (REPO / "scripts" / "verify_tree.py").read_text()
+    verify_tree = (REPO / "enlace" / "remote" / "verify_tree.py").read_text()
     for name, value in re.findall(r"^(USAGE|VERIFY) = (\d+)$", verify_tree, re.M):
         assert getattr(contract, name) == int(value), name
     readme = (REPO / "docs" / "troubleshooting.md").read_text()  # the one table, as users read it
@@ -142,12 +142,12 @@ def test_server_verbs_answer_one_json_document_even_for_errors(tmp_path):
 def test_remote_sh_writes_json_with_any_remote_dir(tmp_path):
     odd = tmp_path / 'we"ird dir\\x'
     out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "setup"], capture_output=True, text=True
+        ["bash", str(REPO / "enlace" / "remote" / "remote.sh"), str(odd), "setup"], capture_output=True, text=True
     )
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["ok"] is True and doc["remote_dir"] == str(odd) and doc["have_tree"] is False
     out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "remote.sh"), str(odd), "enlace", "latest", "python3", "runs"],
+        ["bash", str(REPO / "enlace" / "remote" / "remote.sh"), str(odd), "enlace", "latest", "python3", "runs"],
         capture_output=True,
         text=True,
     )
@@ -168,13 +168,14 @@ def test_remote_sh_latest_is_the_most_recently_checked_out_tree(tmp_path):
     for age, sha in enumerate(reversed(shas.values())):  # tmp newest, then new, old oldest
         tree = rd / "trees" / sha
         (tree / "enlace").mkdir(parents=True)
+        (tree / "enlace" / "__init__.py").touch()  # enlace's own tree (a user's own would run the server half)
         (tree / "enlace" / "__main__.py").write_text("import os; print(os.environ['ENLACE_COMMIT'])\n")
         (tree / ".enlace-ready").touch()
         os.utime(tree / ".enlace-ready", (1e9 - age, 1e9 - age))
 
     def latest() -> str:
         out = subprocess.run(
-            ["bash", str(REPO / "scripts" / "remote.sh"), str(rd), "enlace", "latest", sys.executable],
+            ["bash", str(REPO / "enlace" / "remote" / "remote.sh"), str(rd), "enlace", "latest", sys.executable],
             capture_output=True,
             text=True,
         )
@@ -248,14 +249,16 @@ def test_runs_table_rounds_loss(project):
 
 @pytest.mark.parametrize("files", [("pyproject.toml", "constraints.txt"), ("pyproject.toml",)])
 def test_the_venv_key_is_the_same_in_bash_and_python(tmp_path, files):
-    """scripts/remote.sh names the server venv; gc and the printed Slurm script find it by enlace.hashing's key."""
+    """enlace/remote/remote.sh names the server venv; gc and the printed Slurm script find it by enlace.hashing's key."""
     import subprocess
 
     from enlace.hashing import venv_key
 
     for name in files:
         (tmp_path / name).write_bytes((REPO / name).read_bytes() + name.encode())
-    fn = re.search(r"^venv_key\(\) \{.*?^\}", (REPO / "scripts" / "remote.sh").read_text(), re.S | re.M).group(0)
+    fn = re.search(
+        r"^venv_key\(\) \{.*?^\}", (REPO / "enlace" / "remote" / "remote.sh").read_text(), re.S | re.M
+    ).group(0)
     bash = subprocess.run(["bash", "-c", f'{fn}\nvenv_key "$1"', "_", str(tmp_path)], capture_output=True, text=True)
     assert bash.stdout.strip() == venv_key(tmp_path) and len(venv_key(tmp_path)) == 16
 

@@ -26,6 +26,11 @@ def check_run_config(repo: Path, run: str) -> str:
     import difflib
 
     run_argument(run)
+    if not (repo / "configs" / "runs").is_dir():
+        raise UsageError(
+            f"no configs/runs/ in {repo} — in a repository of your own, `enlace-remote init {run} -- python "
+            "train.py ...` writes a run file for your script (docs/own-script.md)"
+        )
     have = sorted(p.stem for p in (repo / "configs" / "runs").glob("*.yaml"))
     if run not in have:
         close = difflib.get_close_matches(run, have, n=1, cutoff=0.6)

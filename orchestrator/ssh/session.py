@@ -1,4 +1,5 @@
-"""A session with one host: the transport plus the server-side script (scripts/remote.sh).
+"""A session with one host: the transport plus the server-side script (enlace/remote/remote.sh, from the driver's
+own package).
 
 Every remote call is `bash -c <remote.sh> remote.sh REMOTE_DIR VERB ARGS...`, built as an argv
 and shlex-joined by the transport: the server needs nothing but bash, git and python, even before
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from enlace import remote
 from orchestrator.errors import CommandFailed, from_doc
 from orchestrator.hosts.resolve import Host
 from orchestrator.ssh.transport import Transport
@@ -24,11 +26,14 @@ class Session:
     def __init__(self, transport: Transport, repo: Path):
         self.transport, self.repo = transport, repo
         self.host: Host = transport.host
-        self.script = (repo / "scripts" / "remote.sh").read_text()
+        self.script = remote.SCRIPT.read_text()  # the driver's own: driver and script never disagree
+        # a repository of the user's own: the server runs the driver's enlace beside it (server/KEY)
+        self.server_half = None if remote.is_enlace_checkout(repo) else remote.package_key()
         self.remote_dir: str | None = None  # absolute, once `setup` has answered
 
     def argv(self, verb: str, *args: str) -> list[str]:
-        return ["bash", "-c", self.script, "remote.sh", self.remote_dir or self.host.remote_dir, verb, *args]
+        half = ["env", f"ENLACE_SERVER={self.server_half}"] if self.server_half else []
+        return [*half, "bash", "-c", self.script, "remote.sh", self.remote_dir or self.host.remote_dir, verb, *args]
 
     def enlace_argv(self, sha: str, *args: str, tied: bool = False) -> list[str]:
         """`python -m enlace ARGS` in trees/SHA ("latest": the newest tree); `tied`: the server side ends

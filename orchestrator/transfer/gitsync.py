@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from enlace import remote
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.ssh.session import SHA_RE, Session
 
@@ -36,16 +37,10 @@ def repo_root(start: Path) -> Path:
     p = subprocess.run(["git", "-C", str(start), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if p.returncode != 0:
         raise UsageError(
-            f"{start} is not inside a git repository — enlace-remote ships code with git; run it "
-            "from your enlace checkout"
+            f"{start} is not inside a git repository — enlace-remote ships code with git; run it from your "
+            "enlace checkout or your own repository (`git init`, commit your script, `enlace-remote init`)"
         )
-    root = Path(p.stdout.strip())
-    if not (root / "scripts" / "remote.sh").is_file() or not (root / "enlace").is_dir():
-        raise UsageError(
-            f"{root} is a git repository but not an enlace checkout (no scripts/remote.sh or enlace/) "
-            "— run enlace-remote from your enlace checkout"
-        )
-    return root
+    return Path(p.stdout.strip())  # enlace's own checkout, or a repository of the user's own (docs/own-script.md)
 
 
 def ignored_shipped_files(repo: Path) -> list[tuple[str, str]]:
@@ -77,8 +72,13 @@ class SyncReport:
     tree: str = ""
 
 
+DRIVER_LOCAL = ("?? .enlace/", "?? runs/", "?? exports/")  # the driver's own files here (ignored in enlace's checkout)
+
+
 def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> SyncReport:
-    dirty = [line for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines() if line]
+    status = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
+    # in a repository of the user's own, what the driver writes here (last runs, fetched runs) is not a change
+    dirty = [line for line in status if line and (remote.is_enlace_checkout(repo) or not line.startswith(DRIVER_LOCAL))]
     if dirty and not allow_dirty:
         listing = "\n".join(f"  {d}" for d in dirty[:30]) + ("\n  ..." if len(dirty) > 30 else "")
         raise VerifyError(
@@ -105,6 +105,8 @@ def sync(session: Session, repo: Path, allow_dirty: bool = False, check_ignored:
     t0 = time.perf_counter()
     report = local_checks(repo, allow_dirty, check_ignored)
     state = session.setup(report.commit)
+    if session.server_half and not state.get("server_half"):  # a repository of the user's own: enlace beside it
+        install_server_half(session)
     if not state["have_tree"]:
         push(session, repo, report.commit)
         report.pushed = True
@@ -116,6 +118,19 @@ def sync(session: Session, repo: Path, allow_dirty: bool = False, check_ignored:
     report.tree = done["tree"]
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def install_server_half(session: Session) -> None:
+    """The driver's own enlace package, unpacked on the server as server/KEY (remote.sh server-install): what
+    runs the supervisor, the run state and the transfers beside a repository of the user's own."""
+    click.echo(f"  server: installing enlace's server half {session.server_half} (the driver's own version)", err=True)
+    with session.transport.duplex(session.argv("server-install"), 120, lambda: None) as wire:
+        wire.write(remote.package_tar())
+        code, err = wire.finish()
+    if code != 0:
+        raise UsageError(
+            f"installing enlace's server half on {session.host.name} failed (exit {code}): {err.strip()[-500:]}"
+        )
 
 
 def push(session: Session, repo: Path, sha: str) -> None:

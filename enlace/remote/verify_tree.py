@@ -1,7 +1,7 @@
 """Server-side arrival checklist for one commit's tree (stdlib only: it must run even when the
 tree is broken). Run by `remote.sh verify` from inside trees/<sha>/:
 
-    python scripts/verify_tree.py SHA RUN [--for-launch] [--set SECTION.KEY=VALUE ...]
+    python enlace/remote/verify_tree.py SHA RUN [--for-launch] [--set SECTION.KEY=VALUE ...]
 
 Prints one JSON object: {"ok": bool, "checks": [{"name", "ok", "detail"}...], "run_name": ...}.
 """
@@ -27,8 +27,15 @@ NEEDED = [
 ]
 
 
+# The directory whose enlace/ runs this script: the tree itself (enlace's own checkout), or the server half the
+# driver installed beside a repository of the user's own (remote.sh's enlace_home)
+HOME = Path(__file__).resolve().parents[2]
+OWN_TREE = Path("enlace/__init__.py").is_file()
+
+
 def start(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "ENLACE_ROOT": os.getcwd()}
+    path = os.getcwd() if OWN_TREE else os.pathsep.join([str(HOME), os.getcwd()])
+    env = {**os.environ, "PYTHONPATH": path, "ENLACE_ROOT": os.getcwd()}
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -42,6 +49,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 DEPENDENCIES = ("torch", "numpy", "yaml", "click", "psutil")
+SERVER_DEPENDENCIES = ("yaml", "click", "psutil")  # what enlace's server half needs beside a user's own script
 # enlace/contract.py's exit codes, spelled here (this script runs before the tree is known to import);
 # tests/test_runs.py holds them equal
 USAGE = 2
@@ -52,10 +60,15 @@ def import_detail(stderr: str) -> str:
     """The failed import's last line; for a missing dependency, what the user should do."""
     last = (stderr.strip().splitlines() or [""])[-1]
     for dep in DEPENDENCIES:
-        if f"No module named '{dep}'" in last:
+        if f"No module named '{dep}'" in last and OWN_TREE:
             return (
                 f"{last} — the server's python ({sys.executable}) lacks enlace's dependencies; set `python: venv` "
                 "for this host in hosts.yaml (enlace builds a venv from constraints.txt), or install them"
+            )
+        if f"No module named '{dep}'" in last:
+            return (
+                f"{last} — the server's python ({sys.executable}) lacks what enlace's server half needs beside your "
+                "script: `pip install pyyaml click psutil` into it (hosts.yaml python: names it)"
             )
     return last
 
@@ -74,25 +87,34 @@ def main() -> int:
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     add("HEAD is the pushed commit", head == sha, f"HEAD {head[:12]}, pushed {sha[:12]}")
-    missing = [p for p in NEEDED if not Path(p).exists()]
-    add("package and config dirs present", not missing, "missing: " + ", ".join(missing) if missing else "")
+    if OWN_TREE:  # enlace's own checkout: its package and configs must have arrived
+        missing = [p for p in NEEDED if not Path(p).exists()]
+        add("package and config dirs present", not missing, "missing: " + ", ".join(missing) if missing else "")
+    else:  # a repository of the user's own: its run files, and enlace's server half beside it
+        add("configs/runs present", Path("configs/runs").is_dir(), "" if Path("configs/runs").is_dir() else "missing")
     run_file = Path("configs/runs") / f"{run_ref}.yaml"
     if not spec:
         there = run_file.is_file()
         add(f"configs/runs/{run_ref}.yaml present", there, "" if there else f"missing: {run_file}")
     # The module must come from this tree: an installed copy elsewhere (e.g. an editable install) would hide
     # a tree that lacks it. The dependencies are looked for, not imported: torch's import is slow.
-    imp_p = start(
-        "-c",
-        "import os, importlib.util, enlace.data as d; f = os.path.realpath(d.__file__); "
+    # A tree of the user's own runs the server half beside it: only the server half's dependencies are looked for
+    deps = DEPENDENCIES if OWN_TREE else SERVER_DEPENDENCIES
+    from_tree = (
+        "import os, enlace.data as d; f = os.path.realpath(d.__file__); "
         "assert f.startswith(os.path.realpath(os.getcwd()) + os.sep), 'imported from ' + f + "
         "', not from this tree: the tree lacks enlace/data/'\n"
-        f"for m in {DEPENDENCIES!r}:\n"
+    )
+    imp_p = start(
+        "-c",
+        f"import importlib.util\n{from_tree if OWN_TREE else ''}"
+        f"for m in {deps!r}:\n"
         "    if importlib.util.find_spec(m) is None: raise ModuleNotFoundError(f\"No module named '{m}'\")",
     )
     cc_p = start("-m", "enlace", "check-config", run_ref, "--json", *set_args)  # both checks run side by side
     imp, cc = finish(imp_p), finish(cc_p)
-    add("import enlace.data", imp.returncode == 0, import_detail(imp.stderr) if imp.returncode else "")
+    what = "import enlace.data" if OWN_TREE else f"enlace's server half and its packages ({HOME})"
+    add(what, imp.returncode == 0, import_detail(imp.stderr) if imp.returncode else "")
     try:
         cfg = json.loads(cc.stdout)
     except json.JSONDecodeError:

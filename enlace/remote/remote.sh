@@ -8,6 +8,7 @@
 #   remote.sh REMOTE_DIR checkout SHA|latest [PYTHON [PIP_ARG...]]   trees/SHA: a checkout of SHA with data/ and
 #                                                  runs/ linked to the shared dirs; idempotent; resolves PYTHON
 #                                                  (`venv`: builds one, pip's progress on stderr)
+#   remote.sh REMOTE_DIR server-install            stdin: the driver's enlace package (a tar) → server/KEY
 #   remote.sh REMOTE_DIR verify SHA PYTHON RUN [--for-launch]   the arrival checklist
 #   remote.sh REMOTE_DIR enlace SHA|latest PYTHON ARGS...       exec python -m enlace ARGS in trees/SHA
 #
@@ -44,6 +45,16 @@ esac
 RD=$(cd -- "$RD" && pwd)
 
 check_sha() { [[ $1 =~ ^[0-9a-f]{40}$ ]] || die "not a commit id: $1" $EXIT_USAGE; }
+# A repository of the user's own has no enlace/: the driver names its server half (ENLACE_SERVER, a key of
+# its package's bytes), installed once under $RD/server/KEY by `server-install` (orchestrator/transfer/serverhalf.py)
+SERVER=${ENLACE_SERVER:-}
+[ -z "$SERVER" ] || [[ $SERVER =~ ^[0-9a-f]{16}$ ]] || die "ENLACE_SERVER: not a server half key: $SERVER" $EXIT_USAGE
+enlace_home() {  # TREE -> the directory whose enlace/ package runs there: the tree's own, else the server half
+  if [ -f "$1/enlace/__init__.py" ]; then echo "$1"
+  elif [ -n "$SERVER" ] && [ -f "$RD/server/$SERVER/enlace/__init__.py" ]; then echo "$RD/server/$SERVER"
+  else return 1; fi
+}
+NO_HOME="this tree has no enlace/ and enlace's server half is not installed here: run enlace-remote sync (it installs it)"
 newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer),
   local t newest=""  # by bash builtins alone: every driver command that names no commit asks for it
   for t in "$RD"/trees/*/.enlace-ready; do
@@ -75,6 +86,12 @@ resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (st
   # $RD/venvs/KEY (what a printed Slurm script and gc name). FLAVOR: cuda, or cpu on a host with no NVIDIA
   # driver, whose torch comes from PyTorch's CPU index (≈200 MB instead of the CUDA build's ≈4.8 GB with its
   # nvidia packages; when that index does not answer, PyPI's CUDA build goes in, and the build says so).
+  if [ ! -f "$tree/constraints.txt" ]; then  # a repository of the user's own: no enlace venv to build from it
+    echo "python: venv builds enlace's trainer's venv from the tree's constraints.txt, which this repository" \
+         "lacks — set python: in hosts.yaml to the python of your own environment (your script's packages, and" \
+         "pyyaml, click and psutil for enlace's server half)" >&2
+    return 1
+  fi
   local key; key=$(venv_key "$tree")
   local link=$RD/venvs/$key flavor=cuda size="≈4.8 GB with its nvidia packages" index=() why="an NVIDIA driver is here"
   has_nvidia_driver || flavor=cpu
@@ -117,7 +134,18 @@ case $VERB in
     [ -d "$RD/repo.git" ] || git init -q --bare "$RD/repo.git"
     have=false
     if [ $# -ge 1 ]; then check_sha "$1"; [ -f "$RD/trees/$1/.enlace-ready" ] && have=true; fi
-    json_out ok:json true remote_dir "$RD" have_tree:json "$have"
+    half=false
+    [ -n "$SERVER" ] && [ -f "$RD/server/$SERVER/enlace/__init__.py" ] && half=true
+    json_out ok:json true remote_dir "$RD" have_tree:json "$have" server_half:json "$half"
+    ;;
+  server-install)  # stdin: a tar of the driver's enlace package, unpacked as $RD/server/$SERVER/enlace/
+    [ -n "$SERVER" ] || die "server-install needs ENLACE_SERVER" $EXIT_USAGE
+    mkdir -p "$RD/server"; tmp=$RD/server/.tmp-$SERVER-$$
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    tar -x -C "$tmp" || { rm -rf "$tmp"; die "unpacking enlace's server half failed"; }
+    [ -f "$tmp/enlace/__init__.py" ] || { rm -rf "$tmp"; die "the server half arrived without enlace/__init__.py"; }
+    mv -T "$tmp" "$RD/server/$SERVER" 2>/dev/null || rm -rf "$tmp"  # another install won the race: same bytes
+    json_out ok:json true server "$RD/server/$SERVER"
     ;;
   checkout)
     sha=$1
@@ -147,7 +175,8 @@ case $VERB in
     tree=$RD/trees/$sha
     [ -d "$tree" ] || die "commit $sha is not checked out on the server: run enlace-remote sync"
     py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
-    cd "$tree" && exec "$py" scripts/verify_tree.py "$sha" "$@"
+    home=$(enlace_home "$tree") || die "$NO_HOME"
+    cd "$tree" && exec "$py" "$home/enlace/remote/verify_tree.py" "$sha" "$@"
     ;;
   enlace)
     sha=$1
@@ -155,7 +184,9 @@ case $VERB in
       sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first" $EXIT_USAGE not_synced
     fi
     check_sha "$sha"; py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
-    cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$PWD exec "$py" -m enlace "$@"
+    home=$(enlace_home "$RD/trees/$sha") || die "$NO_HOME"
+    path=$RD/trees/$sha; [ "$home" = "$path" ] || path=$home:$path  # the server half first, then the user's tree
+    cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$path exec "$py" -m enlace "$@"
     ;;
   *)
     echo "remote.sh: unknown verb '$VERB'" >&2; exit $EXIT_USAGE ;;

@@ -1,0 +1,71 @@
+"""`enlace-remote init`: start using enlace-remote in a repository of your own (a nanoGPT fork, an HF script):
+one run file, configs/runs/NAME.yaml, and nothing else in your tree (docs/own-script.md)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+
+from orchestrator.commands.common import AfterDashCommand
+
+RUN_FILE = """\
+# enlace-remote runs your own command (docs/own-script.md). `python` is the host's python (hosts.yaml python:);
+# {{run_dir}} is the run's directory on the server (runs/{name}/), where outputs: and fetch look.
+command: {command}
+# data: ["data/**/*.bin"]          # what it reads, under data/: verify checks it, `enlace-remote data push {name}` sends it
+# outputs: ["out/**/*"]             # under {{run_dir}}: what `enlace-remote fetch {name}` brings back, sha256-verified
+# resume: {{args: ["--init_from=resume"], when: "{{run_dir}}/out/ckpt.pt"}}   # added on a restart once that exists
+# supervise: {{restarts: 3, grace: 30}}   # restarts after a crash; a stop's SIGTERM, then SIGKILL after grace s
+# device: cuda                      # what it waits for in the host's queue (cpu, cuda, auto)
+# nproc: 1                          # > 1: torchrun with that many processes
+"""
+
+
+@click.command(cls=AfterDashCommand)
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Replace configs/runs/NAME.yaml if it exists.")
+@click.pass_context
+def init(ctx: click.Context, name: str, force: bool) -> None:
+    """Write configs/runs/NAME.yaml for your own script, in this git repository (and nothing else): the
+    command after `--` (default: python train.py), with the other keys commented out to fill in.
+
+    \b
+    enlace-remote init shakespeare -- python train.py config/train_shakespeare_char.py --out_dir={run_dir}/out
+    git add configs/runs/shakespeare.yaml && git commit -m "an enlace run"
+    enlace-remote --host gpu1 launch shakespeare -f"""
+    from enlace.names import validate_run_name
+    from orchestrator.errors import UsageError
+    from orchestrator.transfer.gitsync import repo_root
+
+    validate_run_name(name, "NAME")
+    repo = repo_root(Path.cwd())
+    argv = ctx.meta.get("after_dash") or ["python", "train.py"]
+    path = repo / "configs" / "runs" / f"{name}.yaml"
+    if path.exists() and not force:
+        raise UsageError(f"{path.relative_to(repo)} exists — edit it, or pass --force to write it anew")
+    command = "[" + ", ".join(_yaml_word(a) for a in argv) + "]"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(RUN_FILE.format(name=name, command=command))
+    click.echo(f"wrote {path.relative_to(repo)}: {shlex.join(argv)}", err=True)
+    click.echo(
+        f"next: git add {path.relative_to(repo)} && git commit -m 'enlace run {name}', then "
+        f"enlace-remote --host HOST launch {name}",
+        err=True,
+    )
+
+
+def _yaml_word(word: str) -> str:
+    """One argv word as YAML flow-sequence text: quoted (JSON's quoting is YAML's) unless plainly safe."""
+    import json
+
+    plain = word.replace("_", "").replace("-", "").replace(".", "").replace("/", "").isalnum()
+    return (
+        word
+        if plain and not word[0].isdigit() and word not in ("yes", "no", "true", "false", "null")
+        else json.dumps(word)
+    )
+
+
+COMMANDS = (init,)
