@@ -4,6 +4,7 @@ python (the test's own, with the trainer) does the training."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -95,9 +96,11 @@ def _board_lists(driver: list[str], repo: Path, env: dict, run_name: str) -> Non
 
 # a training script of a repository that is not enlace's: prints its steps, writes its output, nothing of enlace
 OWN_TRAIN = """\
-import argparse, pathlib
+import argparse, hashlib, pathlib
 p = argparse.ArgumentParser(); p.add_argument("--out_dir"); p.add_argument("--steps", type=int)
 a = p.parse_args()
+data = pathlib.Path("data/shakespeare_char/train.bin").read_bytes()  # where nanoGPT looks, relative to its checkout
+print(f"train.bin: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}", flush=True)
 for step in range(1, a.steps + 1):
     print(f"iter {step}: loss {1 / step:.4f}", flush=True)
 out = pathlib.Path(a.out_dir); out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +115,11 @@ def test_a_repository_of_your_own_with_the_driver_from_pip(driver_venv, sshd, tm
     repo = tmp_path / "mine"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "train.py").write_text(OWN_TRAIN)
+    (repo / ".gitignore").write_text("*.bin\n")  # as nanoGPT: the prepared data is ignored, its script tracked
+    (repo / "data" / "shakespeare_char").mkdir(parents=True)
+    (repo / "data" / "shakespeare_char" / "prepare.py").write_text("# writes train.bin\n")
+    train_bin = bytes(range(256)) * 300
+    (repo / "data" / "shakespeare_char" / "train.bin").write_bytes(train_bin)
     commit_all(repo, "my own training script")
     driver = [str(driver_venv / "bin" / "enlace-remote")]
     run = lambda *args, **kw: remote(repo, sshd.env, *args, driver=driver, **kw)
@@ -120,13 +128,14 @@ def test_a_repository_of_your_own_with_the_driver_from_pip(driver_venv, sshd, tm
     status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
     assert status.split() == ["??", "configs/"], status  # the run file and nothing else
     with open(repo / "configs" / "runs" / "mine.yaml", "a") as fh:
-        fh.write('outputs: ["out/*"]\n')
+        fh.write('outputs: ["out/*"]\ndata: ["data/shakespeare_char/*.bin"]\n')
     commit_all(repo, "an enlace run")
 
-    out = run("launch", "mine")
+    out = run("launch", "mine", "--push-data")  # the ignored train.bin goes to the shared data/, once
     assert "installing enlace's server half" in out.stderr, out.stderr
     logs = run("logs", "mine", "-f").stdout
-    assert "iter 5: loss 0.2000" in logs, logs
+    digest = hashlib.sha256(train_bin).hexdigest()
+    assert f"train.bin: {len(train_bin)} bytes, sha256 {digest}" in logs and "iter 5: loss 0.2000" in logs, logs
     assert json.loads(run("status", "mine", "--json").stdout)[0]["status"] == "finished"
     run("fetch", "mine", "--dest", str(tmp_path / "got"))
     assert (tmp_path / "got" / "out" / "result.txt").read_text() == "trained 5 steps\n"

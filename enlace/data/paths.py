@@ -114,3 +114,35 @@ def in_scope(data_dir: Path, globs: list[str]) -> list[str]:
             if os.path.isfile(match):
                 found.add(Path(match).relative_to(data_dir).as_posix())
     return sorted(found)
+
+
+DATA_DIR_ENV = "ENLACE_DATA_DIR"  # remote.sh: the remote_dir's shared data/, which every tree reads
+
+
+def shared_data_dir(root: Path) -> Path:
+    """Where the server keeps the data every tree reads (data push writes there): the remote_dir's data/ as
+    remote.sh names it, else the project's own data/ (the trainer's tree links it; the local host, a test)."""
+    return Path(os.environ.get(DATA_DIR_ENV) or root / DATA_DIR)
+
+
+def link_shared_data(root: Path) -> int:
+    """Make the shared data appear where a command looks for it. A tree whose data/ is the link to the shared
+    directory needs nothing; a repository that tracks files under data/ itself (nanoGPT tracks
+    data/shakespeare_char/prepare.py and ignores the .bin files beside it) gets a link for each shared file its
+    data/ lacks, in place. Returns the links made."""
+    tree_data, shared = root / DATA_DIR, shared_data_dir(root)
+    if tree_data.is_symlink() or not tree_data.is_dir() or not shared.is_dir():
+        return 0
+    if tree_data.resolve() == shared.resolve():
+        return 0
+    made = 0
+    for dirpath, dirs, files in os.walk(shared):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # a push's hidden staging beside the data
+        for name in files:
+            src = Path(dirpath) / name
+            dst = tree_data / src.relative_to(shared)
+            if not name.startswith(".") and not os.path.lexists(dst):
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.symlink_to(src)
+                made += 1
+    return made

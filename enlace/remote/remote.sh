@@ -161,7 +161,12 @@ case $VERB in
       git clone -q --shared --no-checkout "$RD/repo.git" "$tmp" 2>"$tmp.err" || { cat "$tmp.err" >&2; die "git clone failed"; }
       rm -f "$tmp.err"
       git -C "$tmp" checkout -q --detach "$sha"
-      ln -sfn "$RD/data" "$tmp/data"
+      if [ -d "$tmp/runs" ] && [ ! -L "$tmp/runs" ]; then
+        rm -rf "$tmp"; die "commit $sha tracks a runs/ directory, where enlace keeps its runs on the server — rename it in your repository" $EXIT_USAGE
+      fi
+      # data/: the shared one; a repository that tracks files there keeps its own, the shared files linked in
+      # at each start (enlace/data/paths.py: link_shared_data)
+      [ -d "$tmp/data" ] && [ ! -L "$tmp/data" ] || ln -sfn "$RD/data" "$tmp/data"
       ln -sfn "$RD/runs" "$tmp/runs"
       touch "$tmp/.enlace-ready"
       if ! mv -T "$tmp" "$tree" 2>/dev/null; then rm -rf "$tmp"; fi  # a concurrent checkout won
@@ -176,7 +181,7 @@ case $VERB in
     [ -d "$tree" ] || die "commit $sha is not checked out on the server: run enlace-remote sync"
     py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
     home=$(enlace_home "$tree") || die "$NO_HOME"
-    cd "$tree" && exec "$py" "$home/enlace/remote/verify_tree.py" "$sha" "$@"
+    cd "$tree" && ENLACE_DATA_DIR=$RD/data exec "$py" "$home/enlace/remote/verify_tree.py" "$sha" "$@"
     ;;
   enlace)
     sha=$1
@@ -186,7 +191,8 @@ case $VERB in
     check_sha "$sha"; py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
     home=$(enlace_home "$RD/trees/$sha") || die "$NO_HOME"
     path=$RD/trees/$sha; [ "$home" = "$path" ] || path=$home:$path  # the server half first, then the user's tree
-    cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD PYTHONPATH=$path exec "$py" -m enlace "$@"
+    cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD ENLACE_DATA_DIR=$RD/data PYTHONPATH=$path \
+      exec "$py" -m enlace "$@"
     ;;
   *)
     echo "remote.sh: unknown verb '$VERB'" >&2; exit $EXIT_USAGE ;;

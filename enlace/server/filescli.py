@@ -42,10 +42,11 @@ def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
 def data_receive_cmd(root: Path | None, as_json: bool) -> None:
     """For data push and data ls: compare the driver's file list with data/, then take the files it sends
     (enlace/server/datarecv.py has the wire)."""
+    from enlace.data.paths import shared_data_dir
     from enlace.server import datarecv
 
     project = find_root(root)
-    datarecv.receive(project / "data", sys.stdin.buffer, sys.stdout.buffer, _runs_root(root), project)
+    datarecv.receive(shared_data_dir(project), sys.stdin.buffer, sys.stdout.buffer, _runs_root(root), project)
 
 
 @click.command("data-files")
@@ -69,8 +70,9 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_j
 
 def _command_data_files(own, root: Path) -> list[str]:
     """What a command run's `data:` globs match in the tree (DataError naming the first that matches none)."""
-    from enlace.data.paths import resolve_paths
+    from enlace.data.paths import link_shared_data, resolve_paths
 
+    link_shared_data(root)  # a repository that tracks files under data/: the pushed ones appear beside them
     return [str(p) for p in resolve_paths(list(own.data), root)]
 
 

@@ -41,7 +41,9 @@ from pathlib import Path
 from enlace import contract
 from enlace.config.command import CommandRun, expand
 from enlace.contract import ACTIVE, ENDED_CLEANLY, UNLESS_STOPPING, Status
+from enlace.data.paths import link_shared_data
 from enlace.manifest import latest_checkpoint
+from enlace.names import find_root
 from enlace.server.queue import Seat
 from enlace.state import heartbeat, runs
 
@@ -285,6 +287,7 @@ class Supervisor:
         """The command for this start (enlace/config/command.py: placeholders, the host's python, the resume
         arguments once there is something to resume from), in a process group of its own that a stop ends
         whole; it is recorded as the run's process at once (it records nothing itself)."""
+        link_shared_data(find_root(None))  # pushed data, where a repository that tracks data/ looks for it
         argv, resumes = self.command.attempt(self.run_dir, self.restarts)
         values = self.command.values(self.run_dir, self.restarts)
         newest = latest_checkpoint(self.run_dir / "checkpoints")
