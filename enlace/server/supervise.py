@@ -201,6 +201,8 @@ class Supervisor:
             how = (
                 f"did not end within {self.command.supervise.grace:g} s of SIGTERM: killed (SIGKILL)"
                 if self._killed
+                else f"was ended by {signal.Signals(-code).name}"  # a script that handles no signal
+                if code < 0
                 else f"exited {code} after SIGTERM"
             )
             say(f"stopped: the command {how}")

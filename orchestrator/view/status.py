@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from enlace.contract import ErrorKind
@@ -84,6 +85,9 @@ def _details(row: dict, full: bool) -> list[str]:
             f"supervisor {sup['state']} since {when}, nothing heals it: enlace-remote launch {row['run_name']}"
             " re-attaches"
         )
+    if row.get("command"):  # a run of the user's own command: what ran, and how it ended
+        how = f": {row['phase']}" if row["status"] in ("finished", "stopped") and row.get("phase") else ""
+        found.append(f"command{how}: {shlex.join(row['command'])}")
     if row["status"] == "queued" and row.get("phase"):
         found.append(f"queued: {row['phase']}")
     if row["status"] == "stopped" and (row.get("phase") or "").startswith("stopped while queued"):
