@@ -23,7 +23,9 @@ script runs the same on a laptop.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import faulthandler
 import json
 import os
 import shutil
@@ -36,7 +38,13 @@ from enlace.manifest import complete_checkpoints, latest_checkpoint, publish, re
 from enlace.state import heartbeat, runs
 
 KEEP = 2  # complete checkpoints kept (checkpoint(keep=...) changes it)
-_state: dict = {"stop": False, "watching": False, "beat": None, "metrics": None}
+STATUS_EVERY_S = 1.0  # run.json's step and loss at most this often (a flock and an fsync: not on every step)
+_state: dict = {"stop": False, "watching": False, "beat": None, "metrics": None, "pending": {}, "written": 0.0}
+
+
+def rank() -> int:
+    """This process's rank under torchrun (0 alone): only rank 0 writes the run's metrics and checkpoints."""
+    return int(os.environ.get("RANK") or 0)
 
 
 def run_dir() -> Path:
@@ -75,6 +83,9 @@ def stop_requested() -> bool:
 def _watch_stop() -> None:
     if not _state["watching"]:
         signal.signal(signal.SIGTERM, lambda *_: _state.update(stop=True))
+        if hasattr(signal, "SIGUSR2"):  # the supervisor's stall clock asks for the stacks before it ends a hung run
+            faulthandler.register(signal.SIGUSR2, all_threads=True)
+        atexit.register(_flush_status)
         _state["watching"] = True
 
 
@@ -91,21 +102,33 @@ def log(step: int, kind: str = "train", **metrics: float) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"enlace.job.log: step {step!r} is not a whole number ≥ 0")
     _watch_stop()
+    if rank() != 0:  # one record per step, not one per rank
+        return
     values = {k: float(v) for k, v in metrics.items()}
     if _state["metrics"] is None:
         _state["metrics"] = open(run_dir() / "metrics.jsonl", "a", buffering=1)
     _state["metrics"].write(json.dumps({"kind": kind, "step": step, "time": time.time(), **values}) + "\n")
     shown = {k: v for k, v in values.items() if k in ("loss", "val_loss", "val_bpb", "tokens_per_s")}
-    if os.environ.get("ENLACE_RUN_DIR"):  # under enlace: the supervisor's run.json (its status is its own)
-        runs.update(run_dir(), step=step, **shown)
+    _state["pending"].update(step=step, **shown)
+    if time.monotonic() - _state["written"] > STATUS_EVERY_S:
+        _flush_status()
     beat()
+
+
+def _flush_status() -> None:
+    """The step and values logged since the last write, into run.json (under enlace: the supervisor's file, whose
+    status stays its own); at most every STATUS_EVERY_S, at each checkpoint and at exit."""
+    if _state["pending"] and os.environ.get("ENLACE_RUN_DIR"):
+        runs.update(run_dir(), **_state["pending"])
+    _state["pending"], _state["written"] = {}, time.monotonic()
 
 
 @contextlib.contextmanager
 def checkpoint(step: int, keep: int = KEEP) -> Iterator[Path]:
     """A directory to write checkpoint `step`'s files into (flat: files, no subdirectories); once the block
     ends without an error it is made complete — MANIFEST of sha256, renamed in whole, `latest` naming it —
-    and the complete ones beyond `keep` are removed. An error (or a kill) leaves no checkpoint behind."""
+    and the complete ones beyond `keep` are removed. An error (or a kill) leaves no checkpoint behind. Under
+    torchrun only rank 0's counts: the other ranks' directory is thrown away (write the same state from any)."""
     root = run_dir() / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-job-step-{step}-{os.getpid()}"
@@ -118,8 +141,10 @@ def checkpoint(step: int, keep: int = KEEP) -> Iterator[Path]:
             raise ValueError(f"enlace.job.checkpoint: {nested[0]} is a directory — a checkpoint holds files only")
         if not any(tmp.iterdir()):
             raise ValueError("enlace.job.checkpoint: nothing was written into the checkpoint's directory")
-        with beat_while():
-            publish(root, tmp, step, keep)
+        if rank() == 0:
+            _flush_status()
+            with beat_while():
+                publish(root, tmp, step, keep)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -142,6 +167,7 @@ __all__ = [
     "checkpoint",
     "checkpoints",
     "log",
+    "rank",
     "restart",
     "resume_from",
     "run_dir",

@@ -86,7 +86,7 @@ def hosts(ctx: click.Context) -> None:
         )
         if not h.local:
             extra += f", connection {'shared' if shares_connection(h) else 'direct'}"
-            extra += ", logged in" if control_path(h).exists() else ""
+            extra += ", logged in" if shares_connection(h) and control_path(h).exists() else ""
         click.echo(f"{mark} {h.name:16} {h.describe()}, python {h.python}{extra}")
     invalid = load_host_table(repo).invalid
     for name, error in invalid.items():

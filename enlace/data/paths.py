@@ -8,6 +8,7 @@ links as data/); "{stdlib}" names the Python standard library of the machine tha
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -135,14 +136,18 @@ def link_shared_data(root: Path) -> int:
         return 0
     if tree_data.resolve() == shared.resolve():
         return 0
-    made = 0
+    made, inside = 0, tree_data.resolve()
     for dirpath, dirs, files in os.walk(shared):
         dirs[:] = [d for d in dirs if not d.startswith(".")]  # a push's hidden staging beside the data
         for name in files:
             src = Path(dirpath) / name
             dst = tree_data / src.relative_to(shared)
-            if not name.startswith(".") and not os.path.lexists(dst):
-                dst.parent.mkdir(parents=True, exist_ok=True)
+            if name.startswith(".") or os.path.lexists(dst):
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if not dst.parent.resolve().is_relative_to(inside):  # a tracked link to elsewhere: never written through
+                continue
+            with contextlib.suppress(FileExistsError):  # another start (or a verify) made it meanwhile
                 dst.symlink_to(src)
                 made += 1
     return made

@@ -138,11 +138,15 @@ case $VERB in
     [ -n "$SERVER" ] && [ -f "$RD/server/$SERVER/enlace/__init__.py" ] && half=true
     json_out ok:json true remote_dir "$RD" have_tree:json "$have" server_half:json "$half"
     ;;
-  server-install)  # stdin: a tar of the driver's enlace package, unpacked as $RD/server/$SERVER/enlace/
+  server-install)  # BYTES; stdin: a tar of the driver's enlace package, unpacked as $RD/server/$SERVER/enlace/
     [ -n "$SERVER" ] || die "server-install needs ENLACE_SERVER" $EXIT_USAGE
+    [[ ${1:-} =~ ^[0-9]+$ ]] || die "server-install BYTES: the tar's size" $EXIT_USAGE
     mkdir -p "$RD/server"; tmp=$RD/server/.tmp-$SERVER-$$
-    rm -rf "$tmp"; mkdir -p "$tmp"
-    tar -x -C "$tmp" || { rm -rf "$tmp"; die "unpacking enlace's server half failed"; }
+    rm -rf "$tmp" "$tmp.tar"; mkdir -p "$tmp"
+    cat > "$tmp.tar"  # whole before unpacking: a connection cut between two members would leave a partial half
+    [ "$(wc -c < "$tmp.tar")" -eq "$1" ] || { rm -rf "$tmp" "$tmp.tar"; die "the server half arrived cut short: sync again"; }
+    tar -x -C "$tmp" -f "$tmp.tar" || { rm -rf "$tmp" "$tmp.tar"; die "unpacking enlace's server half failed"; }
+    rm -f "$tmp.tar"
     [ -f "$tmp/enlace/__init__.py" ] || { rm -rf "$tmp"; die "the server half arrived without enlace/__init__.py"; }
     mv -T "$tmp" "$RD/server/$SERVER" 2>/dev/null || rm -rf "$tmp"  # another install won the race: same bytes
     json_out ok:json true server "$RD/server/$SERVER"

@@ -90,7 +90,7 @@ def main() -> int:
     if OWN_TREE:  # enlace's own checkout: its package and configs must have arrived
         missing = [p for p in NEEDED if not Path(p).exists()]
         add("package and config dirs present", not missing, "missing: " + ", ".join(missing) if missing else "")
-    else:  # a repository of the user's own: its run files, and enlace's server half beside it
+    elif not spec:  # a repository of the user's own: its run files, and enlace's server half beside it
         add("configs/runs present", Path("configs/runs").is_dir(), "" if Path("configs/runs").is_dir() else "missing")
     run_file = Path("configs/runs") / f"{run_ref}.yaml"
     if not spec:

@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from enlace.config.command import CommandRun, expand
 from enlace.contract import FRAME, RUN_FILES
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.hashing import fd_sha256
@@ -63,7 +64,7 @@ def _open_verified_dir(directory: Path) -> tuple[dict[str, Any], dict[str, tuple
     return m, opened
 
 
-def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
     """The offer and {path: (open fd, size)} for every file in it. A checkpoint that vanishes while
     it is being opened (pruned by a live run) is left out whole."""
     held: dict[str, tuple[int, int]] = {}
@@ -84,12 +85,12 @@ def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]
         if got:
             held[name] = got
             files[name] = got[1]
-    outputs = {}
-    for rel, path in _outputs(run_dir):  # a command run's `outputs:`, hashed here (they have no MANIFEST)
+    offered = {}
+    for rel, path in _outputs(run_dir) if outputs else []:  # a command run's `outputs:`, hashed (no MANIFEST)
         got = _open(path)
         if got:
             held[rel] = got
-            outputs[rel] = {"sha256": fd_sha256(*got), "bytes": got[1]}
+            offered[rel] = {"sha256": fd_sha256(*got), "bytes": got[1]}
     latest = latest_checkpoint(run_dir / "checkpoints")
     offer = {
         "run_name": run_dir.name,
@@ -97,7 +98,7 @@ def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]
         "checkpoints": listed["checkpoints"],
         "exports": listed["exports"],
         "files": files,
-        "outputs": outputs,
+        "outputs": offered,
         "latest": latest.name if latest else None,
     }
     return offer, held
@@ -106,23 +107,29 @@ def open_offer(run_dir: Path) -> tuple[dict[str, Any], dict[str, tuple[int, int]
 def _outputs(run_dir: Path) -> list[tuple[str, Path]]:
     """The files a command run's `outputs:` globs match under its directory (relative POSIX path, path): regular
     files inside it, neither its checkpoints nor its run files (offered as those)."""
-    patterns = (runs.read(run_dir).get("command") or {}).get("outputs") or []
+    st = runs.read(run_dir)
+    if not st.get("command"):
+        return []
+    own = CommandRun.from_doc(st["command"], "run.json command")
+    values = own.values(run_dir.resolve(), st.get("restarts") or 0)  # {run_dir} and the rest, as the command saw
     root, found = run_dir.resolve(), {}
-    for pattern in patterns:
-        for match in glob.glob(str(run_dir / pattern), recursive=True):
+    for pattern in own.outputs:
+        for match in glob.glob(str(run_dir / expand(pattern, values)), recursive=True):
             path = Path(match)
             real = path.resolve()
             if path.is_symlink() or not real.is_file() or not real.is_relative_to(root):
                 continue
             rel = real.relative_to(root).as_posix()
-            if rel.split("/")[0] not in ("checkpoints", *RUN_FILES) and not rel.startswith("."):
+            hidden = any(part.startswith(".") for part in rel.split("/"))  # a partial save, an editor's file
+            if rel.split("/")[0] not in ("checkpoints", *RUN_FILES) and not hidden:
                 found[rel] = real
     return sorted(found.items())
 
 
-def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO) -> None:
-    """Write the offer, read the driver's request, send the requested bytes (see the module doc)."""
-    offer, held = open_offer(run_dir)
+def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = False) -> None:
+    """Write the offer, read the driver's request, send the requested bytes (see the module doc). `outputs`: a
+    command run's outputs too (hashed for the offer: only a fetch asks, never the board's polls)."""
+    offer, held = open_offer(run_dir, outputs)
     out.write(json.dumps(offer).encode() + b"\n")
     out.flush()
     line = requests.readline()

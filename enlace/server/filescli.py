@@ -25,13 +25,14 @@ def _runs_root(root: Path | None) -> Path:
 @click.option(
     "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the offer is JSON anyway)."
 )
-def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool) -> None:
+@click.option("--outputs", is_flag=True, help="Offer a command run's outputs too (each hashed first).")
+def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool, outputs: bool) -> None:
     """For fetch: offer RUN_NAME's complete checkpoints and run files (one JSON line), read which
     files the driver wants from stdin, send them (enlace/server/fetchserve.py has the wire)."""
     from enlace.server import fetchserve, runfiles
 
     run_dir = runfiles.run_dir_of(_runs_root(root), run_name)
-    fetchserve.serve(run_dir, sys.stdin.buffer, sys.stdout.buffer)
+    fetchserve.serve(run_dir, sys.stdin.buffer, sys.stdout.buffer, outputs)
 
 
 @click.command("data-receive", hidden=True)

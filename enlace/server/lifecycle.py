@@ -16,6 +16,7 @@ from typing import Any
 from enlace import contract
 from enlace.contract import ACTIVE, STOPPABLE, Status, describe_live
 from enlace.errors import AlreadyRunning
+from enlace.server.ownchild import STALE
 from enlace.slurm import settings as slurm
 from enlace.state.runs import (
     alive,
@@ -83,6 +84,8 @@ def launching(run_dir: Path, command: dict | None = None):
             gpus=None,
             command=command,  # what the supervisor starts (and status shows); None: enlace's trainer
             attempt_argv=None,
+            # a command starts afresh: no trainer's (or earlier attempt's) figures, no old step for the stall clock
+            **({**STALE, "started_at": None, "trained_before_s": None, "start_trained_s": None} if command else {}),
             # the tree it will start in, from now: gc keeps it for a run that waits hours in the queue
             **({"commit": os.environ["ENLACE_COMMIT"]} if os.environ.get("ENLACE_COMMIT") else {}),
         )
@@ -219,6 +222,9 @@ def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
     if killed:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
+        if st.get("command") and proc_alive(st.get("pid"), st.get("pid_start")):  # a command: its own group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(st["pid"], signal.SIGKILL)
         _wait(lambda: proc_alive(pid, start_time), 60)
         update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="killed by stop --kill")
     if row["supervisor"] and proc_alive(*launcher):  # a frozen supervisor would linger (stopped) forever

@@ -28,22 +28,18 @@ supervisor with the time-limit signal and the requeue added. Stdlib and psutil o
 from __future__ import annotations
 
 import contextlib
-import os
-import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from enlace import contract
-from enlace.config.command import CommandRun, expand
-from enlace.contract import ACTIVE, ENDED_CLEANLY, UNLESS_STOPPING, Status
-from enlace.data.paths import link_shared_data
+from enlace.config.command import CommandRun
+from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
 from enlace.manifest import latest_checkpoint
-from enlace.names import find_root
+from enlace.server.ownchild import CannotStart, CommandChild
 from enlace.server.queue import Seat
 from enlace.state import heartbeat, runs
 
@@ -95,7 +91,8 @@ class Supervisor:
     ):
         self.run_dir, self.argv, self.policy, self.env, self.poll = run_dir, argv, policy, env, poll
         self.command = command  # a run of the user's own command (enlace/config/command.py): argv is built per start
-        self.restarts, self._term_at, self._killed = 0, None, False
+        self.own = CommandChild(command, run_dir, env, say) if command else None  # enlace/server/ownchild.py
+        self.restarts = 0
         self.wait_turn = wait_turn  # the server's queue (queue.wait_for_seat, its run and need bound); None: none
         self.seat: Seat | None = None
         self.signals = {signal.SIGTERM: "term", **(signals or {})}
@@ -119,9 +116,14 @@ class Supervisor:
         restarts = 0
         while True:
             self.restarts = restarts
-            code, stalled = self._run_child()
-            if self.command is not None:  # a command records nothing itself: what it did is said here
-                self._record_command_end(code, stalled)
+            try:
+                code, stalled = self._run_child()
+            except CannotStart as e:  # the command's program is not there: no retry can change that
+                self.own.record_cannot_start(str(e))
+                return Outcome(Status.FAILED, contract.FAILED, str(e))
+            if self.own is not None:  # a command records nothing itself: what it did is said here
+                self.own.reap()
+                self.own.record_end(code, stalled, bool(self.got))
             st = runs.read(self.run_dir)
             if self.launch_id and st.get("launch_id") not in (None, self.launch_id):
                 # frozen while another launch took the run over: this supervisor's trainer is history
@@ -194,25 +196,6 @@ class Supervisor:
             return f"{what} was killed by {signal.Signals(-code).name} {where}".rstrip()
         return f"{what} exited {code} {where}".rstrip() + (f": {st['error']}" if st.get("error") else "")
 
-    def _record_command_end(self, code: int, stalled: bool) -> None:
-        """run.json after the command ended: stopped (and how), finished (exit 0), or its exit code (the loop
-        then restarts it or gives up)."""
-        if self.got:
-            how = (
-                f"did not end within {self.command.supervise.grace:g} s of SIGTERM: killed (SIGKILL)"
-                if self._killed
-                else f"was ended by {signal.Signals(-code).name}"  # a script that handles no signal
-                if code < 0
-                else f"exited {code} after SIGTERM"
-            )
-            say(f"stopped: the command {how}")
-            runs.update(self.run_dir, status=Status.STOPPED, exit_code=code, phase=f"stopped: the command {how}")
-        elif code == 0 and not stalled:
-            say("the command exited 0: finished")
-            runs.update(self.run_dir, status=Status.FINISHED, exit_code=0, phase="finished: the command exited 0")
-        else:
-            runs.update(self.run_dir, exit_code=code)
-
     def _newest(self) -> str:
 
         ckpt = latest_checkpoint(self.run_dir / "checkpoints")
@@ -233,8 +216,8 @@ class Supervisor:
         # in the supervisor's own process group: `stop --kill` (killpg) ends the trainer with it
         # the seat's lock files go to the child: a run holds its GPUs for as long as its supervisor or its trainer lives
         fds = self.seat.fds if self.seat else ()
-        if self.command is not None:
-            self._start_command(fds)
+        if self.own is not None:
+            self.child = self.own.start(self.restarts, fds)
         else:
             self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
         forwarded, stalled = False, False
@@ -243,8 +226,8 @@ class Supervisor:
         while (code := self.child.poll()) is None:
             self.beat()
             st = runs.read(self.run_dir)
-            if forwarded and self._term_at and time.monotonic() - self._term_at > self.command.supervise.grace:
-                self._kill_command()
+            if self.own is not None:
+                self.own.tick()  # SIGKILL once a stop's grace is over
             if self.got and not forwarded and (st.get("pid") or st.get("status") not in ACTIVE):
                 # one SIGTERM, once the trainer has recorded itself (its handler is in place by then)
                 self.on_stop(sorted(self.got)[0])
@@ -270,10 +253,8 @@ class Supervisor:
         themselves end torchrun cleanly."""
         import psutil
 
-        if self.command is not None:  # the command's whole process group: what it started too
-            self._term_at = time.monotonic()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.child.pid, signal.SIGTERM)
+        if self.own is not None:  # the command's whole process group (or torchrun's ranks)
+            self.own.ask_to_stop()
             return
         ranks = []
         if self.argv[1:3] == ["-m", "torch.distributed.run"]:  # torchrun itself is the child (not srun's)
@@ -284,44 +265,6 @@ class Supervisor:
         for rank in ranks:
             with contextlib.suppress(psutil.NoSuchProcess):
                 rank.send_signal(signal.SIGTERM)
-
-    def _start_command(self, fds: tuple[int, ...]) -> None:
-        """The command for this start (enlace/config/command.py: placeholders, the host's python, the resume
-        arguments once there is something to resume from), in a process group of its own that a stop ends
-        whole; it is recorded as the run's process at once (it records nothing itself)."""
-        link_shared_data(find_root(None))  # pushed data, where a repository that tracks data/ looks for it
-        argv, resumes = self.command.attempt(self.run_dir, self.restarts)
-        values = self.command.values(self.run_dir, self.restarts)
-        newest = latest_checkpoint(self.run_dir / "checkpoints")
-        env = {
-            **self.env,
-            **{k: expand(v, values) for k, v in self.command.env.items()},
-            "ENLACE_RUN_NAME": self.command.run_name,
-            "ENLACE_RUN_DIR": str(self.run_dir.resolve()),
-            "ENLACE_RESTART": str(self.restarts),
-            "ENLACE_RESUME_FROM": str(newest.resolve()) if newest else "",
-        }
-        say(f"starting the command{' (resuming)' if resumes else ''}: {shlex.join(argv)}")
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-        self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, pass_fds=fds, **group)
-        self._term_at, self._killed = None, False
-        first = {} if runs.read(self.run_dir).get("started_at") else {"started_at": time.time()}
-        runs.transition(
-            self.run_dir,
-            Status.RUNNING,
-            UNLESS_STOPPING,
-            pid=self.child.pid,
-            pid_start=runs.proc_start(self.child.pid),
-            phase="running the command",
-            attempt_argv=argv,
-            **first,
-        )
-
-    def _kill_command(self) -> None:
-        """The grace after the stop's SIGTERM is over: SIGKILL to the command's process group."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.child.pid, signal.SIGKILL)
-        self._term_at, self._killed = None, True
 
     def _watch(self, seconds: float) -> bool:
         """Wait up to `seconds` for the child to end, beating meanwhile; True if it ended."""
@@ -338,6 +281,10 @@ class Supervisor:
     def _end_stalled(self, st: dict) -> None:
         """Stacks into train.log, then SIGTERM, then SIGKILL of the child and all it started after the grace."""
         import psutil
+
+        if self.own is not None:  # SIGUSR2 to a script of enlace.job's, SIGTERM, SIGKILL after its grace
+            self.own.end_stalled(self._stall_s, st.get("step"))
+            return
 
         say(f"no sign of life for {self._stall_s:.0f} s at step {st.get('step')}: the trainer's stacks follow")
         try:

@@ -59,6 +59,8 @@ def submit_cmd(
     project = find_root(root)
     run_dir = (project / "runs").resolve() / run_name  # runs/ is the shared dir the compute nodes see
     env = {"ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""), "PYTHONUNBUFFERED": "1"}
+    # what remote.sh set: the server half beside a repository of the user's own, the shared data directory
+    env |= {k: os.environ[k] for k in ("PYTHONPATH", "ENLACE_DATA_DIR") if os.environ.get(k)}
     job_args = slurm.job_step_args(spec, run_name, gpus, list(pyargs))
 
     def submit_job(launch_id: str) -> str:

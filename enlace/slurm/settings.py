@@ -168,6 +168,8 @@ def job_script(
     directly (no bash trap, no `wait` dance). `tree` and `python` are shell words (quoted, or "$HOME"/...);
     `log_here`: the script sends its own output to the run's train.log (a script a user submits, where
     #SBATCH --output cannot name a path under $HOME); `launch` passes sbatch --output instead."""
+    env = dict(env)
+    path = shlex.quote(env.pop("PYTHONPATH")) if env.get("PYTHONPATH") else tree  # a server half first, if any
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     log = f"{tree}/runs/{run_name}"
     return "\n".join(
@@ -180,7 +182,7 @@ def job_script(
                 if log_here
                 else []
             ),
-            f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={tree}",
+            f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={path}",
             f"cd {tree}",
             "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
             f"exec {python} -m enlace slurm-job {shlex.join(job_args)}",

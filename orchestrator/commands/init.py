@@ -57,15 +57,17 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
 
 
 def _yaml_word(word: str) -> str:
-    """One argv word as YAML flow-sequence text: quoted (JSON's quoting is YAML's) unless plainly safe."""
+    """One argv word as YAML flow-sequence text: as it is where YAML reads it back as that very string, else
+    quoted (JSON's quoting is YAML's): -1, on, .inf, a:b, {run_dir}... stay strings."""
     import json
 
-    plain = word.replace("_", "").replace("-", "").replace(".", "").replace("/", "").isalnum()
-    return (
-        word
-        if plain and not word[0].isdigit() and word not in ("yes", "no", "true", "false", "null")
-        else json.dumps(word)
-    )
+    import yaml
+
+    try:
+        plain = yaml.safe_load(f"[{word}]") == [word]
+    except yaml.YAMLError:
+        plain = False
+    return word if plain else json.dumps(word)
 
 
 COMMANDS = (init,)

@@ -17,9 +17,12 @@ ControlMaster: `login` says so (docs/hosts.md).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shlex
+import stat
 import subprocess
 import sys
 import tempfile
@@ -39,11 +42,24 @@ LOGIN_PERSIST = "8h"  # `login`'s, unless --for or the host's `persist:` says ot
 SUN_PATH_MAX = 100  # a Unix socket's path: 104 bytes on macOS, 108 on Linux, less ssh's temporary suffix
 
 
+def _own_folder(folder: Path) -> None:
+    """The sockets' folder: ours alone (0700, our uid, not a link): a master's socket lets anyone who can reach it
+    run commands on the host as us."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.lstat()
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+        raise UsageError(
+            f"{folder}: not a directory of yours (a link, or another user's) — remove it, or set {CONTROL_DIR_ENV}"
+        )
+    if st.st_mode & 0o077:
+        folder.chmod(0o700)
+
+
 def control_path(host: Host) -> Path:
     """The master's socket for this host entry (its name, user, address and port: two entries never share)."""
     key = hashlib.sha256(f"{host.name}\0{host.user}\0{host.hostname}\0{host.port}".encode()).hexdigest()[:16]
-    folder = Path(os.environ.get(CONTROL_DIR_ENV) or Path.home() / ".enlace" / "ssh")
-    if len(str(folder / key)) + 25 > SUN_PATH_MAX:  # ssh binds SOCKET.XXXXXXXXXXXXXXXX first, then renames
+    folder = Path(os.environ.get(CONTROL_DIR_ENV) or Path.home() / ".enlace" / "ssh").expanduser()
+    if len(os.fsencode(folder / key)) + 25 > SUN_PATH_MAX:  # ssh binds SOCKET.XXXXXXXXXXXXXXXX first, then renames
         folder = Path(tempfile.gettempdir()) / f"enlace-ssh-{getattr(os, 'getuid', lambda: 'user')()}"
     return folder / key
 
@@ -51,7 +67,12 @@ def control_path(host: Host) -> Path:
 def shares_connection(host: Host) -> bool:
     """Whether the host's verbs go through OpenSSH's master: it is set `connection: shared`, or a login is
     open for it (its socket is there)."""
-    return not host.local and (host.connection == "shared" or control_path(host).exists())
+    if host.local:
+        return False
+    try:
+        return host.connection == "shared" or control_path(host).exists()
+    except OSError:  # a socket folder we may not read (another account's ENLACE_CONTROL_DIR): no login of ours
+        return False
 
 
 class SharedTransport(SSHTransport):
@@ -69,13 +90,24 @@ class SharedTransport(SSHTransport):
     def destination(self) -> str:
         return f"{self.host.user}@{self.host.hostname}" if self.host.user else self.host.hostname
 
-    def _control(self, operation: str) -> subprocess.CompletedProcess:
-        """`ssh -O check|exit`: asks the master over its socket (no network, no authentication)."""
+    def _control(self, operation: str) -> int:
+        """`ssh -O check|exit`: asks the master over its socket (no network, no authentication); its exit code."""
         argv = ["ssh", "-F", os.devnull, "-o", f"ControlPath={self.socket}", "-O", operation, self.destination]
-        return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+        try:
+            return subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=30).returncode
+        except subprocess.TimeoutExpired:  # a master frozen (SIGSTOP, a hung network): not one to use
+            return 255
 
     def master_running(self) -> bool:
-        return self.socket.exists() and self._control("check").returncode == 0
+        """Whether the master answers on its socket; a socket nobody answers on (a master killed by SIGKILL,
+        a reboot) is removed: ssh would refuse to open a new master over it."""
+        if not self.socket.exists():
+            return False
+        if self._control("check") == 0:
+            return True
+        with contextlib.suppress(OSError):
+            self.socket.unlink()
+        return False
 
     def master_argv(self, persist: str, batch: bool) -> list[str]:
         strict = "accept-new" if self.accept_new else "yes"
@@ -98,17 +130,41 @@ class SharedTransport(SSHTransport):
         ]
 
     def open_master(self, persist: str, batch: bool) -> None:
-        """Start the master (`-f`: ssh goes to the background once authenticated). `batch`: no prompt at
-        all; otherwise ssh asks at this terminal (or through SSH_ASKPASS) what the host asks."""
-        self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Start the master (`-f`: ssh goes to the background once authenticated), one driver at a time (a
+        lock beside the socket: a second one finds the first's master). `batch`: no prompt at all (its own
+        session: no terminal to ask on, a jump host's prompt included); otherwise ssh asks at this terminal
+        (or through SSH_ASKPASS) what the host asks, its messages shown."""
+        _own_folder(self.socket.parent)
+        with open(f"{self.socket}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.master_running():  # another driver opened it meanwhile
+                self._master_checked = self.answered = True
+                return
+            self._open(persist, batch)
+        self._master_checked = self.answered = True  # it took us: later drops are the network's, not a typo's
+
+    def _open(self, persist: str, batch: bool) -> None:
         argv = self.master_argv(persist, batch)
+        shown = not batch and sys.stderr.isatty()  # login: ssh's own lines (a key's touch, a retry) reach you
+        timeout = 3 * self.host.connect_timeout + 30 if batch else None
         with tempfile.TemporaryFile() as err:  # a pipe would stay open in the backgrounded master
-            code = subprocess.run(argv, stdin=subprocess.DEVNULL if batch else None, stderr=err).returncode
+            try:
+                code = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL if batch else None,
+                    stdout=subprocess.DEVNULL,  # older ssh keeps the caller's stdout in the backgrounded master
+                    stderr=None if shown else err,
+                    start_new_session=batch,
+                    timeout=timeout,
+                ).returncode
+            except FileNotFoundError:
+                raise UsageError("connection sharing needs OpenSSH's ssh client on PATH (not found)") from None
+            except subprocess.TimeoutExpired:
+                raise Transient(f"{self.host.name}: no connection within {timeout:g} s", started=False) from None
             err.seek(0)
             text = err.read().decode(errors="replace")
-        if code != 0:
-            raise self.ssh_failure(text, started=False)
-        self._master_checked = self.answered = True  # it took us: later drops are the network's, not a typo's
+        if code != 0 or "disabling multiplexing" in text:
+            raise self.ssh_failure(text or "ssh could not open the shared connection", started=False)
 
     def ensure_master(self) -> None:
         """Once per invocation (again after a dropped connection): the master is there, or is opened now
@@ -125,7 +181,7 @@ class SharedTransport(SSHTransport):
         self._master_checked = self.answered = True
 
     def close_master(self) -> bool:
-        """`ssh -O exit`; True when there was one."""
+        """`ssh -O exit`; True when there was one (a stale socket is removed either way)."""
         running = self.master_running()
         if running:
             self._control("exit")
@@ -134,8 +190,9 @@ class SharedTransport(SSHTransport):
 
     def ssh_failure(self, stderr: str, started: bool) -> UnreachableError:
         self._master_checked, self._failed_once = False, True  # the next try asks the master itself
-        if "Permission denied" in stderr:
-            return NotLoggedIn(self.host.name, ASKS_MORE if "keyboard-interactive" in stderr else "not logged in")
+        asks = "keyboard-interactive" in stderr or "password" in stderr
+        if "Permission denied" in stderr and asks:
+            return NotLoggedIn(self.host.name, ASKS_MORE)
         if "Host key verification failed" in stderr and "CHANGED" not in stderr:
             return UnreachableError(unknown_key_message(self.host, f"{self.host.name} ({self.host.hostname})"))
         return super().ssh_failure(stderr, started)
@@ -151,7 +208,13 @@ class SharedTransport(SSHTransport):
 
     def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
         try:
-            p = subprocess.run(self._command(argv), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            p = subprocess.run(  # its own session: no terminal for any prompt to wait on (a jump host's included)
+                self._command(argv),
+                capture_output=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except subprocess.TimeoutExpired:
             raise CommandFailed(self.host.name, short(argv), -1, f"timed out after {timeout}s") from None
         stderr = p.stderr.decode(errors="replace")
@@ -167,7 +230,11 @@ class SharedTransport(SSHTransport):
             on_stderr(chunk)
 
         with subprocess.Popen(  # stdin a pipe we never write: it closes when we die (--exit-with-client)
-            self._command(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            self._command(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         ) as p:
             try:
                 code = pump(p, on_stdout, err, stall_timeout, f"{self.host.name}: {short(argv)}")
@@ -204,6 +271,7 @@ def login(transport: SharedTransport, persist: str, say: Callable[[str], None]) 
     say(f"logging in to {transport.host.name} ({transport.destination}:{transport.host.port}); answer what it asks")
     try:
         transport.open_master(persist, batch=False)
-    except Transient as e:
-        raise UnreachableError(f"login failed: {e.message}") from None
+    except UnreachableError as e:  # a wrong code, no terminal, the network: not "log in once"
+        reason = e.message.split(" — log in once")[0]
+        raise UnreachableError(f"login to {transport.host.name} failed: {reason}") from None
     return True

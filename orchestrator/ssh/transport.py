@@ -171,7 +171,7 @@ class SSHTransport(Transport):
                 f"server was really reinstalled, remove the old key with: ssh-keygen -R "
                 f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}"
             ) from None
-        except _SecondFactor:
+        except (_SecondFactor, paramiko.PasswordRequiredException):  # a code, or a key's passphrase: login asks
             raise NotLoggedIn(h.name, ASKS_MORE) from None
         except paramiko.BadAuthenticationType as e:
             if {"keyboard-interactive", "password"} & set(e.allowed_types):
@@ -187,6 +187,8 @@ class SSHTransport(Transport):
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
                 raise UnreachableError(unknown_key_message(h, where)) from None
+            if "No authentication methods available" in str(e):  # no key to offer: a password host
+                raise NotLoggedIn(h.name, ASKS_MORE) from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
             where_from = (

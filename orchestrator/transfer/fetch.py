@@ -49,9 +49,11 @@ def _safe(name: str, pattern: re.Pattern, what: str) -> str:
 
 
 def _safe_output(rel: str) -> str:
-    """An output's path from the server: relative, every part a plain name, outside checkpoints/ and staging."""
+    """An output's path from the server: relative, no part empty, `.`, `..` or hidden, no control character,
+    outside checkpoints/ and staging: nothing can land outside the destination."""
     parts = rel.split("/")
-    if not all(FILE_NAME.fullmatch(p) for p in parts) or parts[0] in ("checkpoints", STAGING) or ".." in parts:
+    bad = any(not p or p.startswith(".") or any(ord(c) < 32 for c in p) or "\\" in p for p in parts)
+    if bad or parts[0] == "checkpoints" or rel.startswith("/"):
         raise EnlaceError(f"refusing output path {rel!r} from the server: it could escape the destination")
     return rel
 
@@ -100,7 +102,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         return want
 
     t0 = time.perf_counter()
-    offer, want, got = _converse(session, run_name, root / STAGING, plan)
+    offer, want, got = _converse(session, run_name, root / STAGING, plan, outputs=True)
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
     report = {
         "run_name": run_name,
@@ -191,19 +193,20 @@ def fetch_run_files(
 
 
 def _converse(
-    session: Session, run_name: str, staging: Path, plan, shared: bool = False
+    session: Session, run_name: str, staging: Path, plan, shared: bool = False, outputs: bool = False
 ) -> tuple[dict[str, Any], dict, int]:
     """One fetch-serve conversation (again after a dropped connection, resuming): the offer, what was
     fetched and how many bytes arrived. `plan(offer)` says which paths to fetch ({path: sha256 or None});
     each lands in staging/path, verified when it has a sha256."""
     kept = f"what arrived stays in {staging}"
-    return retrying("fetch", kept, lambda tick: _converse_once(session, run_name, staging, plan, tick, shared))
+    once = lambda tick: _converse_once(session, run_name, staging, plan, tick, shared, outputs)
+    return retrying("fetch", kept, once)
 
 
 def _converse_once(
-    session: Session, run_name: str, staging: Path, plan, tick, shared: bool
+    session: Session, run_name: str, staging: Path, plan, tick, shared: bool, outputs: bool
 ) -> tuple[dict[str, Any], dict, int]:
-    argv = session.enlace_argv("latest", "fetch-serve", run_name, "--json")
+    argv = session.enlace_argv("latest", "fetch-serve", run_name, "--json", *(["--outputs"] if outputs else []))
     with session.transport.duplex(argv, STALL_S, tick, shared=shared) as wire:
         reader = Reader(wire)
         line = reader.readline()

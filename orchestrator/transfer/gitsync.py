@@ -25,8 +25,12 @@ BUILD_LITTER = ("__pycache__/", ".pyc", ".pyo")  # ignored on purpose, regenerat
 
 
 def git(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> str:
-    p = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    p = subprocess.run(  # its own session: git's ssh has no terminal to prompt on (a verb never prompts)
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
     )
     if check and p.returncode != 0:
         raise UsageError(f"`git {' '.join(args)}` failed in {repo}: {(p.stderr or p.stdout).strip()}")
@@ -124,8 +128,9 @@ def install_server_half(session: Session) -> None:
     """The driver's own enlace package, unpacked on the server as server/KEY (remote.sh server-install): what
     runs the supervisor, the run state and the transfers beside a repository of the user's own."""
     click.echo(f"  server: installing enlace's server half {session.server_half} (the driver's own version)", err=True)
-    with session.transport.duplex(session.argv("server-install"), 120, lambda: None) as wire:
-        wire.write(remote.package_tar())
+    tar = remote.package_tar()
+    with session.transport.duplex(session.argv("server-install", str(len(tar))), 120, lambda: None) as wire:
+        wire.write(tar)
         code, err = wire.finish()
     if code != 0:
         raise UsageError(

@@ -1,0 +1,166 @@
+"""The supervisor's child when it is the user's own command (enlace/config/command.py), not enlace's trainer. A
+command records nothing itself, so this says what it did; it runs in a process group of its own, which every
+ending takes whole:
+
+    start       placeholders, the host's python (first on PATH too), the resume arguments once there is
+                something to resume from, the contract's environment; recorded as the run's process at once
+    stop        SIGTERM to the group (with nproc > 1: to torchrun's ranks, whose own 30 s would cut a long
+                save short), SIGKILL to the group once `grace` s have passed
+    stall       (only a script that logs steps with enlace.job has a stall clock) its stacks (enlace.job
+                registers faulthandler on SIGUSR2), SIGTERM, SIGKILL after the grace
+    the end     what its group left behind (a shell's child, a data loader) gets the same SIGTERM, then SIGKILL
+    a start that cannot happen (no such program, not executable) is one line and FAILED, never retried
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from enlace import contract
+from enlace.config.command import CommandRun, expand
+from enlace.contract import UNLESS_STOPPING, Status
+from enlace.data.paths import link_shared_data
+from enlace.manifest import latest_checkpoint
+from enlace.names import find_root
+from enlace.state import runs
+
+# what a new launch or start of a command clears: a trainer's or an earlier attempt's figures would show
+# as this one's, and an old step would start the stall clock before the command logged anything
+STALE = {k: None for k in ("loss", "val_loss", "val_bpb", "max_steps", "tokens", "tokens_per_s", "resumed_from")}
+STALE["step"] = 0  # no step yet (the stall clock starts at the first one enlace.job logs)
+
+
+class CannotStart(Exception):
+    """The command could not be started at all (not found, not executable): a retry cannot fix that."""
+
+
+class CommandChild:
+    def __init__(self, command: CommandRun, run_dir: Path, env: dict[str, str], say: Callable[[str], None]):
+        self.command, self.run_dir, self.env, self.say = command, run_dir, env, say
+        self.proc: subprocess.Popen | None = None
+        self.term_at: float | None = None
+        self.killed = False
+
+    @property
+    def grace(self) -> float:
+        return self.command.supervise.grace
+
+    def start(self, restart: int, fds: tuple[int, ...]) -> subprocess.Popen:
+        try:
+            link_shared_data(find_root(None))  # pushed data, where a repository that tracks data/ looks for it
+        except OSError as e:  # a tracked file where a link would go, a race with a verify: said, not fatal
+            self.say(f"could not link the shared data into the tree: {e}")
+        argv, resumes = self.command.attempt(self.run_dir, restart)
+        values = self.command.values(self.run_dir, restart)
+        newest = latest_checkpoint(self.run_dir / "checkpoints")
+        bindir = os.path.dirname(sys.executable)  # the host's python's tools (torchrun, accelerate) come first
+        env = {
+            **self.env,
+            "PATH": os.pathsep.join(p for p in (bindir, self.env.get("PATH", "")) if p),
+            **{k: expand(v, values) for k, v in self.command.env.items()},
+            "ENLACE_RUN_NAME": self.command.run_name,
+            "ENLACE_RUN_DIR": str(self.run_dir.resolve()),
+            "ENLACE_RESTART": str(restart),
+            "ENLACE_RESUME_FROM": str(newest.resolve()) if newest else "",
+        }
+        self.say(f"starting the command{' (resuming)' if resumes else ''}: {shlex.join(argv)}")
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, pass_fds=fds, **group)
+        except OSError as e:
+            raise CannotStart(f"cannot start {argv[0]!r}: {e.strerror or e} — check the command's first word") from None
+        self.term_at, self.killed = None, False
+        first = {} if runs.read(self.run_dir).get("started_at") else {"started_at": time.time()}
+        runs.transition(
+            self.run_dir,
+            Status.RUNNING,
+            UNLESS_STOPPING,
+            pid=self.proc.pid,
+            pid_start=runs.proc_start(self.proc.pid),
+            phase="running the command",
+            attempt_argv=argv,
+            **STALE,
+            **first,
+        )
+        return self.proc
+
+    def ask_to_stop(self) -> None:
+        """SIGTERM to what runs; the grace starts now (tick() ends it with SIGKILL)."""
+        import psutil
+
+        self.term_at = time.monotonic()
+        ranks = []
+        if self.command.nproc > 1:  # torchrun would SIGKILL its ranks 30 s after its own SIGTERM
+            with contextlib.suppress(psutil.NoSuchProcess):
+                ranks = psutil.Process(self.proc.pid).children()
+        for rank in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.send_signal(signal.SIGTERM)
+        if not ranks:
+            self._group(signal.SIGTERM)
+
+    def tick(self) -> None:
+        """While it runs: SIGKILL to the group once the grace after a SIGTERM is over."""
+        if self.term_at is not None and time.monotonic() - self.term_at > self.grace:
+            self._group(signal.SIGKILL)
+            self.term_at, self.killed = None, True
+
+    def end_stalled(self, stall_s: float, step) -> None:
+        self.say(f"no sign of life for {stall_s:.0f} s at step {step}: its stacks follow (enlace.job's faulthandler)")
+        if self.command.nproc == 1:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGUSR2)
+            time.sleep(1.0)  # the dump is written by a C handler at once: this only orders the log lines
+        self.ask_to_stop()
+
+    def reap(self) -> None:
+        """After the group's leader ended: what it left behind gets SIGTERM, then SIGKILL after the grace."""
+        if not self._group(signal.SIGTERM):
+            return
+        self.say("the command's process group outlived it: SIGTERM to what is left")
+        deadline = time.monotonic() + self.grace
+        while self._group(0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self._group(signal.SIGKILL):
+            self.say(f"what was left did not end within {self.grace:g} s: killed (SIGKILL)")
+
+    def _group(self, signum: int) -> bool:
+        """Signal the command's process group; False when it is gone."""
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # a zombie leader of a group that is otherwise gone (macOS)
+            return False
+        return True
+
+    def record_end(self, code: int, stalled: bool, stopped: bool) -> None:
+        """run.json once it ended: stopped (and how), finished (exit 0), or its exit code (the supervisor then
+        restarts it or gives up)."""
+        if stopped:
+            how = (
+                f"did not end within {self.grace:g} s of SIGTERM: killed (SIGKILL)"
+                if self.killed
+                else f"was ended by {signal.Signals(-code).name}"  # a script that handles no signal
+                if code < 0
+                else f"exited {code} after SIGTERM"
+            )
+            self.say(f"stopped: the command {how}")
+            runs.update(self.run_dir, status=Status.STOPPED, exit_code=code, phase=f"stopped: the command {how}")
+        elif code == 0 and not stalled:
+            self.say("the command exited 0: finished")
+            runs.update(self.run_dir, status=Status.FINISHED, exit_code=0, phase="finished: the command exited 0")
+        else:
+            runs.update(self.run_dir, exit_code=code)
+
+    def record_cannot_start(self, why: str) -> None:
+        self.say(why)
+        runs.update(self.run_dir, status=Status.FAILED, exit_code=contract.FAILED, error=why)
