@@ -61,6 +61,7 @@ class Host:
     cpu_slots: int = CPU_SLOTS  # the host's queue: CPU runs at once
     gpu_free_below: float = GPU_FREE_BELOW  # the host's queue: a GPU others use less than this share of is free
     notify: str | None = None  # POSTed to when a run (or a sweep) there ends, unless launch --notify says otherwise
+    alias: str | None = None  # the ~/.ssh/config name it was reached by (its block's other settings apply to ssh)
     connection: str = (
         "direct"  # `shared`: OpenSSH's connection sharing (enlace-remote login; orchestrator/ssh/openssh.py)
     )
@@ -181,6 +182,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         cpu_slots=entry.get("cpu_slots") or CPU_SLOTS,
         gpu_free_below=entry.get("gpu_free_below", GPU_FREE_BELOW),
         notify=entry.get("notify"),
+        alias=alias if cfg else None,
         connection=entry.get("connection") or "direct",
         persist=entry.get("persist"),
     )

@@ -88,7 +88,19 @@ class SharedTransport(SSHTransport):
     # -- the master -------------------------------------------------------------------------
     @property
     def destination(self) -> str:
-        return f"{self.host.user}@{self.host.hostname}" if self.host.user else self.host.hostname
+        """The name ssh is given: the ~/.ssh/config alias where there is one, so that its block's settings
+        enlace does not copy (GSSAPI, CertificateFile, IdentityAgent, ...) apply too; HostName is passed."""
+        name = self.host.alias or self.host.hostname
+        return f"{self.host.user}@{name}" if self.host.user else name
+
+    def remote_path(self, path: str) -> str:
+        return f"{self.destination}:{path}"
+
+    def git_url(self, path: str) -> str:
+        return f"ssh://{self.destination}:{self.host.port}{path}"
+
+    def _named(self) -> list[str]:
+        return ["-o", f"HostName={self.host.hostname}"]  # the first value wins over the alias block's
 
     def _control(self, operation: str) -> int:
         """`ssh -O check|exit`: asks the master over its socket (no network, no authentication); its exit code."""
@@ -115,6 +127,7 @@ class SharedTransport(SSHTransport):
             "ssh",
             "-o",
             f"StrictHostKeyChecking={strict}",  # the first of an option wins: before ssh_argv's `yes`
+            *self._named(),
             *super().ssh_argv(batch=batch)[1:],
             "-o",
             f"ControlPath={self.socket}",
@@ -201,7 +214,8 @@ class SharedTransport(SSHTransport):
     def ssh_argv(self, batch: bool = True) -> list[str]:
         """An ssh that rides the master (opened first if need be): git's, `shell`'s, the wires'."""
         self.ensure_master()
-        return [*super().ssh_argv(batch=True), "-o", f"ControlPath={self.socket}", "-o", "ControlMaster=no"]
+        base = super().ssh_argv(batch=True)
+        return [base[0], *self._named(), *base[1:], "-o", f"ControlPath={self.socket}", "-o", "ControlMaster=no"]
 
     def _command(self, argv: list[str]) -> list[str]:
         return [*self.ssh_argv(), self.destination, shlex.join(argv)]
