@@ -123,9 +123,10 @@ class Supervisor:
                 return Outcome(Status.FAILED, contract.FAILED, str(e))
             if self.own is not None:  # a command records nothing itself: what it did is said here
                 self.own.reap()
-                self.own.record_end(code, stalled, bool(self.got))
+                if self._owns_the_run():
+                    self.own.record_end(code, stalled, bool(self.got))
             st = runs.read(self.run_dir)
-            if self.launch_id and st.get("launch_id") not in (None, self.launch_id):
+            if not self._owns_the_run():
                 # frozen while another launch took the run over: this supervisor's trainer is history
                 return Outcome(runs.recorded_status(st), code, "another launch owns the run now")
             status = runs.recorded_status(st)  # what the trainer wrote last (none: it died without a word)
@@ -161,6 +162,10 @@ class Supervisor:
                 runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart")
                 return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
             runs.update(self.run_dir, restarts=restarts)
+
+    def _owns_the_run(self) -> bool:
+        """Whether the run is still this launch's (a supervisor frozen while another launch took it over is not)."""
+        return not self.launch_id or runs.read(self.run_dir).get("launch_id") in (None, self.launch_id)
 
     def _take_seat(self) -> bool:
         """Wait in the queue for the run's GPUs (or CPU slot); False if a stop came first."""

@@ -1,0 +1,58 @@
+"""The supervisor's child when it is the user's own command (enlace/server/ownchild.py), on this machine with
+the real `enlace start` and supervisor: a stop's grace and SIGKILL, what a command's process group leaves
+behind, a program that cannot start. Commands of a few shell words: no torch, a few seconds each."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psutil
+from support.cli import enlace
+from support.remote import wait_until
+
+from enlace.state import runs
+
+
+def _start(project, name: str, command: list[str], **extra) -> None:
+    spec = json.dumps({"command": command, "run_name": name, **extra})
+    enlace(project, "start", name, "--json", "--restarts", "0", "--backoff", "0.1", "--command-spec", spec)
+
+
+def _ended(project, name: str) -> dict:
+    wait_until(lambda: runs.observe(project / "runs" / name)["status"] in ("finished", "stopped", "crashed", "failed"))
+    return runs.observe(project / "runs" / name)
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_its_grace_and_the_log_says_so(project):
+    _start(
+        project,
+        "stubborn",
+        ["bash", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"],
+        supervise={"grace": 1},
+    )
+    log = project / "runs" / "stubborn" / "train.log"
+    wait_until(lambda: "ready" in log.read_text() if log.exists() else False)
+    t0 = time.monotonic()
+    enlace(project, "stop", "stubborn", "--json")
+    row = _ended(project, "stubborn")
+    assert row["status"] == "stopped" and time.monotonic() - t0 < 60
+    assert "stopped: the command did not end within 1 s of SIGTERM: killed (SIGKILL)" in log.read_text()
+
+
+def test_what_a_command_leaves_behind_in_its_group_is_ended_with_it(project):
+    marker = "1234.5"  # a sleep only this test starts
+    _start(project, "leaves", ["bash", "-c", f"sleep {marker} & echo started; exit 3"], supervise={"grace": 2})
+    row = _ended(project, "leaves")
+    assert row["status"] == "crashed" and "the command exited 3" in row["error"], row
+    log = (project / "runs" / "leaves" / "train.log").read_text()
+    assert "the command's process group outlived it: SIGTERM to what is left" in log, log
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
+    assert not left, left
+
+
+def test_a_program_that_cannot_start_is_one_line_and_not_retried(project):
+    _start(project, "nosuch", ["no-such-program-for-enlace", "--x"])
+    row = _ended(project, "nosuch")
+    assert row["status"] == "failed" and "cannot start 'no-such-program-for-enlace'" in row["error"], row
+    assert not row["restarts"]
