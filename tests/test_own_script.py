@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 from support import REPO
-from support.remote import remote, server_dir, status_row, wait_until
+from support.remote import DRIVER, remote, server_dir, status_row, wait_until
 from support.repocopy import commit_all
 
 # prints lines, writes a file to its output dir, exits 0 on SIGTERM; knows nothing of enlace
@@ -115,3 +115,17 @@ def test_a_wrong_command_run_file_is_one_line_and_exit_2(project, text, says):
     out = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_fetch_of_more_outputs_than_a_process_may_hold_open(sshd, user_repo, tmp_path):
+    """Seen (bench/fetch_outputs.py, 20,000 outputs): fetch-serve held every offered file open and hit the
+    1,024-descriptor limit. Outputs are hashed for the offer, then opened one at a time as they are sent."""
+    make = "import pathlib, sys; d = pathlib.Path(sys.argv[1]); d.mkdir(); [(d / f'f{{i}}.txt').write_text(str(i)) for i in range(1500)]"  # {{ }}: literal braces
+    doc = {"command": ["python", "-c", make, "{run_dir}/out"], "outputs": ["out/*"]}
+    (user_repo / "configs" / "runs" / "many.yaml").write_text(json.dumps(doc) + "\n")
+    commit_all(user_repo, "a command with 1,500 outputs")
+    remote(user_repo, sshd.env, "launch", "many", "--follow", host="local")
+    limited = ["env", f"PYTHONPATH={REPO}", "prlimit", "--nofile=512", *DRIVER]  # fewer descriptors than outputs
+    remote(user_repo, sshd.env, "fetch", "many", "--dest", str(tmp_path / "got"), host="local", driver=limited)
+    got = sorted((tmp_path / "got" / "out").iterdir(), key=lambda p: int(p.stem[1:]))
+    assert [p.read_text() for p in got] == [str(i) for i in range(1500)]

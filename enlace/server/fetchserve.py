@@ -87,10 +87,13 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
             files[name] = got[1]
     offered = {}
     for rel, path in _outputs(run_dir) if outputs else []:  # a command run's `outputs:`, hashed (no MANIFEST)
-        got = _open(path)
+        got = _open(path)  # hashed now, opened again when sent: thousands of outputs would pass the fd limit
         if got:
-            held[rel] = got
-            offered[rel] = {"sha256": fd_sha256(*got), "bytes": got[1]}
+            try:
+                offered[rel] = {"sha256": fd_sha256(*got), "bytes": got[1]}
+            finally:
+                os.close(got[0])
+            held[rel] = (path, got[1])
     latest = latest_checkpoint(run_dir / "checkpoints")
     offer = {
         "run_name": run_dir.name,
@@ -145,10 +148,16 @@ def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = Fals
     fd_out = out.fileno()
     for path, offset, prefix_sha256 in wanted:
         fd, size = held[path]
-        start = offset if offset and offset <= size and fd_sha256(fd, offset) == prefix_sha256 else 0
-        out.write(FRAME.pack(start, size - start))
-        out.flush()
-        _send(fd, fd_out, start, size - start)
+        late = isinstance(fd, Path)  # an output: opened only now (its sha256 in the offer says what it must be)
+        fd = os.open(fd, os.O_RDONLY) if late else fd
+        try:
+            start = offset if offset and offset <= size and fd_sha256(fd, offset) == prefix_sha256 else 0
+            out.write(FRAME.pack(start, size - start))
+            out.flush()
+            _send(fd, fd_out, start, size - start)
+        finally:
+            if late:
+                os.close(fd)
 
 
 def _send(fd: int, fd_out: int, offset: int, count: int) -> None:

@@ -1,0 +1,84 @@
+"""`enlace-remote fetch` of a command run's outputs (your own script's files: sha256 computed on the server,
+checked here as they arrive) against `rsync -a` of the same directory over the same ssh host, on loopback SSH
+(its own sshd, like the tests), at the shapes bench/data_push.py pushes: one 1 GiB file, ~300 files of
+~120 MiB in all, 20,000 files of 4 KiB. Alternated, medians of --reps, each into an emptied destination (CLI
+start included); --connection shared fetches over OpenSSH's shared connection (what `login` opens).
+
+    python bench/fetch_outputs.py [--shapes 1gib,300,20k] [--reps 3] [--connection shared]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from data_push import shape  # noqa: E402
+
+from tests.support.remote import DRIVER  # noqa: E402
+from tests.support.repocopy import commit_all, copy_worktree_repo  # noqa: E402
+from tests.support.sshd import make_server  # noqa: E402
+
+CLI = [*DRIVER, "--host", "testhost"]
+
+
+def timed(cmd: list[str], env: dict, cwd: Path) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode:
+        raise SystemExit(f"{cmd[3:]} exited {p.returncode}: {p.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1gib,300,20k")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--connection", choices=["direct", "shared"], default="shared")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="enlace-bench-fetch-"))
+    srv = make_server(base)
+    if args.connection == "shared":
+        srv.share_connection()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ENLACE_CONTROL_DIR": str(base / "cm"), **srv.env}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    try:
+        repo = copy_worktree_repo(base / "repo", "bench")
+        (repo / "configs" / "runs" / "out.yaml").write_text('command: [python, -c, "pass"]\noutputs: ["out/**/*"]\n')
+        commit_all(repo, "a command run whose outputs are fetched")
+        subprocess.run([*CLI, "launch", "out", "--follow"], env=env, cwd=repo, check=True, capture_output=True)
+        out = base / "remote-testhost" / "runs" / "out" / "out"
+        ssh = " ".join(["ssh", "-F", env["ENLACE_SSH_CONFIG"], "-o", "BatchMode=yes"])
+        print(f"fetch of a command run's outputs / rsync -a, medians of {args.reps}, connection {args.connection}:")
+        for name in args.shapes.split(","):
+            shutil.rmtree(out, ignore_errors=True)
+            shape(out, name)
+            files = sum(1 for f in out.rglob("*") if f.is_file())
+            mib = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
+            fetch_t, rsync_t = [], []
+            for _ in range(args.reps):
+                shutil.rmtree(base / "got", ignore_errors=True)
+                fetch_t.append(timed([*CLI, "fetch", "out", "--dest", str(base / "got")], env, repo))
+                shutil.rmtree(base / "rs", ignore_errors=True)
+                rsync_t.append(timed(["rsync", "-a", "-e", ssh, f"testhost:{out}/", f"{base / 'rs'}/"], env, repo))
+            f, r = statistics.median(fetch_t), statistics.median(rsync_t)
+            print(
+                f"  {name:5} ({files} files, {mib:.0f} MiB): fetch {f:6.2f} s, rsync {r:6.2f} s: {r / f:.2f}x rsync's speed"
+            )
+    finally:
+        srv.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
