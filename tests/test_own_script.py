@@ -85,6 +85,13 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     row = _row(script_repo, env, "broken")
     assert row["restarts"] == 2 and "gave up after 2 restarts: the command exited 1" in row["error"], row
 
+    adhoc = ["python", "scripts/hello.py", "--out", "{run_dir}/out", "--lines", "2"]
+    remote(script_repo, env, "launch", "--name", "adhoc", "--follow", "--", *adhoc)
+    out = remote(script_repo, env, "launch", "adhoc", "--follow")  # no run file: the command it ran, again
+    assert "adhoc: launching again the command it ran: python scripts/hello.py" in out.stderr, out.stderr
+    assert _row(script_repo, env, "adhoc")["status"] == "finished"
+    assert (server_dir(sshd, "testhost") / "runs/adhoc/train.log").read_text().count("script line 1") == 2
+
 
 def test_a_git_ignored_script_is_refused_quoting_the_rule_before_anything_starts(sshd, user_repo):
     (user_repo / ".gitignore").write_text((user_repo / ".gitignore").read_text() + "\nscratch/\n")
@@ -102,7 +109,8 @@ def test_a_git_ignored_script_is_refused_quoting_the_rule_before_anything_starts
     "text, says",
     [
         ("command: python train.py\n", "command: 'python train.py' is not a list of strings"),
-        ("command: [python, x.py]\nnproc: 0\n", "nproc: 0 is not a whole number"),
+        ("command: [python, x.py]\nnproc: 0\n", "nproc: 0 is not a whole number from 1 to 1024"),
+        ("command: [python, x.py]\nsupervise: {restarts: 1000}\n", "supervise.restarts: 1000 is not a whole number"),
         ("command: [python, x.py, '{out}']\n", "uses {out}, which enlace does not fill"),
         ("command: [python, x.py]\nrestart: 3\n", "restart: unknown key"),
         ("command: [python, x.py]\nsupervise: {retries: 2}\n", "supervise.retries: unknown key"),

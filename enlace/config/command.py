@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import string
@@ -153,10 +154,16 @@ def _strings(value: Any, where: str, fix: str, empty_ok: bool = True) -> tuple[s
     return tuple(_check_placeholders(v, where) for v in value)
 
 
+# the most each may be: what `enlace start` takes (restarts, backoff), and what a stop or a host can use
+HIGH = {"nproc": 1024, "supervise.restarts": 100, "supervise.backoff": 3600, "supervise.grace": 86400}
+
+
 def _number(value: Any, where: str, low: float, whole: bool, fix: str) -> Any:
     kinds = (int,) if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < low:
-        raise Bad(f"{where}: {value!r} is not a {'whole ' if whole else ''}number ≥ {low:g} — {fix}")
+    high = next((h for key, h in HIGH.items() if where.endswith(key)), math.inf)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high or value != value:
+        span = f"from {low:g} to {high:g}" if high != math.inf else f"≥ {low:g}"
+        raise Bad(f"{where}: {value!r} is not a {'whole ' if whole else ''}number {span} — {fix}")
     return value
 
 

@@ -235,7 +235,7 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "exit_code": st.get("exit_code"),
         "error": st.get("error"),
         "command": (st.get("command") or {}).get("command"),  # a run of the user's own command: its argv as given
-        "outputs": (st.get("command") or {}).get("outputs") or [],
+        "command_spec": st.get("command"),  # ... and all it was launched with (`launch NAME` launches it again)
         "resumed_from": st.get("resumed_from"),
         "latest_checkpoint": latest.name if latest else None,
         "checkpoint_warning": skipped_latest(run_dir / "checkpoints", latest),

@@ -170,6 +170,8 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
     after = ctx.meta.get("after_dash")
     name = run if after is not None else choose.choose_run(remote.repo, remote.host, run)
     command = own.command_of(remote.repo, name, after, o.name, o.overrides)
+    ran_before = own.recorded(remote.session, remote.repo, name) if command is None and after is None else None
+    command, after = (ran_before, []) if ran_before else (command, after)  # launched again as given after `--`
     restarts_given = ctx.get_parameter_source("restarts") == click.core.ParameterSource.COMMANDLINE
     if command is None:
         plan = _plan(remote, name, o)

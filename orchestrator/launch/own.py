@@ -5,6 +5,7 @@ files and data on the server), start under the supervisor, wait, follow; preflig
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import click
 
 from enlace.config import command
 from enlace.config.command import CommandRun
+from enlace.errors import EnlaceError
 from orchestrator.errors import UsageError, VerifyError
 
 # launch's options that only enlace's trainer takes, and what to do instead
@@ -43,6 +45,24 @@ def command_of(repo: Path, run: str | None, argv: list[str] | None, name: str | 
     if name:
         raise UsageError("--name names a command given after `--` (launch --name NAME -- python train.py ...)")
     return command.load(run, repo, overrides) if run else None
+
+
+def recorded(session, repo: Path, name: str | None) -> CommandRun | None:
+    """`launch NAME` of a command once given after `--` (no run file by that name here): the command the host
+    recorded for the run, launched again as it was. None when there is none (enlace's trainer's path then says
+    what is missing)."""
+    if not name or (repo / "configs" / "runs" / f"{name}.yaml").is_file():
+        return None
+    try:
+        rows = session.enlace_json("latest", "runs", name)
+    except EnlaceError:  # nothing synced there yet, no such run: the trainer's path names the missing file
+        return None
+    spec = rows[0].get("command_spec") if rows else None
+    if not spec:
+        return None
+    own = CommandRun.from_doc(spec, f"{name}'s recorded command")
+    click.echo(f"{name}: launching again the command it ran: {shlex.join(own.argv)}", err=True)
+    return own
 
 
 def refuse_trainer_options(o: SimpleNamespace, own: CommandRun) -> None:
