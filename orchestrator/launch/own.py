@@ -51,8 +51,13 @@ def recorded(session, repo: Path, name: str | None) -> CommandRun | None:
     """`launch NAME` of a command once given after `--` (no run file by that name here): the command the host
     recorded for the run, launched again as it was. None when there is none (enlace's trainer's path then says
     what is missing)."""
-    if not name or (repo / "configs" / "runs" / f"{name}.yaml").is_file():
+    import difflib
+
+    runs_dir = repo / "configs" / "runs"
+    if not name or (runs_dir / f"{name}.yaml").is_file():
         return None
+    if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
+        return None  # a typo of a run file: said before any connection (launch's own check)
     try:
         rows = session.enlace_json("latest", "runs", name)
     except EnlaceError:  # nothing synced there yet, no such run: the trainer's path names the missing file
