@@ -97,8 +97,8 @@ def check_config(
     try:
         # a run of your own command: `command:` in the run file, or launch's `-- ARGV` (None: enlace's trainer)
         own = command.from_spec(command_spec, run) if command_spec else command.load(run, root, overrides)
-        if own is not None:
-            return _command_config(own, run, as_json)
+        if own is not None:  # its run file and scripts (verify checks they arrived); no trainer config
+            return click.echo(json.dumps(command.check_answer(own, run, root) if as_json else own.to_doc(), indent=1))
         cfg = load_run_config(run, overrides, root)
     except ConfigError as e:  # the config itself is wrong
         refuse(e, machine=False)
@@ -128,20 +128,6 @@ def check_config(
 
         click.echo(f"# {cfg.files['run']} (profile {cfg.files['profile']}, data {cfg.files['data']})")
         click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
-
-
-def _command_config(own, run: str, as_json: bool) -> None:
-    """check-config's answer for a command run: its run file and the scripts its argv names (verify checks
-    they arrived), what it queues for; no trainer config."""
-    from enlace.config.command import run_file
-    from enlace.names import find_root
-
-    path = run_file(run, find_root(None))
-    files = {"run": str(path)} if path.is_file() else {}  # launch's `-- ARGV` has no run file
-    files |= {f"script {s}": s for s in own.scripts()}
-    doc = {"ok": True, "kind": "command", "run_name": own.run_name, "files": files, "warnings": []}
-    doc |= {"resume_problem": None, "command": own.to_doc(), "config": {"runtime": {"device": own.device}}}
-    click.echo(json.dumps(doc, indent=1) if as_json else json.dumps(own.to_doc(), indent=1))
 
 
 @main.command()

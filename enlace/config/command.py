@@ -288,3 +288,13 @@ def from_spec(spec: str, run_name: str) -> CommandRun:
     if own.run_name != run_name:
         raise Bad(f"--command-spec: run_name {own.run_name!r} is not the run's name {run_name!r}")
     return own
+
+
+def check_answer(own: CommandRun, run: str, root: Path | None) -> dict[str, Any]:
+    """check-config --json for a command run, in the trainer's answer's shape: its run file and the scripts its
+    argv names (verify checks they arrived), what it queues for (runtime.device)."""
+    path = run_file(run, find_root(root))
+    files = {"run": str(path)} if path.is_file() else {}  # launch's `-- ARGV` has no run file
+    files |= {f"script {s}": s for s in own.scripts()}
+    doc = {"ok": True, "kind": "command", "run_name": own.run_name, "files": files, "warnings": []}
+    return doc | {"resume_problem": None, "command": own.to_doc(), "config": {"runtime": {"device": own.device}}}

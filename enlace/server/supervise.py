@@ -90,8 +90,8 @@ class Supervisor:
         command: CommandRun | None = None,
     ):
         self.run_dir, self.argv, self.policy, self.env, self.poll = run_dir, argv, policy, env, poll
-        self.command = command  # a run of the user's own command (enlace/config/command.py): argv is built per start
-        self.own = CommandChild(command, run_dir, env, say) if command else None  # enlace/server/ownchild.py
+        # a run of the user's own command (enlace/config/command.py): its child is enlace/server/ownchild.py's
+        self.own = CommandChild(command, run_dir, env, say) if command else None
         self.restarts = 0
         self.wait_turn = wait_turn  # the server's queue (queue.wait_for_seat, its run and need bound); None: none
         self.seat: Seat | None = None
@@ -137,9 +137,9 @@ class Supervisor:
                 # host of a multi-host run records no status of its own); a trainer that stopped because the
                 # stall clock asked it to is restarted: nobody asked the run to stop
                 return Outcome(status, 0)
-            if self.command is None and status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
+            if self.own is None and status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
                 return Outcome(status, st["exit_code"], "not retried: a retry cannot fix it")
-            if self.command is None and code in NOT_RETRIED:  # refused before it could record why (config error)
+            if self.own is None and code in NOT_RETRIED:  # refused before it could record why (config error)
                 runs.update(self.run_dir, status=Status.FAILED, exit_code=code, error=last_line(self.run_dir))
                 return Outcome(Status.FAILED, code, "not retried: a retry cannot fix it")
             cause = self._cause(code, stalled, st)
@@ -154,7 +154,7 @@ class Supervisor:
                 return Outcome(Status.CRASHED, contract.CRASHED, why)
             restarts += 1
             wait = self.policy.backoff * 3 ** (restarts - 1)
-            whence = ", from the newest checkpoint" if self.command is None else ""  # a command resumes its own way
+            whence = ", from the newest checkpoint" if self.own is None else ""  # a command resumes its own way
             say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s{whence}")
             phase = f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts})"
             runs.new_attempt(self.run_dir, phase=phase)
@@ -192,7 +192,7 @@ class Supervisor:
     def _cause(self, code: int, stalled: bool, st: dict) -> str:
         where = f"at step {st.get('step', 0)} (newest checkpoint {self._newest()})"
         what = "the trainer"
-        if self.command is not None:
+        if self.own is not None:
             what, where = "the command", where if st.get("step") else ""
             st = {**st, "error": None}  # the error recorded is this very line
         if stalled:

@@ -82,7 +82,8 @@ DRIVER_LOCAL = ("?? .enlace/", "?? runs/", "?? exports/")  # the driver's own fi
 def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> SyncReport:
     status = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
     # in a repository of the user's own, what the driver writes here (last runs, fetched runs) is not a change
-    dirty = [line for line in status if line and (remote.is_enlace_checkout(repo) or not line.startswith(DRIVER_LOCAL))]
+    own = () if remote.is_enlace_checkout(repo) else DRIVER_LOCAL
+    dirty = [line for line in status if line and not (own and line.startswith(own))]
     if dirty and not allow_dirty:
         listing = "\n".join(f"  {d}" for d in dirty[:30]) + ("\n  ..." if len(dirty) > 30 else "")
         raise VerifyError(
