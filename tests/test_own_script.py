@@ -74,6 +74,7 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     remote(script_repo, env, "launch", "forever", "--no-wait")
     wait_until(lambda: "script line 3" in (server_dir(sshd, "testhost") / "runs/forever/train.log").read_text())
     out = remote(script_repo, env, "stop", "forever")
+    assert "forever: stopped (stopped: the command exited 0 after SIGTERM)" in out.stdout, out.stdout
     row = _row(script_repo, env, "forever")
     assert row["status"] == "stopped" and row["exit_code"] == 0, row
     log = (server_dir(sshd, "testhost") / "runs/forever/train.log").read_text()
@@ -91,6 +92,13 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     assert "adhoc: launching again the command it ran: python scripts/hello.py" in out.stderr, out.stderr
     assert _row(script_repo, env, "adhoc")["status"] == "finished"
     assert (server_dir(sshd, "testhost") / "runs/adhoc/train.log").read_text().count("script line 1") == 2
+    out = remote(script_repo, env, "fetch", "adhoc", "--dest", str(tmp_path / "adhoc"))  # no outputs: its log
+    assert "no outputs (set `outputs:` in its run file)" in out.stderr, out.stderr
+    assert (tmp_path / "adhoc" / "train.log").read_bytes().count(b"script line 1") == 2
+
+    out = remote(script_repo, env, "init", "brace", "--", "python", "-c", "print('{')", check=False)
+    assert out.returncode == 2 and "write a literal brace as {{ or }}" in out.stderr, out.stderr
+    assert not (script_repo / "configs" / "runs" / "brace.yaml").exists()  # refused before anything is written
 
 
 def test_a_git_ignored_script_is_refused_quoting_the_rule_before_anything_starts(sshd, user_repo):

@@ -102,6 +102,7 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         "exports": listed["exports"],
         "files": files,
         "outputs": offered,
+        "command": bool(runs.read(run_dir).get("command")),  # a run of the user's own command (no checkpoint due)
         "latest": latest.name if latest else None,
     }
     return offer, held

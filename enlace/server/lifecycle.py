@@ -283,4 +283,5 @@ def _stop_report(run_dir: Path, row: dict[str, Any], was_running: bool, killed: 
         "status": row["status"],
         "step": row["step"],
         "latest_checkpoint": row["latest_checkpoint"],
+        "phase": row["phase"],  # a command's: what it did with the SIGTERM
     }

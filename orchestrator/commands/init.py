@@ -35,6 +35,7 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
     enlace-remote init shakespeare -- python train.py config/train_shakespeare_char.py --out_dir={run_dir}/out
     git add configs/runs/shakespeare.yaml && git commit -m "an enlace run"
     enlace-remote --host gpu1 launch shakespeare -f"""
+    from enlace.config import command
     from enlace.names import validate_run_name
     from orchestrator.errors import UsageError
     from orchestrator.transfer.gitsync import repo_root
@@ -42,6 +43,8 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
     validate_run_name(name, "NAME")
     repo = repo_root(Path.cwd())
     argv = ctx.meta.get("after_dash") or ["python", "train.py"]
+    # what launch would refuse (a single `{`) is refused now, before anything is written
+    command.parse({"command": argv}, f"init {name} -- COMMAND", default_name=name)
     path = repo / "configs" / "runs" / f"{name}.yaml"
     if path.exists() and not force:
         raise UsageError(f"{path.relative_to(repo)} exists — edit it, or pass --force to write it anew")

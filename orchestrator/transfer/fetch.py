@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
+
 from enlace.contract import FRAME
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256
@@ -78,7 +80,13 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
     root = dest.resolve()
 
     def plan(offer: dict[str, Any]) -> dict[str, str | None]:
-        if not offer["checkpoints"] and not offer.get("outputs"):
+        if not offer["checkpoints"] and not offer.get("outputs") and offer.get("command"):
+            click.echo(
+                f"{run_name}: no outputs (set `outputs:` in its run file) and no enlace.job checkpoint: fetching "
+                "its log and run files only",
+                err=True,
+            )
+        elif not offer["checkpoints"] and not offer.get("outputs"):
             raise UsageError(
                 f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
                 "— wait for the first checkpoint.every steps, or stop the run to make it save"

@@ -48,7 +48,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 + (f" on GPU {','.join(map(str, r['gpus']))}" if r.get("gpus") and r["status"] in HOLDING else "")
                 + (", unsupervised" if r.get("supervisor") else "")
                 + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
-                f"{r['step']}/{r['max_steps'] or '-'}",
+                f"{r['step']}/{r['max_steps'] or '-'}" if r["step"] or not r.get("command") else "-",
                 f"{r['loss']:.4f}" if r["loss"] is not None else "-",
                 f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
                 f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
