@@ -297,16 +297,18 @@ def stop(remote: Remote, run_name: str | None, grace: float, kill: bool, sweep_n
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     args = ["stop", run_name, "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
     rep = remote.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
-    # a command that logs no steps (no enlace.job): what it did, not a step 0 and no checkpoint
-    where = (
-        f"at step {rep['step']}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
-        if rep["step"] or rep["latest_checkpoint"] or not rep.get("phase")
-        else f"({rep['phase']})"
-    )
-    if not rep["was_running"]:
-        click.echo(f"{run_name} is not running: {rep['status']} {where}; nothing to stop")
+    killed, ckpt = (" (killed)" if rep["killed"] else ""), rep["latest_checkpoint"] or "none"
+    if rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"):  # where the trainer (or a script) stands
+        if not rep["was_running"]:
+            where = f"{rep['status']} at step {rep['step']}"
+            click.echo(f"{run_name} is not running ({where}); nothing to stop. Latest checkpoint {ckpt}")
+            return
+        click.echo(f"{run_name}: {rep['status']} at step {rep['step']}{killed}; latest checkpoint {ckpt}")
+    elif not rep["was_running"]:  # a command that logs no steps: what it did, not a step 0 and no checkpoint
+        click.echo(f"{run_name} is not running ({rep['phase']}); nothing to stop")
         return
-    click.echo(f"{run_name}: {rep['status']}{' (killed)' if rep['killed'] else ''} {where}")
+    else:
+        click.echo(f"{run_name}: {rep['status']}{killed} ({rep['phase']})")
     if not rep["stopped"]:
         click.echo(f"still running after {grace:g}s — rerun with --kill to force it", err=True)
         sys.exit(1)
