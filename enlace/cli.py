@@ -381,8 +381,10 @@ def preflight_cmd(
         report["max_batch"] = find_max_batch(cfg, run, list(overrides), limit, report, say)
         if report["verdict"] == "oom" and report["max_batch"]["batch_size"]:
             report["suggestion"] += f"; the largest that fits is {report['max_batch']['batch_size']}"
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone reports
-        return
+    if quiet:  # under torchrun rank 0 reports; a rank that failed alone says why and ends the job (torchrun)
+        if report["verdict"] not in ("ok", "tight"):
+            click.echo(f"rank {os.environ['RANK']}: {report['verdict']}: {report.get('suggestion', '')}", err=True)
+        sys.exit(contract.VERDICT.get(report["verdict"], contract.OK))
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(cfg.run_dir / "preflight.json", json.dumps(report, indent=1) + "\n")
     click.echo(json.dumps(report, indent=1) if as_json else format_report(report))

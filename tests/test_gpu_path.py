@@ -19,28 +19,32 @@ from enlace.errors import ConfigError
 from enlace.preflight import maxbatch
 from enlace.preflight.measure import preflight
 from enlace.train import determinism, engine
-from enlace.train.dist import Dist, collective_device
+from enlace.train.dist import Dist
 
 
-def test_any_rank_puts_its_tensor_on_the_process_groups_device(monkeypatch):
-    """nccl moves CUDA tensors only: any_rank's flag must be made on cuda:LOCAL_RANK under nccl (finding 1:
-    every multi-GPU run crashed at step 1); it is filled there (torch.full), not copied from a host list.
-    Stands in for a GPU: torch.full and the collective are recorded, not run."""
+def test_the_stop_flag_goes_through_gloo_beside_nccl(monkeypatch):
+    """The stop flag is all-reduced every step. Under nccl a flag on the GPU crashed when made on the CPU
+    (finding 1) and, made on the GPU, its read-back waited for every queued kernel (a host sync a step): it is
+    a CPU tensor in a gloo group made beside nccl at init. Stands in for a GPU: nccl cannot run here, so the
+    process group calls are recorded, not run."""
     import enlace.train.dist as dist_module
 
-    made = []
-    real_full = torch.full
-
-    def record_full(size, value, device=None, **kw):
-        made.append(device)
-        return real_full(size, value, **kw)
-
-    monkeypatch.setattr(dist_module.torch, "full", record_full)
-    monkeypatch.setattr(dist_module.torch_dist, "get_backend", lambda: "nccl")
-    monkeypatch.setattr(dist_module.torch_dist, "all_reduce", lambda t, op=None: None)
-    assert Dist(rank=1, world=2, local_rank=1).any_rank(True) is True
-    assert made == [torch.device("cuda", 1)]
-    assert collective_device("gloo", 1) == torch.device("cpu")
+    groups, reduced = [], []
+    monkeypatch.setattr(dist_module.torch_dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist_module.torch_dist, "init_process_group", groups.append)
+    monkeypatch.setattr(dist_module.torch_dist, "get_backend", lambda: groups[0])
+    monkeypatch.setattr(dist_module.torch_dist, "new_group", lambda backend: f"{backend} group")
+    monkeypatch.setattr(dist_module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist_module.torch_dist, "all_reduce", lambda t, op, group: reduced.append((t.device, group)))
+    dist = Dist(rank=1, world=2, local_rank=1)
+    dist.init("cuda")
+    assert groups == ["nccl"] and dist.flag_group == "gloo group"
+    assert dist.any_rank(True) is True
+    assert reduced == [(torch.device("cpu"), "gloo group")]
+    groups.clear()
+    gloo = Dist(rank=1, world=2, local_rank=1)
+    gloo.init("cpu")  # gloo already moves CPU tensors: the default group carries the flag
+    assert groups == ["gloo"] and gloo.flag_group is None
 
 
 def _oom_in_backward(setup, step, next_batch, phase):

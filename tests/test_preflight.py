@@ -136,3 +136,37 @@ def test_preflight_of_a_resumed_run_projects_the_remaining_steps(project):
     rep = json.loads(enlace(project, "preflight", "half", "--json", "--steps", "2").stdout)
     assert rep["throughput"]["resumes_at"] == 30 and rep["throughput"]["remaining_steps"] == 10
     assert rep["disk"]["ok"] and rep["disk"]["checkpoint_mib"] > 0
+
+
+def test_a_rank_that_runs_out_of_memory_alone_says_so_and_ends_the_job(project):
+    """Under torchrun a rank whose batch does not fit exits with the verdict's code (it exited 0 while its
+    peers waited in a collective until NCCL's 10-minute timeout): torchrun then ends the others at once. RANK=1
+    alone stands in for the job's second process (one process: no peers to wait for here)."""
+    write_run(project, "big", model={"seq_len": 256, "d_model": 128, "n_head": 4}, training={"batch_size": 64})
+    out = enlace(
+        project, "preflight", "big", "--steps", "3", "--memory-limit", "600MiB", env={"RANK": "1"}, check=False
+    )
+    assert out.returncode == 5, out.stderr
+    assert out.stdout == "" and "Traceback" not in out.stderr  # rank 0 alone prints the report
+    assert "rank 1: oom: out of memory in" in out.stderr and "batch_size" in out.stderr
+
+
+def test_ranks_leave_together_when_another_rank_is_late(project, monkeypatch):
+    """The too-slow decision is every rank's: a rank whose own steps are in time still stops at the step where
+    another rank projected past the budget (each stopping alone left the others in a collective). The other
+    rank is a stand-in: Dist.any_rank answers True from the first measured step on."""
+    from enlace.config.schema import load_config
+    from enlace.preflight.measure import WARMUP_STEPS, preflight
+    from enlace.train.dist import Dist
+
+    asked = []
+
+    def another_rank_is_late(self, flag):
+        asked.append(flag)
+        return flag or len(asked) > WARMUP_STEPS
+
+    monkeypatch.setattr(Dist, "any_rank", another_rank_is_late)
+    write_run(project, "late")
+    rep = preflight(load_config("late", root=project), steps=20, budget_s=10_000)
+    assert rep["verdict"] == "too_slow" and not any(asked)  # this rank alone was in time
+    assert len(asked) == WARMUP_STEPS + 1  # it left at the first measured step, as the late rank did

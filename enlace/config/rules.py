@@ -66,6 +66,7 @@ NOT_NEGATIVE = (
     "training.eval_every",
     "checkpoint.every",
     "training.eval_batch_size",
+    "training.prefetch",
     "runtime.threads",
     "optim.warmup_steps",
     "optim.grad_clip",

@@ -72,6 +72,7 @@ class TrainingConfig:
     eval_every: int = 50  # 0 disables periodic eval (a final eval still runs)
     eval_batches: int = 4
     eval_batch_size: int = 0  # 0 = batch_size
+    prefetch: int = 2  # batches drawn ahead on a helper thread (CUDA: pinned, one async copy); 0 = none
 
 
 @dataclass

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from enlace.config.schema import Config
+from enlace.data.prefetch import Prefetched
+from enlace.data.synthetic import SyntheticStream
 from enlace.manifest import latest_checkpoint, read_manifest
 from enlace.sysinfo import cpu_name, mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
 from enlace.train import engine
@@ -72,23 +74,6 @@ def time_budget(seconds: float | None, started: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-class SyntheticStream:
-    """Random bytes of the configured shape: no corpus needed."""
-
-    def __init__(self, batch_size: int, seq_len: int, seed: int):
-        self.shape, self.g = (batch_size, seq_len + 1), torch.Generator().manual_seed(seed)
-
-    def next_batch(self):
-        buf = torch.randint(0, 256, self.shape, generator=self.g)
-        return buf[:, :-1], buf[:, 1:]
-
-    def batch_at(self, k: int):
-        return self.next_batch()
-
-    def state_dict(self) -> dict:
-        return {"version": 1, "kind": "synthetic"}
 
 
 class MemoryWatch:
@@ -238,11 +223,18 @@ def _measure(
     budget_s: float | None = None,
     started: float = 0.0,
 ) -> dict[str, Any]:
+    with contextlib.ExitStack() as stack:
+        return _measure_steps(cfg, setup, warmup, steps, watch, progress, budget_s, started, stack)
+
+
+def _measure_steps(cfg, setup, warmup, steps, watch, progress, budget_s, started, stack) -> dict[str, Any]:
     """This rank's figures: step times after warm-up (s), fp16 skips, an eval batch, a checkpoint save.
     Raises OutOfMemory naming the phase that did not fit, TooSlow when the steps left project past
     `budget_s` (counted from `started`)."""
     t, dev = cfg.training, setup.device
-    data = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
+    # drawn ahead and copied as the run's batches are (pinned, one asynchronous copy on CUDA)
+    data = Prefetched(SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed), dev, t.prefetch)
+    stack.callback(data.close)
     eval_data = SyntheticStream(t.eval_batch_size or t.batch_size, cfg.model.seq_len, cfg.runtime.seed + 1)
     m: dict[str, Any] = {"step_times": [], "skipped": [], "nonfinite": 0, "scale": None}
     for i in range(warmup + steps):
@@ -263,7 +255,8 @@ def _measure(
         m["scale"] = result.scale
         progress(f"{label} step {i + 1}/{warmup + steps}: {dt * 1000:.0f} ms, loss {loss:.3f}")
         left = warmup + steps - i - 1
-        if budget_s and i >= warmup and time.perf_counter() - started + left * dt > budget_s:
+        late = bool(budget_s) and i >= warmup and time.perf_counter() - started + left * dt > budget_s
+        if setup.dist.any_rank(late):  # under torchrun all ranks leave at the same step: none waits in a collective
             raise TooSlow(time.perf_counter() - started, dt, i + 1)
     t0 = time.perf_counter()
     watch.run("eval", lambda: engine.evaluate(setup, eval_data, 1))

@@ -13,6 +13,7 @@ import torch
 
 from enlace.config.schema import Config
 from enlace.contract import Status
+from enlace.data.prefetch import Prefetched
 from enlace.data.streams import build_stream, data_identity
 from enlace.errors import CheckpointError
 from enlace.manifest import incomplete_checkpoints, skipped_latest
@@ -78,7 +79,7 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
     run.phase("opening the data")
     data_id = data_identity(cfg)
     run.update_status(data=data_id)
-    train_stream = build_stream(cfg, "train", t.batch_size, dist.rank, dist.world)
+    train_stream = Prefetched(build_stream(cfg, "train", t.batch_size, dist.rank, dist.world), setup.device, t.prefetch)
     val_stream = build_stream(cfg, "val", t.eval_batch_size or t.batch_size)
     progress = {"step": 0, "tokens": 0}
     run.phase("loading the checkpoint")

@@ -6,26 +6,22 @@ read the same with and without torchrun."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
 
-def collective_device(backend: str, local_rank: int) -> torch.device:
-    """Where a collective's tensor must live: nccl moves CUDA tensors only ("No backend type associated
-    with device type cpu"), gloo CPU ones."""
-    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-
-
-@dataclass(frozen=True)
+@dataclass
 class Dist:
     """rank 0 of 1 when not under torchrun."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    # where the stop flag is all-reduced: a gloo group beside nccl, so that reading it makes no GPU wait
+    flag_group: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_env(cls) -> Dist:
@@ -40,6 +36,8 @@ class Dist:
         """Join the process group: nccl on CUDA, gloo on the CPU (torchrun set the rendezvous env)."""
         if self.world > 1 and not torch_dist.is_initialized():
             torch_dist.init_process_group("nccl" if device != "cpu" and torch.cuda.is_available() else "gloo")
+            if torch_dist.get_backend() == "nccl":  # every rank makes it, in the same order: a collective call
+                self.flag_group = torch_dist.new_group(backend="gloo")
 
     def close(self) -> None:
         if self.world > 1 and torch_dist.is_initialized():
@@ -49,9 +47,10 @@ class Dist:
         """True on every rank if it is true on any (e.g. a stop signal: all ranks stop at the same step)."""
         if self.world == 1:
             return flag
-        # filled on the device (torch.tensor would copy a host list to it, blocking)
-        t = torch.full((1,), int(flag), device=collective_device(torch_dist.get_backend(), self.local_rank))
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        # on the CPU, through gloo (the default group, or flag_group beside nccl): reading it back waits for the
+        # other ranks' hosts, never for a GPU; under nccl a CUDA flag's .item() waited for every queued kernel
+        t = torch.tensor([int(flag)])
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX, group=self.flag_group)
         return bool(t.item())
 
     def average_gradients(self, params) -> None:

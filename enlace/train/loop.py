@@ -71,7 +71,8 @@ def train(
         faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True)
     stop = StopSignal(on_second=lambda name: run.update_status(status=Status.STOPPED, exit_code=128, signal=name))
     try:
-        summary = _train(cfg, run, dist, stop, resume, until, allow)
+        with contextlib.ExitStack() as closing:  # the prefetch thread ends before the process does
+            summary = _train(cfg, run, dist, stop, resume, until, allow, closing)
         # Every rank waits here until rank 0 has written its last checkpoint: a rank that
         # tore gloo down while its peer was still busy died with SIGABRT (seen under load).
         dist.barrier()
@@ -109,10 +110,18 @@ def _record_failure(run: RunDir, exit_code: int, error: str) -> None:
 
 
 def _train(
-    cfg: Config, run: RunDir, dist: Dist, stop: StopSignal, resume: str, until: int | None, allow: frozenset[str]
+    cfg: Config,
+    run: RunDir,
+    dist: Dist,
+    stop: StopSignal,
+    resume: str,
+    until: int | None,
+    allow: frozenset[str],
+    closing: contextlib.ExitStack,
 ):
     t = cfg.training
     start = begin(cfg, run, dist, resume, allow)
+    closing.callback(start.train_stream.close)
     setup, progress = start.setup, start.progress
     if start.resumed_from is None:
         run.phase("evaluating the untrained model")
