@@ -20,7 +20,8 @@ step() {  # step NAME SECONDS CMD...: run CMD under a deadline, log to $OUT/NAME
     nproc; free -g | head -2
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-step gpu_check $((BUDGET + 90)) "$PY" bench/gpu_check.py --budget-s "$BUDGET" --out "$OUT/gpu_check.json"
+NANOGPT=(); [ -f .nanogpt/model.py ] && NANOGPT=(--nanogpt .nanogpt)  # nanoGPT's own model.py, if carried
+step gpu_check $((BUDGET + 90)) "$PY" bench/gpu_check.py --budget-s "$BUDGET" --out "$OUT/gpu_check.json" "${NANOGPT[@]}"
 step preflight_auto 80 "$PY" -m enlace preflight smoke-2060 --set profile=auto --steps 10 --json
 step train_auto 100 "$PY" -m enlace train smoke-2060 --set profile=auto --set training.max_steps=60 \
     --set checkpoint.every=30 --set training.eval_every=30 --runs-dir /tmp/lease-runs

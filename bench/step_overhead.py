@@ -105,7 +105,7 @@ class NanoGPT(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))

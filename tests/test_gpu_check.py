@@ -35,15 +35,21 @@ def test_gpu_check_runs_every_section_on_cpu(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert set(r) >= {"environment", "drift", "resume", "ddp", "preflight", "costs", "seconds"}
-    for section in ("drift", "resume", "ddp", "preflight", "costs"):
+    sections = ("drift", "resume", "ddp", "preflight", "costs", "throughput")
+    assert set(r) >= {"environment", "seconds", *sections}
+    for section in sections:
         assert "error" not in r[section] and "skipped" not in r[section], (section, r[section])
+        assert r["seconds"][section] > 0  # each ran, in a process of its own
     assert r["resume"]["identical"] is True and r["resume"]["tensors"] > 50  # deterministic resume on CPU
     assert r["ddp"]["world"] == 2 and r["ddp"]["identical"] is True and r["ddp"]["ranks_draw_apart"] is True
     assert r["environment"]["cublas_workspace_config"] == ":4096:8"  # set before the first GEMM
     assert r["drift"]["max_abs_diff"] == 0.0  # one process, one thread count: CPU does not drift
     assert r["preflight"]["memory_ratio"] > 0 and r["preflight"]["throughput_ratio"] > 0
-    assert {"deterministic", "compile", "bf16"} <= set(r["costs"])
+    for cost in ("deterministic", "memory_fill", "compile", "bf16"):  # each measured alone, none lost
+        assert "error" not in r["costs"][cost] and len(r["costs"][cost]) == 3, (cost, r["costs"][cost])
+    assert r["costs"]["optimizer"] == {"skipped": "fused AdamW is CUDA's"}
+    for rate in ("enlace_step", "enlace_train", "nanogpt"):  # beside nanoGPT's loop; no MFU without a card's peak
+        assert r["throughput"][rate]["tokens_per_s"] > 0 and r["throughput"][rate]["mfu"] is None, r["throughput"]
     assert r["environment"]["torch"].startswith("2.") and "resume" in p.stdout and "drift" in p.stdout
 
 
@@ -57,3 +63,17 @@ def test_a_missing_nvidia_smi_costs_only_the_driver_figure(monkeypatch, tmp_path
     spec.loader.exec_module(gpu_check)
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi anywhere on it
     assert gpu_check.driver_version() is None
+
+
+def test_a_section_that_fails_costs_its_own_figures_only(monkeypatch):
+    """Each section runs in a process of its own: one that exits with an error (here: a section name the child
+    does not know) or runs past its time is recorded as such, and the parent holds nothing of it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    failed = gpu_check.section("no-such-section", ["--device", "cpu"], 120)
+    assert failed["error"].startswith("exited 2: ") and "invalid choice" in failed["error"]
+    assert gpu_check.section("environment", ["--device", "cpu"], 0.01) == {"error": "ended after 0 s (its time)"}
+    assert "torch" not in vars(gpu_check)  # the parent imports no torch: it holds no CUDA context between sections

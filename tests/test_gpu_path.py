@@ -122,11 +122,11 @@ def test_verify_resume_runs_one_trainer_at_a_time_on_a_gpu_and_gpu_check_keeps_d
     assert not side_by_side(load_config("gpu", root=project))
     sys.path.insert(0, str(REPO / "bench"))
     try:
-        import gpu_check
+        import gpu_sections
     finally:
         sys.path.remove(str(REPO / "bench"))
     for device in ("cuda", "cpu"):
-        assert not any("dropout" in o for o in gpu_check.runs_for(device)[2])
+        assert not any("dropout" in o for o in gpu_sections.runs_for(device)[2])
 
 
 def test_no_sync_finds_ddp_inside_torch_compile(tmp_path):
