@@ -92,6 +92,21 @@ def test_bf16_on_a_card_below_ampere_is_refused(project, monkeypatch):
     check_environment(cfg)  # an Ampere card: fine
 
 
+def test_bf16_is_judged_on_the_runs_own_card(project, monkeypatch):
+    """A torchrun rank runs on cuda:LOCAL_RANK: the check read the current card (0) instead. Stands in for a
+    machine with an Ampere card 0 and a Turing card 1 (recorded calls, no GPU)."""
+    write_run(project, "half", runtime={"precision": "bf16", "device": "auto"})
+    cfg = load_config("half", root=project)
+    cards = {0: (8, 6), 1: (7, 5)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cards[device or 0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"card {device or 0}")
+    check_environment(cfg)  # rank 0's card: Ampere
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"bf16 on card 1 \(compute capability 7\.5\)"):
+        check_environment(cfg)
+
+
 def test_a_checkpoint_from_an_8_gpu_node_resumes_where_1_gpu_is_visible(monkeypatch):
     """Finding 5: checkpoints held get_rng_state_all() (8 states on an 8-GPU node) and set_rng_state_all
     indexed devices a 1-GPU task does not have. Stands in for CUDA: the RNG calls are recorded."""

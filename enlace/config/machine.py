@@ -5,6 +5,7 @@ driver never. check-config imports it before every launch, so torch stays out of
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from enlace.config.schema import Config
@@ -22,12 +23,13 @@ def check_environment(cfg: Config) -> None:
     if rt.precision == "bf16" and rt.device != "cpu":
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
-            major, minor = torch.cuda.get_device_capability()
+        card = int(os.environ.get("LOCAL_RANK", "0"))  # the run's own card (a torchrun rank's), not the current one
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(card) < (8, 0):
+            major, minor = torch.cuda.get_device_capability(card)
             raise ConfigError(
                 cfg.origin("runtime.precision"),
                 "runtime.precision",
-                f"bf16 on {torch.cuda.get_device_name()} (compute capability {major}.{minor}) is emulated: "
+                f"bf16 on {torch.cuda.get_device_name(card)} (compute capability {major}.{minor}) is emulated: "
                 "GEMMs run slowly and attention falls back to its math kernel (B·H·T² scores in memory)",
                 "bf16 needs compute capability 8.0 (Ampere) or newer; use fp16 (with GradScaler) or fp32 here",
             )
