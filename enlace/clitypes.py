@@ -169,3 +169,22 @@ def shown_url(url: str) -> str:
 def notify_option(help_text: str = "POST a JSON note here when the run ends."):
     """--notify URL (a webhook; enlace/server/notify.py), as launch, sweep and the server's start take it."""
     return click.option("--notify", type=WebhookUrl(), default=None, help=help_text)
+
+
+def grace_option(fn):
+    """--grace for stop (the driver's, a sweep's, the server's): by default sized from the run's own checkpoint
+    save, which the trainer records (enlace.server.lifecycle.default_grace)."""
+    return click.option(
+        "--grace",
+        type=Seconds(),
+        default=None,
+        metavar="S",
+        help="Seconds to wait for the run's checkpoint; default: 3x its last save plus a minute, at least 120.",
+    )(fn)
+
+
+def stop_request(run_name: str, grace: float | None, kill: bool) -> tuple[list[str], float]:
+    """The server's `stop` argv for a driver, and how long to wait for its answer (the server sizes an unset
+    grace itself, at most a day)."""
+    args = ["stop", run_name, "--json", *(["--grace", str(grace)] if grace is not None else []), *(["--kill"] * kill)]
+    return args, (grace if grace is not None else 86400.0) + 60

@@ -277,3 +277,14 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
     assert "warning: its data was changed by a data push" in lines[3], lines
     alone = format_status([{**row, "supervisor": None, "data_warning": None, "elapsed_s": 5.0}]).splitlines()
     assert len(alone) == 2 and "unsupervised" not in alone[1] and "this start" not in alone[1]
+
+
+def test_a_stops_default_grace_is_sized_from_the_runs_own_checkpoint_save():
+    """stop waits by default three of the run's last saves plus a minute (at least 120 s, at most a day): a
+    large model's save outlasted the fixed 120 s, and the stop then said "still running"."""
+    from enlace.server.lifecycle import default_grace
+
+    assert default_grace({}) == 120.0  # no save recorded yet
+    assert default_grace({"last_save_s": 2.5}) == 120.0
+    assert default_grace({"last_save_s": 100}) == 360.0
+    assert default_grace({"last_save_s": 1e6}) == 86400.0

@@ -20,6 +20,7 @@ def test_short_run_lowers_loss_and_leaves_a_complete_run_dir(project):
     state = run_json(run)
     assert state["status"] == "finished" and state["exit_code"] == 0 and state["step"] == 40
     assert state["pid"] > 0 and state["torch"].startswith("2.")
+    assert 0 < state["last_save_s"] < 60  # the last save's seconds: what a stop's default grace is sized from
     assert yaml.safe_load((run / "config.yaml").read_text())["run_name"] == "tiny"
     log = (run / "train.log").read_text()
     assert "step     40/40" in log and "tok/s" in log and "params" in log

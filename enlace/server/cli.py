@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import (
-    Seconds,
     gc_options,
+    grace_option,
     notify_option,
     queue_options,
     root_option,
@@ -278,10 +278,10 @@ def wait_cmd(run_name: str, launch_id: str, timeout: float, root: Path | None, a
 @click.command("stop")
 @click.argument("run_name")
 @root_option
-@click.option("--grace", type=Seconds(), default=120.0, show_default=True, help="Seconds to wait for the checkpoint.")
+@grace_option
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
 @click.option("--json", "as_json", is_flag=True)
-def stop_cmd(run_name: str, root: Path | None, grace: float, kill: bool, as_json: bool) -> None:
+def stop_cmd(run_name: str, root: Path | None, grace: float | None, kill: bool, as_json: bool) -> None:
     """SIGTERM a detached run (it checkpoints and exits), wait up to --grace seconds. A run that is not
     running is left as it is (exit 0, says so)."""
     from enlace.server import lifecycle, runfiles

@@ -190,7 +190,19 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
         time.sleep(poll)
 
 
-def stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
+def default_grace(st: dict[str, Any]) -> float:
+    """How long a stop waits by default: three of the run's last checkpoint saves (the trainer records each
+    save's seconds) plus a minute for the step in flight, at least 120 s, at most a day."""
+    return min(86400.0, max(120.0, 3 * float(st.get("last_save_s") or 0) + 60))
+
+
+def stop(run_dir: Path, grace: float | None, kill: bool) -> dict[str, Any]:
+    """`_stop` with the grace it waited (by default the run's own, default_grace) in its report."""
+    grace = default_grace(read(run_dir)) if grace is None else grace
+    return {**_stop(run_dir, grace, kill), "grace_s": grace}
+
+
+def _stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
     """SIGTERM what was launched (torchrun forwards it once to every rank), wait up to `grace` s for the
     checkpoint; with `kill`, SIGKILL the process group (or cancel the Slurm job) after that. A supervisor
     that is gone or frozen is passed by: the trainer gets the SIGTERM, and a frozen supervisor a SIGKILL."""

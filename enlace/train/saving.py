@@ -5,6 +5,8 @@ all through the write, which can be long, so the supervisor never takes a save f
 
 from __future__ import annotations
 
+import time
+
 from enlace.config.schema import Config
 from enlace.train import engine
 from enlace.train.begin import Start
@@ -29,9 +31,11 @@ class Saver:
         states = self.dist.gather(engine.rank_state(start.train_stream))
         if not self.dist.is_main:
             return ""
+        t0 = time.monotonic()
         with self.run.beating():  # however long the write takes (a large model on a slow file system)
             state = engine.capture_state(start.setup, states, start.progress, start.commit, start.data_id)
             path = save_checkpoint(self.run.checkpoints, start.progress["step"], state, self.cfg.checkpoint.keep)
+        self.run.update_status(last_save_s=round(time.monotonic() - t0, 2))  # a stop's grace is sized from it
         self.run.log(f"checkpoint {path.name} saved")
         return path.name
 

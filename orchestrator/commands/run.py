@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import Seconds, notify_option, set_option, supervisor_options
+from enlace.clitypes import Seconds, grace_option, notify_option, set_option, stop_request, supervisor_options
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
@@ -275,17 +275,11 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
 
 @click.command(cls=HostOptionsCommand)
 @click.argument("run_name", required=False)
-@click.option(
-    "--grace",
-    type=Seconds(),
-    default=120.0,
-    show_default=True,
-    help="Seconds to wait for the trainer's checkpoint (longer than a save; at most a day).",
-)
+@grace_option
 @click.option("--kill", is_flag=True, help="SIGKILL the run if it has not stopped within --grace.")
 @sweep_option
 @with_remote
-def stop(remote: Remote, run_name: str | None, grace: float, kill: bool, sweep_name: str | None) -> None:
+def stop(remote: Remote, run_name: str | None, grace: float | None, kill: bool, sweep_name: str | None) -> None:
     """SIGTERM the run (default: the run last launched there): it finishes its step, saves a checkpoint and
     exits; report the checkpoint. Once only: a second stop waits for the same checkpoint. A queued run leaves
     the queue. --sweep: every queued and running run of the sweep."""
@@ -295,8 +289,8 @@ def stop(remote: Remote, run_name: str | None, grace: float, kill: bool, sweep_n
         return sweeps.stop_all(remote, sweep_name, grace, kill)
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
-    args = ["stop", run_name, "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
-    rep = remote.session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
+    args, timeout = stop_request(run_name, grace, kill)
+    rep = remote.session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
     killed, ckpt = (" (killed)" if rep["killed"] else ""), rep["latest_checkpoint"] or "none"
     if rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"):  # where the trainer (or a script) stands
         if not rep["was_running"]:
@@ -310,7 +304,7 @@ def stop(remote: Remote, run_name: str | None, grace: float, kill: bool, sweep_n
     else:
         click.echo(f"{run_name}: {rep['status']}{killed} ({rep['phase']})")
     if not rep["stopped"]:
-        click.echo(f"still running after {grace:g}s — rerun with --kill to force it", err=True)
+        click.echo(f"still running after {rep['grace_s']:g}s — rerun with --kill to force it", err=True)
         sys.exit(1)
 
 

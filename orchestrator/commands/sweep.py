@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import notify_option, supervisor_options
+from enlace.clitypes import notify_option, stop_request, supervisor_options
 from enlace.errors import EnlaceError
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
 from orchestrator.sweep import record, table
@@ -100,7 +100,7 @@ def show_status(remote: Remote, name: str, as_json: bool) -> None:
     click.echo(json.dumps(rows, indent=1) if as_json else table.format_table(sweep, rows))
 
 
-def stop_all(remote: Remote, name: str, grace: float, kill: bool) -> None:
+def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None:
     """Stop every live run of the sweep: the queued ones first (none of them may start on a GPU a stopping run
     frees), then the running ones, in parallel."""
     from orchestrator.hosts.resolve import resolve_host
@@ -112,10 +112,10 @@ def stop_all(remote: Remote, name: str, grace: float, kill: bool) -> None:
 
     def stop_one(row: dict) -> str:
         session = remote.session_for(resolve_host(row["host"], remote.repo))
-        args = ["stop", row["run_name"], "--grace", str(grace), "--json"] + (["--kill"] if kill else [])
-        rep = session.enlace_json("latest", *args, timeout=grace + 60, ok_codes=(0, 1))
+        args, timeout = stop_request(row["run_name"], grace, kill)
+        rep = session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
         return f"{row['run_name']} on {row['host']}: {rep['status']} at step {rep['step']}" + (
-            "" if rep["stopped"] else f" — still running after {grace:g}s (--kill forces it)"
+            "" if rep["stopped"] else f" — still running after {rep['grace_s']:g}s (--kill forces it)"
         )
 
     said = [stop_one(r) for r in queued]
