@@ -6,6 +6,8 @@ step still gives the scale and the skip."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from support.configs import write_run
@@ -66,3 +68,44 @@ def test_a_skipped_fp16_step_is_still_said_when_its_figures_are_read(project):
     write_run(project, "plain", runtime={"device": "cpu", "precision": "fp32"})
     plain = engine.train_step(engine.build_setup(load_config("plain", [], root=project)), 0, lambda: (x, x))
     assert not plain.skipped and plain.scale == 1.0
+
+
+def _ddp_rank(rank: int, store: str, root: str, deterministic: bool, out: str) -> None:
+    """One of two gloo ranks: three fp16 steps after the first, each with the loop's stop flag, reads counted."""
+    import torch.distributed as torch_dist
+
+    from enlace.train.dist import Dist
+
+    torch_dist.init_process_group("gloo", store=torch_dist.FileStore(store, 2), rank=rank, world_size=2)
+    cfg = load_config("ddp-syncs", [f"runtime.deterministic={str(deterministic).lower()}"], root=Path(root))
+    dist = Dist(rank=rank, world=2)
+    setup = engine.build_setup(cfg, dist)
+    x = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(rank))
+    engine.train_step(setup, 0, lambda: (x, x))
+    with pytest.MonkeyPatch.context() as mp:
+        reads = HostReads(mp)
+        reads.leave_out_step_counters(setup.optimizer)
+        flag_reads = 0
+        for step in range(1, 4):
+            engine.train_step(setup, step, lambda: (x, x))
+            before = reads.count
+            dist.any_rank(False)
+            flag_reads += reads.count - before
+    Path(out, f"rank{rank}").write_text(f"{reads.count - flag_reads} {flag_reads}")
+    torch_dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deterministic", [False, True], ids=["ddp-reducer", "fixed-layout-average"])
+def test_a_ddp_step_reads_the_device_at_most_once(project, tmp_path, deterministic):
+    """Two real gloo ranks: DDP's reducer (no_sync, buckets) or deterministic mode's own gradient average adds no
+    host read to an fp16 step (one: GradScaler's check). The stop flag's one read per step is of a CPU tensor,
+    on a card too (test_gpu_path.py shows its device and group under nccl), so it makes no GPU wait."""
+    import torch.multiprocessing as mp
+
+    write_run(project, "ddp-syncs", runtime={"device": "cpu", "precision": "fp16"})
+    args = (str(tmp_path / "store"), str(project), deterministic, str(tmp_path))
+    mp.spawn(_ddp_rank, args=args, nprocs=2, join=True)
+    for rank in (0, 1):
+        step_reads, flag_reads = map(int, (tmp_path / f"rank{rank}").read_text().split())
+        assert step_reads / 3 <= 1 and flag_reads == 3, (rank, step_reads, flag_reads)
