@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Prefetched:
-    """`stream` (next_batch, state_dict, load_state_dict, batch_at) read `depth` batches ahead; depth 0
+    """`stream` (next_batch, state_dict, load_state_dict) read `depth` batches ahead; depth 0
     draws on the caller's thread, as the stream itself would."""
 
     def __init__(self, stream: Any, device: torch.device, depth: int):
@@ -67,9 +67,6 @@ class Prefetched:
         self._drain()
         self.stream.load_state_dict(state)
         self._state = self.stream.state_dict()
-
-    def batch_at(self, k: int):
-        return self.stream.batch_at(k)
 
     def close(self) -> None:
         self._drain()

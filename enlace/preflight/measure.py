@@ -223,18 +223,19 @@ def _measure(
     budget_s: float | None = None,
     started: float = 0.0,
 ) -> dict[str, Any]:
-    with contextlib.ExitStack() as stack:
-        return _measure_steps(cfg, setup, warmup, steps, watch, progress, budget_s, started, stack)
-
-
-def _measure_steps(cfg, setup, warmup, steps, watch, progress, budget_s, started, stack) -> dict[str, Any]:
     """This rank's figures: step times after warm-up (s), fp16 skips, an eval batch, a checkpoint save.
     Raises OutOfMemory naming the phase that did not fit, TooSlow when the steps left project past
-    `budget_s` (counted from `started`)."""
+    `budget_s` (counted from `started`). The batches are drawn ahead and copied as the run's are (pinned, one
+    asynchronous copy on CUDA)."""
+    t = cfg.training
+    synthetic = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
+    with contextlib.closing(Prefetched(synthetic, setup.device, t.prefetch)) as data:
+        return _measure_with(cfg, setup, data, warmup, steps, watch, progress, budget_s, started)
+
+
+def _measure_with(cfg, setup, data, warmup, steps, watch, progress, budget_s, started) -> dict[str, Any]:
+    """_measure over `data`, the run's batches as the step takes them."""
     t, dev = cfg.training, setup.device
-    # drawn ahead and copied as the run's batches are (pinned, one asynchronous copy on CUDA)
-    data = Prefetched(SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed), dev, t.prefetch)
-    stack.callback(data.close)
     eval_data = SyntheticStream(t.eval_batch_size or t.batch_size, cfg.model.seq_len, cfg.runtime.seed + 1)
     m: dict[str, Any] = {"step_times": [], "skipped": [], "nonfinite": 0, "scale": None}
     for i in range(warmup + steps):

@@ -26,7 +26,7 @@ from enlace.contract import Status
 from enlace.errors import EnlaceError, OutOfMemory
 from enlace.sysinfo import mib, peak_rss_bytes
 from enlace.train import engine
-from enlace.train.begin import begin
+from enlace.train.begin import Start, begin
 from enlace.train.dist import Dist
 from enlace.train.rundir import RunDir
 from enlace.train.saving import Saver
@@ -133,27 +133,7 @@ def _train(
             + (f" (--until {until})" if until else "")
             + " — raise training.max_steps to train further"
         )
-    resumed = start.resumed_from.name if start.resumed_from else None
-    before = run.trained_before() if resumed else 0.0  # a fresh start (--resume none) counts from zero
-    run.enter(
-        Status.RUNNING,
-        phase="training",
-        step=progress["step"],
-        resumed_from=resumed,
-        started_at=time.time(),
-        trained_before_s=before,
-        start_trained_s=0.0,
-    )
-    run.open_sinks(cfg, progress["step"])
-    run.metric(  # plot marks resumes with it
-        {
-            "kind": "start",
-            "step": progress["step"],
-            "resumed_from": resumed,
-            "params": setup.settings["params"],
-            "time": time.time(),
-        }
-    )
+    _enter_training(cfg, run, start)
     saver, meter, last_eval = Saver(cfg, run, dist, start), Meter(start.tokens_per_step), -1
     while progress["step"] < target:
         t0 = time.perf_counter()
@@ -191,6 +171,26 @@ def _train(
         run.log(f"--until {until}: stopping at step {step} of {t.max_steps}")
     run.update_status(status=status, exit_code=0, step=step, start_trained_s=time.perf_counter() - meter.started)
     return _summary(run, step, meter, status)
+
+
+def _enter_training(cfg: Config, run: RunDir, start: Start) -> None:
+    """run.json says running (with where this start stands), the metric sinks open, and a `start` record marks
+    it in metrics.jsonl (plot marks resumes with it)."""
+    step = start.progress["step"]
+    resumed = start.resumed_from.name if start.resumed_from else None
+    before = run.trained_before() if resumed else 0.0  # a fresh start (--resume none) counts from zero
+    run.enter(
+        Status.RUNNING,
+        phase="training",
+        step=step,
+        resumed_from=resumed,
+        started_at=time.time(),
+        trained_before_s=before,
+        start_trained_s=0.0,
+    )
+    run.open_sinks(cfg, step)
+    params = start.setup.settings["params"]
+    run.metric({"kind": "start", "step": step, "resumed_from": resumed, "params": params, "time": time.time()})
 
 
 class Meter:
