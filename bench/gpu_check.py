@@ -13,8 +13,11 @@ tiny model (the test suite does, so this script cannot rot).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -36,13 +39,20 @@ class Budget:
 def section(name: str, args: list[str], timeout: float) -> dict:
     """One section in a child process: its JSON, or what went wrong in one line."""
     cmd = [sys.executable, str(HERE / "gpu_sections.py"), name, *args]
+    # its own session: at its time the whole group ends, the ddp section's torchrun and ranks too
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent, start_new_session=True
+    )
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
+        stdout, stderr = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return {"error": f"ended after {timeout:.0f} s (its time)"}
-    lines = p.stdout.strip().splitlines()
+    lines = stdout.strip().splitlines()
     if p.returncode != 0 or not lines:
-        tail = (p.stderr.strip().splitlines() or [""])[-1][:300]
+        tail = (stderr.strip().splitlines() or [""])[-1][:300]
         return {"error": f"exited {p.returncode}: {tail}"}
     return json.loads(lines[-1])
 
@@ -65,7 +75,9 @@ def driver_version() -> str | None:
     return lines[0] if smi.returncode == 0 and lines else None
 
 
-def run_checks(device: str | None, budget_s: float, steps: int, small: bool, nanogpt: Path | None) -> dict:
+def run_checks(device: str | None, budget_s: float, steps: int, small: bool, nanogpt: Path | None, out: Path) -> dict:
+    """Every section within the budget (none past what is left of it); `out` is rewritten after each, so that
+    a check ended from outside keeps the figures it has."""
     budget = Budget(budget_s)
     env = section("environment", ["--device", device] if device else [], SLOWEST_START_S)  # it picks, if not told
     if "error" in env:
@@ -80,10 +92,11 @@ def run_checks(device: str | None, budget_s: float, steps: int, small: bool, nan
             continue
         extra = ["--nanogpt", str(nanogpt)] if name == "throughput" and nanogpt else []
         t0 = time.monotonic()
-        report[name] = section(name, [*common, *extra], max(share * 2, SLOWEST_START_S))
+        report[name] = section(name, [*common, *extra], min(max(share * 2, SLOWEST_START_S), budget.left()))
         report["seconds"][name] = round(time.monotonic() - t0, 1)
         if report["seconds"][name] > share * 2:
             report[name]["note"] = f"took {report['seconds'][name]:.0f} s of a {share:.0f} s share"
+        out.write_text(json.dumps(report, indent=1) + "\n")
     report["seconds"]["total"] = round(time.monotonic() - budget.t0, 1)
     return report
 
@@ -155,7 +168,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.nanogpt and not (args.nanogpt / "model.py").is_file():
         ap.error(f"--nanogpt {args.nanogpt}: no model.py there (give a nanoGPT checkout)")
-    report = run_checks(args.device, args.budget_s, args.steps, args.small, args.nanogpt)
+    report = run_checks(args.device, args.budget_s, args.steps, args.small, args.nanogpt, args.out)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
     print(f"wrote {args.out}")

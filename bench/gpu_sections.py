@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -71,25 +72,27 @@ def train_steps(
     setup = engine.build_setup(cfg)
     if optimizer == "foreach":  # before the first step: the optimizer's state does not exist yet
         setup.optimizer = build_optimizer(setup.raw_model, cfg.optim, True, setup.device.type)
-    torch.utils.deterministic.fill_uninitialized_memory = fill
-    stream = Prefetched(build_stream(cfg, "train", cfg.training.batch_size), setup.device, cfg.training.prefetch)
     tokens_per_step = cfg.training.batch_size * cfg.training.grad_accum * cfg.model.seq_len
     warm = min(WARMUP, steps - 1)
     i = measured = 0
-    t0 = time.perf_counter()
-    while i < steps or time.perf_counter() - t0 < least_s:
-        if i == warm:
-            sync(setup.device)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+    stream = Prefetched(build_stream(cfg, "train", cfg.training.batch_size), setup.device, cfg.training.prefetch)
+    try:
+        with stream:
             t0 = time.perf_counter()
-        engine.train_step(setup, i, stream.next_batch)
-        i += 1
-        measured += i > warm
-        if least_s and i % 10 == 0:  # the clock read against the card's work, not the host's queue
+            while i < steps or time.perf_counter() - t0 < least_s:
+                if i == warm:
+                    sync(setup.device)
+                    t0 = time.perf_counter()
+                engine.train_step(setup, i, stream.next_batch)
+                i += 1
+                measured += i > warm
+                if least_s and i % 10 == 0:  # the clock read against the card's work, not the host's queue
+                    sync(setup.device)
             sync(setup.device)
-    sync(setup.device)
-    rate = measured * tokens_per_step / (time.perf_counter() - t0)
-    stream.close()
-    torch.utils.deterministic.fill_uninitialized_memory = True
+            rate = measured * tokens_per_step / (time.perf_counter() - t0)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = True
     params = {k: v.detach().float().cpu().clone() for k, v in setup.raw_model.state_dict().items()}
     return params, rate
 
@@ -130,7 +133,7 @@ def resume(det_run: str, overrides: list[str], steps: int) -> dict:
 def ddp(det_run: str, overrides: list[str], steps: int, device: torch.device) -> dict:
     """DDP over every visible GPU (2 gloo processes on the CPU): `steps` straight under torchrun, and half +
     a resume in new processes; the two final checkpoints compared by bytes. Every step runs any_rank (the
-    stop flag) on the group's backend, so nccl's device rule is exercised too."""
+    stop flag), through the gloo group made beside nccl on a card."""
     from enlace.manifest import step_dir_name
     from enlace.preflight.verify_resume import compare_states
     from enlace.train.checkpoint import load_checkpoint
@@ -145,7 +148,7 @@ def ddp(det_run: str, overrides: list[str], steps: int, device: torch.device) ->
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
             cmd += [f"--log-dir={tmp}/torchrun", "-m", "enlace", "train", det_run, "--root", str(REPO)]
             cmd += ["--runs-dir", f"{tmp}/{runs}", "--until", str(until), *[a for o in overrides for a in ("--set", o)]]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
             if out.returncode != 0:
                 raise RuntimeError(f"torchrun exited {out.returncode}: {out.stderr[-800:]}")
 
@@ -212,8 +215,10 @@ def preflight_accuracy(run: str, overrides: list[str], steps: int, device: torch
 
 
 def bf16_native(device: torch.device) -> bool:
-    """bf16 in hardware (compute capability 8.0+); is_bf16_supported() is also True where it is emulated."""
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    """bf16 in hardware (cards.NATIVE_BF16); is_bf16_supported() is also True where it is emulated."""
+    from enlace.config.cards import NATIVE_BF16
+
+    return torch.cuda.get_device_capability(device) >= NATIVE_BF16
 
 
 def environment(device: torch.device) -> dict:
@@ -319,7 +324,7 @@ def main() -> None:
         from gpu_throughput import throughput
 
         result = throughput(run, overrides, steps, device, args.small, args.nanogpt)
-    print(json.dumps(result))
+    print(json.dumps({**result, "pid": os.getpid()}))  # the process it ran in: a section's own
 
 
 if __name__ == "__main__":

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import click
 
-from enlace.contract import BACKOFF_S, CPU_SLOTS, GPU_FREE_BELOW, RESTARTS, RUN_NAME_RE, RUN_NAME_RULE
+from enlace.contract import (
+    BACKOFF_S,
+    CPU_SLOTS,
+    GPU_FREE_BELOW,
+    MAX_GRACE_S,
+    RESTARTS,
+    RUN_NAME_RE,
+    RUN_NAME_RULE,
+)
 
 
 class Seconds(click.ParamType):
@@ -179,12 +187,13 @@ def grace_option(fn):
         type=Seconds(),
         default=None,
         metavar="S",
-        help="Seconds to wait for the run's checkpoint; default: 3x its last save plus a minute, at least 120.",
+        help="Seconds to wait for the run's checkpoint; default: 3x its last save plus a minute (a command: at "
+        "least its supervise.grace plus 30 s), at least 120.",
     )(fn)
 
 
 def stop_request(run_name: str, grace: float | None, kill: bool) -> tuple[list[str], float]:
     """The server's `stop` argv for a driver, and how long to wait for its answer (the server sizes an unset
-    grace itself, at most a day)."""
+    grace itself, at most MAX_GRACE_S; a dead connection is found by ssh's keepalives, not by this)."""
     args = ["stop", run_name, "--json", *(["--grace", str(grace)] if grace is not None else []), *(["--kill"] * kill)]
-    return args, (grace if grace is not None else 86400.0) + 60
+    return args, (grace if grace is not None else MAX_GRACE_S) + 60

@@ -132,6 +132,7 @@ CPU_SLOTS = 1  # the queue: CPU runs at once on a server (hosts.yaml cpu_slots; 
 GPU_FREE_BELOW = 0.1  # the queue: a GPU whose other processes hold less than this share of its memory is free
 RESTARTS = 3  # restarts after a crash or a stall, from the newest checkpoint (launch --restarts)
 BACKOFF_S = 10.0  # the wait before the first restart; each next one is 3x longer
+MAX_GRACE_S = 86400.0  # the longest a stop waits for a checkpoint (stop --grace, supervise.grace): a day
 
 
 def trainer_args(run_file: str, train_args: list[str] | tuple[str, ...] = ()) -> list[str]:

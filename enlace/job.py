@@ -134,6 +134,7 @@ def checkpoint(step: int, keep: int = KEEP) -> Iterator[Path]:
     tmp = root / f".tmp-job-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    t0 = time.monotonic()
     try:
         yield tmp
         nested = [p.name for p in tmp.iterdir() if not p.is_file()]
@@ -145,6 +146,8 @@ def checkpoint(step: int, keep: int = KEEP) -> Iterator[Path]:
             _flush_status()
             with beat_while():
                 publish(root, tmp, step, keep)
+            _state["pending"]["last_save_s"] = round(time.monotonic() - t0, 2)  # a stop's grace is sized from it
+            _flush_status()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -61,6 +61,9 @@ def test_the_card_is_read_with_nvidia_smi_and_is_the_runs_first_visible_one(tmp_
     assert cards.card() == ((9, 0), "NVIDIA H100 80GB HBM3")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaa")
     assert cards.card() == ((7, 5), "Tesla T4")
+    for none in ("", "-1"):  # every card hidden: torch sees none, so auto must not pick a GPU profile
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", none)
+        assert cards.card() == (None, "")
 
 
 def test_a_driver_that_cannot_tell_the_capability_is_one_clear_line(tmp_path, monkeypatch):

@@ -25,26 +25,31 @@ from enlace.train.dist import Dist
 def test_the_stop_flag_goes_through_gloo_beside_nccl(monkeypatch):
     """The stop flag is all-reduced every step. Under nccl a flag on the GPU crashed when made on the CPU
     (finding 1) and, made on the GPU, its read-back waited for every queued kernel (a host sync a step): it is
-    a CPU tensor in a gloo group made beside nccl at init. Stands in for a GPU: nccl cannot run here, so the
-    process group calls are recorded, not run."""
+    a CPU tensor in a gloo group made beside nccl at the first flag, by every Dist, including one made after the
+    process group exists (preflight's in-process --max-batch probes). Stands in for a GPU: nccl cannot run here,
+    so the process group calls are recorded, not run."""
     import enlace.train.dist as dist_module
 
-    groups, reduced = [], []
-    monkeypatch.setattr(dist_module.torch_dist, "is_initialized", lambda: False)
+    groups, made, reduced = [], [], []
+    monkeypatch.setattr(dist_module.torch_dist, "is_initialized", lambda: bool(groups))
     monkeypatch.setattr(dist_module.torch_dist, "init_process_group", groups.append)
     monkeypatch.setattr(dist_module.torch_dist, "get_backend", lambda: groups[0])
-    monkeypatch.setattr(dist_module.torch_dist, "new_group", lambda backend: f"{backend} group")
+    monkeypatch.setattr(dist_module.torch_dist, "new_group", lambda backend: made.append(backend) or len(made))
     monkeypatch.setattr(dist_module.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dist_module.torch_dist, "all_reduce", lambda t, op, group: reduced.append((t.device, group)))
-    dist = Dist(rank=1, world=2, local_rank=1)
-    dist.init("cuda")
-    assert groups == ["nccl"] and dist.flag_group == "gloo group"
-    assert dist.any_rank(True) is True
-    assert reduced == [(torch.device("cpu"), "gloo group")]
-    groups.clear()
-    gloo = Dist(rank=1, world=2, local_rank=1)
-    gloo.init("cpu")  # gloo already moves CPU tensors: the default group carries the flag
-    assert groups == ["gloo"] and gloo.flag_group is None
+    first = Dist(rank=1, world=2, local_rank=1)
+    first.init("cuda")
+    first.any_rank(True)
+    first.any_rank(False)  # the group is made once per Dist
+    probe = Dist(rank=1, world=2, local_rank=1)
+    probe.init("cuda")  # the process group exists: this Dist joins no new one, and still needs its flag group
+    probe.any_rank(False)
+    assert groups == ["nccl"] and made == ["gloo", "gloo"]
+    cpu = torch.device("cpu")
+    assert reduced == [(cpu, 1), (cpu, 1), (cpu, 2)]
+    groups[0] = "gloo"  # a CPU run: gloo already moves CPU tensors, the default group carries the flag
+    Dist(rank=1, world=2, local_rank=1).any_rank(False)
+    assert made == ["gloo", "gloo"] and reduced[-1] == (cpu, None)
 
 
 def _oom_in_backward(setup, step, next_batch, phase):

@@ -111,6 +111,7 @@ def test_a_script_using_enlace_job_killed_twice_ends_byte_equal_to_a_straight_ru
     last = json.loads((rd / "job" / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["loss"] == pytest.approx(last["loss"]) and last["step"] == 40
     assert (rd / "job" / "final.bin").read_bytes() == (rd / "straight" / "final.bin").read_bytes()
+    assert 0 < runs.read(rd / "job")["last_save_s"] < 60  # enlace.job's saves size a stop's grace too
 
     proc, url = _start_board(job_repo, env, "local")
     try:

@@ -288,3 +288,5 @@ def test_a_stops_default_grace_is_sized_from_the_runs_own_checkpoint_save():
     assert default_grace({"last_save_s": 2.5}) == 120.0
     assert default_grace({"last_save_s": 100}) == 360.0
     assert default_grace({"last_save_s": 1e6}) == 86400.0
+    own = {"command": {"supervise": {"grace": 300}}}  # its supervisor SIGKILLs the command after 300 s
+    assert default_grace(own) == 330.0 and default_grace({**own, "last_save_s": 200}) == 660.0

@@ -20,6 +20,7 @@ import subprocess
 from enlace.errors import ConfigError
 
 AUTO = "auto"
+NATIVE_BF16 = (8, 0)  # compute capability from which bf16 runs in hardware (below: emulated, slow GEMMs)
 QUERY = ["--query-gpu=index,uuid,compute_cap,name", "--format=csv,noheader"]
 
 
@@ -31,7 +32,7 @@ def pick(capability: tuple[int, int] | None, name: str = "") -> tuple[str, str]:
     card = f"{name + ', ' if name else ''}compute capability {major}.{minor}"
     if major >= 9:
         return "hopper", f"{card}: bf16 and compile"
-    if major >= 8:
+    if capability >= NATIVE_BF16:
         return "ampere", f"{card}: bf16 and compile"
     return "rtx2060", f"{card}: no native bf16, fp16 with a GradScaler"
 
@@ -51,7 +52,11 @@ def card() -> tuple[tuple[int, int] | None, str]:
         said = (out.stderr or out.stdout).strip().splitlines()
         why = f"nvidia-smi cannot tell the card's compute capability ({said[-1] if said else 'no answer'})"
         raise ConfigError("profile", AUTO, why + " — a driver older than 510 does not", fix)
-    visible = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = (hidden or "").split(",")[0].strip()
+    if hidden is not None and visible in ("", "-1"):  # set to hide every card: torch sees none, the run is a CPU run
+        return None, ""
+    # the first visible card by index or UUID; one nvidia-smi does not list (a MIG instance's id) is on card 0's kind
     chosen = next((r for r in rows if visible in (r[0], r[1])), rows[0]) if visible else rows[0]
     try:
         major, minor = (int(x) for x in chosen[2].split("."))

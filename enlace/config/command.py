@@ -155,7 +155,7 @@ def _strings(value: Any, where: str, fix: str, empty_ok: bool = True) -> tuple[s
 
 
 # the most each may be: what `enlace start` takes (restarts, backoff), and what a stop or a host can use
-HIGH = {"nproc": 1024, "supervise.restarts": 100, "supervise.backoff": 3600, "supervise.grace": 86400}
+HIGH = {"nproc": 1024, "supervise.restarts": 100, "supervise.backoff": 3600, "supervise.grace": contract.MAX_GRACE_S}
 
 
 def _number(value: Any, where: str, low: float, whole: bool, fix: str) -> Any:

@@ -8,6 +8,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from enlace.config.cards import NATIVE_BF16
 from enlace.config.schema import Config
 from enlace.errors import ConfigError
 from enlace.manifest import latest_checkpoint, manifest_problem
@@ -24,7 +25,7 @@ def check_environment(cfg: Config) -> None:
         import torch
 
         card = int(os.environ.get("LOCAL_RANK", "0"))  # the run's own card (a torchrun rank's), not the current one
-        if torch.cuda.is_available() and torch.cuda.get_device_capability(card) < (8, 0):
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(card) < NATIVE_BF16:
             major, minor = torch.cuda.get_device_capability(card)
             raise ConfigError(
                 cfg.origin("runtime.precision"),

@@ -68,6 +68,12 @@ class Prefetched:
         self.stream.load_state_dict(state)
         self._state = self.stream.state_dict()
 
+    def __enter__(self) -> Prefetched:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         self._drain()
         if self._pool is not None:

@@ -229,7 +229,7 @@ def _measure(
     asynchronous copy on CUDA)."""
     t = cfg.training
     synthetic = SyntheticStream(t.batch_size, cfg.model.seq_len, cfg.runtime.seed)
-    with contextlib.closing(Prefetched(synthetic, setup.device, t.prefetch)) as data:
+    with Prefetched(synthetic, setup.device, t.prefetch) as data:
         return _measure_with(cfg, setup, data, warmup, steps, watch, progress, budget_s, started)
 
 

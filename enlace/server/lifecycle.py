@@ -191,9 +191,12 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
 
 
 def default_grace(st: dict[str, Any]) -> float:
-    """How long a stop waits by default: three of the run's last checkpoint saves (the trainer records each
-    save's seconds) plus a minute for the step in flight, at least 120 s, at most a day."""
-    return min(86400.0, max(120.0, 3 * float(st.get("last_save_s") or 0) + 60))
+    """How long a stop waits by default: three of the run's last checkpoint saves (the trainer and enlace.job
+    record each save's seconds) plus a minute for the step in flight; for a command, at least its own grace
+    (after which its supervisor SIGKILLs it) plus 30 s; at least 120 s, at most a day."""
+    own = float(((st.get("command") or {}).get("supervise") or {}).get("grace") or 0)
+    saves = 3 * float(st.get("last_save_s") or 0) + 60
+    return min(contract.MAX_GRACE_S, max(120.0, saves, own + 30 if own else 0.0))
 
 
 def stop(run_dir: Path, grace: float | None, kill: bool) -> dict[str, Any]:

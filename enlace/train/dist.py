@@ -20,7 +20,8 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    # where the stop flag is all-reduced: a gloo group beside nccl, so that reading it makes no GPU wait
+    # where the stop flag is all-reduced under nccl: a gloo group beside it, so that reading it makes no GPU wait
+    # (None: the default group, which is gloo on the CPU)
     flag_group: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -36,8 +37,6 @@ class Dist:
         """Join the process group: nccl on CUDA, gloo on the CPU (torchrun set the rendezvous env)."""
         if self.world > 1 and not torch_dist.is_initialized():
             torch_dist.init_process_group("nccl" if device != "cpu" and torch.cuda.is_available() else "gloo")
-            if torch_dist.get_backend() == "nccl":  # every rank makes it, in the same order: a collective call
-                self.flag_group = torch_dist.new_group(backend="gloo")
 
     def close(self) -> None:
         if self.world > 1 and torch_dist.is_initialized():
@@ -49,6 +48,8 @@ class Dist:
             return flag
         # on the CPU, through gloo (the default group, or flag_group beside nccl): reading it back waits for the
         # other ranks' hosts, never for a GPU; under nccl a CUDA flag's .item() waited for every queued kernel
+        if self.flag_group is None and torch_dist.get_backend() == "nccl":  # made at the first flag, on every rank
+            self.flag_group = torch_dist.new_group(backend="gloo")  # alike (new_group is a collective call)
         t = torch.tensor([int(flag)])
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX, group=self.flag_group)
         return bool(t.item())
