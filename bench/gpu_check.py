@@ -88,7 +88,7 @@ def run_checks(device: str | None, budget_s: float, steps: int, small: bool, nan
     for i, name in enumerate(SECTIONS):
         share = budget.left() / (len(SECTIONS) - i)  # what is left, split over what is left to do
         if budget.left() < 10:
-            report[name] = {"skipped": f"budget spent ({budget.left():.0f} s left)"}
+            report[name] = {"skipped": f"the budget ({budget_s:.0f} s) was spent before it"}
             continue
         extra = ["--nanogpt", str(nanogpt)] if name == "throughput" and nanogpt else []
         t0 = time.monotonic()
@@ -101,73 +101,99 @@ def run_checks(device: str | None, budget_s: float, steps: int, small: bool, nan
     return report
 
 
-def table(r: dict) -> str:
-    def get(section: str, *keys: str):
-        node = r.get(section, {})
-        for k in keys:
-            node = node.get(k, {}) if isinstance(node, dict) else {}
-        if node != {}:
-            return node
-        for depth in range(len(keys), -1, -1):  # the nearest skipped or error above the figure says why
-            above = r.get(section, {})
-            for k in keys[:depth]:
-                above = above.get(k, {}) if isinstance(above, dict) else {}
-            if isinstance(above, dict) and (above.get("skipped") or above.get("error")):
-                return above.get("skipped") or above.get("error")
-        return "-"
+def why_not(r: dict, section: str, *keys: str) -> str | None:
+    """Why a figure is missing: the nearest `skipped` or `error` on its way down, or None if there is none."""
+    if section not in r:
+        return "not run (the check ended before it)"
+    node = r[section]
+    for k in (None, *keys):
+        node = node.get(k, {}) if k is not None and isinstance(node, dict) else node
+        if isinstance(node, dict) and (node.get("skipped") or node.get("error")):
+            return f"skipped: {node['skipped']}" if node.get("skipped") else f"error: {node['error']}"
+    return "not reported" if node == {} else None
 
-    env = r["environment"]
-    rows = [
-        (
-            "device",
-            f"{env.get('name')} ({env['device']}), torch {env['torch']}"
-            + (f", CUDA {env['cuda']}, driver {env['driver']}, cc {env['capability']}" if env.get("cuda") else ""),
-        ),
+
+def table(r: dict) -> str:
+    """One line a figure; a figure that is missing says why, once."""
+    env, costs, tp = r["environment"], r.get("costs", {}), r.get("throughput", {})
+    pf = r.get("preflight", {})
+    drift, resume, ddp = r.get("drift", {}), r.get("resume", {}), r.get("ddp", {})
+    base = "fp16" if env["device"] == "cuda" else "fp32"
+    cuda = f", CUDA {env['cuda']}, driver {env['driver']}, cc {env['capability']}" if env.get("cuda") else ""
+    rows = [("device", ("environment",), lambda: f"{env.get('name')} ({env['device']}), torch {env['torch']}{cuda}")]
+    rows += [
         (
             "drift",
-            f"max |Δ| {get('drift', 'max_abs_diff')} after {get('drift', 'steps')} steps "
-            f"({get('drift', 'precision')}; {get('drift', 'tensors_differing')}/{get('drift', 'tensors')} tensors differ)",
+            ("drift",),
+            lambda: (
+                f"max |Δ| {drift['max_abs_diff']} after {drift['steps']} steps "
+                f"({drift['precision']}; {drift['tensors_differing']}/{drift['tensors']} tensors differ)"
+            ),
         ),
         (
             "resume",
-            f"identical {get('resume', 'identical')} ({get('resume', 'tensors')} tensors); "
-            f"first difference {get('resume', 'first_difference')}",
+            ("resume",),
+            lambda: (
+                f"identical {resume['identical']} ({resume['tensors']} tensors); "
+                f"first difference {resume['first_difference']}"
+            ),
         ),
         (
             "ddp",
-            f"world {get('ddp', 'world')}: identical {get('ddp', 'identical')}, ranks draw apart "
-            f"{get('ddp', 'ranks_draw_apart')}",
+            ("ddp",),
+            lambda: f"world {ddp['world']}: identical {ddp['identical']}, ranks draw apart {ddp['ranks_draw_apart']}",
         ),
         (
             "preflight",
-            f"memory predicted/measured {get('preflight', 'memory_ratio')}, tokens/s "
-            f"{get('preflight', 'throughput_ratio')}",
+            ("preflight",),
+            lambda: f"predicted/measured: memory {pf['memory_ratio']}, tokens/s {pf['throughput_ratio']}",
         ),
-        ("deterministic", f"on/off tokens/s {get('costs', 'deterministic', 'on_over_off')} (foreach AdamW in both)"),
-        ("optimizer", f"fused/foreach tokens/s {get('costs', 'optimizer', 'fused_over_foreach')}"),
-        ("memory fill", f"on/off tokens/s {get('costs', 'memory_fill', 'on_over_off')} (deterministic)"),
-        ("compile", f"on/off tokens/s {get('costs', 'compile', 'on_over_off')}"),
-        ("bf16", json.dumps(get("costs", "bf16"))),
-        *(
-            (f"{name} tok/s", f"{get('throughput', name, 'tokens_per_s')} (MFU {get('throughput', name, 'mfu')})")
-            for name in ("enlace_step", "enlace_train", "nanogpt")
+        (
+            "deterministic",
+            ("costs", "deterministic"),
+            lambda: f"on/off tokens/s {costs['deterministic']['on_over_off']} (foreach AdamW in both)",
         ),
-        ("time", f"{r['seconds']['total']} s of {r['budget_s']} s"),
+        (
+            "optimizer",
+            ("costs", "optimizer"),
+            lambda: f"fused/foreach tokens/s {costs['optimizer']['fused_over_foreach']}",
+        ),
+        (
+            "memory fill",
+            ("costs", "memory_fill"),
+            lambda: f"on/off tokens/s {costs['memory_fill']['on_over_off']} (deterministic)",
+        ),
+        ("compile", ("costs", "compile"), lambda: f"on/off tokens/s {costs['compile']['on_over_off']}"),
+        ("bf16", ("costs", "bf16"), lambda: f"bf16/{base} tokens/s {costs['bf16'][f'bf16_over_{base}']}"),
     ]
-    return "\n".join(f"{k:14} {v}" for k, v in rows)
+    for name, label in (("enlace_step", "enlace step"), ("enlace_train", "enlace loop"), ("nanogpt", "nanoGPT loop")):
+        rows.append((label, ("throughput", name), lambda name=name: rate(tp, name)))
+    lines = [(label, why_not(r, *where) or text()) for label, where, text in rows]
+    lines.append(("time", f"{r['seconds']['total']} s of {r['budget_s']} s"))
+    return "\n".join(f"{k:14} {v}" for k, v in lines)
+
+
+def rate(tp: dict, name: str) -> str:
+    """A throughput row: tokens/s, MFU (or why there is none), and against what."""
+    figure = tp[name]
+    mfu = f"MFU {figure['mfu']:.1%}" if figure["mfu"] is not None else "MFU n/a (no peak FLOP/s known for this device)"
+    versus = f", {figure['over_nanogpt']}x the nanoGPT loop" if "over_nanogpt" in figure else ""
+    model = f" ({tp['baseline']})" if name == "nanogpt" else ""
+    return f"{figure['tokens_per_s']:.0f} tokens/s, {mfu}{versus}{model}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees one, else cpu")
-    ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
-    ap.add_argument("--budget-s", type=float, default=240.0)
-    ap.add_argument("--steps", type=int, default=20, help="steps for drift and verify-resume")
+    ap.add_argument("--out", type=Path, default=Path("bench/out/gpu_check.json"), help="default: %(default)s")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="the whole check's time (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=20, help="steps of each measured run (default: %(default)s)")
     ap.add_argument("--small", action="store_true", help="a tiny model (the test suite's CPU run)")
-    ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout: its model.py is the throughput baseline")
+    ap.add_argument("--nanogpt", type=Path, help="a folder holding nanoGPT's model.py: the throughput baseline")
     args = ap.parse_args()
     if args.nanogpt and not (args.nanogpt / "model.py").is_file():
         ap.error(f"--nanogpt {args.nanogpt}: no model.py there (give a nanoGPT checkout)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     report = run_checks(args.device, args.budget_s, args.steps, args.small, args.nanogpt, args.out)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))

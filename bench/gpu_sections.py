@@ -297,9 +297,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("section", choices=("environment", "drift", "resume", "ddp", "preflight", "costs", "throughput"))
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--small", action="store_true")
-    ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout: its model.py is the throughput baseline")
+    ap.add_argument("--steps", type=int, default=20, help="steps of each measured run (default: %(default)s)")
+    ap.add_argument("--small", action="store_true", help="a tiny model (the test suite's CPU run)")
+    ap.add_argument("--nanogpt", type=Path, help="a folder holding nanoGPT's model.py: the throughput baseline")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible here (use --device cpu)")

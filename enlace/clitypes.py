@@ -187,8 +187,9 @@ def grace_option(fn):
         type=Seconds(),
         default=None,
         metavar="S",
-        help="Seconds to wait for the run's checkpoint; default: 3x its last save plus a minute (a command: at "
-        "least its supervise.grace plus 30 s), at least 120.",
+        help="Seconds to wait for the run's checkpoint before reporting it still running (with --kill: SIGKILL it); "
+        "default: 3x the seconds its last checkpoint save took plus 60 (a command: at least its supervise.grace plus "
+        "30), at least 120.",
     )(fn)
 
 

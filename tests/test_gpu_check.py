@@ -83,3 +83,27 @@ def test_a_section_that_fails_costs_its_own_figures_only(monkeypatch):
     load += "; s.loader.exec_module(u.module_from_spec(s)); print('torch' in sys.modules)"
     parent = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
     assert parent.stdout.strip() == "False", parent.stderr  # the parent holds no CUDA context between sections
+
+
+def test_the_table_says_once_why_a_figure_is_missing():
+    """A skipped cost or a section that failed is one line with its reason, never the reason printed where
+    the number goes (twice for a throughput row, with a negative count of seconds, before)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    r = {
+        "environment": {"device": "cpu", "name": "x86_64", "torch": "2.13.0"},
+        "drift": {"error": "exited 1: boom"},
+        "costs": {"optimizer": {"skipped": "fused AdamW is CUDA's"}, "bf16": {"bf16_over_fp32": 0.6}},
+        "throughput": {"skipped": "the budget (60 s) was spent before it"},
+        "seconds": {"total": 61.0},
+        "budget_s": 60.0,
+    }
+    lines = {line[:14].strip(): line[14:].strip() for line in gpu_check.table(r).splitlines()}
+    assert lines["drift"] == "error: exited 1: boom"
+    assert lines["optimizer"] == "skipped: fused AdamW is CUDA's"
+    assert lines["bf16"] == "bf16/fp32 tokens/s 0.6"
+    assert lines["enlace step"] == lines["nanoGPT loop"] == "skipped: the budget (60 s) was spent before it"
+    assert lines["resume"] == "not run (the check ended before it)"  # absent: ended from outside first
