@@ -99,8 +99,9 @@ def _ddp_rank(rank: int, store: str, root: str, deterministic: bool, out: str) -
 @pytest.mark.parametrize("deterministic", [False, True], ids=["ddp-reducer", "fixed-layout-average"])
 def test_a_ddp_step_reads_the_device_at_most_once(project, tmp_path, deterministic):
     """Two real gloo ranks: DDP's reducer (no_sync, buckets) or deterministic mode's own gradient average adds no
-    host read to an fp16 step (one: GradScaler's check). The stop flag's one read per step is of a CPU tensor,
-    on a card too (test_gpu_path.py shows its device and group under nccl), so it makes no GPU wait."""
+    host read to an fp16 step (one: GradScaler's check). The stop flag is read once a step, counted apart: that
+    it is a CPU tensor on a card too (so its read makes no GPU wait) only a stand-in nccl group can show, in
+    test_gpu_path.py; here every tensor is on the CPU."""
     import torch.multiprocessing as mp
 
     write_run(project, "ddp-syncs", runtime={"device": "cpu", "precision": "fp16"})
