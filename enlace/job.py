@@ -146,7 +146,7 @@ def checkpoint(step: int, keep: int = KEEP) -> Iterator[Path]:
             _flush_status()
             with beat_while():
                 publish(root, tmp, step, keep)
-            _state["pending"]["last_save_s"] = round(time.monotonic() - t0, 2)  # a stop's grace is sized from it
+            _state["pending"]["last_save_s"] = round(time.monotonic() - t0, 3)  # a stop's grace is sized from it
             _flush_status()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -80,7 +80,9 @@ def job_repo(user_repo):
         doc = {"command": ["python", "scripts/tiny_train.py", "40", pause], "outputs": ["final.bin"], "supervise": fast}
         (runs_dir / f"{name}.yaml").write_text(json.dumps(doc) + "\n")
     own = {
-        "command": ["python", "scripts/own_way.py", "--out_dir", "{run_dir}/out", "--steps", "400"],
+        # 4000 steps (200 s): still running when the test kills it, however late a loaded machine looks (400 steps
+        # were 20 s; its one CI failure, no restart within 120 s, fits a run that had ended first); the test stops it
+        "command": ["python", "scripts/own_way.py", "--out_dir", "{run_dir}/out", "--steps", "4000"],
         "resume": {"args": ["--init_from=resume"], "when": "{run_dir}/out/ckpt.json"},
         "supervise": fast,
     }
@@ -111,7 +113,7 @@ def test_a_script_using_enlace_job_killed_twice_ends_byte_equal_to_a_straight_ru
     last = json.loads((rd / "job" / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["loss"] == pytest.approx(last["loss"]) and last["step"] == 40
     assert (rd / "job" / "final.bin").read_bytes() == (rd / "straight" / "final.bin").read_bytes()
-    assert 0 < runs.read(rd / "job")["last_save_s"] < 60  # enlace.job's saves size a stop's grace too
+    assert 0 <= runs.read(rd / "job")["last_save_s"] < 60  # enlace.job's saves size a stop's grace too (ms here)
 
     proc, url = _start_board(job_repo, env, "local")
     try:
