@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import Transient, short
 from orchestrator.ssh.portable import die_with_us, grow_pipe
+from orchestrator.ssh.sshexit import remote_command, ssh_failed
 from orchestrator.sshlib import load_paramiko
 
 PIPE_BYTES = 1 << 20  # a local process's stdout pipe, and the most one read of it asks for
@@ -120,13 +121,13 @@ class SystemSSHDuplex(ProcessDuplex):
             "-o",
             "ServerAliveInterval=15",
             transport.remote_path("").rstrip(":"),
-            shlex.join(argv),
+            remote_command(argv),
         ]
         super().__init__(ssh, stall_timeout, tick, what=short(argv))
 
     def finish(self) -> tuple[int, str]:
         code, err = super().finish()
-        if code == 255:  # ssh's own failure, not the command's
+        if ssh_failed(code, err):
             raise self.transport.ssh_failure(err, started=True)
         return code, err
 

@@ -21,7 +21,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import shlex
 import stat
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from orchestrator.hosts.resolve import Host
 from orchestrator.ssh.duplex import Duplex, SystemSSHDuplex
 from orchestrator.ssh.hostkeys import unknown_key_message
 from orchestrator.ssh.pump import OnData, pump
+from orchestrator.ssh.sshexit import remote_command, ssh_failed
 from orchestrator.ssh.transport import ASKS_MORE, Result, SSHTransport
 
 CONTROL_DIR_ENV = "ENLACE_CONTROL_DIR"
@@ -218,7 +218,7 @@ class SharedTransport(SSHTransport):
         return [base[0], *self._named(), *base[1:], "-o", f"ControlPath={self.socket}", "-o", "ControlMaster=no"]
 
     def _command(self, argv: list[str]) -> list[str]:
-        return [*self.ssh_argv(), self.destination, shlex.join(argv)]
+        return [*self.ssh_argv(), self.destination, remote_command(argv)]
 
     def _run_once(self, argv: list[str], timeout: float, idempotent: bool) -> Result:
         try:
@@ -232,7 +232,7 @@ class SharedTransport(SSHTransport):
         except subprocess.TimeoutExpired:
             raise CommandFailed(self.host.name, short(argv), -1, f"timed out after {timeout}s") from None
         stderr = p.stderr.decode(errors="replace")
-        if p.returncode == 255:  # ssh's own failure, not the command's
+        if ssh_failed(p.returncode, stderr):
             raise self.ssh_failure(stderr, started=True)
         return Result(p.stdout.decode(errors="replace"), stderr, p.returncode)
 
@@ -255,7 +255,7 @@ class SharedTransport(SSHTransport):
             finally:
                 if p.poll() is None:
                     p.kill()
-        if code == 255:
+        if ssh_failed(code, tail.decode(errors="replace")):
             raise self.ssh_failure(tail.decode(errors="replace"), started=True)
         return code
 
