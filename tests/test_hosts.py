@@ -131,3 +131,24 @@ def test_a_server_that_speaks_no_ssh_gives_one_clean_error(sshd, user_repo, tmp_
         out = remote(user_repo, sshd.env, "status", host=f"root@127.0.0.1:{port}", check=False)
     assert out.returncode == 4 and "Traceback" not in out.stderr and "SSH handshake failed" in out.stderr
     assert out.stderr.count("Error:") == 1
+
+
+def test_ssh_gets_its_own_default_keys_fido_ones_included(sshd, user_repo, tmp_path, monkeypatch):
+    """With no identity_file, the keys under $HOME/.ssh are named to ssh in its own default order — the FIDO
+    ones (id_*_sk) too: any -i replaces ssh's default list, and a hardware key was left out. (A stand-in: key
+    files by name; no FIDO token exists here.)"""
+    import dataclasses
+
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.transport import SSHTransport
+
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    host = dataclasses.replace(resolve_host("testhost", user_repo), identity_files=[])
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    for name in ("id_ed25519_sk", "id_rsa", "id_ecdsa_sk", "id_ed25519.pub"):
+        (tmp_path / "home" / ".ssh" / name).write_text("a key\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    argv = SSHTransport(host).ssh_argv()
+    named = [Path(argv[i + 1]).name for i, a in enumerate(argv) if a == "-i"]
+    assert named == ["id_rsa", "id_ecdsa_sk", "id_ed25519_sk"]

@@ -44,7 +44,8 @@ from orchestrator.sshlib import load_paramiko
 if TYPE_CHECKING:
     from orchestrator.ssh.duplex import Duplex
 
-DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+# ssh's own default IdentityFile list (ssh_config(5)), FIDO keys (_sk) included: one -i drops them all
+SSH_DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk")
 
 
 @dataclass
@@ -324,8 +325,8 @@ class SSHTransport(Transport):
             argv += ["-o", f"ProxyCommand={h.proxy_command}"]
         elif h.proxy_jump:
             argv += ["-o", f"ProxyJump={h.proxy_jump}"]
-        # The keys paramiko tries (~ is $HOME), also for ssh, which would look in the passwd entry's home
-        keys = h.identity_files or [str(k) for k in (Path.home() / ".ssh" / n for n in DEFAULT_KEYS) if k.is_file()]
+        # ssh's default keys under $HOME (ssh itself looks in the passwd entry's home, which a changed HOME misses)
+        keys = h.identity_files or [str(k) for k in (Path.home() / ".ssh" / n for n in SSH_DEFAULT_KEYS) if k.is_file()]
         for key in keys:
             argv += ["-i", key]
         return argv
