@@ -2,7 +2,10 @@
 checked here as they arrive) against `rsync -a` of the same directory over the same ssh host, on loopback SSH
 (its own sshd, like the tests), at the shapes bench/data_push.py pushes: one 1 GiB file, ~300 files of
 ~120 MiB in all, 20,000 files of 4 KiB. Alternated, medians of --reps, each into an emptied destination (CLI
-start included); --connection shared fetches over OpenSSH's shared connection (what `login` opens).
+start included); --connection shared fetches over OpenSSH's shared connection (what `login` opens). Each
+fetch and each rsync writes into a new destination, and they are removed only once a shape is done: on ext4,
+creating thousands of files within seconds of deleting thousands in the same tree is several times slower
+(`perf`: half the time in recently_deleted under ext4_create), a cost that fell on whichever tool came next.
 
     python bench/fetch_outputs.py [--shapes 1gib,300,20k] [--reps 3] [--connection shared]
 """
@@ -66,11 +69,14 @@ def main() -> None:
             files = sum(1 for f in out.rglob("*") if f.is_file())
             mib = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
             fetch_t, rsync_t = [], []
-            for _ in range(args.reps):
-                shutil.rmtree(base / "got", ignore_errors=True)
-                fetch_t.append(timed([*CLI, "fetch", "out", "--dest", str(base / "got")], env, repo))
-                shutil.rmtree(base / "rs", ignore_errors=True)
-                rsync_t.append(timed(["rsync", "-a", "-e", ssh, f"testhost:{out}/", f"{base / 'rs'}/"], env, repo))
+            (base / "rs").mkdir()
+            for rep in range(args.reps):  # a new destination each time, all removed once the shape is done: see above
+                fetch_t.append(timed([*CLI, "fetch", "out", "--dest", str(base / "got" / str(rep))], env, repo))
+                rsync_t.append(
+                    timed(["rsync", "-a", "-e", ssh, f"testhost:{out}/", f"{base / 'rs' / str(rep)}/"], env, repo)
+                )
+            shutil.rmtree(base / "got")
+            shutil.rmtree(base / "rs")
             f, r = statistics.median(fetch_t), statistics.median(rsync_t)
             print(
                 f"  {name:5} ({files} files, {mib:.0f} MiB): fetch {f:6.2f} s, rsync {r:6.2f} s: {r / f:.2f}x rsync's speed"

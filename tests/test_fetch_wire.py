@@ -113,3 +113,50 @@ def test_the_driver_lands_a_frame_after_what_it_holds_and_drops_the_rest(tmp_pat
     hasher, n = _receive(reader, local, start, hasher, Progress("fetch", len(body), tty=False))
     want = (held or b"")[:start] + body
     assert n == len(body) and local.read_bytes() == want and hasher.hexdigest() == sha(want)
+
+
+def test_outputs_small_and_large_come_in_the_order_asked_as_offered(tmp_path):
+    """A command run's outputs: the small ones are served from the bytes hashed for the offer, many frames to a
+    write, the large ones opened again when sent; frames come in the order asked, mixed with run files, and a
+    small one resumes only from its true start. A small output rewritten after the offer is served as offered
+    (what its sha256 says); a large one is read when sent, and the driver's hash check catches a change."""
+    from enlace.server import fetchserve
+    from enlace.state import runs
+
+    d = tmp_path / "runs" / "r"
+    runs.update(d, status="finished", command={"run_name": "r", "command": ["true"], "outputs": ["out/**/*"]})
+    files = {"out/a.txt": b"alpha\n", "out/deep/b.bin": bytes(range(256)) * 20, "out/empty": b""}
+    files["out/big.bin"] = bytes(range(251)) * (fetchserve.SMALL // 251 + 9)  # over SMALL: opened again
+    for rel, data in files.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_bytes(data)
+    (d / "out" / ".partial").write_bytes(b"hidden")  # a partial save: never offered
+
+    class RewriteThenAsk(io.BytesIO):
+        def readline(self, *args):  # between the offer and the request, the command rewrites a small output
+            (d / "out" / "a.txt").write_bytes(b"ALPHA, rewritten\n")
+            return super().readline(*args)
+
+    ask = ["out/deep/b.bin", "run.json", "out/big.bin", "out/a.txt", "out/empty"]
+    send = [[rel, 0, sha(b"")] for rel in ask]
+    send[0] = ["out/deep/b.bin", 256, sha(files["out/deep/b.bin"][:256])]  # resumed from its true start
+    send[3] = ["out/a.txt", 3, sha(b"xyz")]  # a start that is not the file's: sent whole
+    out_path = tmp_path / "wire.out"
+    with open(out_path, "w+b") as out:
+        fetchserve.serve(d, RewriteThenAsk(json.dumps({"send": send}).encode() + b"\n"), out, outputs=True)
+    line, rest = out_path.read_bytes().split(b"\n", 1)
+    offer, frames = json.loads(line), []
+    while rest:
+        start, count = FRAME.unpack(rest[: FRAME.size])
+        frames.append((start, rest[FRAME.size : FRAME.size + count]))
+        rest = rest[FRAME.size + count :]
+    assert sorted(offer["outputs"]) == sorted(files)
+    assert all(offer["outputs"][rel] == {"sha256": sha(data), "bytes": len(data)} for rel, data in files.items())
+    run_json = (d / "run.json").read_bytes()
+    assert frames == [
+        (256, files["out/deep/b.bin"][256:]),
+        (0, run_json),
+        (0, files["out/big.bin"]),
+        (0, files["out/a.txt"]),  # as offered, not as rewritten
+        (0, b""),
+    ]

@@ -17,14 +17,18 @@ The wire, on this process's stdin/stdout:
 Every offered file is opened before the offer is written, and served from that open descriptor: a
 checkpoint a live run prunes meanwhile, or a run.json it replaces, is still served whole and
 consistent (the sizes in the offer are those of the open files; a growing log is served up to its
-size at offer time).
+size at offer time). A command run's outputs are hashed for the offer; the small ones (thousands of a
+few KiB are common) are served from the bytes read then, many frames to one write, the others opened
+again when sent (thousands held open would pass the descriptor limit).
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -35,12 +39,16 @@ from enlace.hashing import fd_sha256
 from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
 from enlace.state import runs
 
+SMALL = 1 << 20  # an output up to this size is kept in memory from its hashing to its sending...
+KEPT_BYTES = 64 << 20  # ...while all kept together stay under this
+BATCH = 1 << 20  # small frames are gathered into writes of about this size
+
 
 class BadRequest(EnlaceError):
     pass
 
 
-def _open(path: Path) -> tuple[int, int] | None:
+def _open(path: str | Path) -> tuple[int, int] | None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -64,10 +72,13 @@ def _open_verified_dir(directory: Path) -> tuple[dict[str, Any], dict[str, tuple
     return m, opened
 
 
-def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
-    """The offer and {path: (open fd, size)} for every file in it. A checkpoint that vanishes while
+Source = int | Path | bytes  # an open descriptor, an output to open when sent, or an output's bytes
+
+
+def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], dict[str, tuple[Source, int]]]:
+    """The offer and {path: (source, size)} for every file in it. A checkpoint that vanishes while
     it is being opened (pruned by a live run) is left out whole."""
-    held: dict[str, tuple[int, int]] = {}
+    held: dict[str, tuple[Source, int]] = {}
     listed: dict[str, list] = {"checkpoints": [], "exports": []}
     dirs = [("checkpoints", c) for c in complete_checkpoints(run_dir / "checkpoints")]
     dirs += [("exports", m.parent) for m in sorted((run_dir / "exports").glob("*/MANIFEST"))]  # enlace export --in-run
@@ -85,15 +96,22 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         if got:
             held[name] = got
             files[name] = got[1]
-    offered = {}
+    offered, kept = {}, 0
     for rel, path in _outputs(run_dir) if outputs else []:  # a command run's `outputs:`, hashed (no MANIFEST)
-        got = _open(path)  # hashed now, opened again when sent: thousands of outputs would pass the fd limit
-        if got:
-            try:
-                offered[rel] = {"sha256": fd_sha256(*got), "bytes": got[1]}
-            finally:
-                os.close(got[0])
-            held[rel] = (path, got[1])
+        got = _open(path)
+        if not got:
+            continue
+        fd, size = got
+        try:
+            if size <= SMALL and kept + size <= KEPT_BYTES:
+                data = os.pread(fd, size, 0)  # what is hashed is what is sent
+                held[rel], kept = (data, len(data)), kept + len(data)
+                offered[rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            else:
+                held[rel] = (Path(path), size)
+                offered[rel] = {"sha256": fd_sha256(fd, size), "bytes": size}
+        finally:
+            os.close(fd)
     latest = latest_checkpoint(run_dir / "checkpoints")
     offer = {
         "run_name": run_dir.name,
@@ -108,24 +126,30 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
     return offer, held
 
 
-def _outputs(run_dir: Path) -> list[tuple[str, Path]]:
-    """The files a command run's `outputs:` globs match under its directory (relative POSIX path, path): regular
-    files inside it, neither its checkpoints nor its run files (offered as those)."""
+def _outputs(run_dir: Path) -> list[tuple[str, str]]:
+    """The files a command run's `outputs:` globs match under its directory (relative path, real path): regular
+    files inside it (not links), neither its checkpoints nor its run files (offered as those). In os.path's
+    strings, each directory resolved once: tens of thousands of outputs are common."""
     st = runs.read(run_dir)
     if not st.get("command"):
         return []
     own = CommandRun.from_doc(st["command"], "run.json command")
     values = own.values(run_dir.resolve(), st.get("restarts") or 0)  # {run_dir} and the rest, as the command saw
-    root, found = run_dir.resolve(), {}
+    root, found, real_dirs = os.path.realpath(run_dir) + os.sep, {}, {}
     for pattern in own.outputs:
-        for match in glob.glob(str(run_dir / expand(pattern, values)), recursive=True):
-            path = Path(match)
-            real = path.resolve()
-            if path.is_symlink() or not real.is_file() or not real.is_relative_to(root):
+        for match in glob.glob(os.path.join(run_dir, expand(pattern, values)), recursive=True):
+            try:
+                if not stat.S_ISREG(os.lstat(match).st_mode):  # a link, a directory
+                    continue
+            except OSError:
                 continue
-            rel = real.relative_to(root).as_posix()
-            hidden = any(part.startswith(".") for part in rel.split("/"))  # a partial save, an editor's file
-            if rel.split("/")[0] not in ("checkpoints", *RUN_FILES) and not hidden:
+            parent, name = os.path.split(match)
+            real = os.path.join(real_dirs.get(parent) or real_dirs.setdefault(parent, os.path.realpath(parent)), name)
+            if not real.startswith(root):
+                continue
+            rel = real[len(root) :]
+            hidden = rel.startswith(".") or "/." in rel  # a partial save, an editor's file
+            if rel.split("/", 1)[0] not in ("checkpoints", *RUN_FILES) and not hidden:
                 found[rel] = real
     return sorted(found.items())
 
@@ -146,19 +170,33 @@ def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = Fals
     for path, offset, _ in wanted:
         if path not in held or offset < 0:
             raise BadRequest(f"fetch: {path!r} from byte {offset} is not on offer")
-    fd_out = out.fileno()
+    fd_out, pending = out.fileno(), bytearray()
     for path, offset, prefix_sha256 in wanted:
-        fd, size = held[path]
-        late = isinstance(fd, Path)  # an output: opened only now (its sha256 in the offer says what it must be)
-        fd = os.open(fd, os.O_RDONLY) if late else fd
+        source, size = held[path]
+        if isinstance(source, bytes):  # a small output, read when it was hashed: gathered with the next ones
+            start = offset if offset and offset <= size and _sha256(source[:offset]) == prefix_sha256 else 0
+            pending += FRAME.pack(start, size - start) + source[start:]
+            if len(pending) >= BATCH:
+                out.write(pending)
+                pending.clear()
+            continue
+        late = isinstance(source, Path)  # an output: opened only now (its sha256 in the offer says what it must be)
+        fd = os.open(source, os.O_RDONLY) if late else source
         try:
             start = offset if offset and offset <= size and fd_sha256(fd, offset) == prefix_sha256 else 0
-            out.write(FRAME.pack(start, size - start))
+            out.write(pending + FRAME.pack(start, size - start))
             out.flush()
+            pending.clear()
             _send(fd, fd_out, start, size - start)
         finally:
             if late:
                 os.close(fd)
+    out.write(pending)
+    out.flush()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _send(fd: int, fd_out: int, offset: int, count: int) -> None:

@@ -22,6 +22,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 import click
@@ -50,21 +51,25 @@ def _safe(name: str, pattern: re.Pattern, what: str) -> str:
     return name
 
 
+# a part empty, `.`, `..` or hidden (so a leading `/` too), a control character or a backslash anywhere
+BAD_OUTPUT = re.compile(r"(?:^|/)(?:[./]|$)|[\x00-\x1f\\]")
+
+
 def _safe_output(rel: str) -> str:
     """An output's path from the server: relative, no part empty, `.`, `..` or hidden, no control character,
     outside checkpoints/ and staging: nothing can land outside the destination."""
-    parts = rel.split("/")
-    bad = any(not p or p.startswith(".") or any(ord(c) < 32 for c in p) or "\\" in p for p in parts)
-    if bad or parts[0] == "checkpoints" or rel.startswith("/"):
+    if BAD_OUTPUT.search(rel) or rel.split("/", 1)[0] == "checkpoints":
         raise EnlaceError(f"refusing output path {rel!r} from the server: it could escape the destination")
     return rel
 
 
-def _output_here(local: Path, entry: dict) -> bool:
+def _output_here(local: str, entry: dict) -> bool:
     """Fetched before and unchanged: the same size and sha256 here."""
-    return (
-        local.is_file() and local.stat().st_size == entry["bytes"] and file_sha256(local).hexdigest() == entry["sha256"]
-    )
+    try:
+        st = os.stat(local)
+    except OSError:
+        return False
+    return S_ISREG(st.st_mode) and st.st_size == entry["bytes"] and file_sha256(local).hexdigest() == entry["sha256"]
 
 
 def _already_here(final: Path, files: dict) -> bool:
@@ -105,7 +110,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         for fname in offer["files"]:
             want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
         for rel, entry in offer.get("outputs", {}).items():  # a command run's outputs: verified by their sha256
-            if not _output_here(root / _safe_output(rel), entry):
+            if not _output_here(os.path.join(root, _safe_output(rel)), entry):
                 want[rel] = entry["sha256"]
         return want
 
@@ -136,10 +141,10 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         os.replace(tmp, root / "checkpoints" / "latest")
     for fname in offer["files"]:
         os.replace(root / STAGING / fname, root / fname)
+    made: set[str] = set()
     for rel in offer.get("outputs", {}):
         if rel in want:
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(root / STAGING / rel, root / rel)
+            os.replace(os.path.join(root, STAGING, rel), _in_dir(os.path.join(root, rel), made))
     report["outputs"] = len(offer.get("outputs", {}))
     shutil.rmtree(root / STAGING, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
@@ -220,18 +225,17 @@ def _converse_once(
         line = reader.readline()
         offer = _answer(session, wire, line)
         want = plan(offer)
-        request, hashers = [], {}
-        for rel in want:
-            local = staging / rel
-            local.parent.mkdir(parents=True, exist_ok=True)
-            have = local.stat().st_size if local.is_file() else 0
+        request, hashers, made = [], {}, set()
+        for rel in want:  # os.path's strings, each directory made once: tens of thousands of outputs are common
+            local = _in_dir(os.path.join(staging, rel), made)
+            have = _size_here(local)
             hashers[rel] = file_sha256(local) if have else hashlib.sha256()
             request.append([rel, have, hashers[rel].hexdigest()])
         wire.write(json.dumps({"send": request}).encode() + b"\n")
         got = 0
         with Progress("fetch", sum(_size(offer, rel) for rel in want)) as bar:
             for rel, offset, _ in request:
-                hashers[rel], n = _receive(reader, staging / rel, offset, hashers[rel], bar)
+                hashers[rel], n = _receive(reader, os.path.join(staging, rel), offset, hashers[rel], bar)
                 got += n
         code, err = wire.finish()
         if code != 0:
@@ -268,26 +272,48 @@ def _size(offer: dict[str, Any], rel: str) -> int:
     return entry["manifest_bytes"] if fname == "MANIFEST" else entry["files"][fname]["bytes"]
 
 
-def _receive(reader: Reader, local: Path, offset: int, hasher, bar):
-    """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0),
-    hashed as it arrives. Returns the file's sha256 object and the bytes received."""
+def _in_dir(path: str, made: set[str]) -> str:
+    """path, its directory made (once per directory in `made`)."""
+    parent = os.path.dirname(path)
+    if parent not in made:
+        os.makedirs(parent, exist_ok=True)
+        made.add(parent)
+    return path
+
+
+def _size_here(path: str) -> int:
+    """The size of the file at path; 0 when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return 0
+    return st.st_size if S_ISREG(st.st_mode) else 0
+
+
+def _receive(reader: Reader, local: str, offset: int, hasher, bar):
+    """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0), hashed
+    as it arrives. Returns the file's sha256 object and the bytes received."""
     start, count = FRAME.unpack(reader.exactly(FRAME.size))
     if start != offset:  # the server's file is not what we hold the start of: take it whole
         hasher = hashlib.sha256()
     bar.skip(start)
     left = count
-    with open(local, "r+b" if local.exists() else "wb") as fh:
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT, 0o666)
+    try:
         # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to
         # disk when it is closed (auto_da_alloc), and the fetch's last rmdir would wait for that
-        if fh.seek(0, os.SEEK_END) > start:
-            fh.truncate(start)
-        fh.seek(start)
+        if os.fstat(fd).st_size > start:
+            os.ftruncate(fd, start)
+        os.lseek(fd, start, os.SEEK_SET)
         while left:
-            chunk = reader.some(left)  # what has arrived, up to the frame's end
-            fh.write(chunk)
+            chunk = memoryview(reader.some(left))  # what has arrived, up to the frame's end
             hasher.update(chunk)
             bar.update(len(chunk))
             left -= len(chunk)
+            while chunk:
+                chunk = chunk[os.write(fd, chunk) :]
+    finally:
+        os.close(fd)
     return hasher, count
 
 

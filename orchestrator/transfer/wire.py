@@ -73,7 +73,8 @@ class Reader:
                 return line
             self.buf.extend(chunk)
         i = self.buf.index(b"\n") + 1
-        line, self.buf = bytes(self.buf[:i]), self.buf[i:]
+        line = bytes(self.buf[:i])
+        del self.buf[:i]
         return line
 
     def some(self, n: int) -> bytes:
@@ -83,13 +84,15 @@ class Reader:
             if not chunk:
                 raise EnlaceError(f"{self.what}: the server side ended in mid-transfer")
             return chunk
-        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
+        out = bytes(self.buf[:n])
+        del self.buf[:n]  # in place: a new buffer of the rest for each small file cost a copy of up to 1 MiB
         return out
 
     def exactly(self, n: int) -> bytes:
         while len(self.buf) < n:
             self._fill()
-        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
         return out
 
 
