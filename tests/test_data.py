@@ -135,3 +135,18 @@ def test_prepare_cli(project, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "train" in out.stdout and (tmp_path / "sh" / "meta.json").is_file()
+
+
+def test_resolve_paths_keeps_pathlibs_order_which_is_the_streams(tmp_path):
+    """The byte stream's file order is resolve_paths' order, and a checkpoint's data state counts bytes in it:
+    the order must stay pathlib's (by parts), which is not the strings' ("a/b/c.py" before "a/b.py": "/" sorts
+    after ".")."""
+    from enlace.data.paths import resolve_paths
+
+    names = ["a/b.py", "a-c.py", "a.b/x.py", "a/b/c.py", "A/z.py", "a0.py", "a/a b.py", "ab/y.py", "a_/q.py"]
+    for name in names:
+        (tmp_path / "data" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "data" / name).write_text("x = 1\n")
+    got = resolve_paths(["data/**/*.py", "data/a/*.py"], tmp_path)  # the second adds nothing again
+    assert got == sorted(tmp_path / "data" / n for n in names)
+    assert [p.relative_to(tmp_path / "data").as_posix() for p in got][:3] == ["A/z.py", "a/a b.py", "a/b/c.py"]

@@ -30,19 +30,22 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
     """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files."""
     stdlib = sysconfig.get_paths()["stdlib"]
     files: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[str] = set()
     for pattern in patterns:
         expanded = pattern.replace(STDLIB, stdlib)
         if not Path(expanded).is_absolute():
             expanded = str(root / expanded)
-        matches = sorted(Path(m) for m in glob.glob(expanded, recursive=True) if Path(m).is_file())
+        # pathlib's order (by parts, case-folded where the OS folds case): the stream's file order, in strings
+        # (tens of thousands of files: Path objects and their comparisons were most of a data push's start)
+        found = [os.path.normpath(m) for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)]
+        matches = sorted(found, key=lambda m: os.path.normcase(m).split(os.sep))
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
             raise DataError(
                 f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
                 "put the corpus there (from your machine: enlace-remote data push RUN), or fix the pattern"
             )
-        files.extend(m for m in matches if m not in seen)
+        files.extend(Path(m) for m in matches if m not in seen)
         seen.update(matches)
     return files
 

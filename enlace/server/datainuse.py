@@ -56,6 +56,13 @@ def files_read(data: dict[str, Any], root: Path) -> set[str]:
         return set()
 
 
+def real_path(path: str, dirs: dict[str, str]) -> str:
+    """os.path.realpath(path), each directory resolved once (`dirs`, for a push's tens of thousands of files)."""
+    parent, name = os.path.split(path)
+    real = os.path.join(dirs.get(parent) or dirs.setdefault(parent, os.path.realpath(parent)), name)
+    return os.path.realpath(real) if os.path.islink(real) else real
+
+
 def would_read(data: dict[str, Any], rel: str) -> bool:
     """Whether a new file data/REL would be read on the run's next start (its globs, its shard directory)."""
     path = f"{DATA_DIR}/{rel}"
@@ -68,11 +75,13 @@ def would_read(data: dict[str, Any], rel: str) -> bool:
 def readers(data_dir: Path, rels: list[str], runs_root: Path, root: Path) -> dict[str, list[str]]:
     """rel → the names of the active runs that read data_dir/rel now, or would once it exists (only the rels
     some run reads)."""
-    if not rels:
+    active = active_runs(runs_root) if rels else []
+    if not active:
         return {}
-    wanted = {os.path.realpath(data_dir / rel): rel for rel in rels}
+    dirs: dict[str, str] = {}
+    wanted = {real_path(os.path.join(data_dir, rel), dirs): rel for rel in rels}
     found: dict[str, list[str]] = {}
-    for run_dir in active_runs(runs_root):
+    for run_dir in active:
         data = _data_config(run_dir)
         hit = {wanted[real] for real in files_read(data, root) & wanted.keys()}
         hit |= {rel for rel in rels if not (data_dir / rel).exists() and would_read(data, rel)}

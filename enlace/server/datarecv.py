@@ -36,6 +36,7 @@ import os
 import select
 import shutil
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -58,33 +59,45 @@ class BadRequest(EnlaceError):
     pass
 
 
-def checked(data_dir: Path, rel: str) -> Path:
-    """data_dir/rel, refused unless it is a plain relative path that stays inside data_dir."""
+def checked(data_dir: Path, rel: str, dirs: dict[str, str] | None = None) -> Path:
+    """data_dir/rel, refused unless it is a plain relative path that stays inside data_dir. `dirs`: the
+    directories resolved so far (a push's thousands of files share a few)."""
     parts = rel.split("/")  # as given: PurePosixPath would quietly drop "." and empty parts
     if "\0" in rel or rel.startswith("/") or any(p in ("..", ".", "") for p in parts):
         raise BadRequest(f"data push: refusing path {rel!r}: it could escape the data directory")
     if parts[0] == STAGING or BESIDE in parts:
         raise BadRequest(f"data push: refusing path {rel!r}: a staging directory is not data")
-    target = data_dir / rel
-    real = os.path.realpath(target.parent)
+    parent = os.path.dirname(os.path.join(data_dir, rel))
+    real = (
+        os.path.realpath(parent)
+        if dirs is None
+        else dirs.get(parent) or dirs.setdefault(parent, os.path.realpath(parent))
+    )
     if real != str(data_dir) and not real.startswith(str(data_dir) + os.sep):
         raise BadRequest(f"data push: {rel!r} leads outside {data_dir} (a link?): refused")
-    return target
+    return data_dir / rel
 
 
-def state_of(data_dir: Path, staging: Path, rel: str, size: int, mtime_ns: int, hashers: dict) -> Any:
-    """What this side holds of one file (see the wire); a partial's prefix hash is kept in `hashers`."""
-    target = checked(data_dir, rel)
+def _stat(path: str) -> os.stat_result | None:
     try:
-        st = target.stat()
+        return os.stat(path)
     except FileNotFoundError:
-        st = None
+        return None
+
+
+def state_of(
+    data_dir: Path, staging: Path, rel: str, size: int, mtime_ns: int, hashers: dict, dirs: dict[str, str]
+) -> Any:
+    """What this side holds of one file (see the wire); a partial's prefix hash is kept in `hashers`."""
+    target = checked(data_dir, rel, dirs)
+    st = _stat(str(target))
     if st is not None and st.st_size == size and st.st_mtime_ns == mtime_ns:
         return "same"
-    partial = staging / rel
-    if partial.is_file() and 0 < partial.stat().st_size <= size:
+    partial = os.path.join(staging, rel)
+    held = _stat(partial)
+    if held is not None and stat.S_ISREG(held.st_mode) and 0 < held.st_size <= size:
         hashers[rel] = file_sha256(partial)
-        return ["partial", partial.stat().st_size, hashers[rel].hexdigest()]
+        return ["partial", held.st_size, hashers[rel].hexdigest()]
     if st is not None and st.st_size == size:
         return ["sha256", file_sha256(target).hexdigest()]
     return None
@@ -135,9 +148,11 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
         return None
     files = {str(p): (int(s), int(m)) for p, s, m in first["files"]}
     hashers: dict[str, Any] = {}
-    have = {rel: state_of(data_dir, staging, rel, s, m, hashers) for rel, (s, m) in files.items()}  # each checked
-    for parent in {(data_dir / rel).parent for rel in files}:  # what a failed cross-file-system copy left
-        shutil.rmtree(parent / BESIDE, ignore_errors=True)
+    dirs: dict[str, str] = {}
+    have = {rel: state_of(data_dir, staging, rel, s, m, hashers, dirs) for rel, (s, m) in files.items()}  # checked
+    for parent in {os.path.dirname(os.path.join(data_dir, rel)) for rel in files}:
+        if os.path.lexists(os.path.join(parent, BESIDE)):  # what a failed cross-file-system copy left
+            shutil.rmtree(os.path.join(parent, BESIDE), ignore_errors=True)
     extra = [[rel, (data_dir / rel).stat().st_size] for rel in in_scope(data_dir, first["scope"]) if rel not in files]
     changing = [rel for rel, state in have.items() if state != "same"] + [rel for rel, _ in extra]
     in_use = datainuse.readers(data_dir, changing, runs_root, root)
@@ -148,14 +163,14 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     report: dict[str, Any] = {"ok": True, "written": [], "bad": [], "touched": 0, "deleted": []}
     for rel, mtime_ns in plan.get("touch", []):
         if isinstance(have.get(rel), list) and have[rel][0] == "sha256":  # the same bytes: only the mtime differs
-            os.utime(checked(data_dir, rel), ns=(mtime_ns, mtime_ns))
+            os.utime(checked(data_dir, rel, dirs), ns=(mtime_ns, mtime_ns))
             report["touched"] += 1
     made: set[Path] = set()
     for rel, offset, size, mtime_ns in plan.get("send", []):
         if files.get(rel, (None,))[0] != size or not 0 <= offset <= size:
             raise BadRequest(f"data push: {rel!r} from byte {offset} was not in the list")
         hasher = hashers.get(rel) if offset else None
-        target, partial = checked(data_dir, rel), staging / rel
+        target, partial = checked(data_dir, rel, dirs), staging / rel
         try:
             ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
         except OSError as e:
@@ -167,7 +182,7 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     for rel in plan.get("delete", []):
         if rel not in extras:
             raise BadRequest(f"data push: {rel!r} is not one this run's data paths match here: not deleted")
-        checked(data_dir, rel).unlink(missing_ok=True)
+        checked(data_dir, rel, dirs).unlink(missing_ok=True)
         report["deleted"].append(rel)
     changed = [rel for rel in report["written"] + report["deleted"] if rel in in_use]
     if changed and plan.get("force"):
@@ -248,17 +263,23 @@ def _take(
         raise BadRequest(f"data push: {target.name}: frame {start}+{count} does not match the plan")
     _mkdir(partial.parent, made)
     buf = memoryview(bytearray(min(count, CHUNK) or 1))
-    with open(partial, "r+b" if start and partial.exists() else "wb", buffering=0) as fh:
-        fh.truncate(start)
-        fh.seek(start)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o666)
+    try:
+        # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to disk
+        # when it is closed (auto_da_alloc), which cost every new file of a push a flush
+        if os.fstat(fd).st_size > start:
+            os.ftruncate(fd, start)
+        os.lseek(fd, start, os.SEEK_SET)
         left = count
         while left:
             n = requests.readinto(buf[: min(left, len(buf))])
             if not n:
                 raise BadRequest("data push: the driver went away in mid-file (what arrived stays for the next push)")
-            _write_all(fh, buf[:n])
+            _write_all(fd, buf[:n])
             hasher.update(buf[:n])
             left -= n
+    finally:
+        os.close(fd)
     if _exactly(requests, 32) != hasher.digest():
         partial.unlink()
         return False
@@ -282,9 +303,9 @@ def _take(
     return True
 
 
-def _write_all(fh, view: memoryview) -> None:
+def _write_all(fd: int, view: memoryview) -> None:
     while view:
-        view = view[fh.write(view) :]
+        view = view[os.write(fd, view) :]
 
 
 def _mkdir(path: Path, made: set[Path]) -> None:

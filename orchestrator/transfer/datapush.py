@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISLNK
 from typing import Any
 
 import click
@@ -82,18 +84,25 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
         globs, notes = push_scope(cfg.data)
         found = push_files(cfg.data, repo) if globs else []
     files = {}
-    corpus, real_dirs = (repo / DATA_DIR).resolve(), {}
-    for path in found:
-        if not follow_links:  # the file's directory resolved once per directory, the file itself if a link
-            real_dir = real_dirs.get(path.parent) or real_dirs.setdefault(path.parent, path.parent.resolve())
-            real = path.resolve() if path.is_symlink() else real_dir / path.name
-            if not real.is_relative_to(corpus):
-                raise UsageError(
-                    f"{path.relative_to(repo)} leads to {real}, outside {DATA_DIR}/: refused (a link?) — copy the "
-                    "file into the corpus, or pass --follow-links to send what it points to"
-                )
-        st = path.stat()
-        files[path.relative_to(repo / DATA_DIR).as_posix()] = (path, st.st_size, st.st_mtime_ns)
+    top, real_dirs = str(repo / DATA_DIR) + os.sep, {}
+    corpus = os.path.realpath(top) + os.sep
+    for path in found:  # in os.path's strings, each directory resolved once: tens of thousands of files are common
+        name = str(path)
+        st = os.lstat(name)
+        if S_ISLNK(st.st_mode):
+            real, st = os.path.realpath(name), os.stat(name)  # what it points to is what is sent
+        else:
+            parent = os.path.dirname(name)
+            real = os.path.join(
+                real_dirs.get(parent) or real_dirs.setdefault(parent, os.path.realpath(parent)), path.name
+            )
+        if not follow_links and not real.startswith(corpus):
+            raise UsageError(
+                f"{path.relative_to(repo)} leads to {real}, outside {DATA_DIR}/: refused (a link?) — copy the "
+                "file into the corpus, or pass --follow-links to send what it points to"
+            )
+        rel = name[len(top) :] if name.startswith(top) else str(path.relative_to(repo / DATA_DIR))
+        files[rel.replace(os.sep, "/")] = (path, st.st_size, st.st_mtime_ns)
     return LocalData(run, globs, notes, files)
 
 
