@@ -63,11 +63,10 @@ def _safe_output(rel: str) -> str:
     return rel
 
 
-def _output_here(local: str, entry: dict) -> bool:
+def _output_here(local: str, entry: dict, dirs: dict[str, bool]) -> bool:
     """Fetched before and unchanged: the same size and sha256 here."""
-    try:
-        st = os.stat(local)
-    except OSError:
+    st = _stat_in(local, dirs)
+    if st is None:
         return False
     return S_ISREG(st.st_mode) and st.st_size == entry["bytes"] and file_sha256(local).hexdigest() == entry["sha256"]
 
@@ -109,8 +108,9 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
             want[f"checkpoints/{name}/MANIFEST"] = None
         for fname in offer["files"]:
             want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
+        dirs: dict[str, bool] = {}
         for rel, entry in offer.get("outputs", {}).items():  # a command run's outputs: verified by their sha256
-            if not _output_here(os.path.join(root, _safe_output(rel)), entry):
+            if not _output_here(os.path.join(root, _safe_output(rel)), entry, dirs):
                 want[rel] = entry["sha256"]
         return want
 
@@ -225,10 +225,12 @@ def _converse_once(
         line = reader.readline()
         offer = _answer(session, wire, line)
         want = plan(offer)
-        request, hashers, made = [], {}, set()
-        for rel in want:  # os.path's strings, each directory made once: tens of thousands of outputs are common
-            local = _in_dir(os.path.join(staging, rel), made)
-            have = _size_here(local)
+        request, hashers, made, dirs = [], {}, set(), {}
+        for rel in want:  # os.path's strings, each directory looked at and made once: 20,000 outputs are common
+            local = os.path.join(staging, rel)
+            st = _stat_in(local, dirs)
+            have = st.st_size if st is not None else 0
+            _in_dir(local, made)
             hashers[rel] = file_sha256(local) if have else hashlib.sha256()
             request.append([rel, have, hashers[rel].hexdigest()])
         wire.write(json.dumps({"send": request}).encode() + b"\n")
@@ -281,13 +283,18 @@ def _in_dir(path: str, made: set[str]) -> str:
     return path
 
 
-def _size_here(path: str) -> int:
-    """The size of the file at path; 0 when there is none."""
+def _stat_in(path: str, dirs: dict[str, bool]) -> os.stat_result | None:
+    """The file at path (a regular file), or None; a directory found missing once (`dirs`) is not asked again
+    for each of its files."""
+    parent = os.path.dirname(path)
+    if not dirs.get(parent, True):
+        return None
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        return 0
-    return st.st_size if S_ISREG(st.st_mode) else 0
+    except (FileNotFoundError, NotADirectoryError):
+        dirs[parent] = os.path.isdir(parent)
+        return None
+    return st if S_ISREG(st.st_mode) else None
 
 
 def _receive(reader: Reader, local: str, offset: int, hasher, bar):
