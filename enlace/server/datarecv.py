@@ -59,7 +59,7 @@ class BadRequest(EnlaceError):
     pass
 
 
-def checked(data_dir: Path, rel: str, dirs: dict[str, str] | None = None) -> Path:
+def checked(data_dir: Path, rel: str, dirs: dict[str, str] | None = None) -> str:
     """data_dir/rel, refused unless it is a plain relative path that stays inside data_dir. `dirs`: the
     directories resolved so far (a push's thousands of files share a few)."""
     parts = rel.split("/")  # as given: PurePosixPath would quietly drop "." and empty parts
@@ -75,7 +75,7 @@ def checked(data_dir: Path, rel: str, dirs: dict[str, str] | None = None) -> Pat
     )
     if real != str(data_dir) and not real.startswith(str(data_dir) + os.sep):
         raise BadRequest(f"data push: {rel!r} leads outside {data_dir} (a link?): refused")
-    return data_dir / rel
+    return os.path.join(data_dir, rel)
 
 
 def _stat(path: str) -> os.stat_result | None:
@@ -90,7 +90,7 @@ def state_of(
 ) -> Any:
     """What this side holds of one file (see the wire); a partial's prefix hash is kept in `hashers`."""
     target = checked(data_dir, rel, dirs)
-    st = _stat(str(target))
+    st = _stat(target)
     if st is not None and st.st_size == size and st.st_mtime_ns == mtime_ns:
         return "same"
     partial = os.path.join(staging, rel)
@@ -165,12 +165,12 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
         if isinstance(have.get(rel), list) and have[rel][0] == "sha256":  # the same bytes: only the mtime differs
             os.utime(checked(data_dir, rel, dirs), ns=(mtime_ns, mtime_ns))
             report["touched"] += 1
-    made: set[Path] = set()
+    made: set[str] = set()
     for rel, offset, size, mtime_ns in plan.get("send", []):
         if files.get(rel, (None,))[0] != size or not 0 <= offset <= size:
             raise BadRequest(f"data push: {rel!r} from byte {offset} was not in the list")
         hasher = hashers.get(rel) if offset else None
-        target, partial = checked(data_dir, rel, dirs), staging / rel
+        target, partial = checked(data_dir, rel, dirs), os.path.join(staging, rel)
         try:
             ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
         except OSError as e:
@@ -182,7 +182,8 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     for rel in plan.get("delete", []):
         if rel not in extras:
             raise BadRequest(f"data push: {rel!r} is not one this run's data paths match here: not deleted")
-        checked(data_dir, rel, dirs).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(checked(data_dir, rel, dirs))
         report["deleted"].append(rel)
     changed = [rel for rel in report["written"] + report["deleted"] if rel in in_use]
     if changed and plan.get("force"):
@@ -241,8 +242,9 @@ class _Watched:
         return n
 
 
-def no_space(target: Path, needed: int) -> NoSpaceError:
+def no_space(target: str | Path, needed: int) -> NoSpaceError:
     """The one line a full disk during a push is: host, path, bytes needed, what is free."""
+    target = Path(target)
     try:
         free = shutil.disk_usage(target.parent if target.parent.exists() else target.parent.parent).free
     except OSError:
@@ -254,14 +256,14 @@ def no_space(target: Path, needed: int) -> NoSpaceError:
 
 
 def _take(
-    requests: BinaryIO, target: Path, partial: Path, offset: int, size: int, mtime_ns: int, hasher, made: set[Path]
+    requests: BinaryIO, target: str, partial: str, offset: int, size: int, mtime_ns: int, hasher, made: set[str]
 ) -> bool:
     """One file's frame into `partial`, then renamed to `target` when its sha256 matches the trailer. `made`:
     the directories this push has created (thousands of small files share a few)."""
     start, count = FRAME.unpack(_exactly(requests, FRAME.size))
     if start != offset or start + count != size:
-        raise BadRequest(f"data push: {target.name}: frame {start}+{count} does not match the plan")
-    _mkdir(partial.parent, made)
+        raise BadRequest(f"data push: {os.path.basename(target)}: frame {start}+{count} does not match the plan")
+    _mkdir(os.path.dirname(partial), made)
     buf = memoryview(bytearray(min(count, CHUNK) or 1))
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o666)
     try:
@@ -281,17 +283,17 @@ def _take(
     finally:
         os.close(fd)
     if _exactly(requests, 32) != hasher.digest():
-        partial.unlink()
+        os.unlink(partial)
         return False
     os.utime(partial, ns=(mtime_ns, mtime_ns))
-    _mkdir(target.parent, made)
+    _mkdir(os.path.dirname(target), made)
     try:
         os.replace(partial, target)
     except OSError as e:  # data/ on another file system than its parent: copy beside the target, then rename
         if e.errno != errno.EXDEV:
             raise
-        tmp = target.parent / BESIDE / target.name  # hidden from a run's globs; removed on failure or next push
-        tmp.parent.mkdir(exist_ok=True)
+        tmp = Path(target).parent / BESIDE / Path(target).name  # hidden from a run's globs; removed on failure or
+        tmp.parent.mkdir(exist_ok=True)  # the next push
         try:
             shutil.copy2(partial, tmp)
             os.replace(tmp, target)
@@ -299,7 +301,7 @@ def _take(
             tmp.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 tmp.parent.rmdir()  # empty again: nothing of the push stays beside the data
-        partial.unlink()
+        os.unlink(partial)
     return True
 
 
@@ -308,10 +310,10 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _mkdir(path: Path, made: set[Path]) -> None:
+def _mkdir(path: str, made: set[str]) -> None:
     """mkdir -p, once per directory per push."""
     if path not in made:
-        path.mkdir(parents=True, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
         made.add(path)
 
 
