@@ -117,7 +117,9 @@ def noop(env: dict, repo: Path, n: int, reps: int) -> None:
     subprocess.run([*CLI, "sync"], env=env, cwd=repo, check=True, capture_output=True)
     run([*CLI, "data", "push", "bench"], env, repo)
     times = [run([*CLI, "data", "push", "bench"], env, repo) for _ in range(reps)]
-    print(f"no-op push of {n} files (all on the server), median of {reps}: {statistics.median(times):.2f} s (goal < 0.3)")
+    print(
+        f"no-op push of {n} files (all on the server), median of {reps}: {statistics.median(times):.2f} s (goal < 0.3)"
+    )
 
 
 def main() -> None:

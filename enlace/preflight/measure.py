@@ -30,7 +30,7 @@ from enlace.sysinfo import cpu_name, mib, peak_rss_bytes, reset_peak_rss, total_
 from enlace.train import engine
 from enlace.train.checkpoint import save_checkpoint
 from enlace.train.dist import Dist
-from enlace.units import hours
+from enlace.units import duration
 
 WARMUP_STEPS = 3  # also the fp16 calibration window: skips here are the scaler finding its scale
 TIGHT_HEADROOM_PCT = 10.0
@@ -281,7 +281,7 @@ def _too_slow(cfg: Config, e: TooSlow, budget_s: float, world: int) -> dict[str,
     run_s = e.step_s * max(0, t.max_steps - _resumes_at(cfg)) if e.step_s else None
     if e.step_s:
         what = (
-            f"one step takes ≈{e.step_s:.1f} s here, so the run's {t.max_steps} steps would take ≈{hours(run_s)}; "
+            f"one step takes ≈{e.step_s:.1f} s here, so the run's {t.max_steps} steps would take ≈{duration(run_s)}; "
             f"preflight stopped after {e.elapsed_s:.0f} s of its {budget_s:.0f} s budget"
         )
     else:
@@ -337,7 +337,7 @@ def _projection(cfg: Config, m: dict[str, Any], world: int) -> dict[str, Any]:
             "resumes_at": done,
             "remaining_steps": todo,
             "projected_s": round(total_s, 1),
-            "projected": hours(total_s),
+            "projected": duration(total_s),
         },
         "memory": m["memory"],
         "disk": {"checkpoint_mib": mib(m["ckpt_bytes"]), "free_mib": mib(free), "ok": free >= 2 * m["ckpt_bytes"]},

@@ -201,15 +201,16 @@ def default_grace(st: dict[str, Any]) -> float:
 
 def stop(run_dir: Path, grace: float | None, kill: bool) -> dict[str, Any]:
     """`_stop` with the grace it waited (by default the run's own, default_grace) in its report."""
-    grace = default_grace(read(run_dir)) if grace is None else grace
-    return {**_stop(run_dir, grace, kill), "grace_s": grace}
+    st = read(run_dir)
+    grace = default_grace(st) if grace is None else grace
+    return {**_stop(run_dir, st, grace, kill), "grace_s": grace}
 
 
-def _stop(run_dir: Path, grace: float, kill: bool) -> dict[str, Any]:
+def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[str, Any]:
     """SIGTERM what was launched (torchrun forwards it once to every rank), wait up to `grace` s for the
     checkpoint; with `kill`, SIGKILL the process group (or cancel the Slurm job) after that. A supervisor
-    that is gone or frozen is passed by: the trainer gets the SIGTERM, and a frozen supervisor a SIGKILL."""
-    st = read(run_dir)
+    that is gone or frozen is passed by: the trainer gets the SIGTERM, and a frozen supervisor a SIGKILL.
+    `st`: its run.json, as read once by `stop`."""
     row = observe(run_dir)
     if not row["alive"]:
         if st.get("launcher_pid") and proc_alive(st["launcher_pid"], st.get("launcher_start")):
