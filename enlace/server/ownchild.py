@@ -1,5 +1,6 @@
-"""The supervisor's child when it is the user's own command (enlace/config/command.py), not enlace's trainer. A
-command records nothing itself, so this says what it did; it runs in a process group of its own, which every
+"""The supervisor's child when it is the user's own command (enlace/config/command.py), not enlace's trainer
+(enlace/server/trainerchild.py has that one, and the interface both give the supervisor). A command records
+nothing itself, so this says what it did; it runs in a process group of its own, which every
 ending takes whole:
 
     start       placeholders, the host's python (first on PATH too), the resume arguments once there is
@@ -43,6 +44,10 @@ class CannotStart(Exception):
 
 
 class CommandChild:
+    what = "the command"
+    records_itself = False  # what it did is said here, in run.json and train.log
+    resumes = ""  # a command resumes its own way (its `resume:` arguments)
+
     def __init__(self, command: CommandRun, run_dir: Path, env: dict[str, str], say: Callable[[str], None]):
         self.command, self.run_dir, self.env, self.say = command, run_dir, env, say
         self.proc: subprocess.Popen | None = None
@@ -113,7 +118,8 @@ class CommandChild:
             self._group(signal.SIGKILL)
             self.term_at, self.killed = None, True
 
-    def end_stalled(self, stall_s: float, step) -> None:
+    def end_stalled(self, stall_s: float, st: dict) -> None:
+        step = st.get("step")
         self.say(f"no sign of life for {stall_s:.0f} s at step {step}: its stacks follow (enlace.job's faulthandler)")
         if self.command.nproc == 1:
             with contextlib.suppress(ProcessLookupError):

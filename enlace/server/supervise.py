@@ -27,9 +27,7 @@ supervisor with the time-limit signal and the requeue added. Stdlib and psutil o
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,12 +39,12 @@ from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
 from enlace.manifest import latest_checkpoint
 from enlace.server.ownchild import CannotStart, CommandChild
 from enlace.server.queue import Seat
+from enlace.server.trainerchild import TrainerChild
 from enlace.state import heartbeat, runs
 
 # a retry cannot fix these: a config or checkpoint error, something missing, a disk full, the device's memory
 NOT_RETRIED = frozenset({contract.USAGE, contract.VERIFY, contract.ALREADY_RUNNING, contract.NO_SPACE, contract.OOM})
 MIN_STALL_S = 300.0  # a derived stall timeout is never shorter (evals, checkpoints, a slow filesystem)
-TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
 
 
 def say(line: str) -> None:
@@ -89,18 +87,19 @@ class Supervisor:
         wait_turn: Callable[..., Seat | None] | None = None,
         command: CommandRun | None = None,
     ):
-        self.run_dir, self.argv, self.policy, self.env, self.poll = run_dir, argv, policy, env, poll
-        # a run of the user's own command (enlace/config/command.py): its child is enlace/server/ownchild.py's
-        self.own = CommandChild(command, run_dir, env, say) if command else None
+        self.run_dir, self.policy, self.env, self.poll = run_dir, policy, env, poll
+        self.beat = heartbeat.Heartbeat(run_dir / heartbeat.SUPERVISOR)  # status tells a gone or frozen one
+        # what it runs: enlace's trainer, or a user's own command (enlace/config/command.py), behind one interface
+        self.child: TrainerChild | CommandChild = (
+            CommandChild(command, run_dir, env, say) if command else TrainerChild(argv, env, say, self.beat, poll)
+        )
         self.restarts = 0
         self.wait_turn = wait_turn  # the server's queue (queue.wait_for_seat, its run and need bound); None: none
         self.seat: Seat | None = None
         self.signals = {signal.SIGTERM: "term", **(signals or {})}
         self.on_stop = on_stop
         self.got: set[str] = set()
-        self.child: subprocess.Popen | None = None
         self._stall_s = 0.0
-        self.beat = heartbeat.Heartbeat(run_dir / heartbeat.SUPERVISOR)  # status tells a gone or frozen one
         self.launch_id = env.get("ENLACE_LAUNCH_ID")  # the launch it serves: a later one owns the run
 
     def on_signal(self, signum, frame) -> None:
@@ -119,12 +118,11 @@ class Supervisor:
             try:
                 code, stalled = self._run_child()
             except CannotStart as e:  # the command's program is not there: no retry can change that
-                self.own.record_cannot_start(str(e))
+                self.child.record_cannot_start(str(e))
                 return Outcome(Status.FAILED, contract.FAILED, str(e))
-            if self.own is not None:  # a command records nothing itself: what it did is said here
-                self.own.reap()
-                if self._owns_the_run():
-                    self.own.record_end(code, stalled, bool(self.got))
+            self.child.reap()  # what a command's group left behind
+            if self._owns_the_run():
+                self.child.record_end(code, stalled, bool(self.got))  # a command's ending (a trainer wrote its own)
             st = runs.read(self.run_dir)
             if not self._owns_the_run():
                 # frozen while another launch took the run over: this supervisor's trainer is history
@@ -137,9 +135,10 @@ class Supervisor:
                 # host of a multi-host run records no status of its own); a trainer that stopped because the
                 # stall clock asked it to is restarted: nobody asked the run to stop
                 return Outcome(status, 0)
-            if self.own is None and status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
+            verdict = self.child.records_itself  # the trainer's own codes (a command's exit codes are its own)
+            if verdict and status == Status.FAILED and st.get("exit_code") in NOT_RETRIED:
                 return Outcome(status, st["exit_code"], "not retried: a retry cannot fix it")
-            if self.own is None and code in NOT_RETRIED:  # refused before it could record why (config error)
+            if verdict and code in NOT_RETRIED:  # refused before it could record why (config error)
                 runs.update(self.run_dir, status=Status.FAILED, exit_code=code, error=last_line(self.run_dir))
                 return Outcome(Status.FAILED, code, "not retried: a retry cannot fix it")
             cause = self._cause(code, stalled, st)
@@ -154,8 +153,7 @@ class Supervisor:
                 return Outcome(Status.CRASHED, contract.CRASHED, why)
             restarts += 1
             wait = self.policy.backoff * 3 ** (restarts - 1)
-            whence = ", from the newest checkpoint" if self.own is None else ""  # a command resumes its own way
-            say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s{whence}")
+            say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s{self.child.resumes}")
             phase = f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts})"
             runs.new_attempt(self.run_dir, phase=phase)
             if self._sleep(wait):  # the restart never happened: it is not counted
@@ -191,9 +189,9 @@ class Supervisor:
 
     def _cause(self, code: int, stalled: bool, st: dict) -> str:
         where = f"at step {st.get('step', 0)} (newest checkpoint {self._newest()})"
-        what = "the trainer"
-        if self.own is not None:
-            what, where = "the command", where if st.get("step") else ""
+        what = self.child.what
+        if not self.child.records_itself:
+            where = where if st.get("step") else ""
             st = {**st, "error": None}  # the error recorded is this very line
         if stalled:
             return f"{what} stalled {where}: no sign of life for {self._stall_s:.0f} s"
@@ -220,23 +218,18 @@ class Supervisor:
         """Start the child and watch it; (its exit code, whether it was ended for a stall)."""
         # in the supervisor's own process group: `stop --kill` (killpg) ends the trainer with it
         # the seat's lock files go to the child: a run holds its GPUs for as long as its supervisor or its trainer lives
-        fds = self.seat.fds if self.seat else ()
-        if self.own is not None:
-            self.child = self.own.start(self.restarts, fds)
-        else:
-            self.child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
+        proc = self.child.start(self.restarts, self.seat.fds if self.seat else ())
         forwarded, stalled = False, False
         last_sign, last_change, longest_gap = None, time.monotonic(), 0.0
         trainer_beat = self.run_dir / heartbeat.TRAINER
-        while (code := self.child.poll()) is None:
+        while (code := proc.poll()) is None:
             self.beat()
             st = runs.read(self.run_dir)
-            if self.own is not None:
-                self.own.tick()  # SIGKILL once a stop's grace is over
+            self.child.tick()  # a command: SIGKILL once a stop's grace is over
             if self.got and not forwarded and (st.get("pid") or st.get("status") not in ACTIVE):
                 # one SIGTERM, once the trainer has recorded itself (its handler is in place by then)
                 self.on_stop(sorted(self.got)[0])
-                self._ask_to_stop()
+                self.child.ask_to_stop()
                 forwarded = True
             # a sign of life: a new step, or the trainer's heartbeat (steps, eval batches, checkpoints)
             step, now = st.get("step"), time.monotonic()
@@ -247,70 +240,14 @@ class Supervisor:
                         longest_gap = max(longest_gap, now - last_change)
                     last_sign, last_change = sign, now
                 elif not forwarded and now - last_change > self._stall_after(longest_gap):
-                    self._end_stalled(st)
+                    self.child.end_stalled(self._stall_s, st)
                     stalled = forwarded = True
             time.sleep(self.poll)
         return code, stalled
 
-    def _ask_to_stop(self) -> None:
-        """One SIGTERM to what trains. Under torchrun, to its ranks themselves: torchrun, signalled, forwards it
-        and SIGKILLs the ranks 30 s later whatever their last step and checkpoint need; ranks that end by
-        themselves end torchrun cleanly."""
-        import psutil
-
-        if self.own is not None:  # the command's whole process group (or torchrun's ranks)
-            self.own.ask_to_stop()
-            return
-        ranks = []
-        if self.argv[1:3] == ["-m", "torch.distributed.run"]:  # torchrun itself is the child (not srun's)
-            with contextlib.suppress(psutil.NoSuchProcess):
-                ranks = psutil.Process(self.child.pid).children()
-        if not ranks:
-            self.child.send_signal(signal.SIGTERM)
-        for rank in ranks:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                rank.send_signal(signal.SIGTERM)
-
-    def _watch(self, seconds: float) -> bool:
-        """Wait up to `seconds` for the child to end, beating meanwhile; True if it ended."""
-        deadline = time.monotonic() + seconds
-        while self.child.poll() is None and time.monotonic() < deadline:
-            self.beat()
-            time.sleep(min(self.poll, 0.2))
-        return self.child.poll() is not None
-
     def _stall_after(self, longest_gap: float) -> float:
         self._stall_s = self.policy.stall_timeout or max(MIN_STALL_S, 10 * longest_gap)
         return self._stall_s
-
-    def _end_stalled(self, st: dict) -> None:
-        """Stacks into train.log, then SIGTERM, then SIGKILL of the child and all it started after the grace."""
-        import psutil
-
-        if self.own is not None:  # SIGUSR2 to a script of enlace.job's, SIGTERM, SIGKILL after its grace
-            self.own.end_stalled(self._stall_s, st.get("step"))
-            return
-
-        say(f"no sign of life for {self._stall_s:.0f} s at step {st.get('step')}: the trainer's stacks follow")
-        try:
-            tree = [psutil.Process(self.child.pid), *psutil.Process(self.child.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
-        trainers = [p for p in tree if p.pid == st.get("pid")] or tree[1:] or tree  # torchrun: its ranks
-        for proc in trainers:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGUSR2)  # faulthandler, registered by the trainer
-        for proc in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(signal.SIGCONT)  # a stopped process handles it once continued
-        self._watch(1.0)  # the dump is written by a C handler at once; this only orders the log lines
-        with contextlib.suppress(ProcessLookupError):
-            self.child.send_signal(signal.SIGTERM)
-        if not self._watch(TERM_GRACE_S):
-            for proc in tree:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.kill()
-            self.child.wait()
 
 
 def last_line(run_dir: Path) -> str:

@@ -1,0 +1,96 @@
+"""The supervisor's child when it is enlace's own trainer (or torchrun over it); enlace/server/ownchild.py is
+the other kind, a user's command. Both give the supervisor one interface: start, tick, ask_to_stop,
+end_stalled, reap, record_end, and what to call the child in train.log. The trainer records its own status,
+steps and errors in run.json, so ending it is the supervisor's only part:
+
+    stop        one SIGTERM to the trainer; under torchrun to its ranks themselves (torchrun, signalled,
+                SIGKILLs them 30 s later whatever their last checkpoint needs)
+    stall       its Python stacks into train.log (SIGUSR2: the faulthandler it registers), SIGTERM, SIGKILL
+                of all it started after TERM_GRACE_S
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
+
+
+class TrainerChild:
+    what = "the trainer"
+    records_itself = True  # its final status and its verdicts (config error, disk full) are in run.json
+    resumes = ", from the newest checkpoint"  # how a restart continues, as train.log says it
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str], say: Callable[[str], None], beat: Callable[[], None], poll: float
+    ):
+        self.argv, self.env, self.say, self.beat, self.poll = argv, env, say, beat, poll
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, restart: int, fds: tuple[int, ...]) -> subprocess.Popen:
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
+        return self.proc
+
+    def tick(self) -> None:
+        pass  # a stop's grace is the trainer's own (it saves, then exits)
+
+    def ask_to_stop(self) -> None:
+        """One SIGTERM to what trains: torchrun's ranks themselves, which end torchrun cleanly as they end."""
+        import psutil
+
+        ranks = []
+        if self.argv[1:3] == ["-m", "torch.distributed.run"]:  # torchrun itself is the child (not srun's)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                ranks = psutil.Process(self.proc.pid).children()
+        if not ranks:
+            self.proc.send_signal(signal.SIGTERM)
+        for rank in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.send_signal(signal.SIGTERM)
+
+    def end_stalled(self, stall_s: float, st: dict[str, Any]) -> None:
+        """Stacks into train.log, then SIGTERM, then SIGKILL of the child and all it started after the grace."""
+        import psutil
+
+        self.say(f"no sign of life for {stall_s:.0f} s at step {st.get('step')}: the trainer's stacks follow")
+        try:
+            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        trainers = [p for p in tree if p.pid == st.get("pid")] or tree[1:] or tree  # torchrun: its ranks
+        for proc in trainers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGUSR2)  # faulthandler, registered by the trainer
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGCONT)  # a stopped process handles it once continued
+        self._watch(1.0)  # the dump is written by a C handler at once; this only orders the log lines
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        if not self._watch(TERM_GRACE_S):
+            for proc in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            self.proc.wait()
+
+    def _watch(self, seconds: float) -> bool:
+        """Wait up to `seconds` for the child to end, beating meanwhile; True if it ended."""
+        deadline = time.monotonic() + seconds
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.beat()
+            time.sleep(min(self.poll, 0.2))
+        return self.proc.poll() is not None
+
+    def reap(self) -> None:
+        pass  # torchrun ends its ranks; the trainer starts nothing that outlives it
+
+    def record_end(self, code: int, stalled: bool, stopped: bool) -> None:
+        pass  # the trainer wrote its own ending
+
+    def record_cannot_start(self, why: str) -> None:
+        raise AssertionError("the trainer's own python always starts")  # CannotStart is a command's
