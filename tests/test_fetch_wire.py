@@ -160,3 +160,29 @@ def test_outputs_small_and_large_come_in_the_order_asked_as_offered(tmp_path):
         (0, files["out/a.txt"]),  # as offered, not as rewritten
         (0, b""),
     ]
+
+
+@pytest.mark.parametrize("case", ["fresh", "leftover-file", "leftover-dir", "dest-has-it"])
+def test_outputs_land_a_whole_directory_at_once_only_when_nothing_else_would(tmp_path, case):
+    """The driver's last step: a top directory the destination lacks is renamed in whole (20,000 outputs: one
+    rename) only when staging holds exactly the fetched files; anything else there, or the directory already
+    at the destination, and they go one by one — a leftover never lands, a file already there stays."""
+    from orchestrator.transfer.fetch import STAGING, _install_outputs
+
+    root, rels = tmp_path / "dest", ["out/a.txt", "out/deep/b.txt", "top.txt"]
+    for rel in rels:
+        (root / STAGING / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / STAGING / rel).write_text(rel)
+    if case == "leftover-file":  # an earlier, interrupted fetch's output the server no longer offers
+        (root / STAGING / "out" / "gone.txt").write_text("stale")
+    if case == "leftover-dir":
+        (root / STAGING / "out" / "empty").mkdir()
+    if case == "dest-has-it":
+        (root / "out").mkdir(parents=True)
+        (root / "out" / "mine.txt").write_text("kept")
+    _install_outputs(str(root), rels)
+    assert all((root / rel).read_text() == rel for rel in rels)
+    landed = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if STAGING not in p.parts)
+    extra = {"dest-has-it": ["out/mine.txt"]}.get(case, [])
+    assert landed == sorted(["out", "out/deep", *rels, *extra]), landed
+    assert (root / STAGING / "out").exists() == (case != "fresh")  # renamed away whole only when fresh

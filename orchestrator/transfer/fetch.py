@@ -141,10 +141,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         os.replace(tmp, root / "checkpoints" / "latest")
     for fname in offer["files"]:
         os.replace(root / STAGING / fname, root / fname)
-    made: set[str] = set()
-    for rel in offer.get("outputs", {}):
-        if rel in want:
-            os.replace(os.path.join(root, STAGING, rel), _in_dir(os.path.join(root, rel), made))
+    _install_outputs(str(root), [rel for rel in offer.get("outputs", {}) if rel in want])
     report["outputs"] = len(offer.get("outputs", {}))
     shutil.rmtree(root / STAGING, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
@@ -272,6 +269,35 @@ def _size(offer: dict[str, Any], rel: str) -> int:
     kind, name, fname = rel.split("/")  # checkpoints/NAME/FILE or exports/NAME/FILE
     entry = next(c for c in offer[kind] if c["name"] == name)
     return entry["manifest_bytes"] if fname == "MANIFEST" else entry["files"][fname]["bytes"]
+
+
+def _install_outputs(root: str, rels: list[str]) -> None:
+    """Move verified outputs from staging into place: a top directory this destination lacks goes whole (one
+    rename for thousands of files: a first fetch) when staging holds exactly what was fetched into it; the rest
+    file by file."""
+    staging, made = os.path.join(root, STAGING), set()
+    by_top: dict[str, list[str]] = {}
+    for rel in rels:
+        top, sep, _ = rel.partition("/")
+        by_top.setdefault(top if sep else "", []).append(rel)
+    for top, group in by_top.items():
+        whole = os.path.join(staging, top)
+        if top and not os.path.lexists(os.path.join(root, top)) and _holds_exactly(whole, len(staging) + 1, group):
+            os.rename(whole, os.path.join(root, top))
+            continue
+        for rel in group:
+            os.replace(os.path.join(staging, rel), _in_dir(os.path.join(root, rel), made))
+
+
+def _holds_exactly(directory: str, cut: int, rels: list[str]) -> bool:
+    """Whether `directory` holds these files (relative to its parent, `cut` characters in) and nothing else: no
+    leftover of an earlier fetch, not even an empty directory."""
+    found: set[str] = set()
+    for parent, dirs, files in os.walk(directory):
+        if not dirs and not files:
+            return False
+        found.update(os.path.join(parent, name)[cut:].replace(os.sep, "/") for name in files)
+    return found == set(rels)
 
 
 def _in_dir(path: str, made: set[str]) -> str:
