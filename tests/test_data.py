@@ -150,3 +150,9 @@ def test_resolve_paths_keeps_pathlibs_order_which_is_the_streams(tmp_path):
     got = resolve_paths(["data/**/*.py", "data/a/*.py"], tmp_path)  # the second adds nothing again
     assert got == sorted(tmp_path / "data" / n for n in names)
     assert [p.relative_to(tmp_path / "data").as_posix() for p in got][:3] == ["A/z.py", "a/a b.py", "a/b/c.py"]
+    # a link's `..` is the parent of where it leads, not of the link: the path stays as the pattern wrote it
+    (tmp_path / "far" / "dir").mkdir(parents=True)
+    (tmp_path / "far" / "x.py").write_text("far = 1\n")
+    (tmp_path / "data" / "link").symlink_to(tmp_path / "far" / "dir")
+    (got,) = resolve_paths(["data/link/../x.py"], tmp_path)
+    assert got.read_text() == "far = 1\n"

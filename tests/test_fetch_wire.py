@@ -162,7 +162,7 @@ def test_outputs_small_and_large_come_in_the_order_asked_as_offered(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("case", ["fresh", "leftover-file", "leftover-dir", "dest-has-it"])
+@pytest.mark.parametrize("case", ["fresh", "leftover-file", "leftover-dir", "leftover-link", "dest-has-it"])
 def test_outputs_land_a_whole_directory_at_once_only_when_nothing_else_would(tmp_path, case):
     """The driver's last step: a top directory the destination lacks is renamed in whole (20,000 outputs: one
     rename) only when staging holds exactly the fetched files; anything else there, or the directory already
@@ -177,6 +177,8 @@ def test_outputs_land_a_whole_directory_at_once_only_when_nothing_else_would(tmp
         (root / STAGING / "out" / "gone.txt").write_text("stale")
     if case == "leftover-dir":
         (root / STAGING / "out" / "empty").mkdir()
+    if case == "leftover-link":  # os.walk lists a link to a directory but does not enter it
+        (root / STAGING / "out" / "elsewhere").symlink_to(tmp_path)
     if case == "dest-has-it":
         (root / "out").mkdir(parents=True)
         (root / "out" / "mine.txt").write_text("kept")

@@ -57,3 +57,27 @@ def test_ssh_s_own_255_is_still_its_failure(sshd):
     )
     assert p.returncode == 255 and ssh_failed(p.returncode, p.stderr), p.stderr
     assert not ssh_failed(255, f"some output\n{OWN_255}\n") and not ssh_failed(3, "")
+
+
+@pytest.mark.parametrize("connection", ["direct", "shared"])
+def test_a_command_killed_by_a_signal_is_still_a_session_that_ended_without_a_status(
+    sshd, user_repo, monkeypatch, connection
+):
+    """The OOM killer's SIGKILL to a server command mid-transfer: a Transient (fetch and data push resume after
+    one), as paramiko's path says of an exit-signal, not exit 137 — the wrapping `sh` ends by the same signal.
+    (Its price: on the system ssh's path a command's own exit 129-159 reads as that signal; the server's
+    commands exit 0-10.)"""
+    from orchestrator.errors import Transient
+
+    if connection == "shared":
+        sshd.share_connection()
+    transport = _transport(sshd, user_repo, monkeypatch)
+    killed = ["sh", "-c", 'echo out; kill -9 "$$"']
+    try:
+        with pytest.raises(Transient):
+            transport.run(killed, idempotent=False)  # not idempotent: raised at once, not retried
+        with pytest.raises(Transient), transport.duplex(killed, 60, lambda: None) as wire:
+            wire.read(100)
+            wire.finish()
+    finally:
+        transport.close()

@@ -30,24 +30,30 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
     """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files."""
     stdlib = sysconfig.get_paths()["stdlib"]
     files: list[Path] = []
-    seen: set[str] = set()
+    seen: set[tuple] = set()
     for pattern in patterns:
         expanded = pattern.replace(STDLIB, stdlib)
         if not Path(expanded).is_absolute():
             expanded = str(root / expanded)
         # pathlib's order (by parts, case-folded where the OS folds case): the stream's file order, in strings
         # (tens of thousands of files: Path objects and their comparisons were most of a data push's start)
-        found = [os.path.normpath(m) for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)]
-        matches = sorted(found, key=lambda m: os.path.normcase(m).split(os.sep))
+        matches = sorted((m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)), key=_parts)
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
             raise DataError(
                 f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
                 "put the corpus there (from your machine: enlace-remote data push RUN), or fix the pattern"
             )
-        files.extend(Path(m) for m in matches if m not in seen)
-        seen.update(matches)
+        files.extend(Path(m) for m in matches if _parts(m) not in seen)
+        seen.update(map(_parts, matches))
     return files
+
+
+def _parts(path: str) -> tuple:
+    """A path's parts as pathlib compares them: no empty or "." part, ".." kept (a link's `..` is not its
+    parent's), case-folded where the OS folds case; absolute or not first."""
+    parts = os.path.normcase(path).split(os.sep)
+    return (os.path.isabs(path), *(p for p in parts if p not in ("", ".")))
 
 
 def read_meta(shard_dir: Path) -> dict:

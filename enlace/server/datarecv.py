@@ -161,6 +161,9 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     if plan is None:
         return None
     report: dict[str, Any] = {"ok": True, "written": [], "bad": [], "touched": 0, "deleted": []}
+    # each directory resolved again for the writes, once: one swapped for a link outside data/ since the listing
+    # (the driver may have waited on its user) is refused; within the writes, as a directory is first written to
+    dirs = {}
     for rel, mtime_ns in plan.get("touch", []):
         if isinstance(have.get(rel), list) and have[rel][0] == "sha256":  # the same bytes: only the mtime differs
             os.utime(checked(data_dir, rel, dirs), ns=(mtime_ns, mtime_ns))

@@ -294,8 +294,8 @@ def _holds_exactly(directory: str, cut: int, rels: list[str]) -> bool:
     leftover of an earlier fetch, not even an empty directory."""
     found: set[str] = set()
     for parent, dirs, files in os.walk(directory):
-        if not dirs and not files:
-            return False
+        if (not dirs and not files) or any(os.path.islink(os.path.join(parent, d)) for d in dirs):
+            return False  # an empty directory, a link os.walk would not enter
         found.update(os.path.join(parent, name)[cut:].replace(os.sep, "/") for name in files)
     return found == set(rels)
 
@@ -331,7 +331,7 @@ def _receive(reader: Reader, local: str, offset: int, hasher, bar):
         hasher = hashlib.sha256()
     bar.skip(start)
     left = count
-    fd = os.open(local, os.O_WRONLY | os.O_CREAT, 0o666)
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
     try:
         # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to
         # disk when it is closed (auto_da_alloc), and the fetch's last rmdir would wait for that
