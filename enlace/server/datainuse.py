@@ -16,8 +16,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import yaml
-
 from enlace.contract import ACTIVE
 from enlace.data.paths import DATA_DIR, push_files
 from enlace.errors import EnlaceError
@@ -39,6 +37,8 @@ def active_runs(runs_root: Path) -> list[Path]:
 
 
 def _data_config(run_dir: Path) -> dict[str, Any]:
+    import yaml  # only with an active run: a data push's server starts without it
+
     try:
         return (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
     except (OSError, yaml.YAMLError, AttributeError):

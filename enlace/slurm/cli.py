@@ -14,7 +14,6 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import root_option
-from enlace.config.command import from_spec
 from enlace.names import find_root, validate_run_name
 
 spec_option = click.option(
@@ -78,6 +77,8 @@ def submit_cmd(
             header,
         )
         return slurm.submit(script, run_dir / "slurm", run_dir / "train.log")
+
+    from enlace.config.command import from_spec  # the run file's rules: loaded only by the verb that needs them
 
     own = from_spec(command_spec, run_name).to_doc() if command_spec else None  # run.json keeps it for the job
     doc = lifecycle.submit(run_dir, submit_job, own)
