@@ -37,15 +37,15 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
             expanded = str(root / expanded)
         # pathlib's order (by parts, case-folded where the OS folds case): the stream's file order, in strings
         # (tens of thousands of files: Path objects and their comparisons were most of a data push's start)
-        matches = sorted((m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m)), key=_parts)
+        matches = sorted((_parts(m), m) for m in glob.glob(expanded, recursive=True) if os.path.isfile(m))
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
             raise DataError(
                 f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
                 "put the corpus there (from your machine: enlace-remote data push RUN), or fix the pattern"
             )
-        files.extend(Path(m) for m in matches if _parts(m) not in seen)
-        seen.update(map(_parts, matches))
+        files.extend(Path(m) for parts, m in matches if parts not in seen)
+        seen.update(parts for parts, _ in matches)
     return files
 
 
