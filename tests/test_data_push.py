@@ -20,7 +20,7 @@ from support.remote import PipeReader, popen_remote, remote, server_dir
 from support.repocopy import commit_all
 
 from enlace.contract import FRAME
-from enlace.data.paths import DataError, push_scope, under_data
+from enlace.data.paths import DataError, in_scope, push_scope, under_data
 from enlace.server.datarecv import BadRequest, receive
 
 
@@ -216,3 +216,22 @@ def test_launch_push_data_is_a_stage_before_verify_and_verify_names_data_push(ss
     out = remote(user_repo, sshd.env, "data", "push", "tiny", "--hosts", "testhost,local")
     assert "data push tiny → testhost: up to date" in out.stderr and "data push tiny → local: sent" in out.stderr
     assert _server_files(server_dir(sshd, "local") / "data" / "tiny") == _server_files(user_repo / "data" / "tiny")
+
+
+def test_both_halves_name_a_file_the_same_whatever_the_patterns_spelling(tmp_path, project):
+    """The driver names its files relative to data/ from its own globs, the server names what it holds from the
+    run's scope: a pattern written with `./` or `//` must give the same names on both sides (a push compared
+    `./corpus/a.txt` with `corpus/a.txt`: every file sent again, and --delete would remove them)."""
+    from orchestrator.transfer.datapush import local_data
+
+    for rel in ("corpus/a.txt", "corpus/deep/b.txt"):
+        (project / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / "data" / rel).write_text("x\n")
+    names = []
+    for pattern in ("data/corpus/**/*.txt", "data/./corpus//**/*.txt"):
+        (project / "configs" / "data" / "spelled.yaml").write_text(f"kind: bytes\npaths: ['{pattern}']\n")
+        write_run(project, "spelled", data="spelled")
+        local = local_data(project, "spelled")
+        names.append(sorted(local.files))
+        assert in_scope(project / "data", local.globs) == sorted(local.files)  # the server's names for them
+    assert names[0] == names[1] == ["corpus/a.txt", "corpus/deep/b.txt"]

@@ -119,10 +119,13 @@ def push_files(data_cfg, root: Path) -> list[Path]:
 def in_scope(data_dir: Path, globs: list[str]) -> list[str]:
     """The files under data_dir that `globs` (relative to it) match, as relative POSIX paths."""
     found: set[str] = set()
-    for pattern in globs:
-        for match in glob.glob(str(data_dir / pattern), recursive=True):
+    top = os.path.normpath(data_dir) + os.sep
+    for pattern in globs:  # in strings: a no-op push of thousands of files spent most of its answer here
+        for match in glob.glob(os.path.join(data_dir, pattern), recursive=True):
             if os.path.isfile(match):
-                found.add(Path(match).relative_to(data_dir).as_posix())
+                rel = os.path.normpath(match)
+                rel = rel[len(top) :] if rel.startswith(top) else os.path.relpath(rel, data_dir)
+                found.add(rel.replace(os.sep, "/"))
     return sorted(found)
 
 
