@@ -149,6 +149,7 @@ def test_resolve_paths_keeps_pathlibs_order_which_is_the_streams(tmp_path):
         (tmp_path / "data" / name).write_text("x = 1\n")
     got = resolve_paths(["data/**/*.py", "data/a/*.py"], tmp_path)  # the second adds nothing again
     assert got == sorted(tmp_path / "data" / n for n in names)
+    assert resolve_paths(["data/**/*.py"], tmp_path) == got  # one pattern alone: the same order
     assert [p.relative_to(tmp_path / "data").as_posix() for p in got][:3] == ["A/z.py", "a/a b.py", "a/b/c.py"]
     # a link's `..` is the parent of where it leads, not of the link: the path stays as the pattern wrote it
     (tmp_path / "far" / "dir").mkdir(parents=True)

@@ -27,31 +27,42 @@ class DataError(EnlaceError):
 
 
 def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
-    """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files."""
+    """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files: the trainer's
+    files, in the byte stream's order."""
+    return [Path(m) for m in match_files(patterns, root)]
+
+
+def match_files(patterns: list[str], root: Path) -> list[str]:
+    """resolve_paths' files as glob names them (strings: a data push lists tens of thousands). Each pattern's
+    matches in pathlib's order, by parts (case-folded where the OS folds case): the stream's file order, which a
+    checkpoint's data state counts bytes in; a file a pattern before matched is not listed again."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    files: list[Path] = []
+    files: list[str] = []
     seen: set[tuple] = set()
-    for pattern in patterns:
+    for n, pattern in enumerate(patterns):
         expanded = pattern.replace(STDLIB, stdlib)
         if not Path(expanded).is_absolute():
             expanded = str(root / expanded)
-        # pathlib's order (by parts, case-folded where the OS folds case): the stream's file order, in strings
-        # (tens of thousands of files: Path objects and their comparisons were most of a data push's start)
-        matches = sorted((_parts(m), m) for m in glob.glob(expanded, recursive=True) if os.path.isfile(m))
+        # by parts: the separator sorts below every character ("a/b/c" before "a/b.py", as pathlib has it)
+        found = (m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m))
+        matches = sorted(found, key=lambda m: os.path.normcase(m).replace(os.sep, "\0"))
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
             raise DataError(
                 f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
                 "put the corpus there (from your machine: enlace-remote data push RUN), or fix the pattern"
             )
-        files.extend(Path(m) for parts, m in matches if parts not in seen)
-        seen.update(parts for parts, _ in matches)
+        if n == 0 and len(patterns) == 1:
+            return matches
+        keyed = [(_parts(m), m) for m in matches]
+        files.extend(m for parts, m in keyed if parts not in seen)
+        seen.update(parts for parts, _ in keyed)
     return files
 
 
 def _parts(path: str) -> tuple:
     """A path's parts as pathlib compares them: no empty or "." part, ".." kept (a link's `..` is not its
-    parent's), case-folded where the OS folds case; absolute or not first."""
+    parent's), case-folded where the OS folds case; absolute or not first. Which file it is, across patterns."""
     parts = os.path.normcase(path).split(os.sep)
     return (os.path.isabs(path), *(p for p in parts if p not in ("", ".")))
 
@@ -109,11 +120,12 @@ def push_scope(data_cfg) -> tuple[list[str], list[str]]:
     return globs, notes
 
 
-def push_files(data_cfg, root: Path) -> list[Path]:
-    """The local files `data push` sends: those the run reads, but for the server's own stdlib."""
+def push_files(data_cfg, root: Path) -> list[str]:
+    """The local files `data push` sends (as glob names them): those the run reads, but for the server's own
+    stdlib."""
     if data_cfg.kind == "shards":
-        return shard_files(root / data_cfg.shard_dir)
-    return resolve_paths([p for p in data_cfg.paths if STDLIB not in p], root)
+        return [str(p) for p in shard_files(root / data_cfg.shard_dir)]
+    return match_files([p for p in data_cfg.paths if STDLIB not in p], root)
 
 
 def in_scope(data_dir: Path, globs: list[str]) -> list[str]:

@@ -28,7 +28,7 @@ import click
 from enlace.config import command
 from enlace.config.schema import load_config
 from enlace.contract import FRAME, ErrorKind
-from enlace.data.paths import DATA_DIR, push_files, push_scope, resolve_paths, under_data
+from enlace.data.paths import DATA_DIR, match_files, push_files, push_scope, under_data
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256
 from orchestrator.errors import Transient, UsageError
@@ -48,7 +48,7 @@ class LocalData:
     run: str
     globs: list[str]
     notes: list[str]
-    files: dict[str, tuple[Path, int, int]]
+    files: dict[str, tuple[str, int, int]]
 
     @property
     def bytes(self) -> int:
@@ -78,31 +78,29 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
     own = command.load(run, repo, overrides)  # a run of your own command: its `data:` globs
     if own is not None:
         globs, notes = [under_data(p, "data") for p in own.data], []
-        found = resolve_paths(list(own.data), repo) if globs else []
+        found = match_files(list(own.data), repo) if globs else []
     else:
         cfg = load_config(run, overrides, repo)
         globs, notes = push_scope(cfg.data)
         found = push_files(cfg.data, repo) if globs else []
     files = {}
-    top, real_dirs = str(repo / DATA_DIR) + os.sep, {}
+    top, real_dirs = os.path.normpath(repo / DATA_DIR) + os.sep, {}
     corpus = os.path.realpath(top) + os.sep
-    for path in found:  # in os.path's strings, each directory resolved once: tens of thousands of files are common
-        name = str(path)
+    for found_name in found:  # in strings, each directory resolved once: tens of thousands of files are common
+        name = os.path.normpath(found_name)  # a pattern's `./` or `//` is not part of the name (`..` is refused)
         st = os.lstat(name)
         if S_ISLNK(st.st_mode):
             real, st = os.path.realpath(name), os.stat(name)  # what it points to is what is sent
         else:
-            parent = os.path.dirname(name)
-            real = os.path.join(
-                real_dirs.get(parent) or real_dirs.setdefault(parent, os.path.realpath(parent)), path.name
-            )
+            parent, base = os.path.split(name)
+            real = os.path.join(real_dirs.get(parent) or real_dirs.setdefault(parent, os.path.realpath(parent)), base)
         if not follow_links and not real.startswith(corpus):
             raise UsageError(
-                f"{path.relative_to(repo)} leads to {real}, outside {DATA_DIR}/: refused (a link?) — copy the "
+                f"{os.path.relpath(name, repo)} leads to {real}, outside {DATA_DIR}/: refused (a link?) — copy the "
                 "file into the corpus, or pass --follow-links to send what it points to"
             )
-        rel = name[len(top) :] if name.startswith(top) else str(path.relative_to(repo / DATA_DIR))
-        files[rel.replace(os.sep, "/")] = (path, st.st_size, st.st_mtime_ns)
+        rel = name[len(top) :] if name.startswith(top) else os.path.relpath(name, repo / DATA_DIR)
+        files[rel.replace(os.sep, "/")] = (name, st.st_size, st.st_mtime_ns)
     return LocalData(run, globs, notes, files)
 
 
@@ -218,7 +216,7 @@ class _Batched:
             self.pending.clear()
 
 
-def _send(out: _Batched, path: Path, offset: int, size: int, prefix, bar: Progress, tick) -> None:
+def _send(out: _Batched, path: str, offset: int, size: int, prefix, bar: Progress, tick) -> None:
     """One file's frame from `offset`, then the whole file's sha256 (prefix: the hash of what the server holds)."""
     hasher = prefix.copy() if prefix is not None else hashlib.sha256()
     out.write(FRAME.pack(offset, size - offset))
