@@ -111,8 +111,8 @@ def push(
     reads half a file. Interrupted (Ctrl-C, a dropped connection): run it again, it continues."""
     from orchestrator.transfer.datapush import push as push_to
 
-    local = local_data_of(remote, run, overrides, follow_links)
-    if not local.files:
+    local = local_data_of(remote, run, overrides, follow_links)  # its files listed while the server side starts
+    if not local.globs:
         click.echo(f"data push {run}: nothing to push (it reads no file under data/)", err=True)
         return
 

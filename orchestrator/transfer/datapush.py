@@ -18,7 +18,9 @@ import hashlib
 import json
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from stat import S_ISLNK
 from typing import Any
@@ -43,12 +45,18 @@ CHUNK = 4 << 20
 @dataclass
 class LocalData:
     """What RUN reads here: globs relative to data/, notes on what is not pushed, and each file by its
-    path relative to data/ → (local path, size, mtime in ns)."""
+    path relative to data/ → (local path, size, mtime in ns). The files are listed on a helper thread while
+    the server side starts (tens of thousands take a fifth of a second); `files` waits for them, and raises
+    what the listing raised (a link leading outside data/, a pattern that matches nothing)."""
 
     run: str
     globs: list[str]
     notes: list[str]
-    files: dict[str, tuple[str, int, int]]
+    listing: Future
+
+    @property
+    def files(self) -> dict[str, tuple[str, int, int]]:
+        return self.listing.result()
 
     @property
     def bytes(self) -> int:
@@ -78,11 +86,20 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
     own = command.load(run, repo, overrides)  # a run of your own command: its `data:` globs
     if own is not None:
         globs, notes = [under_data(p, "data") for p in own.data], []
-        found = match_files(list(own.data), repo) if globs else []
+        find = partial(match_files, list(own.data), repo)
     else:
         cfg = load_config(run, overrides, repo)
         globs, notes = push_scope(cfg.data)
-        found = push_files(cfg.data, repo) if globs else []
+        find = partial(push_files, cfg.data, repo)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-listing")
+    listing = pool.submit(lambda: _listed(repo, find() if globs else [], follow_links))
+    pool.shutdown(wait=False)  # the listing goes on meanwhile; `files` waits for it
+    return LocalData(run, globs, notes, listing)
+
+
+def _listed(repo: Path, found: list[str], follow_links: bool) -> dict[str, tuple[str, int, int]]:
+    """{path relative to data/: (path, size, mtime in ns)} of the files found; a link leading outside data/
+    refused unless `follow_links`."""
     files = {}
     top, real_dirs = os.path.normpath(repo / DATA_DIR) + os.sep, {}
     corpus = os.path.realpath(top) + os.sep
@@ -101,7 +118,7 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
             )
         rel = name[len(top) :] if name.startswith(top) else os.path.relpath(name, repo / DATA_DIR)
         files[rel.replace(os.sep, "/")] = (name, st.st_size, st.st_mtime_ns)
-    return LocalData(run, globs, notes, files)
+    return files
 
 
 def decide(local: LocalData, have: dict[str, Any], extra: list, delete: bool) -> Plan:
@@ -156,8 +173,8 @@ def _once(
     session: Session, local: LocalData, push: bool, delete: bool, force: bool, tick
 ) -> tuple[dict, Plan, dict | None]:
     argv = session.enlace_argv("latest", "data-receive", "--json")
-    listing = {"files": [[rel, s, m] for rel, (_, s, m) in local.files.items()], "scope": local.globs}
-    with session.transport.duplex(argv, STALL_S, tick) as wire:
+    with session.transport.duplex(argv, STALL_S, tick) as wire:  # the server side starts while our files are listed
+        listing = {"files": [[rel, s, m] for rel, (_, s, m) in local.files.items()], "scope": local.globs}
         reader = Reader(wire, "data push")
         try:
             wire.write(json.dumps(listing).encode() + b"\n")
