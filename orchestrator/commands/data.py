@@ -40,8 +40,12 @@ def _targets(remote: Remote, hosts: str | None) -> list:
     return [resolve_host(name, remote.repo) for name in dict.fromkeys(names)]
 
 
-def local_data_of(remote: Remote, run: str, overrides: tuple[str, ...], follow_links: bool = False):
-    """RUN's data files here (the notes on what is not pushed said on stderr)."""
+def local_data_of(
+    remote: Remote, run: str, overrides: tuple[str, ...], follow_links: bool = False, listed: bool = True
+):
+    """RUN's data files here (the notes on what is not pushed said on stderr). `listed`: their listing done, and
+    what it refuses raised, before this returns (launch: before anything is shipped); otherwise it goes on
+    while the caller connects (data push)."""
     from orchestrator.launch.ship import check_run_config
     from orchestrator.transfer.datapush import local_data
 
@@ -49,6 +53,8 @@ def local_data_of(remote: Remote, run: str, overrides: tuple[str, ...], follow_l
     local = local_data(remote.repo, run, overrides, follow_links)
     for note in local.notes:
         click.echo(f"data: {note}", err=True)
+    if listed:
+        local.listing.result()
     return local
 
 
@@ -111,7 +117,7 @@ def push(
     reads half a file. Interrupted (Ctrl-C, a dropped connection): run it again, it continues."""
     from orchestrator.transfer.datapush import push as push_to
 
-    local = local_data_of(remote, run, overrides, follow_links)  # its files listed while the server side starts
+    local = local_data_of(remote, run, overrides, follow_links, listed=False)  # listed while the server starts
     if not local.globs:
         click.echo(f"data push {run}: nothing to push (it reads no file under data/)", err=True)
         return
