@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -247,6 +248,7 @@ def costs(run: str, overrides: list[str], steps: int, device: torch.device) -> d
     for the same config on an H100."""
     least_s = 2.0 if device.type == "cuda" else 0.0
 
+    @functools.cache  # one measurement per config, however many ratios use it
     def rate(*extra: str, optimizer: str = "", fill: bool = True) -> float:
         cfg = config(run, [*overrides, *extra])
         return round(train_steps(cfg, steps, least_s, optimizer=optimizer, fill=fill)[1], 1)
@@ -266,11 +268,11 @@ def costs(run: str, overrides: list[str], steps: int, device: torch.device) -> d
         ("on", lambda: rate("runtime.deterministic=true", "runtime.compile=false")),
         ("off", lambda: rate(*off, optimizer="foreach")),
     )
-    out["optimizer"] = pair(
-        "fused_over_foreach", ("fused", lambda: rate(*off)), ("foreach", lambda: rate(*off, optimizer="foreach"))
+    out["optimizer"] = (
+        pair("fused_over_foreach", ("fused", lambda: rate(*off)), ("foreach", lambda: rate(*off, optimizer="foreach")))
+        if device.type == "cuda"
+        else {"skipped": "fused AdamW is CUDA's"}
     )
-    if device.type != "cuda":
-        out["optimizer"] = {"skipped": "fused AdamW is CUDA's"}
     out["memory_fill"] = pair(  # deterministic mode fills new memory with NaN so that a read of it shows
         "on_over_off",
         ("on", lambda: rate("runtime.deterministic=true", "runtime.compile=false")),

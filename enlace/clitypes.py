@@ -19,7 +19,8 @@ from enlace.contract import (
 
 
 class Seconds(click.ParamType):
-    """A duration in seconds: finite, above 0, at most a day (nan, inf and negatives are refused)."""
+    """A duration in seconds: finite, above 0, at most a day (the longest grace a stop waits: no option's
+    duration is longer; nan, inf and negatives are refused)."""
 
     name = "SECONDS"
 
@@ -28,8 +29,8 @@ class Seconds(click.ParamType):
             seconds = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(seconds) or not 0 < seconds <= 86400:
-            self.fail(f"{value!r}: give a number of seconds above 0 and at most 86400 (a day)", param, ctx)
+        if not math.isfinite(seconds) or not 0 < seconds <= MAX_GRACE_S:
+            self.fail(f"{value!r}: give a number of seconds above 0 and at most {MAX_GRACE_S:.0f} (a day)", param, ctx)
         return seconds
 
 

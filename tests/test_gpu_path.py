@@ -25,9 +25,9 @@ from enlace.train.dist import Dist
 def test_the_stop_flag_goes_through_gloo_beside_nccl(monkeypatch):
     """The stop flag is all-reduced every step. Under nccl a flag on the GPU crashed when made on the CPU
     (finding 1) and, made on the GPU, its read-back waited for every queued kernel (a host sync a step): it is
-    a CPU tensor in a gloo group made beside nccl at the first flag, by every Dist, including one made after the
-    process group exists (preflight's in-process --max-batch probes). Stands in for a GPU: nccl cannot run here,
-    so the process group calls are recorded, not run."""
+    a CPU tensor in a gloo group made beside nccl at the first flag, once per process group: a Dist made after the
+    process group exists (preflight's in-process --max-batch probes) shares it, and a new process group gets its
+    own. Stands in for a GPU: nccl cannot run here, so the process group calls are recorded, not run."""
     import enlace.train.dist as dist_module
 
     groups, made, reduced = [], [], []
@@ -37,17 +37,25 @@ def test_the_stop_flag_goes_through_gloo_beside_nccl(monkeypatch):
     monkeypatch.setattr(dist_module.torch_dist, "new_group", lambda backend: made.append(backend) or len(made))
     monkeypatch.setattr(dist_module.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dist_module.torch_dist, "all_reduce", lambda t, op, group: reduced.append((t.device, group)))
+    monkeypatch.setattr(dist_module.torch_dist, "destroy_process_group", groups.clear)
+    monkeypatch.setattr(dist_module, "_flag_group", [])
     first = Dist(rank=1, world=2, local_rank=1)
     first.init("cuda")
     first.any_rank(True)
-    first.any_rank(False)  # the group is made once per Dist
+    first.any_rank(False)
     probe = Dist(rank=1, world=2, local_rank=1)
-    probe.init("cuda")  # the process group exists: this Dist joins no new one, and still needs its flag group
+    probe.init("cuda")  # the process group exists: this Dist joins no new one, and shares its flag group
     probe.any_rank(False)
-    assert groups == ["nccl"] and made == ["gloo", "gloo"]
+    assert groups == ["nccl"] and made == ["gloo"]
     cpu = torch.device("cpu")
-    assert reduced == [(cpu, 1), (cpu, 1), (cpu, 2)]
-    groups[0] = "gloo"  # a CPU run: gloo already moves CPU tensors, the default group carries the flag
+    assert reduced == [(cpu, 1), (cpu, 1), (cpu, 1)]
+    probe.close()  # the process group and its flag group go; the next one makes its own
+    again = Dist(rank=1, world=2, local_rank=1)
+    again.init("cuda")
+    again.any_rank(False)
+    assert made == ["gloo", "gloo"] and reduced[-1] == (cpu, 2)
+    again.close()
+    groups.append("gloo")  # a CPU run: gloo already moves CPU tensors, the default group carries the flag
     Dist(rank=1, world=2, local_rank=1).any_rank(False)
     assert made == ["gloo", "gloo"] and reduced[-1] == (cpu, None)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -156,19 +157,20 @@ def test_a_rank_that_runs_out_of_memory_alone_says_so_and_ends_the_job(project):
 def test_ranks_leave_together_when_another_rank_is_late(project, monkeypatch):
     """The too-slow decision is every rank's: a rank whose own steps are in time still stops at the step where
     another rank projected past the budget (each stopping alone left the others in a collective). The other
-    rank is a stand-in: Dist.any_rank answers True from the first measured step on."""
+    rank is a stand-in: Dist.any_rank answers True, and is asked nothing during the warm-up (each rank warms up
+    alike: a collective there would only cost)."""
     from enlace.config.schema import load_config
     from enlace.preflight.measure import WARMUP_STEPS, preflight
     from enlace.train.dist import Dist
 
-    asked = []
+    lines, asked = [], []
 
     def another_rank_is_late(self, flag):
-        asked.append(flag)
-        return flag or len(asked) > WARMUP_STEPS
+        asked.append((flag, sum(bool(re.search(r" step \d+/", line)) for line in lines)))  # (its own, steps run)
+        return True
 
     monkeypatch.setattr(Dist, "any_rank", another_rank_is_late)
     write_run(project, "late")
-    rep = preflight(load_config("late", root=project), steps=20, budget_s=10_000)
-    assert rep["verdict"] == "too_slow" and not any(asked)  # this rank alone was in time
-    assert len(asked) == WARMUP_STEPS + 1  # it left at the first measured step, as the late rank did
+    rep = preflight(load_config("late", root=project), steps=20, budget_s=10_000, progress=lines.append)
+    # this rank alone was in time; it was asked first after the first measured step, and left there with the other
+    assert rep["verdict"] == "too_slow" and asked == [(False, WARMUP_STEPS + 1)]

@@ -67,6 +67,19 @@ def _parts(path: str) -> tuple:
     return (os.path.isabs(path), *(p for p in parts if p not in ("", ".")))
 
 
+def real_dir(directory: str, resolved: dict[str, str]) -> str:
+    """os.path.realpath(directory), each directory resolved once (`resolved`): tens of thousands of files a push
+    or a fetch lists share a few directories, and resolving each file's path again was most of their time."""
+    return resolved.get(directory) or resolved.setdefault(directory, os.path.realpath(directory))
+
+
+def real_path(path: str, resolved: dict[str, str]) -> str:
+    """os.path.realpath(path), its directory through real_dir, the file itself resolved only when it is a link."""
+    parent, name = os.path.split(path)
+    real = os.path.join(real_dir(parent, resolved), name)
+    return os.path.realpath(real) if os.path.islink(real) else real
+
+
 def read_meta(shard_dir: Path) -> dict:
     meta_path = shard_dir / "meta.json"
     if not meta_path.is_file():

@@ -257,7 +257,8 @@ def _measure_with(cfg, setup, data, warmup, steps, watch, progress, budget_s, st
         progress(f"{label} step {i + 1}/{warmup + steps}: {dt * 1000:.0f} ms, loss {loss:.3f}")
         left = warmup + steps - i - 1
         late = bool(budget_s) and i >= warmup and time.perf_counter() - started + left * dt > budget_s
-        if setup.dist.any_rank(late):  # under torchrun all ranks leave at the same step: none waits in a collective
+        # under torchrun all ranks leave at the same step (none waits in a collective); every rank warms up alike
+        if i >= warmup and setup.dist.any_rank(late):
             raise TooSlow(time.perf_counter() - started, dt, i + 1)
     t0 = time.perf_counter()
     watch.run("eval", lambda: engine.evaluate(setup, eval_data, 1))

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from enlace.contract import ACTIVE
-from enlace.data.paths import DATA_DIR, push_files
+from enlace.data.paths import DATA_DIR, push_files, real_path
 from enlace.errors import EnlaceError
 from enlace.state import runs
 
@@ -54,13 +54,6 @@ def files_read(data: dict[str, Any], root: Path) -> set[str]:
         return {os.path.realpath(p) for p in push_files(cfg, root)}
     except (OSError, EnlaceError, TypeError):
         return set()
-
-
-def real_path(path: str, dirs: dict[str, str]) -> str:
-    """os.path.realpath(path), each directory resolved once (`dirs`, for a push's tens of thousands of files)."""
-    parent, name = os.path.split(path)
-    real = os.path.join(dirs.get(parent) or dirs.setdefault(parent, os.path.realpath(parent)), name)
-    return os.path.realpath(real) if os.path.islink(real) else real
 
 
 def would_read(data: dict[str, Any], rel: str) -> bool:

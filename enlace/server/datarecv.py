@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from enlace.contract import FRAME
-from enlace.data.paths import in_scope
+from enlace.data.paths import in_scope, real_dir
 from enlace.errors import EnlaceError, NoSpaceError
 from enlace.hashing import file_sha256
 from enlace.server import datainuse
@@ -59,9 +59,9 @@ class BadRequest(EnlaceError):
     pass
 
 
-def checked(data_dir: str | Path, rel: str, dirs: dict[str, str] | None = None) -> str:
+def checked(data_dir: str | Path, rel: str, dirs: dict[str, str]) -> str:
     """data_dir/rel, refused unless it is a plain relative path that stays inside data_dir. `dirs`: the
-    directories resolved so far (a push's thousands of files share a few)."""
+    directories resolved so far (paths.real_dir)."""
     parts = rel.split("/")  # as given: PurePosixPath would quietly drop "." and empty parts
     if "\0" in rel or rel.startswith("/") or any(p in ("..", ".", "") for p in parts):
         raise BadRequest(f"data push: refusing path {rel!r}: it could escape the data directory")
@@ -69,11 +69,7 @@ def checked(data_dir: str | Path, rel: str, dirs: dict[str, str] | None = None) 
         raise BadRequest(f"data push: refusing path {rel!r}: a staging directory is not data")
     target = f"{data_dir}/{rel}"  # a POSIX server; rel checked above (os.path's calls cost 20,000 files a second)
     parent = target.rpartition("/")[0]
-    real = (
-        os.path.realpath(parent)
-        if dirs is None
-        else dirs.get(parent) or dirs.setdefault(parent, os.path.realpath(parent))
-    )
+    real = real_dir(parent, dirs)
     top = str(data_dir)
     if real != top and not real.startswith(top + os.sep):
         raise BadRequest(f"data push: {rel!r} leads outside {data_dir} (a link?): refused")

@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 
 from enlace.config.command import CommandRun, expand
 from enlace.contract import FRAME, RUN_FILES
+from enlace.data.paths import real_dir
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.hashing import fd_sha256
 from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
@@ -106,7 +107,7 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
             if size <= SMALL and kept + size <= KEPT_BYTES:
                 data = os.pread(fd, size, 0)  # what is hashed is what is sent
                 held[rel], kept = (data, len(data)), kept + len(data)
-                offered[rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+                offered[rel] = {"sha256": _sha256(data), "bytes": len(data)}
             else:
                 held[rel] = (Path(path), size)
                 offered[rel] = {"sha256": fd_sha256(fd, size), "bytes": size}
@@ -144,7 +145,7 @@ def _outputs(run_dir: Path) -> list[tuple[str, str]]:
             except OSError:
                 continue
             parent, name = os.path.split(match)
-            real = os.path.join(real_dirs.get(parent) or real_dirs.setdefault(parent, os.path.realpath(parent)), name)
+            real = os.path.join(real_dir(parent, real_dirs), name)
             if not real.startswith(root):
                 continue
             rel = real[len(root) :]

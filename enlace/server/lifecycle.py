@@ -196,7 +196,7 @@ def default_grace(st: dict[str, Any]) -> float:
     (after which its supervisor SIGKILLs it) plus 30 s; at least 120 s, at most a day."""
     own = float(((st.get("command") or {}).get("supervise") or {}).get("grace") or 0)
     saves = 3 * float(st.get("last_save_s") or 0) + 60
-    return min(contract.MAX_GRACE_S, max(120.0, saves, own + 30 if own else 0.0))
+    return min(contract.MAX_GRACE_S, max(120.0, saves, own + 30))
 
 
 def stop(run_dir: Path, grace: float | None, kill: bool) -> dict[str, Any]:

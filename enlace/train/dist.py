@@ -6,23 +6,25 @@ read the same with and without torchrun."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
+# where the stop flag is all-reduced under nccl: a gloo group beside it, so that reading it makes no GPU wait; one
+# per process group (every Dist of the process shares it: preflight's --max-batch probes make one each), made at
+# the first flag on every rank alike (new_group is a collective call), dropped with the process group
+_flag_group: list[Any] = []
 
-@dataclass
+
+@dataclass(frozen=True)
 class Dist:
     """rank 0 of 1 when not under torchrun."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    # where the stop flag is all-reduced under nccl: a gloo group beside it, so that reading it makes no GPU wait
-    # (None: the default group, which is gloo on the CPU)
-    flag_group: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_env(cls) -> Dist:
@@ -41,6 +43,7 @@ class Dist:
     def close(self) -> None:
         if self.world > 1 and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+            _flag_group.clear()
 
     def any_rank(self, flag: bool) -> bool:
         """True on every rank if it is true on any (e.g. a stop signal: all ranks stop at the same step)."""
@@ -48,10 +51,10 @@ class Dist:
             return flag
         # on the CPU, through gloo (the default group, or flag_group beside nccl): reading it back waits for the
         # other ranks' hosts, never for a GPU; under nccl a CUDA flag's .item() waited for every queued kernel
-        if self.flag_group is None and torch_dist.get_backend() == "nccl":  # made at the first flag, on every rank
-            self.flag_group = torch_dist.new_group(backend="gloo")  # alike (new_group is a collective call)
+        if not _flag_group and torch_dist.get_backend() == "nccl":
+            _flag_group.append(torch_dist.new_group(backend="gloo"))
         t = torch.tensor([int(flag)])
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX, group=self.flag_group)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX, group=_flag_group[0] if _flag_group else None)
         return bool(t.item())
 
     def average_gradients(self, params) -> None:

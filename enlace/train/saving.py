@@ -35,7 +35,7 @@ class Saver:
         with self.run.beating():  # however long the write takes (a large model on a slow file system)
             state = engine.capture_state(start.setup, states, start.progress, start.commit, start.data_id)
             path = save_checkpoint(self.run.checkpoints, start.progress["step"], state, self.cfg.checkpoint.keep)
-        self.run.update_status(last_save_s=round(time.monotonic() - t0, 2))  # a stop's grace is sized from it
+        self.run.update_status(last_save_s=round(time.monotonic() - t0, 3))  # a stop's grace is sized from it
         self.run.log(f"checkpoint {path.name} saved")
         return path.name
 

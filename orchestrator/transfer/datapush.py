@@ -30,7 +30,7 @@ import click
 from enlace.config import command
 from enlace.config.schema import load_config
 from enlace.contract import FRAME, ErrorKind
-from enlace.data.paths import DATA_DIR, match_files, push_files, push_scope, under_data
+from enlace.data.paths import DATA_DIR, match_files, push_files, push_scope, real_dir, under_data
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256
 from orchestrator.errors import Transient, UsageError
@@ -101,16 +101,15 @@ def _listed(repo: Path, found: list[str], follow_links: bool) -> dict[str, tuple
     """{path relative to data/: (path, size, mtime in ns)} of the files found; a link leading outside data/
     refused unless `follow_links`."""
     files = {}
-    top, real_dirs = os.path.normpath(repo / DATA_DIR) + os.sep, {}
+    top, real_dirs = str(repo / DATA_DIR) + os.sep, {}
     corpus = os.path.realpath(top) + os.sep
-    for found_name in found:  # in strings, each directory resolved once: tens of thousands of files are common
-        name = os.path.normpath(found_name)  # a pattern's `./` or `//` is not part of the name (`..` is refused)
+    for name in found:  # in strings, each directory resolved once: tens of thousands of files are common
         st = os.lstat(name)
         if S_ISLNK(st.st_mode):
             real, st = os.path.realpath(name), os.stat(name)  # what it points to is what is sent
         else:
             parent, base = os.path.split(name)
-            real = os.path.join(real_dirs.get(parent) or real_dirs.setdefault(parent, os.path.realpath(parent)), base)
+            real = os.path.join(real_dir(parent, real_dirs), base)
         if not follow_links and not real.startswith(corpus):
             raise UsageError(
                 f"{os.path.relpath(name, repo)} leads to {real}, outside {DATA_DIR}/: refused (a link?) — copy the "
