@@ -40,3 +40,17 @@ def test_a_forked_driver_says_what_a_new_interpreter_says(tmp_path, monkeypatch)
     assert (type(forked), type(fresh)) == (Forked, Fresh) and said[0] == said[1], said
     (out, err), code = said[0]
     assert code == 2 and out == "" and "is not inside a git repository" in err and "Traceback" not in err, err
+
+
+def test_the_fork_server_takes_a_request_that_arrives_in_parts():
+    """Seen once in CI: a driver run through the fork server exited 1 with no output. A stream socket may hand
+    the request over in parts; the child parsed half of it and died before its output was set up. A request
+    larger than one receive (a 3 MB environment) must still run."""
+    import sys
+
+    from support.forkserver import run_python
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LARGE": "x" * 3_000_000}
+    code = "import os; print(len(os.environ['LARGE']))"
+    out = run_python([sys.executable, "-c", code], REPO, env, 120, fresh=False)
+    assert (out.returncode, out.stdout) == (0, "3000000\n"), out.stderr

@@ -263,6 +263,11 @@ def serve(path: str) -> None:
     while True:
         conn, _ = listener.accept()
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        while not message.endswith(b"\n"):  # a stream socket may hand the request over in parts (a loaded host):
+            more = conn.recv(1 << 20)  # a child given half of it failed before its output was set up, and
+            if not more:  # exited 1 without a word
+                break
+            message += more
         pid = os.fork()
         if pid == 0:  # the child ends as the interpreter would: SystemExit, an exception, or returning
             listener.close()
