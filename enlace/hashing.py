@@ -27,8 +27,9 @@ def file_sha256(path: Path, count: int | None = None):
     return h
 
 
-def fd_sha256(fd: int, count: int) -> str:
-    """The hex sha256 of an open file's first `count` bytes, read with pread (the offset stays where it is)."""
+def fd_sha256(fd: int, count: int):
+    """The sha256 object of an open file's first `count` bytes (fewer where it ends sooner), read with pread (the
+    offset stays where it is): hexdigest() for the hex, or update() on with what follows."""
     h, offset = hashlib.sha256(), 0
     while offset < count:
         chunk = os.pread(fd, min(count - offset, CHUNK), offset)
@@ -36,7 +37,7 @@ def fd_sha256(fd: int, count: int) -> str:
             break
         h.update(chunk)
         offset += len(chunk)
-    return h.hexdigest()
+    return h
 
 
 VENV_KEY_FILES = ("pyproject.toml", "constraints.txt")

@@ -115,51 +115,110 @@ def test_the_driver_lands_a_frame_after_what_it_holds_and_drops_the_rest(tmp_pat
     assert n == len(body) and local.read_bytes() == want and hasher.hexdigest() == sha(want)
 
 
-def test_outputs_small_and_large_come_in_the_order_asked_as_offered(tmp_path):
-    """A command run's outputs: the small ones are served from the bytes hashed for the offer, many frames to a
-    write, the large ones opened again when sent; frames come in the order asked, mixed with run files, and a
-    small one resumes only from its true start. A small output rewritten after the offer is served as offered
-    (what its sha256 says); a large one is read when sent, and the driver's hash check catches a change."""
-    from enlace.server import fetchserve
+def _outputs_run(tmp_path, files: dict[str, bytes]):
     from enlace.state import runs
 
     d = tmp_path / "runs" / "r"
     runs.update(d, status="finished", command={"run_name": "r", "command": ["true"], "outputs": ["out/**/*"]})
-    files = {"out/a.txt": b"alpha\n", "out/deep/b.bin": bytes(range(256)) * 20, "out/empty": b""}
-    files["out/big.bin"] = bytes(range(251)) * (fetchserve.SMALL // 251 + 9)  # over SMALL: opened again
     for rel, data in files.items():
         (d / rel).parent.mkdir(parents=True, exist_ok=True)
         (d / rel).write_bytes(data)
+    return d
+
+
+def _frames(rest: bytes, ask: list[str]) -> list[tuple]:
+    """(start, bytes) per asked file, and for an output (out/...) the 32-byte sha256 that follows its bytes."""
+    frames = []
+    for rel in ask:
+        start, count = FRAME.unpack(rest[: FRAME.size])
+        data, rest = rest[FRAME.size : FRAME.size + count], rest[FRAME.size + count :]
+        if rel.startswith("out/"):
+            digest, rest = rest[:32].hex(), rest[32:]
+            frames.append((start, data, digest))
+        else:
+            frames.append((start, data))
+    assert rest == b""
+    return frames
+
+
+def test_outputs_are_read_when_sent_and_their_sha256_follows_their_bytes(tmp_path):
+    """A command run's outputs are only listed for the offer (with their sizes), then each is read once when
+    sent, as it is then, many frames to a write, its sha256 after its bytes: that of the whole file, a resumed
+    one's too. Frames come in the order asked, mixed with run files; one the driver holds whole and unchanged
+    (fetched before) costs nothing but its digest; a start that is not the file's gets the file whole."""
+    from enlace.server import fetchserve
+
+    files = {"out/a.txt": b"alpha\n", "out/deep/b.bin": bytes(range(256)) * 20, "out/empty": b""}
+    files["out/big.bin"] = bytes(range(251)) * (fetchserve.BATCH // 251 + 9)  # over one write
+    files["out/same.bin"] = b"fetched before" * 10
+    d = _outputs_run(tmp_path, files)
     (d / "out" / ".partial").write_bytes(b"hidden")  # a partial save: never offered
 
     class RewriteThenAsk(io.BytesIO):
-        def readline(self, *args):  # between the offer and the request, the command rewrites a small output
+        def readline(self, *args):  # between the offer and the request, the command rewrites an output
             (d / "out" / "a.txt").write_bytes(b"ALPHA, rewritten\n")
             return super().readline(*args)
 
-    ask = ["out/deep/b.bin", "run.json", "out/big.bin", "out/a.txt", "out/empty"]
+    ask = ["out/deep/b.bin", "run.json", "out/big.bin", "out/a.txt", "out/empty", "out/same.bin"]
     send = [[rel, 0, sha(b"")] for rel in ask]
     send[0] = ["out/deep/b.bin", 256, sha(files["out/deep/b.bin"][:256])]  # resumed from its true start
     send[3] = ["out/a.txt", 3, sha(b"xyz")]  # a start that is not the file's: sent whole
+    send[5] = ["out/same.bin", 140, sha(files["out/same.bin"])]  # held whole, unchanged
     out_path = tmp_path / "wire.out"
     with open(out_path, "w+b") as out:
         fetchserve.serve(d, RewriteThenAsk(json.dumps({"send": send}).encode() + b"\n"), out, outputs=True)
     line, rest = out_path.read_bytes().split(b"\n", 1)
-    offer, frames = json.loads(line), []
-    while rest:
-        start, count = FRAME.unpack(rest[: FRAME.size])
-        frames.append((start, rest[FRAME.size : FRAME.size + count]))
-        rest = rest[FRAME.size + count :]
-    assert sorted(offer["outputs"]) == sorted(files)
-    assert all(offer["outputs"][rel] == {"sha256": sha(data), "bytes": len(data)} for rel, data in files.items())
-    run_json = (d / "run.json").read_bytes()
-    assert frames == [
-        (256, files["out/deep/b.bin"][256:]),
-        (0, run_json),
-        (0, files["out/big.bin"]),
-        (0, files["out/a.txt"]),  # as offered, not as rewritten
-        (0, b""),
+    offer = json.loads(line)
+    assert offer["output_digests"] == "trailing"
+    assert offer["outputs"] == {rel: {"bytes": len(data)} for rel, data in files.items()}
+    rewritten = b"ALPHA, rewritten\n"
+    assert _frames(rest, ask) == [
+        (256, files["out/deep/b.bin"][256:], sha(files["out/deep/b.bin"])),
+        (0, (d / "run.json").read_bytes()),
+        (0, files["out/big.bin"], sha(files["out/big.bin"])),
+        (0, rewritten, sha(rewritten)),  # as it is when sent
+        (0, b"", sha(b"")),
+        (140, b"", sha(files["out/same.bin"])),
     ]
+
+
+def test_an_output_deleted_after_the_offer_is_one_error(tmp_path):
+    from enlace.errors import EnlaceError
+    from enlace.server import fetchserve
+
+    d = _outputs_run(tmp_path, {"out/a.txt": b"a", "out/b.txt": b"b"})
+
+    class DeleteThenAsk(io.BytesIO):
+        def readline(self, *args):
+            (d / "out" / "b.txt").unlink()
+            return super().readline(*args)
+
+    request = json.dumps({"send": [["out/a.txt", 0, sha(b"")], ["out/b.txt", 0, sha(b"")]]}).encode() + b"\n"
+    with open(tmp_path / "wire.out", "w+b") as out, pytest.raises(EnlaceError, match=r"out/b\.txt was deleted"):
+        fetchserve.serve(d, DeleteThenAsk(request), out, outputs=True)
+
+
+def test_the_driver_offers_outputs_fetched_before_as_their_start(tmp_path):
+    """The driver's plan for outputs: each one's sha256 comes after its bytes, and an output already here at the
+    offered size is hard-linked into staging as its start (not a link of the user's, not one of another size);
+    a server tree older than the driver lists sha256s in the offer, and only the outputs that differ are asked."""
+    from orchestrator.transfer.fetch import STAGING, TRAILING, _want_outputs
+
+    root = tmp_path / "dest"
+    (root / "out").mkdir(parents=True)
+    (root / "out" / "same.txt").write_bytes(b"same")
+    (root / "out" / "grown.txt").write_bytes(b"short")
+    (root / "out" / "linked.txt").symlink_to(root / "out" / "same.txt")
+    sizes = {"out/same.txt": 4, "out/grown.txt": 9, "out/linked.txt": 4, "out/new/n.txt": 3}
+    offer = {"output_digests": "trailing", "outputs": {rel: {"bytes": n} for rel, n in sizes.items()}}
+    assert _want_outputs(str(root), offer) == dict.fromkeys(sizes, TRAILING)
+    staged = root / STAGING / "out"
+    assert sorted(p.name for p in staged.iterdir()) == ["same.txt"]
+    assert (staged / "same.txt").stat().st_ino == (root / "out" / "same.txt").stat().st_ino
+
+    old = {rel: {"bytes": n, "sha256": sha(b"same")} for rel, n in sizes.items()}
+    assert _want_outputs(str(tmp_path / "dest2"), {"outputs": old}) == {rel: sha(b"same") for rel in sizes}
+    assert _want_outputs(str(root), {"outputs": {"out/same.txt": old["out/same.txt"]}}) == {}
 
 
 @pytest.mark.parametrize("case", ["fresh", "leftover-file", "leftover-dir", "leftover-link", "dest-has-it"])

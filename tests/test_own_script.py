@@ -135,7 +135,7 @@ def test_a_wrong_command_run_file_is_one_line_and_exit_2(project, text, says):
 
 def test_a_fetch_of_more_outputs_than_a_process_may_hold_open(sshd, user_repo, tmp_path):
     """Seen (bench/fetch_outputs.py, 20,000 outputs): fetch-serve held every offered file open and hit the
-    1,024-descriptor limit. Outputs are hashed for the offer, then opened one at a time as they are sent."""
+    1,024-descriptor limit. Outputs are listed for the offer, then opened one at a time as they are sent."""
     make = "import pathlib, sys; d = pathlib.Path(sys.argv[1]); d.mkdir(); [(d / f'f{{i}}.txt').write_text(str(i)) for i in range(1500)]"  # {{ }}: literal braces
     doc = {"command": ["python", "-c", make, "{run_dir}/out"], "outputs": ["out/*"]}
     (user_repo / "configs" / "runs" / "many.yaml").write_text(json.dumps(doc) + "\n")
@@ -145,3 +145,13 @@ def test_a_fetch_of_more_outputs_than_a_process_may_hold_open(sshd, user_repo, t
     remote(user_repo, sshd.env, "fetch", "many", "--dest", str(tmp_path / "got"), host="local", driver=limited)
     got = sorted((tmp_path / "got" / "out").iterdir(), key=lambda p: int(p.stem[1:]))
     assert [p.read_text() for p in got] == [str(i) for i in range(1500)]
+
+    # again, with one output changed on the server and one here (each its size kept): those two come again, the
+    # rest stays the very file fetched before (no byte of it written again)
+    inodes = {p.name: p.stat().st_ino for p in got}
+    (server_dir(sshd, "local") / "runs" / "many" / "out" / "f7.txt").write_text("X")
+    (tmp_path / "got" / "out" / "f8.txt").write_text("Y")
+    remote(user_repo, sshd.env, "fetch", "many", "--dest", str(tmp_path / "got"), host="local")
+    assert [p.read_text() for p in got] == ["X" if i == 7 else str(i) for i in range(1500)]
+    assert [p.name for p in got if p.stat().st_ino != inodes[p.name]] == ["f7.txt", "f8.txt"]
+    assert not (tmp_path / "got" / ".partial-fetch").exists()

@@ -6,20 +6,24 @@ The wire, on this process's stdin/stdout:
 
     server → driver   one JSON line: the offer — complete checkpoints with their MANIFEST entries, the
                       exports kept in the run (exports/NAME/, with theirs), the run files with their sizes,
-                      a command run's outputs with their sha256 (or {"ok": false, "error", "exit_code"}, then exit)
+                      a command run's outputs with theirs and "output_digests": "trailing" (or {"ok": false,
+                      "error", "exit_code"}, then exit)
     driver → server   one JSON line: {"send": [[PATH, OFFSET, PREFIX_SHA256], ...]}, PATHs relative
                       to the run dir, each one the offer lists; OFFSET > 0 resumes a file the driver
-                      holds the first OFFSET bytes of, whose sha256 is PREFIX_SHA256
+                      holds the first OFFSET bytes of, whose sha256 is PREFIX_SHA256 (an output the driver
+                      holds whole, fetched before, is asked from its end: nothing travels when it is the same)
     server → driver   per requested file: START and N (8 bytes big-endian each), then N bytes: the file
                       from START, which is OFFSET when the prefixes agree, else 0 (a different file:
-                      the driver starts it again); then this process exits 0
+                      the driver starts it again); after an output's bytes, the sha256 of the whole file
+                      (32 bytes); then this process exits 0
 
-Every offered file is opened before the offer is written, and served from that open descriptor: a
-checkpoint a live run prunes meanwhile, or a run.json it replaces, is still served whole and
-consistent (the sizes in the offer are those of the open files; a growing log is served up to its
-size at offer time). A command run's outputs are hashed for the offer; the small ones (thousands of a
-few KiB are common) are served from the bytes read then, many frames to one write, the others opened
-again when sent (thousands held open would pass the descriptor limit).
+Every checkpoint and run file is opened before the offer is written, and served from that open descriptor: a
+checkpoint a live run prunes meanwhile, or a run.json it replaces, is still served whole and consistent (the
+sizes in the offer are those of the open files; a growing log is served up to its size at offer time; a
+checkpoint's sha256 is in its MANIFEST). A command run's outputs (thousands of a few KiB are common) are only
+listed for the offer, then each is read once when sent, as it is then, and hashed as it goes out: the driver
+writes one while this process reads the next, where hashing them all for the offer kept the driver waiting.
+Small ones go many frames to a write.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,9 +44,8 @@ from enlace.errors import CheckpointError, EnlaceError
 from enlace.hashing import fd_sha256
 from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
 from enlace.state import runs
+from enlace.sysinfo import grow_pipe
 
-SMALL = 1 << 20  # an output up to this size is kept in memory from its hashing to its sending...
-KEPT_BYTES = 64 << 20  # ...while all kept together stay under this
 BATCH = 1 << 20  # small frames are gathered into writes of about this size
 
 
@@ -73,7 +77,7 @@ def _open_verified_dir(directory: Path) -> tuple[dict[str, Any], dict[str, tuple
     return m, opened
 
 
-Source = int | Path | bytes  # an open descriptor, an output to open when sent, or an output's bytes
+Source = int | str  # an open descriptor (checkpoints, run files), or an output's real path (read when sent)
 
 
 def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], dict[str, tuple[Source, int]]]:
@@ -97,22 +101,10 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         if got:
             held[name] = got
             files[name] = got[1]
-    offered, kept = {}, 0
-    for rel, path in _outputs(run_dir) if outputs else []:  # a command run's `outputs:`, hashed (no MANIFEST)
-        got = _open(path)
-        if not got:
-            continue
-        fd, size = got
-        try:
-            if size <= SMALL and kept + size <= KEPT_BYTES:
-                data = os.pread(fd, size, 0)  # what is hashed is what is sent
-                held[rel], kept = (data, len(data)), kept + len(data)
-                offered[rel] = {"sha256": _sha256(data), "bytes": len(data)}
-            else:
-                held[rel] = (Path(path), size)
-                offered[rel] = {"sha256": fd_sha256(fd, size), "bytes": size}
-        finally:
-            os.close(fd)
+    offered = {}
+    for rel, path, size in _outputs(run_dir) if outputs else []:  # a command run's `outputs:` (no MANIFEST)
+        held[rel] = (path, size)
+        offered[rel] = {"bytes": size}
     latest = latest_checkpoint(run_dir / "checkpoints")
     offer = {
         "run_name": run_dir.name,
@@ -121,14 +113,15 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         "exports": listed["exports"],
         "files": files,
         "outputs": offered,
+        "output_digests": "trailing",  # each output's sha256 follows its bytes (before: in the offer)
         "command": bool(runs.read(run_dir).get("command")),  # a run of the user's own command (no checkpoint due)
         "latest": latest.name if latest else None,
     }
     return offer, held
 
 
-def _outputs(run_dir: Path) -> list[tuple[str, str]]:
-    """The files a command run's `outputs:` globs match under its directory (relative path, real path): regular
+def _outputs(run_dir: Path) -> list[tuple[str, str, int]]:
+    """The files a command run's `outputs:` globs match under its directory (relative path, real path, size): regular
     files inside it (not links), neither its checkpoints nor its run files (offered as those). In os.path's
     strings, each directory resolved once: tens of thousands of outputs are common."""
     st = runs.read(run_dir)
@@ -140,9 +133,10 @@ def _outputs(run_dir: Path) -> list[tuple[str, str]]:
     for pattern in own.outputs:
         for match in glob.glob(os.path.join(run_dir, expand(pattern, values)), recursive=True):
             try:
-                if not stat.S_ISREG(os.lstat(match).st_mode):  # a link, a directory
-                    continue
+                st = os.lstat(match)
             except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):  # a link, a directory
                 continue
             parent, name = os.path.split(match)
             real = os.path.join(real_dir(parent, real_dirs), name)
@@ -151,8 +145,8 @@ def _outputs(run_dir: Path) -> list[tuple[str, str]]:
             rel = real[len(root) :]
             hidden = rel.startswith(".") or "/." in rel  # a partial save, an editor's file
             if rel.split("/", 1)[0] not in ("checkpoints", *RUN_FILES) and not hidden:
-                found[rel] = real
-    return sorted(found.items())
+                found[rel] = (real, st.st_size)
+    return [(rel, real, size) for rel, (real, size) in sorted(found.items())]
 
 
 def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = False) -> None:
@@ -172,32 +166,49 @@ def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = Fals
         if path not in held or offset < 0:
             raise BadRequest(f"fetch: {path!r} from byte {offset} is not on offer")
     fd_out, pending = out.fileno(), bytearray()
+    grow_pipe(fd_out, BATCH)  # our pipe to sshd holds a whole write: we read the next files while it sends
     for path, offset, prefix_sha256 in wanted:
         source, size = held[path]
-        if isinstance(source, bytes):  # a small output, read when it was hashed: gathered with the next ones
-            start = offset if offset and offset <= size and _sha256(source[:offset]) == prefix_sha256 else 0
-            pending += FRAME.pack(start, size - start) + source[start:]
-            if len(pending) >= BATCH:
-                out.write(pending)
-                pending.clear()
+        if isinstance(source, str):  # an output, read now: its frames join the next ones in one write
+            for part in _output(path, source, offset, prefix_sha256):
+                pending += part
+                if len(pending) >= BATCH:
+                    out.write(pending)
+                    pending.clear()
             continue
-        late = isinstance(source, Path)  # an output: opened only now (its sha256 in the offer says what it must be)
-        fd = os.open(source, os.O_RDONLY) if late else source
-        try:
-            start = offset if offset and offset <= size and fd_sha256(fd, offset) == prefix_sha256 else 0
-            out.write(pending + FRAME.pack(start, size - start))
-            out.flush()
-            pending.clear()
-            _send(fd, fd_out, start, size - start)
-        finally:
-            if late:
-                os.close(fd)
+        start = offset if offset and offset <= size and fd_sha256(source, offset).hexdigest() == prefix_sha256 else 0
+        out.write(pending + FRAME.pack(start, size - start))
+        out.flush()
+        pending.clear()
+        _send(source, fd_out, start, size - start)
     out.write(pending)
     out.flush()
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _output(rel: str, path: str, offset: int, prefix_sha256: str) -> Iterator[bytes]:
+    """An output's frame, its bytes as they are now (from OFFSET when the driver holds their true start), then
+    the sha256 of the whole file: read once, hashed as it goes out."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise EnlaceError(f"fetch: the output {rel} was deleted on the server while it was fetched") from None
+    try:
+        size = os.fstat(fd).st_size
+        h = fd_sha256(fd, offset) if 0 < offset <= size else None
+        start = offset if h is not None and h.hexdigest() == prefix_sha256 else 0
+        if not start:
+            h = hashlib.sha256()
+        yield FRAME.pack(start, size - start)
+        while start < size:
+            chunk = os.pread(fd, min(size - start, BATCH), start)
+            if not chunk:
+                raise EnlaceError(f"fetch: the output {rel} shrank on the server while it was sent")
+            h.update(chunk)
+            yield chunk
+            start += len(chunk)
+        yield h.digest()
+    finally:
+        os.close(fd)
 
 
 def _send(fd: int, fd_out: int, offset: int, count: int) -> None:

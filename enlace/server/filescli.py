@@ -25,7 +25,7 @@ def _runs_root(root: Path | None) -> Path:
 @click.option(
     "--json", "as_json", is_flag=True, help="An error as one JSON document on stdout (the offer is JSON anyway)."
 )
-@click.option("--outputs", is_flag=True, help="Offer a command run's outputs too (each hashed first).")
+@click.option("--outputs", is_flag=True, help="Offer a command run's outputs too (each hashed as it is sent).")
 def fetch_serve_cmd(run_name: str, root: Path | None, as_json: bool, outputs: bool) -> None:
     """For fetch: offer RUN_NAME's complete checkpoints and run files (one JSON line), read which
     files the driver wants from stdin, send them (enlace/server/fetchserve.py has the wire)."""

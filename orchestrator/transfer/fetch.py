@@ -39,6 +39,7 @@ EXPORT_NAME = re.compile(r"(hf|safetensors)-step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 STAGING = ".partial-fetch"
 STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
+TRAILING = "after its bytes"  # what a plan holds for a file whose sha256 the server sends after it
 
 
 class CorruptCheckpoint(EnlaceError):
@@ -63,12 +64,36 @@ def _safe_output(rel: str) -> str:
     return rel
 
 
+def _want_outputs(root: str, offer: dict[str, Any]) -> dict[str, str]:
+    """A command run's outputs to ask for, each with its sha256 or TRAILING (the server sends it after the bytes,
+    and an output fetched before is staged as its start: nothing travels when it is unchanged). A server tree
+    older than this driver (until its next sync) lists their sha256 in the offer: only those that differ here."""
+    want, dirs, made = {}, {}, set()
+    trailing = offer.get("output_digests") == "trailing"
+    for rel, entry in offer.get("outputs", {}).items():
+        local = os.path.join(root, _safe_output(rel))
+        if trailing:
+            _link_into_staging(local, os.path.join(root, STAGING, rel), entry["bytes"], dirs, made)
+            want[rel] = TRAILING
+        elif not _output_here(local, entry, dirs):
+            want[rel] = entry["sha256"]
+    return want
+
+
+def _link_into_staging(local: str, staged: str, size: int, dirs: dict[str, bool], made: set[str]) -> None:
+    """An output fetched before, of the size offered, becomes its staging copy's start (a hard link: no byte
+    copied): the server sends nothing when that is the whole file still, and the file anew when not."""
+    st = _stat_in(local, dirs)
+    if st is None or st.st_size != size or os.path.islink(local) or os.path.lexists(staged):
+        return
+    with contextlib.suppress(OSError):  # no hard links here (some network file systems): fetched whole
+        os.link(local, _in_dir(staged, made))
+
+
 def _output_here(local: str, entry: dict, dirs: dict[str, bool]) -> bool:
     """Fetched before and unchanged: the same size and sha256 here."""
-    st = _stat_in(local, dirs)
-    if st is None:
-        return False
-    return S_ISREG(st.st_mode) and st.st_size == entry["bytes"] and file_sha256(local).hexdigest() == entry["sha256"]
+    st = _stat_in(local, dirs)  # a regular file, or None
+    return st is not None and st.st_size == entry["bytes"] and file_sha256(local).hexdigest() == entry["sha256"]
 
 
 def _already_here(final: Path, files: dict) -> bool:
@@ -108,11 +133,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
             want[f"checkpoints/{name}/MANIFEST"] = None
         for fname in offer["files"]:
             want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
-        dirs: dict[str, bool] = {}
-        for rel, entry in offer.get("outputs", {}).items():  # a command run's outputs: verified by their sha256
-            if not _output_here(os.path.join(root, _safe_output(rel)), entry, dirs):
-                want[rel] = entry["sha256"]
-        return want
+        return {**want, **_want_outputs(str(root), offer)}
 
     t0 = time.perf_counter()
     offer, want, got = _converse(session, run_name, root / STAGING, plan, outputs=True)
@@ -235,6 +256,8 @@ def _converse_once(
         with Progress("fetch", sum(_size(offer, rel) for rel in want)) as bar:
             for rel, offset, _ in request:
                 hashers[rel], n = _receive(reader, os.path.join(staging, rel), offset, hashers[rel], bar)
+                if want[rel] == TRAILING:
+                    want[rel] = reader.exactly(32).hex()
                 got += n
         code, err = wire.finish()
         if code != 0:
@@ -331,11 +354,12 @@ def _receive(reader: Reader, local: str, offset: int, hasher, bar):
         hasher = hashlib.sha256()
     bar.skip(start)
     left = count
-    fd = os.open(local, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
+    if start == 0 and offset:  # started anew: a new file, never this one truncated (it may be a link to the copy
+        with contextlib.suppress(FileNotFoundError):  # fetched before; ext4 writes a file truncated to 0 back to disk
+            os.unlink(local)  # when it is closed, auto_da_alloc, and the fetch's last rmdir would wait for that)
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | getattr(os, "O_BINARY", 0), 0o666)
     try:
-        # Drop what follows `start` only where there is some: ext4 writes a file truncated to 0 back to
-        # disk when it is closed (auto_da_alloc), and the fetch's last rmdir would wait for that
-        if os.fstat(fd).st_size > start:
+        if start and os.fstat(fd).st_size > start:  # more than the server's true start: dropped
             os.ftruncate(fd, start)
         os.lseek(fd, start, os.SEEK_SET)
         while left:
