@@ -50,10 +50,12 @@ TRAIN = textwrap.dedent(
     """
 )
 
-# resumes the way nanoGPT does: its own checkpoint in its own --out_dir, read back under --init_from=resume
+# resumes the way nanoGPT does: its own checkpoint in its own --out_dir, read back under --init_from=resume. It
+# writes it whole or not at all: written in place, a SIGKILL between the truncate and the write left it empty and
+# every restart crashed reading it (the test's two CI failures), which is the script's fault, not the supervisor's
 OWN_WAY = textwrap.dedent(
     """\
-    import argparse, json, pathlib, time
+    import argparse, json, os, pathlib, time
     p = argparse.ArgumentParser()
     p.add_argument("--out_dir"); p.add_argument("--init_from", default="scratch"); p.add_argument("--steps", type=int)
     a = p.parse_args()
@@ -64,7 +66,9 @@ OWN_WAY = textwrap.dedent(
         step += 1
         print(f"iter {step}", flush=True)
         pathlib.Path(a.out_dir).mkdir(parents=True, exist_ok=True)
-        ckpt.write_text(json.dumps({"step": step}))
+        tmp = ckpt.with_suffix(".tmp")  # as torch.save to a new name and a rename: a kill never leaves half of one
+        tmp.write_text(json.dumps({"step": step}))
+        os.replace(tmp, ckpt)
         time.sleep(0.05)
     """
 )
