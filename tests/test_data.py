@@ -157,3 +157,23 @@ def test_resolve_paths_keeps_pathlibs_order_which_is_the_streams(tmp_path):
     (tmp_path / "data" / "link").symlink_to(tmp_path / "far" / "dir")
     (got,) = resolve_paths(["data/link/../x.py"], tmp_path)
     assert got.read_text() == "far = 1\n"
+
+
+def test_stat_in_asks_a_missing_directory_once_and_sees_it_once_made(tmp_path, monkeypatch):
+    """The first push or fetch of thousands of files finds none of them: one stat per missing directory, not per
+    file. A directory that exists but lacks the file is asked each time."""
+    import os
+
+    from enlace.data import paths
+
+    calls = []
+    real_stat = os.stat
+    monkeypatch.setattr(paths.os, "stat", lambda p, *a, **k: calls.append(p) or real_stat(p, *a, **k))
+    present: dict[str, bool] = {}
+    missing = [str(tmp_path / "new" / f"f{i}") for i in range(50)]
+    assert all(paths.stat_in(p, present) is None for p in missing)
+    assert len(calls) == 2  # the first file, then its directory (isdir): the other 49 asked nothing
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "a").write_bytes(b"abc")
+    assert paths.stat_in(str(tmp_path / "here" / "b"), present) is None
+    assert paths.stat_in(str(tmp_path / "here" / "a"), present).st_size == 3  # the directory was not written off

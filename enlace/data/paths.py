@@ -73,6 +73,19 @@ def real_dir(directory: str, resolved: dict[str, str]) -> str:
     return resolved.get(directory) or resolved.setdefault(directory, os.path.realpath(directory))
 
 
+def stat_in(path: str, present: dict[str, bool]) -> os.stat_result | None:
+    """os.stat(path), or None when nothing is there; a directory found missing once (`present`) is not asked again
+    for each of its files: the first push or fetch of tens of thousands of files finds none of them."""
+    parent = os.path.dirname(path)
+    if not present.get(parent, True):
+        return None
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        present[parent] = os.path.isdir(parent)
+        return None
+
+
 def real_path(path: str, resolved: dict[str, str]) -> str:
     """os.path.realpath(path), its directory through real_dir, the file itself resolved only when it is a link."""
     parent, name = os.path.split(path)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from enlace.contract import FRAME
-from enlace.data.paths import in_scope, real_dir
+from enlace.data.paths import in_scope, real_dir, stat_in
 from enlace.errors import EnlaceError, NoSpaceError
 from enlace.hashing import file_sha256
 from enlace.server import datainuse
@@ -76,23 +76,24 @@ def checked(data_dir: str | Path, rel: str, dirs: dict[str, str]) -> str:
     return target
 
 
-def _stat(path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except FileNotFoundError:
-        return None
-
-
 def state_of(
-    data_dir: str | Path, staging: str, rel: str, size: int, mtime_ns: int, hashers: dict, dirs: dict[str, str]
+    data_dir: str | Path,
+    staging: str,
+    rel: str,
+    size: int,
+    mtime_ns: int,
+    hashers: dict,
+    dirs: dict[str, str],
+    present: dict[str, bool],
 ) -> Any:
-    """What this side holds of one file (see the wire); a partial's prefix hash is kept in `hashers`."""
+    """What this side holds of one file (see the wire); a partial's prefix hash is kept in `hashers`. `dirs`: the
+    directories resolved so far; `present`: those found missing (a first push of thousands has none of them)."""
     target = checked(data_dir, rel, dirs)
-    st = _stat(target)
+    st = stat_in(target, present)
     if st is not None and st.st_size == size and st.st_mtime_ns == mtime_ns:
         return "same"
     partial = f"{staging}/{rel}"
-    held = _stat(partial)
+    held = stat_in(partial, present)
     if held is not None and stat.S_ISREG(held.st_mode) and 0 < held.st_size <= size:
         hashers[rel] = file_sha256(partial)
         return ["partial", held.st_size, hashers[rel].hexdigest()]
@@ -148,7 +149,8 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     files = {str(p): (int(s), int(m)) for p, s, m in first["files"]}
     hashers: dict[str, Any] = {}
     dirs: dict[str, str] = {}
-    have = {rel: state_of(data, staging, rel, s, m, hashers, dirs) for rel, (s, m) in files.items()}  # each checked
+    present: dict[str, bool] = {}
+    have = {rel: state_of(data, staging, rel, s, m, hashers, dirs, present) for rel, (s, m) in files.items()}
     for parent in {f"{data}/{rel}".rpartition("/")[0] for rel in files}:
         if os.path.lexists(os.path.join(parent, BESIDE)):  # what a failed cross-file-system copy left
             shutil.rmtree(os.path.join(parent, BESIDE), ignore_errors=True)

@@ -28,6 +28,7 @@ from typing import Any
 import click
 
 from enlace.contract import FRAME
+from enlace.data.paths import stat_in
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256
 from orchestrator.errors import UsageError
@@ -333,17 +334,9 @@ def _in_dir(path: str, made: set[str]) -> str:
 
 
 def _stat_in(path: str, dirs: dict[str, bool]) -> os.stat_result | None:
-    """The file at path (a regular file), or None; a directory found missing once (`dirs`) is not asked again
-    for each of its files."""
-    parent = os.path.dirname(path)
-    if not dirs.get(parent, True):
-        return None
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        dirs[parent] = os.path.isdir(parent)
-        return None
-    return st if S_ISREG(st.st_mode) else None
+    """The regular file at path, or None (stat_in: a directory found missing once is not asked again)."""
+    st = stat_in(path, dirs)
+    return st if st is not None and S_ISREG(st.st_mode) else None
 
 
 def _receive(reader: Reader, local: str, offset: int, hasher, bar):
