@@ -12,6 +12,7 @@ import contextlib
 import glob
 import json
 import os
+import stat
 import sysconfig
 from pathlib import Path, PurePosixPath
 
@@ -32,10 +33,11 @@ def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
     return [Path(m) for m in match_files(patterns, root)]
 
 
-def match_files(patterns: list[str], root: Path) -> list[str]:
+def match_files(patterns: list[str], root: Path, stats: dict[str, FileStat] | None = None) -> list[str]:
     """resolve_paths' files as glob names them (strings: a data push lists tens of thousands). Each pattern's
     matches in pathlib's order, by parts (case-folded where the OS folds case): the stream's file order, which a
-    checkpoint's data state counts bytes in; a file a pattern before matched is not listed again."""
+    checkpoint's data state counts bytes in; a file a pattern before matched is not listed again. `stats` keeps
+    each file's file_stat (data push's listing then asks the system nothing more)."""
     stdlib = sysconfig.get_paths()["stdlib"]
     files: list[str] = []
     seen: set[tuple] = set()
@@ -44,7 +46,9 @@ def match_files(patterns: list[str], root: Path) -> list[str]:
         if not Path(expanded).is_absolute():
             expanded = str(root / expanded)
         # by parts: the separator sorts below every character ("a/b/c" before "a/b.py", as pathlib has it)
-        found = (m for m in glob.glob(expanded, recursive=True) if os.path.isfile(m))
+        found = {m: got for m in glob.glob(expanded, recursive=True) if (got := file_stat(m))}
+        if stats is not None:
+            stats.update(found)
         matches = sorted(found, key=lambda m: os.path.normcase(m).replace(os.sep, "\0"))
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
@@ -58,6 +62,22 @@ def match_files(patterns: list[str], root: Path) -> list[str]:
         files.extend(m for parts, m in keyed if parts not in seen)
         seen.update(parts for parts, _ in keyed)
     return files
+
+
+FileStat = tuple[os.stat_result, bool]  # a file's stat (what a link points to), and whether its path is a link
+
+
+def file_stat(path: str) -> FileStat | None:
+    """A file as os.path.isfile has it (a link to one too): its stat and whether path is a link; None for anything
+    else. One system call for a plain file."""
+    try:
+        st = os.lstat(path)
+        link = stat.S_ISLNK(st.st_mode)
+        if link:
+            st = os.stat(path)
+    except OSError:  # gone, or a link to nothing
+        return None
+    return (st, link) if stat.S_ISREG(st.st_mode) else None
 
 
 def _parts(path: str) -> tuple:
@@ -146,12 +166,12 @@ def push_scope(data_cfg) -> tuple[list[str], list[str]]:
     return globs, notes
 
 
-def push_files(data_cfg, root: Path) -> list[str]:
+def push_files(data_cfg, root: Path, stats: dict[str, FileStat] | None = None) -> list[str]:
     """The local files `data push` sends (as glob names them): those the run reads, but for the server's own
-    stdlib."""
+    stdlib. `stats`: as match_files keeps them."""
     if data_cfg.kind == "shards":
         return [str(p) for p in shard_files(root / data_cfg.shard_dir)]
-    return match_files([p for p in data_cfg.paths if STDLIB not in p], root)
+    return match_files([p for p in data_cfg.paths if STDLIB not in p], root, stats)
 
 
 def in_scope(data_dir: Path, globs: list[str]) -> list[str]:

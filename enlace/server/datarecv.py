@@ -67,9 +67,14 @@ def checked(data_dir: str | Path, rel: str, dirs: dict[str, str]) -> str:
         raise BadRequest(f"data push: refusing path {rel!r}: it could escape the data directory")
     if parts[0] == STAGING or BESIDE in parts:
         raise BadRequest(f"data push: refusing path {rel!r}: a staging directory is not data")
-    target = f"{data_dir}/{rel}"  # a POSIX server; rel checked above (os.path's calls cost 20,000 files a second)
-    parent = target.rpartition("/")[0]
-    real = real_dir(parent, dirs)
+    return inside(data_dir, rel, dirs)
+
+
+def inside(data_dir: str | Path, rel: str, dirs: dict[str, str]) -> str:
+    """data_dir/rel, refused when its directory resolves outside data_dir (a link): for a path checked() let
+    through, whose directory may have been swapped since (the writes resolve each one again, once)."""
+    target = f"{data_dir}/{rel}"  # a POSIX server; rel checked (os.path's calls cost 20,000 files a second)
+    real = real_dir(target.rpartition("/")[0], dirs)
     top = str(data_dir)
     if real != top and not real.startswith(top + os.sep):
         raise BadRequest(f"data push: {rel!r} leads outside {data_dir} (a link?): refused")
@@ -167,14 +172,14 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     dirs = {}
     for rel, mtime_ns in plan.get("touch", []):
         if isinstance(have.get(rel), list) and have[rel][0] == "sha256":  # the same bytes: only the mtime differs
-            os.utime(checked(data, rel, dirs), ns=(mtime_ns, mtime_ns))
+            os.utime(inside(data, rel, dirs), ns=(mtime_ns, mtime_ns))
             report["touched"] += 1
     made: set[str] = set()
     for rel, offset, size, mtime_ns in plan.get("send", []):
         if files.get(rel, (None,))[0] != size or not 0 <= offset <= size:
             raise BadRequest(f"data push: {rel!r} from byte {offset} was not in the list")
         hasher = hashers.get(rel) if offset else None
-        target, partial = checked(data, rel, dirs), f"{staging}/{rel}"
+        target, partial = inside(data, rel, dirs), f"{staging}/{rel}"  # rel: one the listing checked
         try:
             ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
         except OSError as e:

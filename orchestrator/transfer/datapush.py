@@ -22,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from stat import S_ISLNK
 from typing import Any
 
 import click
@@ -30,7 +29,7 @@ import click
 from enlace.config import command
 from enlace.config.schema import load_config
 from enlace.contract import FRAME, ErrorKind
-from enlace.data.paths import DATA_DIR, match_files, push_files, push_scope, real_dir, under_data
+from enlace.data.paths import DATA_DIR, FileStat, file_stat, match_files, push_files, push_scope, real_dir, under_data
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256
 from orchestrator.errors import Transient, UsageError
@@ -84,29 +83,35 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
     data/ is refused (a link to /etc/passwd was uploaded), unless `follow_links`."""
 
     own = command.load(run, repo, overrides)  # a run of your own command: its `data:` globs
+    stats: dict[str, FileStat] = {}  # what the listing learns of each file: asked of the system once
     if own is not None:
         globs, notes = [under_data(p, "data") for p in own.data], []
-        find = partial(match_files, list(own.data), repo)
+        find = partial(match_files, list(own.data), repo, stats)
     else:
         cfg = load_config(run, overrides, repo)
         globs, notes = push_scope(cfg.data)
-        find = partial(push_files, cfg.data, repo)
+        find = partial(push_files, cfg.data, repo, stats)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-listing")
-    listing = pool.submit(lambda: _listed(repo, find() if globs else [], follow_links))
+    listing = pool.submit(lambda: _listed(repo, find() if globs else [], follow_links, stats))
     pool.shutdown(wait=False)  # the listing goes on meanwhile; `files` waits for it
     return LocalData(run, globs, notes, listing)
 
 
-def _listed(repo: Path, found: list[str], follow_links: bool) -> dict[str, tuple[str, int, int]]:
-    """{path relative to data/: (path, size, mtime in ns)} of the files found; a link leading outside data/
-    refused unless `follow_links`."""
+def _listed(
+    repo: Path, found: list[str], follow_links: bool, stats: dict[str, FileStat]
+) -> dict[str, tuple[str, int, int]]:
+    """{path relative to data/: (path, size, mtime in ns)} of the files found (`stats`: what their listing
+    learnt of them); a link leading outside data/ refused unless `follow_links`."""
     files = {}
     top, real_dirs = str(repo / DATA_DIR) + os.sep, {}
     corpus = os.path.realpath(top) + os.sep
     for name in found:  # in strings, each directory resolved once: tens of thousands of files are common
-        st = os.lstat(name)
-        if S_ISLNK(st.st_mode):
-            real, st = os.path.realpath(name), os.stat(name)  # what it points to is what is sent
+        got = stats.get(name) or file_stat(name)
+        if got is None:
+            raise UsageError(f"{os.path.relpath(name, repo)} is gone (or no file): it vanished while listed")
+        st, link = got
+        if link:
+            real = os.path.realpath(name)  # what it points to is what is sent
         else:
             parent, base = os.path.split(name)
             real = os.path.join(real_dir(parent, real_dirs), base)
