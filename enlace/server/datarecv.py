@@ -31,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import select
@@ -213,10 +214,14 @@ class _Watched:
             self.fd = stream.fileno()
         except (OSError, ValueError, AttributeError):
             self.fd = None
+        self.raw = io.FileIO(self.fd, "rb", closefd=False) if self.fd is not None else None
 
-    def _fill(self) -> bytes:
+    def _wait(self) -> None:
         if not select.select([self.fd], [], [], IDLE_S)[0]:
             raise BadRequest(f"data push: nothing from the driver for {IDLE_S:g}s: it is gone (what arrived stays)")
+
+    def _fill(self) -> bytes:
+        self._wait()
         chunk = os.read(self.fd, CHUNK // 4)
         self.buf += chunk
         return chunk
@@ -243,10 +248,12 @@ class _Watched:
     def readinto(self, view) -> int:
         if self.fd is None:
             return self.stream.readinto(view)
-        if not self.buf:
-            self._fill()
+        if not self.buf:  # straight from the pipe into the caller's buffer: a large file's bytes copied once
+            self._wait()
+            return self.raw.readinto(view) or 0
         n = min(len(view), len(self.buf))
-        view[:n] = self.buf[:n]
+        with memoryview(self.buf) as held:
+            view[:n] = held[:n]
         del self.buf[:n]
         return n
 
