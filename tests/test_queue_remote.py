@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support.fakegpu import FakeGpus
+from support.procs import Throttle, kill_processes_under, trainers_under
 from support.remote import PipeReader, head, popen_remote, remote, tiny_corpus, wait_until
 from support.repocopy import commit_all
 from support.sshd import make_server
@@ -32,10 +33,9 @@ def gpu_host(tmp_path: Path):
     gpus = FakeGpus(tmp_path, 2)
     srv = make_server(tmp_path, session_env={"PATH": gpus.path})
     tiny_corpus(tmp_path / "remote-testhost")
-    yield srv, gpus
+    with Throttle(lambda: trainers_under(tmp_path, past_cpu_s=3)):  # once training, a run need only be running
+        yield srv, gpus
     srv.stop()
-    from support.procs import kill_processes_under
-
     kill_processes_under(tmp_path)
 
 
@@ -122,6 +122,11 @@ def test_a_cpu_host_with_two_slots_queues_the_third_run_and_a_lost_waiter_is_sai
     )
     assert "queue: 2 CPU runs" in remote(user_repo, sshd.env, "hosts").stdout
     tiny_corpus(sshd.dir.parent / "remote-testhost")
+    with Throttle(lambda: trainers_under(sshd.dir.parent, past_cpu_s=3)):  # once training, only running
+        _two_slots_and_a_third(sshd, user_repo)
+
+
+def _two_slots_and_a_third(sshd, user_repo) -> None:
     # c1's preflight holds a CPU slot while it measures (`enlace seated`); c3's finds none free and is skipped
     first = remote(user_repo, sshd.env, "launch", "long", "--restarts", "0", "--set", "run_name=c1", "--no-wait")
     assert "verdict" in first.stdout + first.stderr and "preflight skipped" not in first.stderr

@@ -6,22 +6,26 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
-def trainers_under(path, run):
-    """Live trainer processes of `run` whose working directory is under `path` (this test's host); not their
-    supervisor, whose command line ends with the trainer's."""
+def trainers_under(path, run: str = "", past_cpu_s: float = 0.0):
+    """Live trainer processes of `run` (of every run: "") whose working directory is under `path` (this test's
+    host); not their supervisor, whose command line ends with the trainer's. `past_cpu_s`: only those that have
+    used that much CPU (past importing torch, about 1.5 s: training)."""
     import psutil
 
     found = []
-    for proc in psutil.process_iter(["cmdline", "status", "cwd"]):
+    for proc in psutil.process_iter(["cmdline", "status", "cwd", "cpu_times"]):
         cmd = " ".join(proc.info["cmdline"] or [])
+        used = proc.info["cpu_times"]
         if (
             f"enlace train {run}" in cmd
             and " supervise " not in cmd
             and proc.info["status"] != psutil.STATUS_ZOMBIE
             and (proc.info["cwd"] or "").startswith(str(path))
+            and (used is not None and used.user + used.system >= past_cpu_s)
         ):
             found.append(proc.pid)
     return found
@@ -39,23 +43,32 @@ def kill_processes_under(path: Path) -> None:
 
 class Throttle:
     """Lets a process run `on_s` of every `period_s` and holds it stopped (SIGSTOP) in between, until the
-    `with` block ends. For a trainer whose only part in a test is to keep its log growing: it spends a
-    tenth of a core instead of a whole one, which the rest of the suite gets. A pause cannot change what a
-    run writes (the Slurm tests pause trainers too, to wait for Slurm's signals)."""
+    `with` block ends. For a trainer whose only part in a test is to keep its log growing, or to be running
+    while a queue is tested: it spends a tenth of a core instead of a whole one, which the rest of the suite
+    gets. A pause cannot change what a run writes (the Slurm tests pause trainers too, to wait for Slurm's
+    signals). `target`: a pid, or a function naming the pids each period (trainers that come and go)."""
 
-    def __init__(self, pid: int, on_s: float = 0.05, period_s: float = 0.5):
-        self.pid, self.on_s, self.off_s = pid, on_s, period_s - on_s
+    def __init__(self, target: int | Callable[[], list[int]], on_s: float = 0.05, period_s: float = 0.5):
+        self.pids = target if callable(target) else lambda: [target]
+        self.on_s, self.off_s = on_s, period_s - on_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._cycle, daemon=True)
+        self._held: list[int] = []
+
+    def _signal(self, pids: list[int], sig: int) -> list[int]:
+        reached = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                reached.append(pid)
+        return reached
 
     def _cycle(self) -> None:
-        try:
-            while not self._done.wait(self.on_s):
-                os.kill(self.pid, signal.SIGSTOP)
-                self._done.wait(self.off_s)
-                os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        while not self._done.wait(self.on_s):
+            self._held = self._signal(self.pids(), signal.SIGSTOP)
+            self._done.wait(self.off_s)
+            self._signal(self._held, signal.SIGCONT)
+            self._held = []
 
     def __enter__(self) -> Throttle:
         self._thread.start()
@@ -64,8 +77,7 @@ class Throttle:
     def __exit__(self, *exc) -> None:
         self._done.set()
         self._thread.join()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGCONT)
+        self._signal(self._held, signal.SIGCONT)
 
 
 def install_driver(venv: Path, source: Path, python: str) -> Path:
