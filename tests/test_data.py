@@ -177,3 +177,17 @@ def test_stat_in_asks_a_missing_directory_once_and_sees_it_once_made(tmp_path, m
     (tmp_path / "here" / "a").write_bytes(b"abc")
     assert paths.stat_in(str(tmp_path / "here" / "b"), present) is None
     assert paths.stat_in(str(tmp_path / "here" / "a"), present).st_size == 3  # the directory was not written off
+
+
+def test_match_files_lists_a_file_as_often_as_glob_does(tmp_path):
+    """A pattern with two `**` makes glob give a file more than once; the stream has always read it so, and a
+    checkpoint's data state counts bytes in that list: match_files keeps it (data push keeps each file's stat)."""
+    from enlace.data.paths import match_files
+
+    (tmp_path / "d" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "d" / "a" / "b" / "x.txt").write_text("x")
+    (tmp_path / "d" / "y.txt").write_text("y")
+    stats: dict = {}
+    got = match_files(["d/**/**/*.txt"], tmp_path, stats)
+    deep, top = str(tmp_path / "d" / "a" / "b" / "x.txt"), str(tmp_path / "d" / "y.txt")
+    assert got == [deep] * 3 + [top] and set(stats) == {deep, top} and stats[top][0].st_size == 1

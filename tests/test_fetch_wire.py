@@ -182,27 +182,45 @@ def test_outputs_are_read_when_sent_and_their_sha256_follows_their_bytes(tmp_pat
     ]
 
 
-def test_an_output_deleted_after_the_offer_is_one_error(tmp_path):
+@pytest.mark.parametrize(
+    ("swap", "says"),
+    [
+        ("deleted", r"out/b\.txt was deleted"),
+        ("link", r"out/b\.txt is no longer a regular file"),
+        ("fifo", "no longer"),
+    ],
+)
+def test_an_output_deleted_or_swapped_after_the_offer_is_one_error(tmp_path, swap, says):
+    """Between the offer and the send: deleted, or replaced by a link (to a file outside the run: never followed)
+    or a FIFO (never waited on)."""
+    import os
+
     from enlace.errors import EnlaceError
     from enlace.server import fetchserve
 
     d = _outputs_run(tmp_path, {"out/a.txt": b"a", "out/b.txt": b"b"})
+    (tmp_path / "secret").write_bytes(b"not the run's")
 
-    class DeleteThenAsk(io.BytesIO):
+    class SwapThenAsk(io.BytesIO):
         def readline(self, *args):
             (d / "out" / "b.txt").unlink()
+            if swap == "link":
+                (d / "out" / "b.txt").symlink_to(tmp_path / "secret")
+            elif swap == "fifo":
+                os.mkfifo(d / "out" / "b.txt")
             return super().readline(*args)
 
     request = json.dumps({"send": [["out/a.txt", 0, sha(b"")], ["out/b.txt", 0, sha(b"")]]}).encode() + b"\n"
-    with open(tmp_path / "wire.out", "w+b") as out, pytest.raises(EnlaceError, match=r"out/b\.txt was deleted"):
-        fetchserve.serve(d, DeleteThenAsk(request), out, outputs=True)
+    with open(tmp_path / "wire.out", "w+b") as out, pytest.raises(EnlaceError, match=says):
+        fetchserve.serve(d, SwapThenAsk(request), out, outputs=True)
+    assert b"not the run's" not in (tmp_path / "wire.out").read_bytes()
 
 
 def test_the_driver_offers_outputs_fetched_before_as_their_start(tmp_path):
     """The driver's plan for outputs: each one's sha256 comes after its bytes, and an output already here at the
     offered size is hard-linked into staging as its start (not a link of the user's, not one of another size);
     a server tree older than the driver lists sha256s in the offer, and only the outputs that differ are asked."""
-    from orchestrator.transfer.fetch import STAGING, TRAILING, _want_outputs
+    from orchestrator.transfer.outputs import STAGING, TRAILING, want_outputs
 
     root = tmp_path / "dest"
     (root / "out").mkdir(parents=True)
@@ -211,14 +229,14 @@ def test_the_driver_offers_outputs_fetched_before_as_their_start(tmp_path):
     (root / "out" / "linked.txt").symlink_to(root / "out" / "same.txt")
     sizes = {"out/same.txt": 4, "out/grown.txt": 9, "out/linked.txt": 4, "out/new/n.txt": 3}
     offer = {"output_digests": "trailing", "outputs": {rel: {"bytes": n} for rel, n in sizes.items()}}
-    assert _want_outputs(str(root), offer) == dict.fromkeys(sizes, TRAILING)
+    assert want_outputs(str(root), offer) == dict.fromkeys(sizes, TRAILING)
     staged = root / STAGING / "out"
     assert sorted(p.name for p in staged.iterdir()) == ["same.txt"]
     assert (staged / "same.txt").stat().st_ino == (root / "out" / "same.txt").stat().st_ino
 
     old = {rel: {"bytes": n, "sha256": sha(b"same")} for rel, n in sizes.items()}
-    assert _want_outputs(str(tmp_path / "dest2"), {"outputs": old}) == {rel: sha(b"same") for rel in sizes}
-    assert _want_outputs(str(root), {"outputs": {"out/same.txt": old["out/same.txt"]}}) == {}
+    assert want_outputs(str(tmp_path / "dest2"), {"outputs": old}) == {rel: sha(b"same") for rel in sizes}
+    assert want_outputs(str(root), {"outputs": {"out/same.txt": old["out/same.txt"]}}) == {}
 
 
 @pytest.mark.parametrize("case", ["fresh", "leftover-file", "leftover-dir", "leftover-link", "dest-has-it"])
@@ -226,7 +244,7 @@ def test_outputs_land_a_whole_directory_at_once_only_when_nothing_else_would(tmp
     """The driver's last step: a top directory the destination lacks is renamed in whole (20,000 outputs: one
     rename) only when staging holds exactly the fetched files; anything else there, or the directory already
     at the destination, and they go one by one — a leftover never lands, a file already there stays."""
-    from orchestrator.transfer.fetch import STAGING, _install_outputs
+    from orchestrator.transfer.outputs import STAGING, install_outputs
 
     root, rels = tmp_path / "dest", ["out/a.txt", "out/deep/b.txt", "top.txt"]
     for rel in rels:
@@ -241,9 +259,98 @@ def test_outputs_land_a_whole_directory_at_once_only_when_nothing_else_would(tmp
     if case == "dest-has-it":
         (root / "out").mkdir(parents=True)
         (root / "out" / "mine.txt").write_text("kept")
-    _install_outputs(str(root), rels)
+    install_outputs(str(root), rels)
     assert all((root / rel).read_text() == rel for rel in rels)
     landed = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if STAGING not in p.parts)
     extra = {"dest-has-it": ["out/mine.txt"]}.get(case, [])
     assert landed == sorted(["out", "out/deep", *rels, *extra]), landed
     assert (root / STAGING / "out").exists() == (case != "fresh")  # renamed away whole only when fresh
+
+
+@pytest.mark.parametrize("case", ["unchanged", "grown", "changed"])
+def test_the_driver_never_writes_through_a_copy_fetched_before(tmp_path, case):
+    """An output here is staged as a hard link to itself (its start): unchanged, nothing is opened (not even its
+    mtime moves); grown on the server since the offer (a frame from its end with more bytes), or changed (a frame
+    from 0), the staged name becomes a file of its own first: the copy here, and any other link to it, stays as it
+    was until the new one is verified and installed."""
+    import os
+
+    from orchestrator.transfer.fetch import _receive
+    from orchestrator.transfer.wire import Progress, Reader
+
+    mine, backup, staged = tmp_path / "out.txt", tmp_path / "backup.txt", tmp_path / "staged.txt"
+    mine.write_bytes(b"line1\n")
+    os.utime(mine, ns=(10**18, 10**18))
+    os.link(mine, backup)  # the user's own second name for it (cp -al)
+    os.link(mine, staged)
+    start, body = {"unchanged": (6, b""), "grown": (6, b"line2\n"), "changed": (0, b"LINE1\n")}[case]
+    hasher = hashlib.sha256(b"line1\n")
+    reader = Reader(io.BytesIO(FRAME.pack(start, len(body)) + body))
+    hasher, n = _receive(reader, str(staged), 6, hasher, Progress("fetch", len(body), tty=False))
+    want = b"line1\n"[:start] + body
+    assert n == len(body) and staged.read_bytes() == want and hasher.hexdigest() == sha(want)
+    assert mine.read_bytes() == backup.read_bytes() == b"line1\n" and mine.stat().st_mtime_ns == 10**18
+    assert (staged.stat().st_ino == mine.stat().st_ino) == (case == "unchanged")
+
+
+class _CannedWire:
+    """A stand-in for the SSH channel (the server's bytes given, what the driver writes dropped): what is tested
+    is the driver's reading of them. The real server half is exercised over sshd in test_fetch/test_own_script."""
+
+    def __init__(self, data: bytes, code: int = 0, err: str = ""):
+        self.data, self.code, self.err = io.BytesIO(data), code, err
+
+    def read(self, n):
+        return self.data.read(n)
+
+    def write(self, data):
+        pass
+
+    def finish(self):
+        return self.code, self.err
+
+
+def _session(wire):
+    import contextlib
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        enlace_argv=lambda *a, **k: ["enlace"],
+        transport=SimpleNamespace(duplex=lambda *a, **k: contextlib.nullcontext(wire)),
+        host=SimpleNamespace(name="gpu1"),
+    )
+
+
+def test_an_output_whose_trailing_sha256_disagrees_is_refused_and_not_kept(tmp_path):
+    from orchestrator.transfer.fetch import CorruptCheckpoint, _converse_once
+    from orchestrator.transfer.outputs import TRAILING
+
+    offer = (
+        json.dumps({"files": {}, "outputs": {"out/a.txt": {"bytes": 5}}, "output_digests": "trailing"}).encode() + b"\n"
+    )
+    frame = FRAME.pack(0, 5) + b"hello"
+    plan = lambda offer: {"out/a.txt": TRAILING}
+    staging = tmp_path / "staging"
+    good = _CannedWire(offer + frame + hashlib.sha256(b"hello").digest())
+    _, want, got = _converse_once(_session(good), "r", staging, plan, lambda: None, False, True)
+    assert got == 5 and want == {"out/a.txt": sha(b"hello")} and (staging / "out/a.txt").read_bytes() == b"hello"
+    bad = _CannedWire(offer + frame + hashlib.sha256(b"hellO").digest())
+    with pytest.raises(CorruptCheckpoint, match=r"out/a\.txt: sha256 does not match"):
+        _converse_once(_session(bad), "r", staging, plan, lambda: None, False, True)
+    assert not (staging / "out/a.txt").exists()
+
+
+def test_a_server_that_stops_in_mid_stream_is_one_error_in_its_own_words(tmp_path):
+    """An output deleted on the server while it is fetched ends fetch-serve; the user reads why, not only that the
+    stream ended."""
+    from enlace.errors import EnlaceError
+    from orchestrator.transfer.fetch import _converse_once
+    from orchestrator.transfer.outputs import TRAILING
+
+    offer = (
+        json.dumps({"files": {}, "outputs": {"out/a.txt": {"bytes": 5}}, "output_digests": "trailing"}).encode() + b"\n"
+    )
+    said = "Error: fetch: the output out/a.txt was deleted on the server while it was fetched\n"
+    wire = _CannedWire(offer + FRAME.pack(0, 5) + b"he", code=1, err=said)
+    with pytest.raises(EnlaceError, match=r"stopped in mid-transfer \(exit 1\): Error: fetch: the output out/a\.txt"):
+        _converse_once(_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True)

@@ -46,10 +46,11 @@ def match_files(patterns: list[str], root: Path, stats: dict[str, FileStat] | No
         if not Path(expanded).is_absolute():
             expanded = str(root / expanded)
         # by parts: the separator sorts below every character ("a/b/c" before "a/b.py", as pathlib has it)
-        found = {m: got for m in glob.glob(expanded, recursive=True) if (got := file_stat(m))}
+        found = [(m, got) for m in glob.glob(expanded, recursive=True) if (got := file_stat(m))]
         if stats is not None:
             stats.update(found)
-        matches = sorted(found, key=lambda m: os.path.normcase(m).replace(os.sep, "\0"))
+        # as glob gives them, a file twice included (`**/**` does): the stream's order has always had it so
+        matches = sorted((m for m, _ in found), key=lambda m: os.path.normcase(m).replace(os.sep, "\0"))
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
             raise DataError(
@@ -102,7 +103,8 @@ def stat_in(path: str, present: dict[str, bool]) -> os.stat_result | None:
     try:
         return os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
-        present[parent] = os.path.isdir(parent)
+        if parent not in present:
+            present[parent] = os.path.isdir(parent)
         return None
 
 

@@ -188,12 +188,17 @@ def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = Fals
 def _output(rel: str, path: str, offset: int, prefix_sha256: str) -> Iterator[bytes]:
     """An output's frame, its bytes as they are now (from OFFSET when the driver holds their true start), then
     the sha256 of the whole file: read once, hashed as it goes out."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # neither a link nor a FIFO swapped in since the listing: a regular file, or no output
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise EnlaceError(f"fetch: the output {rel} was deleted on the server while it was fetched") from None
+    except OSError:  # a link now (O_NOFOLLOW): what it points to is not the run's to send
+        raise EnlaceError(f"fetch: the output {rel} is no longer a regular file on the server") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise EnlaceError(f"fetch: the output {rel} is no longer a regular file on the server")
+        size = st.st_size
         h = fd_sha256(fd, offset) if 0 < offset <= size else None
         start = offset if h is not None and h.hexdigest() == prefix_sha256 else 0
         if not start:

@@ -22,25 +22,22 @@ import re
 import shutil
 import time
 from pathlib import Path
-from stat import S_ISREG
 from typing import Any
 
 import click
 
 from enlace.contract import FRAME
-from enlace.data.paths import stat_in
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256
 from orchestrator.errors import UsageError
 from orchestrator.ssh.session import Session
-from orchestrator.transfer.wire import Progress, Reader, retrying
+from orchestrator.transfer.outputs import STAGING, TRAILING, in_dir, install_outputs, regular_in, want_outputs
+from orchestrator.transfer.wire import Progress, Reader, ServerEnded, retrying
 
 CKPT_NAME = re.compile(r"step-\d{6,}")
 EXPORT_NAME = re.compile(r"(hf|safetensors)-step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-STAGING = ".partial-fetch"
 STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
-TRAILING = "after its bytes"  # what a plan holds for a file whose sha256 the server sends after it
 
 
 class CorruptCheckpoint(EnlaceError):
@@ -51,50 +48,6 @@ def _safe(name: str, pattern: re.Pattern, what: str) -> str:
     if not pattern.fullmatch(name) or ".." in name:
         raise EnlaceError(f"refusing {what} name {name!r} from the server: it could escape the destination")
     return name
-
-
-# a part empty, `.`, `..` or hidden (so a leading `/` too), a control character or a backslash anywhere
-BAD_OUTPUT = re.compile(r"(?:^|/)(?:[./]|$)|[\x00-\x1f\\]")
-
-
-def _safe_output(rel: str) -> str:
-    """An output's path from the server: relative, no part empty, `.`, `..` or hidden, no control character,
-    outside checkpoints/ and staging: nothing can land outside the destination."""
-    if BAD_OUTPUT.search(rel) or rel.split("/", 1)[0] == "checkpoints":
-        raise EnlaceError(f"refusing output path {rel!r} from the server: it could escape the destination")
-    return rel
-
-
-def _want_outputs(root: str, offer: dict[str, Any]) -> dict[str, str]:
-    """A command run's outputs to ask for, each with its sha256 or TRAILING (the server sends it after the bytes,
-    and an output fetched before is staged as its start: nothing travels when it is unchanged). A server tree
-    older than this driver (until its next sync) lists their sha256 in the offer: only those that differ here."""
-    want, dirs, made = {}, {}, set()
-    trailing = offer.get("output_digests") == "trailing"
-    for rel, entry in offer.get("outputs", {}).items():
-        local = os.path.join(root, _safe_output(rel))
-        if trailing:
-            _link_into_staging(local, os.path.join(root, STAGING, rel), entry["bytes"], dirs, made)
-            want[rel] = TRAILING
-        elif not _output_here(local, entry, dirs):
-            want[rel] = entry["sha256"]
-    return want
-
-
-def _link_into_staging(local: str, staged: str, size: int, dirs: dict[str, bool], made: set[str]) -> None:
-    """An output fetched before, of the size offered, becomes its staging copy's start (a hard link: no byte
-    copied): the server sends nothing when that is the whole file still, and the file anew when not."""
-    st = _stat_in(local, dirs)
-    if st is None or st.st_size != size or os.path.islink(local) or os.path.lexists(staged):
-        return
-    with contextlib.suppress(OSError):  # no hard links here (some network file systems): fetched whole
-        os.link(local, _in_dir(staged, made))
-
-
-def _output_here(local: str, entry: dict, dirs: dict[str, bool]) -> bool:
-    """Fetched before and unchanged: the same size and sha256 here."""
-    st = _stat_in(local, dirs)  # a regular file, or None
-    return st is not None and st.st_size == entry["bytes"] and file_sha256(local).hexdigest() == entry["sha256"]
 
 
 def _already_here(final: Path, files: dict) -> bool:
@@ -134,7 +87,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
             want[f"checkpoints/{name}/MANIFEST"] = None
         for fname in offer["files"]:
             want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
-        return {**want, **_want_outputs(str(root), offer)}
+        return {**want, **want_outputs(str(root), offer)}
 
     t0 = time.perf_counter()
     offer, want, got = _converse(session, run_name, root / STAGING, plan, outputs=True)
@@ -163,7 +116,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         os.replace(tmp, root / "checkpoints" / "latest")
     for fname in offer["files"]:
         os.replace(root / STAGING / fname, root / fname)
-    _install_outputs(str(root), [rel for rel in offer.get("outputs", {}) if rel in want])
+    install_outputs(str(root), [rel for rel in offer.get("outputs", {}) if rel in want])
     report["outputs"] = len(offer.get("outputs", {}))
     shutil.rmtree(root / STAGING, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
@@ -247,18 +200,21 @@ def _converse_once(
         request, hashers, made, dirs = [], {}, set(), {}
         for rel in want:  # os.path's strings, each directory looked at and made once: 20,000 outputs are common
             local = os.path.join(staging, rel)
-            st = _stat_in(local, dirs)
+            st = regular_in(local, dirs)
             have = st.st_size if st is not None else 0
-            _in_dir(local, made)
+            in_dir(local, made)
             hashers[rel] = file_sha256(local) if have else hashlib.sha256()
             request.append([rel, have, hashers[rel].hexdigest()])
         wire.write(json.dumps({"send": request}).encode() + b"\n")
         got = 0
         with Progress("fetch", sum(_size(offer, rel) for rel in want)) as bar:
             for rel, offset, _ in request:
-                hashers[rel], n = _receive(reader, os.path.join(staging, rel), offset, hashers[rel], bar)
-                if want[rel] == TRAILING:
-                    want[rel] = reader.exactly(32).hex()
+                try:
+                    hashers[rel], n = _receive(reader, os.path.join(staging, rel), offset, hashers[rel], bar)
+                    if want[rel] == TRAILING:
+                        want[rel] = reader.exactly(32).hex()
+                except ServerEnded:
+                    raise _server_stopped(session, wire) from None
                 got += n
         code, err = wire.finish()
         if code != 0:
@@ -271,6 +227,16 @@ def _converse_once(
                 "file is corrupt on the server; fetch an older checkpoint with --all"
             )
     return offer, want, got
+
+
+def _server_stopped(session: Session, wire) -> EnlaceError:
+    """The server side ended in mid-stream: its own words (an output deleted while it was fetched), rerun to resume."""
+    code, err = wire.finish()
+    said = err.strip().splitlines()[-1] if err.strip() else "no word from it"
+    return EnlaceError(
+        f"fetch from {session.host.name}: the server side stopped in mid-transfer (exit {code}): {said} — "
+        f"fetch again to go on from there"
+    )
 
 
 def _answer(session: Session, wire, line: bytes) -> dict[str, Any]:
@@ -295,50 +261,6 @@ def _size(offer: dict[str, Any], rel: str) -> int:
     return entry["manifest_bytes"] if fname == "MANIFEST" else entry["files"][fname]["bytes"]
 
 
-def _install_outputs(root: str, rels: list[str]) -> None:
-    """Move verified outputs from staging into place: a top directory this destination lacks goes whole (one
-    rename for thousands of files: a first fetch) when staging holds exactly what was fetched into it; the rest
-    file by file."""
-    staging, made = os.path.join(root, STAGING), set()
-    by_top: dict[str, list[str]] = {}
-    for rel in rels:
-        top, sep, _ = rel.partition("/")
-        by_top.setdefault(top if sep else "", []).append(rel)
-    for top, group in by_top.items():
-        whole = os.path.join(staging, top)
-        if top and not os.path.lexists(os.path.join(root, top)) and _holds_exactly(whole, len(staging) + 1, group):
-            os.rename(whole, os.path.join(root, top))
-            continue
-        for rel in group:
-            os.replace(os.path.join(staging, rel), _in_dir(os.path.join(root, rel), made))
-
-
-def _holds_exactly(directory: str, cut: int, rels: list[str]) -> bool:
-    """Whether `directory` holds these files (relative to its parent, `cut` characters in) and nothing else: no
-    leftover of an earlier fetch, not even an empty directory."""
-    found: set[str] = set()
-    for parent, dirs, files in os.walk(directory):
-        if (not dirs and not files) or any(os.path.islink(os.path.join(parent, d)) for d in dirs):
-            return False  # an empty directory, a link os.walk would not enter
-        found.update(os.path.join(parent, name)[cut:].replace(os.sep, "/") for name in files)
-    return found == set(rels)
-
-
-def _in_dir(path: str, made: set[str]) -> str:
-    """path, its directory made (once per directory in `made`)."""
-    parent = os.path.dirname(path)
-    if parent not in made:
-        os.makedirs(parent, exist_ok=True)
-        made.add(parent)
-    return path
-
-
-def _stat_in(path: str, dirs: dict[str, bool]) -> os.stat_result | None:
-    """The regular file at path, or None (stat_in: a directory found missing once is not asked again)."""
-    st = stat_in(path, dirs)
-    return st if st is not None and S_ISREG(st.st_mode) else None
-
-
 def _receive(reader: Reader, local: str, offset: int, hasher, bar):
     """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0), hashed
     as it arrives. Returns the file's sha256 object and the bytes received."""
@@ -346,13 +268,17 @@ def _receive(reader: Reader, local: str, offset: int, hasher, bar):
     if start != offset:  # the server's file is not what we hold the start of: take it whole
         hasher = hashlib.sha256()
     bar.skip(start)
+    if count == 0 and start == offset > 0:  # held whole already (a copy fetched before, linked): left untouched
+        return hasher, 0
     left = count
     if start == 0 and offset:  # started anew: a new file, never this one truncated (it may be a link to the copy
         with contextlib.suppress(FileNotFoundError):  # fetched before; ext4 writes a file truncated to 0 back to disk
             os.unlink(local)  # when it is closed, auto_da_alloc, and the fetch's last rmdir would wait for that)
     fd = os.open(local, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | getattr(os, "O_BINARY", 0), 0o666)
     try:
-        if start and os.fstat(fd).st_size > start:  # more than the server's true start: dropped
+        if start and os.fstat(fd).st_nlink > 1:  # a link to the copy fetched before (grown on the server since):
+            fd = _own_copy(fd, local, start)  # never written through, so that copy stays until this one is verified
+        elif start and os.fstat(fd).st_size > start:  # more than the server's true start: dropped
             os.ftruncate(fd, start)
         os.lseek(fd, start, os.SEEK_SET)
         while left:
@@ -365,6 +291,25 @@ def _receive(reader: Reader, local: str, offset: int, hasher, bar):
     finally:
         os.close(fd)
     return hasher, count
+
+
+def _own_copy(fd: int, local: str, start: int) -> int:
+    """The first `start` bytes of `fd` (a staged file linked to another name) as a file of their own in its place,
+    open for writing; `fd` is closed."""
+    tmp = local + ".own"
+    own = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
+    with open(local, "rb") as src:  # the same file as fd, which is open for writing only
+        left = start
+        while left:
+            chunk = memoryview(src.read(min(left, 1 << 20)))
+            if not chunk:
+                break  # shorter than its hash said: the sha256 check after the transfer refuses it
+            left -= len(chunk)
+            while chunk:
+                chunk = chunk[os.write(own, chunk) :]
+    os.close(fd)
+    os.replace(tmp, local)
+    return own
 
 
 ORIGIN = ".enlace-origin.json"

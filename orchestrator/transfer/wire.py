@@ -25,6 +25,10 @@ class Interrupted(EnlaceError):
     exit_code = 130
 
 
+class ServerEnded(EnlaceError):
+    """The server side's stream ended before what it announced (it exited: its stderr says why)."""
+
+
 def retrying(what: str, kept: str, once: Callable[[Callable[[], None]], T]) -> T:
     """`once(tick)` — one conversation, which calls tick() between reads — again after a dropped connection
     (each try resumes where the last stopped), by the driver's one retry policy (orchestrator/ssh/retry.py). The first Ctrl-C ends it at the next tick
@@ -62,7 +66,7 @@ class Reader:
     def _fill(self) -> None:
         chunk = self.wire.read(1 << 20)
         if not chunk:
-            raise EnlaceError(f"{self.what}: the server side ended in mid-transfer")
+            raise ServerEnded(f"{self.what}: the server side ended in mid-transfer")
         self.buf.extend(chunk)
 
     def readline(self) -> bytes:
@@ -82,7 +86,7 @@ class Reader:
         if not self.buf:
             chunk = self.wire.read(n)
             if not chunk:
-                raise EnlaceError(f"{self.what}: the server side ended in mid-transfer")
+                raise ServerEnded(f"{self.what}: the server side ended in mid-transfer")
             return chunk
         out = bytes(self.buf[:n])
         del self.buf[:n]  # in place: a new buffer of the rest for each small file cost a copy of up to 1 MiB

@@ -55,20 +55,18 @@ class Throttle:
         self._thread = threading.Thread(target=self._cycle, daemon=True)
         self._held: list[int] = []
 
-    def _signal(self, pids: list[int], sig: int) -> list[int]:
-        reached = []
+    def _signal(self, pids: list[int], sig: int, reached: list[int]) -> None:
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # gone (its pid maybe another's now)
                 os.kill(pid, sig)
                 reached.append(pid)
-        return reached
 
     def _cycle(self) -> None:
         while not self._done.wait(self.on_s):
-            self._held = self._signal(self.pids(), signal.SIGSTOP)
+            self._signal(self.pids(), signal.SIGSTOP, self._held)  # each one recorded as it is stopped
             self._done.wait(self.off_s)
-            self._signal(self._held, signal.SIGCONT)
-            self._held = []
+            held, self._held = self._held, []
+            self._signal(held, signal.SIGCONT, [])
 
     def __enter__(self) -> Throttle:
         self._thread.start()
@@ -77,7 +75,7 @@ class Throttle:
     def __exit__(self, *exc) -> None:
         self._done.set()
         self._thread.join()
-        self._signal(self._held, signal.SIGCONT)
+        self._signal(self._held, signal.SIGCONT, [])
 
 
 def install_driver(venv: Path, source: Path, python: str) -> Path:
