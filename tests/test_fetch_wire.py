@@ -354,3 +354,21 @@ def test_a_server_that_stops_in_mid_stream_is_one_error_in_its_own_words(tmp_pat
     wire = _CannedWire(offer + FRAME.pack(0, 5) + b"he", code=1, err=said)
     with pytest.raises(EnlaceError, match=r"stopped in mid-transfer \(exit 1\): Error: fetch: the output out/a\.txt"):
         _converse_once(_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True)
+
+
+def test_a_connection_lost_in_mid_stream_is_transient_so_the_fetch_resumes(tmp_path):
+    """The stream's end with ssh's own failure behind it (system ssh's finish raises it: exit 255, no marker of the
+    command's own) is Transient, which retrying() resumes; before, it was reported as the server's end."""
+    from orchestrator.errors import Transient
+    from orchestrator.transfer.fetch import _converse_once
+    from orchestrator.transfer.outputs import TRAILING
+
+    class Dropped(_CannedWire):
+        def finish(self):
+            raise Transient("ssh: connection to gpu1 lost", started=True)
+
+    offer = json.dumps({"files": {}, "outputs": {"out/a.txt": {"bytes": 5}}, "output_digests": "trailing"}).encode()
+    wire = Dropped(offer + b"\n" + FRAME.pack(0, 5) + b"he")
+    with pytest.raises(Transient, match="connection to gpu1 lost"):
+        _converse_once(_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True)
+    assert (tmp_path / "out" / "a.txt").read_bytes() == b"he"  # what arrived stays: the next try resumes from it
