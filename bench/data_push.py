@@ -2,7 +2,8 @@
 same ssh host:
 
 1. a fresh push of SIZE MiB (a few large files and many small ones) vs `rsync -a` of the same directory,
-   median of --reps alternated runs, each into an empty place (CLI start included); what each wrote is
+   median of --reps alternated runs (each tool first in every other pair, each timed run started with nothing left
+   to write back: on ext4 it otherwise paid for the run before), each into an empty place (CLI start included); what each wrote is
    moved aside and removed only once a size is done: on ext4, creating thousands of files within seconds of
    deleting thousands is several times slower (`perf`: half the time in recently_deleted under
    ext4_create), a cost that fell on whichever tool came next;
@@ -75,6 +76,10 @@ def make_repo(base: Path, name: str) -> Path:
 
 
 def run(cmd: list[str], env: dict, cwd: Path) -> float:
+    """cmd's wall time, started with nothing left to write back (os.sync first, not timed): on this machine's
+    ext4, writes run at ~900 MiB/s until a GiB or two is dirty, then at the disk's ~130: without it, each tool
+    paid for what the one before had written."""
+    os.sync()
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, cwd=cwd, check=True, capture_output=True)
     return time.perf_counter() - t0
@@ -90,12 +95,21 @@ def push_vs_rsync(srv, env: dict, base: Path, repo: Path, mib: int | str, reps: 
     ssh = " ".join(["ssh", "-F", str(srv.dir / "ssh_config"), "-o", "BatchMode=yes"])
     push_t, rsync_t, aside = [], [], base / "aside"
     aside.mkdir(exist_ok=True)
+    os.sync()  # what the shape and the sync wrote is on disk before either tool is timed
     for rep in range(reps):  # each into an empty place; what they wrote is moved aside, removed once done: see above
-        push_t.append(run([*CLI, "data", "push", "bench"], env, repo))
-        os.rename(remote_data / f"c{mib}", aside / f"push-{mib}-{rep}")
-        dest = aside / f"rsync-{mib}-{rep}"
-        rsync_t.append(run(["rsync", "-a", "-e", ssh, f"{src}/", f"testhost:{dest}/"], env, repo))
+
+        def push(rep=rep) -> None:
+            push_t.append(run([*CLI, "data", "push", "bench"], env, repo))
+            os.rename(remote_data / f"c{mib}", aside / f"push-{mib}-{rep}")
+
+        def rsync(rep=rep) -> None:
+            dest = aside / f"rsync-{mib}-{rep}"
+            rsync_t.append(run(["rsync", "-a", "-e", ssh, f"{src}/", f"testhost:{dest}/"], env, repo))
+
+        for tool in (push, rsync) if rep % 2 == 0 else (rsync, push):  # neither always pays the other's writeback
+            tool()
     shutil.rmtree(aside)
+    os.sync()  # the removal's own work done before the next size
     size = sum(f.stat().st_size for f in src.rglob("*") if f.is_file()) / 2**20
     p, r = statistics.median(push_t), statistics.median(rsync_t)
     files = sum(1 for f in src.rglob("*") if f.is_file())

@@ -2,7 +2,8 @@
 checked here as they arrive) against `rsync -a` of the same directory over the same ssh host, on loopback SSH
 (its own sshd, like the tests), at the shapes bench/data_push.py pushes: one 1 GiB file, ~300 files of
 ~120 MiB in all, 20,000 files of 4 KiB. Alternated, medians of --reps, each into an emptied destination (CLI
-start included); --connection shared fetches over OpenSSH's shared connection (what `login` opens). Each
+start included), each tool first in every other pair and the disk synced between shapes (each timed run starts with
+nothing left to write back: on ext4 it otherwise paid for the run before); --connection shared fetches over OpenSSH's shared connection (what `login` opens). Each
 fetch and each rsync writes into a new destination, and they are removed only once a shape is done: on ext4,
 creating thousands of files within seconds of deleting thousands in the same tree is several times slower
 (`perf`: half the time in recently_deleted under ext4_create), a cost that fell on whichever tool came next.
@@ -34,8 +35,12 @@ CLI = [*DRIVER, "--host", "testhost"]
 
 
 def timed(cmd: list[str], env: dict, cwd: Path) -> float:
+    """cmd's wall time, started with nothing left to write back (os.sync first, not timed): on this machine's
+    ext4, writes run at ~900 MiB/s until a GiB or two is dirty, then at the disk's ~130: without it, each tool
+    paid for what the one before had written."""
     import time
 
+    os.sync()
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode:
@@ -70,13 +75,17 @@ def main() -> None:
             mib = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
             fetch_t, rsync_t = [], []
             (base / "rs").mkdir()
+            os.sync()  # what the shape wrote is on disk before either tool is timed
             for rep in range(args.reps):  # a new destination each time, all removed once the shape is done: see above
-                fetch_t.append(timed([*CLI, "fetch", "out", "--dest", str(base / "got" / str(rep))], env, repo))
-                rsync_t.append(
-                    timed(["rsync", "-a", "-e", ssh, f"testhost:{out}/", f"{base / 'rs' / str(rep)}/"], env, repo)
-                )
+                pair = [
+                    (fetch_t, [*CLI, "fetch", "out", "--dest", str(base / "got" / str(rep))]),
+                    (rsync_t, ["rsync", "-a", "-e", ssh, f"testhost:{out}/", f"{base / 'rs' / str(rep)}/"]),
+                ]
+                for times, cmd in pair if rep % 2 == 0 else pair[::-1]:  # neither always pays the other's writeback
+                    times.append(timed(cmd, env, repo))
             shutil.rmtree(base / "got")
             shutil.rmtree(base / "rs")
+            os.sync()  # the removal's own work done before the next shape
             f, r = statistics.median(fetch_t), statistics.median(rsync_t)
             print(
                 f"  {name:5} ({files} files, {mib:.0f} MiB): fetch {f:6.2f} s, rsync {r:6.2f} s: {r / f:.2f}x rsync's speed"
