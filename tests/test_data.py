@@ -175,7 +175,10 @@ def test_stat_in_asks_a_missing_directory_once_and_sees_it_once_made(tmp_path, m
     assert len(calls) == 2  # the first file, then its directory (isdir): the other 49 asked nothing
     (tmp_path / "here").mkdir()
     (tmp_path / "here" / "a").write_bytes(b"abc")
+    calls.clear()
     assert paths.stat_in(str(tmp_path / "here" / "b"), present) is None
+    assert paths.stat_in(str(tmp_path / "here" / "c"), present) is None
+    assert len(calls) == 3  # b, its directory (there), c: a present directory is asked once too
     assert paths.stat_in(str(tmp_path / "here" / "a"), present).st_size == 3  # the directory was not written off
 
 

@@ -176,13 +176,20 @@ def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = Fals
                     out.write(pending)
                     pending.clear()
             continue
-        start = offset if offset and offset <= size and fd_sha256(source, offset).hexdigest() == prefix_sha256 else 0
+        start, _ = _true_start(source, offset, size, prefix_sha256)
         out.write(pending + FRAME.pack(start, size - start))
         out.flush()
         pending.clear()
         _send(source, fd_out, start, size - start)
     out.write(pending)
     out.flush()
+
+
+def _true_start(fd: int, offset: int, size: int, prefix_sha256: str):
+    """Where the driver's copy of this file stops being the file: OFFSET when its first OFFSET bytes hash to
+    PREFIX_SHA256, else 0 (the file whole); with the sha256 object of the bytes before it."""
+    h = fd_sha256(fd, offset) if 0 < offset <= size else None
+    return (offset, h) if h is not None and h.hexdigest() == prefix_sha256 else (0, hashlib.sha256())
 
 
 def _output(rel: str, path: str, offset: int, prefix_sha256: str) -> Iterator[bytes]:
@@ -199,10 +206,7 @@ def _output(rel: str, path: str, offset: int, prefix_sha256: str) -> Iterator[by
         if not stat.S_ISREG(st.st_mode):
             raise EnlaceError(f"fetch: the output {rel} is no longer a regular file on the server")
         size = st.st_size
-        h = fd_sha256(fd, offset) if 0 < offset <= size else None
-        start = offset if h is not None and h.hexdigest() == prefix_sha256 else 0
-        if not start:
-            h = hashlib.sha256()
+        start, h = _true_start(fd, offset, size, prefix_sha256)
         yield FRAME.pack(start, size - start)
         while start < size:
             chunk = os.pread(fd, min(size - start, BATCH), start)

@@ -276,9 +276,10 @@ def _receive(reader: Reader, local: str, offset: int, hasher, bar):
             os.unlink(local)  # when it is closed, auto_da_alloc, and the fetch's last rmdir would wait for that)
     fd = os.open(local, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | getattr(os, "O_BINARY", 0), 0o666)
     try:
-        if start and os.fstat(fd).st_nlink > 1:  # a link to the copy fetched before (grown on the server since):
+        st = os.fstat(fd) if start else None
+        if st is not None and st.st_nlink > 1:  # a link to the copy fetched before (grown on the server since):
             fd = _own_copy(fd, local, start)  # never written through, so that copy stays until this one is verified
-        elif start and os.fstat(fd).st_size > start:  # more than the server's true start: dropped
+        elif st is not None and st.st_size > start:  # more than the server's true start: dropped
             os.ftruncate(fd, start)
         os.lseek(fd, start, os.SEEK_SET)
         while left:
@@ -294,20 +295,15 @@ def _receive(reader: Reader, local: str, offset: int, hasher, bar):
 
 
 def _own_copy(fd: int, local: str, start: int) -> int:
-    """The first `start` bytes of `fd` (a staged file linked to another name) as a file of their own in its place,
-    open for writing; `fd` is closed."""
-    tmp = local + ".own"
-    own = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
-    with open(local, "rb") as src:  # the same file as fd, which is open for writing only
-        left = start
-        while left:
-            chunk = memoryview(src.read(min(left, 1 << 20)))
-            if not chunk:
-                break  # shorter than its hash said: the sha256 check after the transfer refuses it
-            left -= len(chunk)
-            while chunk:
-                chunk = chunk[os.write(own, chunk) :]
+    """The first `start` bytes of a staged file linked to another name, as a file of their own in its place, open
+    for writing; `fd` (the linked one) is closed. Shorter than `start` (changed here meanwhile), the sha256 check
+    after the transfer refuses it."""
     os.close(fd)
+    tmp = local + ".own"
+    shutil.copyfile(local, tmp)
+    own = os.open(tmp, os.O_WRONLY | getattr(os, "O_BINARY", 0))
+    if os.fstat(own).st_size > start:
+        os.ftruncate(own, start)
     os.replace(tmp, local)
     return own
 
