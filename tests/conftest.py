@@ -20,7 +20,7 @@ from support.sshd import make_server
 TINY_DATA = "kind: bytes\npaths: ['data/tiny/*.txt']\nval_fraction: 0.1\n"
 
 
-def pytest_configure() -> None:
+def pytest_configure(config: pytest.Config) -> None:
     """With N xdist workers on C cores, each worker's torch (and every trainer it starts, here or
     through the test sshd) gets C // N threads: N processes each spinning C OpenMP threads on C cores
     wait on one another. An OMP_NUM_THREADS of your own wins."""
@@ -29,9 +29,16 @@ def pytest_configure() -> None:
     os.environ["ENLACE_QUEUE_DIR"] = tempfile.mkdtemp(prefix="enlace-queue-")
     # the shared connections' sockets (orchestrator/ssh/openssh.py): a short path of the test process's own
     os.environ["ENLACE_CONTROL_DIR"] = tempfile.mkdtemp(prefix="enlace-ssh-")
+    config.enlace_dirs = [os.environ["ENLACE_QUEUE_DIR"], os.environ["ENLACE_CONTROL_DIR"]]
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """This test process's queue and socket folders go with it (each run used to leave two in /tmp)."""
+    for folder in getattr(config, "enlace_dirs", []):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

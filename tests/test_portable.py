@@ -18,6 +18,7 @@ from support.remote import wait_until
 from enlace import sysinfo
 from enlace.contract import Status
 from enlace.state import runs
+from orchestrator.errors import Transient
 from orchestrator.ssh import portable
 from orchestrator.ssh.duplex import ProcessDuplex
 
@@ -221,3 +222,16 @@ time.sleep(120)
     from enlace.state.runs import proc_start
 
     wait_until(lambda: proc_start(child) is None, timeout=10, what="the child to die with its parent")
+
+
+def test_a_command_that_stops_reading_mid_write_still_finishes_with_its_code_and_stderr():
+    """Seen under load: a data push to a full disk exited 1 without a word. The server stopped reading in
+    mid-write; the rest of the write stayed in stdin's buffer, finish() flushed it into the closed pipe,
+    and click took the BrokenPipeError for `| head` closing stdout (exit 1, silent)."""
+    script = "import sys; sys.stdin.buffer.read(10); sys.stderr.write('no space left'); sys.exit(9)"
+    with ProcessDuplex([sys.executable, "-c", script], stall_timeout=30, tick=lambda: None) as helper:
+        helper.write(b"0123456789")
+        helper.p.wait(60)  # it has stopped reading: a small write stays in stdin's buffer, its flush fails
+        with pytest.raises(Transient):
+            helper.write(b"a frame's header")
+        assert helper.finish() == (9, "no space left")

@@ -3,6 +3,7 @@ its stdin and read its stdout as a byte stream (fetch's wire, enlace/server/fetc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shlex
@@ -95,7 +96,11 @@ class ProcessDuplex(Duplex):
             raise Transient(f"{self.what}: the other side stopped reading", started=True) from None
 
     def finish(self) -> tuple[int, str]:
-        self.p.stdin.close()
+        # a write the other side cut short leaves its rest in stdin's buffer, which close() flushes: it stopped
+        # reading (its answer says why), so the rest is dropped. Uncaught, click read the EPIPE as `| head`
+        # ending early and exited 1 without a word (seen: a data push to a full disk)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.p.stdin.close()  # the pipe is closed even so (BufferedWriter closes its raw file after a failed flush)
         code = self.p.wait()
         self.err.seek(0)
         return code, self.err.read().decode(errors="replace")
@@ -105,7 +110,8 @@ class ProcessDuplex(Duplex):
             self.p.kill()
             self.p.wait()
         for f in (self.p.stdin, self.p.stdout, self.err):
-            f.close()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # stdin's unsent rest (finish)
+                f.close()
 
 
 class SystemSSHDuplex(ProcessDuplex):
