@@ -1,5 +1,5 @@
-"""The one owner of "the sha256 of a file" (checkpoints' MANIFEST, fetch, data push, both halves) and of the
-server venv's key, which enlace/remote/remote.sh computes the same way in bash (a test holds them equal).
+"""The one owner of "the sha256 of a file" (checkpoints' MANIFEST, fetch, data push, both halves), of writing
+received bytes to a file (fetch and data push, both ends), and of the server venv's key, which enlace/remote/remote.sh computes the same way in bash (a test holds them equal).
 Standard library only: the driver imports it."""
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ import os
 from pathlib import Path
 
 CHUNK = 1 << 20
+# The most one write() hands the kernel. Linux 6.x sizes a file's page-cache folios by the write: on this
+# project's ext4, 1 MiB writes of a 1 GiB file took 0.2-1.2 s in write(), 4 MiB ones 3.3-5.4 s, 256 KiB and
+# 64 KiB ones 0.24 s every time (high-order pages to find; docs/benchmarks.md). rsync's receiver writes 32 KiB.
+WRITE_PIECE = 256 << 10
 
 
 def file_sha256(path: Path, count: int | None = None):
@@ -38,6 +42,13 @@ def fd_sha256(fd: int, count: int):
         h.update(chunk)
         offset += len(chunk)
     return h
+
+
+def write_all(fd: int, data) -> None:
+    """All of `data` (bytes or a memoryview) to `fd`, WRITE_PIECE bytes at most per write()."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view[:WRITE_PIECE]) :]
 
 
 VENV_KEY_FILES = ("pyproject.toml", "constraints.txt")

@@ -45,7 +45,7 @@ from typing import Any, BinaryIO
 from enlace.contract import FRAME
 from enlace.data.paths import in_scope, real_dir, stat_in
 from enlace.errors import EnlaceError, NoSpaceError
-from enlace.hashing import file_sha256
+from enlace.hashing import file_sha256, write_all
 from enlace.server import datainuse
 from enlace.sysinfo import grow_pipe
 
@@ -295,7 +295,7 @@ def _take(
             n = requests.readinto(buf[: min(left, len(buf))])
             if not n:
                 raise BadRequest("data push: the driver went away in mid-file (what arrived stays for the next push)")
-            _write_all(fd, buf[:n])
+            write_all(fd, buf[:n])
             hasher.update(buf[:n])
             left -= n
         ok = _exactly(requests, 32) == hasher.digest()
@@ -323,11 +323,6 @@ def _take(
                 tmp.parent.rmdir()  # empty again: nothing of the push stays beside the data
         os.unlink(partial)
     return True
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _mkdir(path: str, made: set[str]) -> None:

@@ -41,7 +41,7 @@ from enlace.config.command import CommandRun, expand
 from enlace.contract import FRAME, RUN_FILES
 from enlace.data.paths import real_dir
 from enlace.errors import CheckpointError, EnlaceError
-from enlace.hashing import fd_sha256
+from enlace.hashing import fd_sha256, write_all
 from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
 from enlace.state import runs
 from enlace.sysinfo import grow_pipe
@@ -235,11 +235,5 @@ def _send(fd: int, fd_out: int, offset: int, count: int) -> None:
             chunk = os.pread(fd, min(count, 1 << 20), offset)
             if not chunk:
                 raise EnlaceError(f"fetch: a file ended {count} bytes early (truncated on the server?)") from None
-            _write_all(fd_out, chunk)
+            write_all(fd_out, chunk)
             offset, count = offset + len(chunk), count - len(chunk)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

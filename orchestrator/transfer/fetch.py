@@ -28,7 +28,7 @@ import click
 
 from enlace.contract import FRAME
 from enlace.errors import EnlaceError
-from enlace.hashing import file_sha256
+from enlace.hashing import file_sha256, write_all
 from orchestrator.errors import UsageError
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.outputs import STAGING, TRAILING, in_dir, install_outputs, regular_in, want_outputs
@@ -287,8 +287,7 @@ def _receive(reader: Reader, local: str, offset: int, hasher, bar):
             hasher.update(chunk)
             bar.update(len(chunk))
             left -= len(chunk)
-            while chunk:
-                chunk = chunk[os.write(fd, chunk) :]
+            write_all(fd, chunk)
     finally:
         os.close(fd)
     return hasher, count
