@@ -52,6 +52,7 @@ from enlace.sysinfo import grow_pipe
 STAGING = ".partial-push"
 BESIDE = ".enlace-push"  # a hidden dir beside a target on another file system than the staging dir
 CHUNK = 4 << 20
+SMALL = 64 << 10  # a file this small is read whole before it is written (larger ones as they arrive)
 WAITING_EVERY_S = 5.0  # while another push holds the lock, a {"waiting"} line this often (the driver's stall clock)
 IDLE_S = 180.0  # no byte from the driver for this long: it is gone (a silent network drop); end, freeing the lock
 
@@ -280,7 +281,7 @@ def _take(
     if start != offset or start + count != size:
         raise BadRequest(f"data push: {os.path.basename(target)}: frame {start}+{count} does not match the plan")
     _mkdir(partial.rpartition("/")[0], made)
-    buf = memoryview(bytearray(min(count, CHUNK) or 1))
+    whole = _exactly(requests, count + 32) if count <= SMALL else None  # a small file's bytes and hash, at once
     # A new file is created empty (O_TRUNC truncates nothing a create made); a resumed one keeps its first `start`
     # bytes, what follows dropped only where there is some: ext4 writes a file truncated to 0 back to disk when
     # it is closed (auto_da_alloc), which cost every new file of a push a flush
@@ -290,15 +291,15 @@ def _take(
             if os.fstat(fd).st_size > start:
                 os.ftruncate(fd, start)
             os.lseek(fd, start, os.SEEK_SET)
-        left = count
-        while left:
-            n = requests.readinto(buf[: min(left, len(buf))])
-            if not n:
-                raise BadRequest("data push: the driver went away in mid-file (what arrived stays for the next push)")
-            write_all(fd, buf[:n])
-            hasher.update(buf[:n])
-            left -= n
-        ok = _exactly(requests, 32) == hasher.digest()
+        if whole is not None:
+            body = memoryview(whole)[:count]
+            write_all(fd, body)
+            hasher.update(body)
+            trailer = whole[count:]
+        else:
+            _stream_into(requests, fd, count, hasher)  # a large file: written as it arrives
+            trailer = _exactly(requests, 32)
+        ok = trailer == hasher.digest()
         if ok:
             os.utime(fd, ns=(mtime_ns, mtime_ns))
     finally:
@@ -325,6 +326,18 @@ def _take(
     return True
 
 
+def _stream_into(requests: BinaryIO, fd: int, count: int, hasher) -> None:
+    """`count` bytes of the driver's stream into `fd` as they arrive (what arrived stays for the next push)."""
+    buf = memoryview(bytearray(min(count, CHUNK)))
+    while count:
+        n = requests.readinto(buf[: min(count, len(buf))])
+        if not n:
+            raise BadRequest("data push: the driver went away in mid-file (what arrived stays for the next push)")
+        write_all(fd, buf[:n])
+        hasher.update(buf[:n])
+        count -= n
+
+
 def _mkdir(path: str, made: set[str]) -> None:
     """mkdir -p, once per directory per push."""
     if path not in made:
@@ -333,7 +346,10 @@ def _mkdir(path: str, made: set[str]) -> None:
 
 
 def _exactly(stream: BinaryIO, n: int) -> bytes:
-    buf = bytearray()
+    first = stream.read(n)
+    if len(first) == n:  # all of it was there (small files: nearly always)
+        return first
+    buf = bytearray(first)
     while len(buf) < n:
         chunk = stream.read(n - len(buf))
         if not chunk:
