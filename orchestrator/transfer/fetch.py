@@ -197,9 +197,9 @@ def _converse_once(
         line = reader.readline()
         offer = _answer(session, wire, line)
         want = plan(offer)
-        request, hashers, made, dirs = [], {}, set(), {}
-        for rel in want:  # os.path's strings, each directory looked at and made once: 20,000 outputs are common
-            local = os.path.join(staging, rel)
+        request, hashers, made, dirs, at = [], {}, set(), {}, f"{staging}{os.sep}"
+        for rel in want:  # strings, each directory looked at and made once: 20,000 outputs are common (rel: checked,
+            local = at + rel  # relative: os.path.join's answer, without its 5 calls per file)
             st = regular_in(local, dirs)
             have = st.st_size if st is not None else 0
             in_dir(local, made)
@@ -210,7 +210,7 @@ def _converse_once(
         with Progress("fetch", sum(_size(offer, rel) for rel in want)) as bar:
             for rel, offset, _ in request:
                 try:
-                    hashers[rel], n = _receive(reader, os.path.join(staging, rel), offset, hashers[rel], bar)
+                    hashers[rel], n = _receive(reader, at + rel, offset, hashers[rel], bar)
                     if want[rel] == TRAILING:
                         want[rel] = reader.exactly(32).hex()
                 except ServerEnded:

@@ -36,10 +36,11 @@ def want_outputs(root: str, offer: dict[str, Any]) -> dict[str, str]:
     older than this driver (until its next sync) lists their sha256 in the offer: only those that differ here."""
     want, dirs, made = {}, {}, set()
     trailing = offer.get("output_digests") == "trailing"
+    here, staged = f"{root}{os.sep}", f"{root}{os.sep}{STAGING}{os.sep}"  # + a checked rel: os.path.join's answer
     for rel, entry in offer.get("outputs", {}).items():
-        local = os.path.join(root, safe_output(rel))
+        local = here + safe_output(rel)
         if trailing:
-            _link_into_staging(local, os.path.join(root, STAGING, rel), entry["bytes"], dirs, made)
+            _link_into_staging(local, staged + rel, entry["bytes"], dirs, made)
             want[rel] = TRAILING
         elif not _output_here(local, entry, dirs):
             want[rel] = entry["sha256"]
