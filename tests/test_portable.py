@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -235,3 +236,18 @@ def test_a_command_that_stops_reading_mid_write_still_finishes_with_its_code_and
         with pytest.raises(Transient):
             helper.write(b"a frame's header")
         assert helper.finish() == (9, "no space left")
+
+
+@pytest.mark.parametrize("pipes_select, chosen", [(True, "SystemSSHDuplex"), (False, "ChannelDuplex")])
+def test_a_system_without_select_on_pipes_fetches_over_paramikos_channel(monkeypatch, pipes_select, chosen):
+    """Windows' select() takes sockets only: the system ssh client's pipes could not be waited on there (fetch
+    and data push would fail at their first read), so a host without a shared connection uses paramiko's
+    channel, a socket. The classes are stood in for: choosing one is what is tested (both run for real over
+    the test sshd in test_fetch.py)."""
+    from orchestrator.ssh import transport
+
+    monkeypatch.setattr(portable, "PIPES_SELECT", pipes_select)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/ssh")  # a Windows 10 laptop has OpenSSH
+    for name in ("SystemSSHDuplex", "ChannelDuplex"):
+        monkeypatch.setattr(transport, name, lambda *a, name=name: name)
+    assert transport.SSHTransport.duplex(object(), ["enlace", "fetch-serve"], 60, lambda: None) == chosen

@@ -8,6 +8,9 @@ portable fallback said beside it. The driver runs on Linux and macOS laptops as 
 - Pipe size (Linux fcntl F_SETPIPE_SZ): a 1 MiB pipe to and from a local helper, so one read takes more.
   Fallback: the system's default pipe; reads are smaller, the bytes the same. Owned by enlace/sysinfo.py
   (the server's data-receive grows its stdin the same way).
+- select() on a pipe (POSIX; Windows' select takes sockets only): fetch and data push to a host without a
+  shared connection talk to the system ssh client through its pipes. Fallback (Windows): they go over
+  paramiko's channel, a socket, as on a host with no ssh client.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import sys
 
 from enlace.sysinfo import grow_pipe
 
-__all__ = ["LINUX", "die_with_us", "grow_pipe"]
+__all__ = ["LINUX", "PIPES_SELECT", "die_with_us", "grow_pipe"]
 LINUX = sys.platform.startswith("linux")
+PIPES_SELECT = sys.platform != "win32"
 
 
 def _set_parent_death_signal() -> None:

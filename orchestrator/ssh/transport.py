@@ -34,6 +34,7 @@ import click
 
 from orchestrator.errors import CommandFailed, NotLoggedIn, Transient, UnreachableError, UsageError, short
 from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file
+from orchestrator.ssh import portable
 from orchestrator.ssh.ciphers import SSH_CIPHERS, gcm_first
 from orchestrator.ssh.duplex import ChannelDuplex, SystemSSHDuplex
 from orchestrator.ssh.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
@@ -301,7 +302,7 @@ class SSHTransport(Transport):
     def duplex(self, argv: list[str], stall_timeout: float, tick: Callable[[], None], shared: bool = False) -> Duplex:
         import shutil
 
-        if shutil.which("ssh") and not shared:
+        if shutil.which("ssh") and not shared and portable.PIPES_SELECT:
             return SystemSSHDuplex(self, argv, stall_timeout, tick)
         return ChannelDuplex(self, argv, stall_timeout, tick)
 
