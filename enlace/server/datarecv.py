@@ -15,11 +15,10 @@ The wire, on this process's stdin/stdout (PATHs and GLOBs relative to the data d
                       sha256 of the whole file (32 bytes)
     server → driver   one JSON line: {"ok": true, "written": [PATH], "bad": [PATH], "touched": K, "deleted": [PATH]}
 
-A file arrives in <data_dir>/../.partial-push/PATH, is hashed as it arrives, and is renamed into data/ only
-when its sha256 matches the driver's: a running job never reads a half-written file, and what a dropped
-connection left there is where the next push continues. (When data/ is on another file system, the file
-is copied into a hidden `.enlace-push/` beside its target first: no glob of a run sees it, and the next
-push removes what a failed one left.) One push at a time per data directory: a second one waits on a lock,
+A file arrives in <data_dir>/../.partial-push/PATH, is hashed as it arrives, and lands in data/ only when
+its sha256 matches the driver's: a running job never reads a half-written file, and what a dropped
+connection left there is where the next push continues. How it lands (a new top directory whole, in one
+rename; data/ on another file system) is enlace/server/datalanding.py. One push at a time per data directory: a second one waits on a lock,
 sending {"waiting": ...} lines meanwhile, and then finds what the first one sent. The answer's "in_use"
 names the active runs that read files this push would change (enlace/server/datainuse.py); a plan with
 "force" records the change in those runs. A full disk is one NoSpaceError line (exit 9).
@@ -47,10 +46,10 @@ from enlace.data.paths import in_scope, real_dir, stat_in
 from enlace.errors import EnlaceError, NoSpaceError
 from enlace.hashing import file_sha256, write_all
 from enlace.server import datainuse
+from enlace.server.datalanding import BESIDE, land, land_whole, mkdir_once, new_tops
 from enlace.sysinfo import grow_pipe
 
 STAGING = ".partial-push"
-BESIDE = ".enlace-push"  # a hidden dir beside a target on another file system than the staging dir
 CHUNK = 4 << 20
 SMALL = 64 << 10  # a file this small is read whole before it is written (larger ones as they arrive)
 WAITING_EVERY_S = 5.0  # while another push holds the lock, a {"waiting"} line this often (the driver's stall clock)
@@ -177,18 +176,22 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
             os.utime(inside(data, rel, dirs), ns=(mtime_ns, mtime_ns))
             report["touched"] += 1
     made: set[str] = set()
+    whole = new_tops(data, staging, [rel for rel, _, _, _ in plan.get("send", [])])
     for rel, offset, size, mtime_ns in plan.get("send", []):
         if files.get(rel, (None,))[0] != size or not 0 <= offset <= size:
             raise BadRequest(f"data push: {rel!r} from byte {offset} was not in the list")
         hasher = hashers.get(rel) if offset else None
         target, partial = inside(data, rel, dirs), f"{staging}/{rel}"  # rel: one the listing checked
         try:
-            ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
+            alone = rel.partition("/")[0] not in whole
+            ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made, alone)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk, or the account's quota
                 raise
             raise no_space(target, size - offset) from None
         report["written" if ok else "bad"].append(rel)
+    for top in sorted(whole):
+        land_whole(f"{staging}/{top}", f"{data}/{top}", made)
     extras = {rel for rel, _ in extra}
     for rel in plan.get("delete", []):
         if rel not in extras:
@@ -273,14 +276,23 @@ def no_space(target: str | Path, needed: int) -> NoSpaceError:
 
 
 def _take(
-    requests: BinaryIO, target: str, partial: str, offset: int, size: int, mtime_ns: int, hasher, made: set[str]
+    requests: BinaryIO,
+    target: str,
+    partial: str,
+    offset: int,
+    size: int,
+    mtime_ns: int,
+    hasher,
+    made: set[str],
+    install: bool,
 ) -> bool:
-    """One file's frame into `partial`, then renamed to `target` when its sha256 matches the trailer. `made`:
-    the directories this push has created (thousands of small files share a few)."""
+    """One file's frame into `partial`, verified against the trailer's sha256, then (`install`) landed at `target`
+    (a file of a new top directory waits in staging for the directory's one rename). `made`: the directories this
+    push has created (thousands of small files share a few)."""
     start, count = FRAME.unpack(_exactly(requests, FRAME.size))
     if start != offset or start + count != size:
         raise BadRequest(f"data push: {os.path.basename(target)}: frame {start}+{count} does not match the plan")
-    _mkdir(partial.rpartition("/")[0], made)
+    mkdir_once(partial.rpartition("/")[0], made)
     whole = _exactly(requests, count + 32) if count <= SMALL else None  # a small file's bytes and hash, at once
     # A new file is created empty (O_TRUNC truncates nothing a create made); a resumed one keeps its first `start`
     # bytes, what follows dropped only where there is some: ext4 writes a file truncated to 0 back to disk when
@@ -307,22 +319,8 @@ def _take(
     if not ok:
         os.unlink(partial)
         return False
-    _mkdir(target.rpartition("/")[0], made)
-    try:
-        os.replace(partial, target)
-    except OSError as e:  # data/ on another file system than its parent: copy beside the target, then rename
-        if e.errno != errno.EXDEV:
-            raise
-        tmp = Path(target).parent / BESIDE / Path(target).name  # hidden from a run's globs; removed on failure or
-        tmp.parent.mkdir(exist_ok=True)  # the next push
-        try:
-            shutil.copy2(partial, tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                tmp.parent.rmdir()  # empty again: nothing of the push stays beside the data
-        os.unlink(partial)
+    if install:
+        land(partial, target, made)
     return True
 
 
@@ -336,13 +334,6 @@ def _stream_into(requests: BinaryIO, fd: int, count: int, hasher) -> None:
         write_all(fd, buf[:n])
         hasher.update(buf[:n])
         count -= n
-
-
-def _mkdir(path: str, made: set[str]) -> None:
-    """mkdir -p, once per directory per push."""
-    if path not in made:
-        os.makedirs(path, exist_ok=True)
-        made.add(path)
 
 
 def _exactly(stream: BinaryIO, n: int) -> bytes:
