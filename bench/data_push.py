@@ -2,11 +2,11 @@
 same ssh host:
 
 1. a fresh push of SIZE MiB (a few large files and many small ones) vs `rsync -a` of the same directory,
-   median of --reps alternated runs (each tool first in every other pair, each timed run started with nothing left
-   to write back: on ext4 it otherwise paid for the run before), each into an empty place (CLI start included); what each wrote is
-   moved aside and removed only once a size is done: on ext4, creating thousands of files within seconds of
-   deleting thousands is several times slower (`perf`: half the time in recently_deleted under
-   ext4_create), a cost that fell on whichever tool came next;
+   median of --reps alternated runs (each tool first in every other pair, each timed run started with
+   nothing left to write back: on ext4 it otherwise paid for the run before), each into an empty place (CLI
+   start included); what each wrote is moved aside and removed only once a size is done: on ext4, creating
+   thousands of files within seconds of deleting thousands is several times slower (`perf`: half the time in
+   recently_deleted under ext4_create), a cost that fell on whichever tool came next;
 2. a no-op push of --files small files that are all on the server already (size + mtime match).
 
 The shapes 1gib (one 1 GiB file), 300 (~300 files, ~120 MiB) and 20k (20,000 files of 4 KiB) stand for

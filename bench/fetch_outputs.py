@@ -1,12 +1,13 @@
 """`enlace-remote fetch` of a command run's outputs (your own script's files: sha256 computed on the server,
 checked here as they arrive) against `rsync -a` of the same directory over the same ssh host, on loopback SSH
-(its own sshd, like the tests), at the shapes bench/data_push.py pushes: one 1 GiB file, ~300 files of
-~120 MiB in all, 20,000 files of 4 KiB. Alternated, medians of --reps, each into an emptied destination (CLI
-start included), each tool first in every other pair and the disk synced between shapes (each timed run starts with
-nothing left to write back: on ext4 it otherwise paid for the run before); --connection shared fetches over OpenSSH's shared connection (what `login` opens). Each
-fetch and each rsync writes into a new destination, and they are removed only once a shape is done: on ext4,
-creating thousands of files within seconds of deleting thousands in the same tree is several times slower
-(`perf`: half the time in recently_deleted under ext4_create), a cost that fell on whichever tool came next.
+(its own sshd, like the tests), at the shapes bench/data_push.py pushes: one 1 GiB file, ~300 files of ~120
+MiB in all, 20,000 files of 4 KiB. Alternated, medians of --reps, each into an emptied destination (CLI start
+included), each tool first in every other pair and the disk synced between shapes (each timed run starts with
+nothing left to write back: on ext4 it otherwise paid for the run before); --connection shared fetches over
+OpenSSH's shared connection (what `login` opens). Each fetch and each rsync writes into a new destination, and
+they are removed only once a shape is done: on ext4, creating thousands of files within seconds of deleting
+thousands in the same tree is several times slower (`perf`: half the time in recently_deleted under
+ext4_create), a cost that fell on whichever tool came next.
 
     python bench/fetch_outputs.py [--shapes 1gib,300,20k] [--reps 3] [--connection shared]
 """

@@ -1,6 +1,7 @@
 """The one owner of "the sha256 of a file" (checkpoints' MANIFEST, fetch, data push, both halves), of writing
-received bytes to a file (fetch and data push, both ends), and of the server venv's key, which enlace/remote/remote.sh computes the same way in bash (a test holds them equal).
-Standard library only: the driver imports it."""
+bytes out whole (the received ones to a file: fetch and data push, both ends), and of the server venv's key,
+which enlace/remote/remote.sh computes the same way in bash (a test holds them equal). Standard library only:
+the driver imports it."""
 
 from __future__ import annotations
 

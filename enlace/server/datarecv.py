@@ -18,8 +18,8 @@ The wire, on this process's stdin/stdout (PATHs and GLOBs relative to the data d
 A file arrives in <data_dir>/../.partial-push/PATH, is hashed as it arrives, and lands in data/ only when
 its sha256 matches the driver's: a running job never reads a half-written file, and what a dropped
 connection left there is where the next push continues. How it lands (a new top directory whole, in one
-rename; data/ on another file system) is enlace/server/datalanding.py. One push at a time per data directory: a second one waits on a lock,
-sending {"waiting": ...} lines meanwhile, and then finds what the first one sent. The answer's "in_use"
+rename; data/ on another file system) is enlace/server/datalanding.py. One push at a time per data
+directory: a second one waits on a lock, sending {"waiting": ...} lines meanwhile, and then finds what the first one sent. The answer's "in_use"
 names the active runs that read files this push would change (enlace/server/datainuse.py); a plan with
 "force" records the change in those runs. A full disk is one NoSpaceError line (exit 9).
 """
@@ -183,8 +183,9 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
         hasher = hashers.get(rel) if offset else None
         target, partial = inside(data, rel, dirs), f"{staging}/{rel}"  # rel: one the listing checked
         try:
-            alone = rel.partition("/")[0] not in whole
-            ok = _take(requests, target, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made, alone)
+            ok = _take(requests, partial, offset, size, mtime_ns, hasher or hashlib.sha256(), made)
+            if ok and rel.partition("/")[0] not in whole:  # (a new top directory's files land with it, below)
+                land(partial, target, made)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk, or the account's quota
                 raise
@@ -275,23 +276,12 @@ def no_space(target: str | Path, needed: int) -> NoSpaceError:
     )
 
 
-def _take(
-    requests: BinaryIO,
-    target: str,
-    partial: str,
-    offset: int,
-    size: int,
-    mtime_ns: int,
-    hasher,
-    made: set[str],
-    install: bool,
-) -> bool:
-    """One file's frame into `partial`, verified against the trailer's sha256, then (`install`) landed at `target`
-    (a file of a new top directory waits in staging for the directory's one rename). `made`: the directories this
-    push has created (thousands of small files share a few)."""
+def _take(requests: BinaryIO, partial: str, offset: int, size: int, mtime_ns: int, hasher, made: set[str]) -> bool:
+    """One file's frame into `partial`, its mtime set: whether its sha256 matches the trailer (a file that does
+    not is removed). `made`: the directories this push has created (thousands of small files share a few)."""
     start, count = FRAME.unpack(_exactly(requests, FRAME.size))
     if start != offset or start + count != size:
-        raise BadRequest(f"data push: {os.path.basename(target)}: frame {start}+{count} does not match the plan")
+        raise BadRequest(f"data push: {os.path.basename(partial)}: frame {start}+{count} does not match the plan")
     mkdir_once(partial.rpartition("/")[0], made)
     whole = _exactly(requests, count + 32) if count <= SMALL else None  # a small file's bytes and hash, at once
     # A new file is created empty (O_TRUNC truncates nothing a create made); a resumed one keeps its first `start`
@@ -318,10 +308,7 @@ def _take(
         os.close(fd)
     if not ok:
         os.unlink(partial)
-        return False
-    if install:
-        land(partial, target, made)
-    return True
+    return ok
 
 
 def _stream_into(requests: BinaryIO, fd: int, count: int, hasher) -> None:

@@ -169,13 +169,8 @@ def serve(run_dir: Path, requests: BinaryIO, out: BinaryIO, outputs: bool = Fals
     grow_pipe(fd_out, BATCH)  # our pipe to sshd holds a whole write: we read the next files while it sends
     for path, offset, prefix_sha256 in wanted:
         source, size = held[path]
-        if isinstance(source, str):  # an output, read now: small frames join the next ones in one write
+        if isinstance(source, str):  # an output, read now: its frames join the next ones in one write
             for part in _output(path, source, offset, prefix_sha256):
-                if len(part) >= BATCH // 4:  # a large chunk goes as it is (a gigabyte was copied once more here)
-                    out.write(pending)
-                    pending.clear()
-                    out.write(part)
-                    continue
                 pending += part
                 if len(pending) >= BATCH:
                     out.write(pending)
