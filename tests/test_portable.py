@@ -5,6 +5,7 @@ closure holds no torch, numpy or trainer module for any verb."""
 from __future__ import annotations
 
 import ast
+import errno
 import fcntl
 import os
 import shutil
@@ -236,6 +237,25 @@ def test_a_command_that_stops_reading_mid_write_still_finishes_with_its_code_and
         with pytest.raises(Transient):
             helper.write(b"a frame's header")
         assert helper.finish() == (9, "no space left")
+
+
+def test_an_error_closing_stdin_still_closes_stdout_and_stderr():
+    """close() closed stdin, stdout and the stderr file in turn; an error other than EPIPE closing stdin (EIO,
+    say) left the other two open."""
+
+    class FailingClose:
+        def __init__(self, f):
+            self.f = f
+
+        def close(self):
+            self.f.close()
+            raise OSError(errno.EIO, "Input/output error")
+
+    helper = ProcessDuplex(["cat"], stall_timeout=30, tick=lambda: None)
+    helper.p.stdin = FailingClose(helper.p.stdin)
+    helper.close()
+    assert helper.p.stdin.f.closed and helper.p.stdout.closed and helper.err.closed
+    assert helper.p.returncode is not None  # and cat was ended
 
 
 @pytest.mark.parametrize("pipes_select, chosen", [(True, "SystemSSHDuplex"), (False, "ChannelDuplex")])

@@ -110,7 +110,8 @@ class ProcessDuplex(Duplex):
             self.p.kill()
             self.p.wait()
         for f in (self.p.stdin, self.p.stdout, self.err):
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # stdin's unsent rest (finish)
+            # stdin's unsent rest (finish), or any other error closing one: the others are closed all the same
+            with contextlib.suppress(OSError):
                 f.close()
 
 
