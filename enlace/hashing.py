@@ -6,6 +6,7 @@ the driver imports it."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 
@@ -50,6 +51,20 @@ def write_all(fd: int, data) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view[:WRITE_PIECE]) :]
+
+
+class PieceFile(io.FileIO):
+    """A file whose write() hands the kernel WRITE_PIECE bytes at most; the io.BufferedWriter over it writes on
+    until all is out. torch.save gives each tensor's bytes to one write() (a 1 GiB checkpoint saved and fsynced
+    on ext4: 2.0-8.4 s, 1.0-1.1 s in pieces: docs/benchmarks.md)."""
+
+    def write(self, data) -> int:
+        return os.write(self.fileno(), memoryview(data).cast("B")[:WRITE_PIECE])
+
+
+def open_pieces(path: Path):
+    """`path` opened for writing ("wb"), its writes handed to the kernel WRITE_PIECE bytes at a time."""
+    return io.BufferedWriter(PieceFile(path, "w"))
 
 
 VENV_KEY_FILES = ("pyproject.toml", "constraints.txt")

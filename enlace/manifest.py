@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from enlace.errors import CheckpointError
-from enlace.hashing import file_sha256
+from enlace.hashing import file_sha256, open_pieces
 
 MANIFEST = "MANIFEST"
 STEP_RE = re.compile(r"step-(\d{6,})")
@@ -33,7 +33,8 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_file(path: Path, write) -> None:
-    with open(path, "wb") as fh:
+    """`write(fh)` into a new file at `path` (in WRITE_PIECE writes: a checkpoint's tensors), then fsync."""
+    with open_pieces(path) as fh:
         write(fh)
         fh.flush()
         os.fsync(fh.fileno())

@@ -153,3 +153,32 @@ def test_a_checkpoint_made_on_cuda_is_refused_on_cpu_in_one_line(project):
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert "runtime.device='cuda'" in lines[0] and "--set runtime.device=cuda" in lines[0], lines[0]
     assert "--resume none" in lines[0]
+
+
+def test_a_checkpoints_tensors_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_path, monkeypatch):
+    """torch.save gives each tensor's bytes to one write(). Linux 6.x sizes a file's page-cache folios by the
+    write: on ext4 here a 1 GiB checkpoint saved and fsynced that way took 0.8-6.8 s, in 256 KiB pieces 0.9-1.0 s
+    (bench/checkpoint_write.py, docs/benchmarks.md). Every byte of a checkpoint goes out in such pieces."""
+    import os
+    import stat
+
+    import torch
+
+    from enlace.hashing import WRITE_PIECE
+    from enlace.train.checkpoint import load_checkpoint, save_checkpoint
+
+    real_write, sizes = os.write, []
+
+    def write(fd, data):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            sizes.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    state = {"w": torch.randn(3 << 18), "b": torch.arange(10)}  # 3 MiB of float32, and a small one
+    ck = save_checkpoint(tmp_path, 1, {"model.pt": state}, keep=2)
+    monkeypatch.undo()
+    written = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())  # the checkpoint, MANIFEST, latest
+    assert sizes and sum(sizes) == written and max(sizes) == WRITE_PIECE, sizes
+    loaded = load_checkpoint(ck)["model.pt"]
+    assert all(loaded[k].numpy().tobytes() == state[k].numpy().tobytes() for k in state)
