@@ -1,7 +1,7 @@
 """The one owner of "the sha256 of a file" (checkpoints' MANIFEST, fetch, data push, both halves), of writing
-bytes out whole (the received ones to a file: fetch and data push, both ends), and of the server venv's key,
-which enlace/remote/remote.sh computes the same way in bash (a test holds them equal). Standard library only:
-the driver imports it."""
+large files in pieces (received bytes at both ends of fetch and data push, checkpoints, shards), and of the
+server venv's key, which enlace/remote/remote.sh computes the same way in bash (a test holds them equal).
+Standard library only: the driver imports it."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def write_all(fd: int, data) -> None:
 
 class PieceFile(io.FileIO):
     """A file whose write() hands the kernel WRITE_PIECE bytes at most; the io.BufferedWriter over it writes on
-    until all is out. torch.save gives each tensor's bytes to one write() (a 1 GiB checkpoint saved and fsynced
-    on ext4: 2.0-8.4 s, 1.0-1.1 s in pieces: docs/benchmarks.md)."""
+    until all is out. torch.save gives each tensor's bytes to one write(), ndarray.tofile a whole shard (a 1 GiB
+    checkpoint saved and fsynced on ext4: 0.9-7.0 s, 0.9-1.0 s in pieces: docs/benchmarks.md)."""
 
     def write(self, data) -> int:
         return os.write(self.fileno(), memoryview(data).cast("B")[:WRITE_PIECE])

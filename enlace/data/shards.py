@@ -21,6 +21,7 @@ import numpy as np
 
 from enlace.data.bytestream import ConcatBytes, check_state, mix_seed
 from enlace.data.paths import DataError, read_meta
+from enlace.hashing import open_pieces
 
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
 
@@ -138,7 +139,8 @@ def prepare_shards(
             for i, start in enumerate(range(lo, hi, shard_tokens)):
                 n = min(shard_tokens, hi - start)
                 name = f"{split}-{i:06d}.bin"
-                corpus.read(start, n).astype(DTYPES[dtype]).tofile(tmp / name)
+                with open_pieces(tmp / name) as fh:  # not ndarray.tofile: one write() of the whole shard
+                    fh.write(memoryview(corpus.read(start, n).astype(DTYPES[dtype])))
                 meta[split].append(name)
                 meta["tokens"][split] += n
                 if progress:
