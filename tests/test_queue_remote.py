@@ -26,7 +26,7 @@ from enlace.state import runs
 
 pytestmark = pytest.mark.slow
 LONG = ("long", "--no-preflight", "--restarts", "0")
-SLEEP = ("python", "-c", "import time; time.sleep(1)")
+WAIT_FOR_FILE = "import os, sys, time; [time.sleep(0.05) for _ in iter(lambda: os.path.exists(sys.argv[1]), True)]"
 
 
 @pytest.fixture
@@ -162,8 +162,11 @@ def test_runs_leave_the_queue_in_the_order_their_launches_came_over_ten_launches
 ):
     """Ten launches at random moments, two clones launching at once, on a host with one CPU slot: each launch
     takes its place when `enlace start` runs (not when its supervisor gets going), and the runs leave the
-    queue in exactly that order. The runs are commands of their own (a second's sleep each): a run's command is
-    nothing to the queue, and ten trainers would spend ≈20 CPU-s importing torch for it."""
+    queue in exactly that order. The runs are commands of their own that wait for a file the test makes once all
+    ten have their place, so nine wait together: a run's command is nothing to the queue, and ten trainers would
+    spend ≈20 CPU-s importing torch for it."""
+    gate = tmp_path / "gate"
+    hold = ("python", "-c", WAIT_FOR_FILE, str(gate))
     clone = tmp_path / "clone-b"
     subprocess.run(["git", "clone", "-q", str(user_repo), str(clone)], check=True)
     remote(user_repo, sshd.env, "sync")
@@ -173,7 +176,7 @@ def test_runs_leave_the_queue_in_the_order_their_launches_came_over_ten_launches
         rng = random.Random(seed)
         for name in names:
             time.sleep(rng.uniform(0, 0.4))  # a random moment: the order is what is checked, not a time
-            args = ("launch", "--name", name, "--no-wait", "--restarts", "0", "--", *SLEEP)
+            args = ("launch", "--name", name, "--no-wait", "--restarts", "0", "--", *hold)
             proc = popen_remote(repo, sshd.env, *args)
             assert proc.wait(timeout=300) == 0, proc.stderr.read()
 
@@ -184,6 +187,9 @@ def test_runs_leave_the_queue_in_the_order_their_launches_came_over_ten_launches
         t.join()
     names = [n for ns in streams.values() for n in ns]
     run_dir = lambda n: sshd.dir.parent / "remote-testhost" / "runs" / n
+    statuses = lambda: sorted(runs.read(run_dir(n)).get("status") for n in names)
+    wait_until(lambda: statuses() == ["queued"] * 9 + ["running"], 120, "one run on the slot, nine queued")
+    gate.touch()
     wait_until(lambda: all(runs.read(run_dir(n)).get("status") == "finished" for n in names), 300, "all ten ran")
     state = {n: runs.read(run_dir(n)) for n in names}
     by_ticket = sorted(names, key=lambda n: state[n]["ticket"])
