@@ -182,3 +182,20 @@ def test_a_checkpoints_tensors_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_p
     assert sizes and sum(sizes) == written and max(sizes) == WRITE_PIECE, sizes
     loaded = load_checkpoint(ck)["model.pt"]
     assert all(loaded[k].numpy().tobytes() == state[k].numpy().tobytes() for k in state)
+
+
+def test_what_a_killed_save_left_is_removed_and_the_checkpoints_stay(tmp_path):
+    """A save killed mid-way leaves its temp dir, a replaced step's old dir, or a `latest` not yet put in place
+    (.latest.tmp-PID, once left for good after a full disk); the next start removes them, nothing else."""
+    import torch
+
+    from enlace.train.checkpoint import remove_stale_temps, save_checkpoint
+
+    ck = save_checkpoint(tmp_path, 2, {"model.pt": {"w": torch.zeros(3)}}, keep=2)
+    for name in (".tmp-step-000004-123", ".old-step-000002-77"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.pt").write_bytes(b"partial")
+    (tmp_path / ".latest.tmp-456").write_bytes(b"step-000004")
+    remove_stale_temps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", ck.name]
+    assert (tmp_path / "latest").read_text() == ck.name + "\n"

@@ -33,11 +33,14 @@ from enlace.manifest import (
 
 
 def remove_stale_temps(ckpt_root: Path) -> None:
-    """Temp dirs left by a save that was killed; they were never visible as checkpoints."""
+    """Temp dirs left by a save that was killed, and a `latest` it never put in place: they were never visible
+    as checkpoints."""
     if ckpt_root.is_dir():
         for p in ckpt_root.iterdir():
             if p.name.startswith((".tmp-", ".old-")):
                 shutil.rmtree(p, ignore_errors=True)
+            elif p.name.startswith(".latest.tmp-"):
+                p.unlink(missing_ok=True)
 
 
 def checkpoint_bytes(ckpt_root: Path, n_params: int) -> int:
