@@ -8,7 +8,7 @@ WRITE_PIECE bytes per write() (enlace.hashing.open_pieces, now):
 Linux 6.x sizes a file's page-cache folios by the write, and on ext4 large writes stall
 (docs/benchmarks.md). The two ways take turns (A B B A ...; the machine is noisy) in one process.
 
-    python bench/large_writes.py [--mib 1024] [--pairs 3] [--dir DIR (default: TMPDIR)]
+    python bench/large_writes.py [--mib 1024] [--tensors 4] [--pairs 3] [--dir DIR (default: TMPDIR)]
 """
 
 from __future__ import annotations
@@ -57,11 +57,15 @@ def shards(way: str, folder: Path, corpus: np.ndarray) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="bytes written per run, in MiB (default: %(default)s)")
+    ap.add_argument("--tensors", type=int, default=4, help="the checkpoint's tensors (default: %(default)s)")
     ap.add_argument("--pairs", type=int, default=3, help="A B B A pairs (default: %(default)s)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a folder under TMPDIR)")
     args = ap.parse_args()
     cases = {
-        "checkpoint": (checkpoint, {f"w{i}": torch.randn(args.mib * 2**18 // 4) for i in range(4)}),
+        "checkpoint": (
+            checkpoint,
+            {f"w{i}": torch.randn(args.mib * 2**18 // args.tensors) for i in range(args.tensors)},
+        ),
         "shards": (shards, np.frombuffer(os.urandom(args.mib << 20), dtype=np.uint8)),
     }
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

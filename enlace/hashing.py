@@ -63,8 +63,10 @@ class PieceFile(io.FileIO):
 
 
 def open_pieces(path: Path):
-    """`path` opened for writing ("wb"), its writes handed to the kernel WRITE_PIECE bytes at a time."""
-    return io.BufferedWriter(PieceFile(path, "w"))
+    """`path` opened for writing ("wb"), its writes handed to the kernel WRITE_PIECE bytes at a time; buffered as
+    open() buffers (the file system's block size, 8 KiB at least)."""
+    raw = PieceFile(path, "w")
+    return io.BufferedWriter(raw, max(io.DEFAULT_BUFFER_SIZE, os.fstat(raw.fileno()).st_blksize))
 
 
 VENV_KEY_FILES = ("pyproject.toml", "constraints.txt")
