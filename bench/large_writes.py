@@ -84,7 +84,7 @@ def main() -> None:
             a, b = statistics.median(times["whole"]), statistics.median(times["pieces"])
             for way, ts in times.items():
                 print(
-                    f"  {case:10s} {way:6s}: median {statistics.median(ts):.2f} s ({', '.join(f'{t:.2f}' for t in ts)})"
+                    f"  {case:10s} {way:6s}: median {statistics.median(ts):.3f} s ({', '.join(f'{t:.3f}' for t in ts)})"
                 )
             print(f"  {case:10s} speed-up whole/pieces = {a / b:.2f}")
 
