@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from support.cli import enlace, run_json
 from support.configs import write_run
+from support.writes import file_write_sizes
 
 
 @pytest.fixture
@@ -159,22 +160,12 @@ def test_a_checkpoints_tensors_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_p
     """torch.save gives each tensor's bytes to one write(). Linux 6.x sizes a file's page-cache folios by the
     write: on ext4 here a 1 GiB checkpoint saved and fsynced that way took 0.9-7.0 s, in 256 KiB pieces 0.9-1.0 s
     (bench/large_writes.py, docs/benchmarks.md). Every byte of a checkpoint goes out in such pieces."""
-    import os
-    import stat
-
     import torch
 
     from enlace.hashing import WRITE_PIECE
     from enlace.train.checkpoint import load_checkpoint, save_checkpoint
 
-    real_write, sizes = os.write, []
-
-    def write(fd, data):
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            sizes.append(len(data))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", write)
+    sizes = file_write_sizes(monkeypatch)
     state = {"w": torch.randn(3 << 18), "b": torch.arange(10)}  # 3 MiB of float32, and a small one
     ck = save_checkpoint(tmp_path, 1, {"model.pt": state}, keep=2)
     monkeypatch.undo()

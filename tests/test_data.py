@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from support import REPO
+from support.writes import file_write_sizes
 
 from enlace.data.bytestream import ByteStream
 from enlace.data.paths import DataError, resolve_paths
@@ -85,20 +86,11 @@ def test_prepare_writes_its_shards_in_pieces_of_at_most_256_kib(tmp_path, monkey
     """ndarray.tofile gave a whole shard (16 MiB and more) to one write(); on ext4 here 64 shards of 16 MiB
     took 0.7-2.4 s that way, 0.7-0.8 s in 256 KiB pieces (Linux 6.x sizes page-cache folios by the write;
     bench/large_writes.py)."""
-    import stat
-
     from enlace.hashing import WRITE_PIECE
 
     corpus = tmp_path / "corpus.bin"
     corpus.write_bytes(os.urandom(3 << 20))
-    real_write, sizes = os.write, []
-
-    def write(fd, data):
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            sizes.append(len(data))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", write)
+    sizes = file_write_sizes(monkeypatch)
     meta = prepare_shards([corpus], tmp_path / "shards", shard_tokens=1 << 20, dtype="uint16", val_fraction=0.1)
     monkeypatch.undo()
     parts = [np.fromfile(tmp_path / "shards" / n, dtype="uint16") for n in meta["train"] + meta["val"]]

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import signal
-import stat
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from support.configs import write_run, write_tiny_corpus
 from support.remote import PipeReader, popen_remote, remote, server_dir
 from support.repocopy import commit_all
+from support.writes import file_write_sizes
 
 from enlace.contract import FRAME
 from enlace.data.paths import DataError, in_scope, push_scope, under_data
@@ -246,14 +246,7 @@ def test_received_bytes_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_path, mo
     from orchestrator.transfer.fetch import _receive
     from orchestrator.transfer.wire import Progress, Reader
 
-    real_write, sizes = os.write, []
-
-    def write(fd, data):
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            sizes.append(len(data))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", write)
+    sizes = file_write_sizes(monkeypatch)
     body = os.urandom(3 << 20)
     rel, digest = "big.bin", hashlib.sha256(body).digest()
     plan = {"send": [[rel, 0, len(body), 5]]}
