@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 CHUNK = 1 << 20
-# The most one write() hands the kernel. Linux 6.x sizes a file's page-cache folios by the write: on this
-# project's ext4, 1 MiB writes of a 1 GiB file took 0.2-1.2 s in write(), 4 MiB ones 3.3-5.4 s, 256 KiB and
-# 64 KiB ones 0.24 s every time (high-order pages to find; docs/benchmarks.md). rsync's receiver writes 32 KiB.
+# The most one write() hands the kernel. Linux 6.x sizes a file's page-cache folios by the write, and on this
+# project's ext4 writes of a megabyte and more stalled while 256 KiB and 64 KiB ones did not (high-order pages
+# to find; the figures are in docs/benchmarks.md). rsync's receiver writes 32 KiB.
 WRITE_PIECE = 256 << 10
 
 
@@ -55,8 +55,8 @@ def write_all(fd: int, data) -> None:
 
 class PieceFile(io.FileIO):
     """A file whose write() hands the kernel WRITE_PIECE bytes at most; the io.BufferedWriter over it writes on
-    until all is out. torch.save gives each tensor's bytes to one write(), ndarray.tofile a whole shard (a 1 GiB
-    checkpoint saved and fsynced on ext4: 0.9-7.0 s, 0.9-1.0 s in pieces: docs/benchmarks.md)."""
+    until all is out. torch.save gives each tensor's bytes to one write(), ndarray.tofile a whole shard: on ext4
+    a large checkpoint saved several times faster in pieces (bench/large_writes.py, docs/benchmarks.md)."""
 
     def write(self, data) -> int:
         return os.write(self.fileno(), memoryview(data).cast("B")[:WRITE_PIECE])

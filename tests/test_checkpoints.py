@@ -158,8 +158,8 @@ def test_a_checkpoint_made_on_cuda_is_refused_on_cpu_in_one_line(project):
 
 def test_a_checkpoints_tensors_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_path, monkeypatch):
     """torch.save gives each tensor's bytes to one write(). Linux 6.x sizes a file's page-cache folios by the
-    write: on ext4 here a 1 GiB checkpoint saved and fsynced that way took 0.9-7.0 s, in 256 KiB pieces 0.9-1.0 s
-    (bench/large_writes.py, docs/benchmarks.md). Every byte of a checkpoint goes out in such pieces."""
+    write, and on ext4 here a large checkpoint saved that way stalled (bench/large_writes.py, docs/benchmarks.md).
+    Every byte of a checkpoint goes out in pieces of 256 KiB at most."""
     import torch
 
     from enlace.hashing import WRITE_PIECE

@@ -83,9 +83,8 @@ def test_prepare_round_trips_the_corpus(files, tmp_path, dtype):
 
 
 def test_prepare_writes_its_shards_in_pieces_of_at_most_256_kib(tmp_path, monkeypatch):
-    """ndarray.tofile gave a whole shard (16 MiB and more) to one write(); on ext4 here 64 shards of 16 MiB
-    took 0.7-2.4 s that way, 0.7-0.8 s in 256 KiB pieces (Linux 6.x sizes page-cache folios by the write;
-    bench/large_writes.py)."""
+    """ndarray.tofile gave a whole shard (16 MiB and more) to one write(), which stalled on ext4 here (Linux 6.x
+    sizes page-cache folios by the write; bench/large_writes.py, docs/benchmarks.md)."""
     from enlace.hashing import WRITE_PIECE
 
     corpus = tmp_path / "corpus.bin"

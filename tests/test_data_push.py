@@ -240,7 +240,7 @@ def test_both_halves_name_a_file_the_same_whatever_the_patterns_spelling(tmp_pat
 
 def test_received_bytes_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_path, monkeypatch):
     """Linux 6.x sizes page-cache folios by the write: on ext4 here, 1 MiB and 4 MiB writes of a 1 GiB file
-    stalled in write() (a 1 GiB push 0.70x rsync's speed, 1.29x with 256 KiB pieces: docs/benchmarks.md).
+    stalled in write() (a 1 GiB push fell below rsync's speed; the figures are in docs/benchmarks.md).
     Both receiving ends, data push's server and fetch's driver, write a 3 MiB file in pieces."""
     from enlace.hashing import WRITE_PIECE
     from orchestrator.transfer.fetch import _receive

@@ -190,7 +190,7 @@ def test_runs_leave_the_queue_in_the_order_their_launches_came_over_ten_launches
     statuses = lambda: sorted(runs.read(run_dir(n)).get("status") for n in names)
     wait_until(lambda: statuses() == ["queued"] * 9 + ["running"], 120, "one run on the slot, nine queued")
     gate.touch()
-    wait_until(lambda: all(runs.read(run_dir(n)).get("status") == "finished" for n in names), 300, "all ten ran")
+    wait_until(lambda: statuses() == ["finished"] * 10, 300, "all ten ran")
     state = {n: runs.read(run_dir(n)) for n in names}
     by_ticket = sorted(names, key=lambda n: state[n]["ticket"])
     assert sorted(names, key=lambda n: state[n]["seated_at"]) == by_ticket
