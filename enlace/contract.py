@@ -125,6 +125,20 @@ STOPPABLE = frozenset(
 )  # what `stop` moves to STOPPING (compare-and-set)
 UNLESS_STOPPING = frozenset(Status) - {Status.STOPPING}  # the trainer's own starting/running never undoes a stop
 
+# What ranks a sweep's runs, lower is better: enlace's trainer's val bits/byte, else the val loss a script of
+# your own logs (enlace.job.log(step, kind="eval", val_loss=...)). The table, the board and the notes use it.
+SWEEP_METRICS = ("val_bpb", "val_loss")
+
+
+def sweep_metric(rows: list[dict[str, Any]]) -> str:
+    """The key that ranks these runs (one sweep's: one script's): the first of SWEEP_METRICS that any has."""
+    return next((k for k in SWEEP_METRICS if any(r.get(k) is not None for r in rows)), SWEEP_METRICS[0])
+
+
+def metric_words(key: str) -> str:
+    """How a person reads the key: `val bpb`, `val loss`."""
+    return key.replace("_", " ")
+
 
 # -- the supervisor's policy and the trainer's command line -----------------------------------------------
 

@@ -109,3 +109,15 @@ def test_a_sweeps_end_is_told_once_when_its_last_run_here_ends(tmp_path):
     assert len(told) == 1
     assert told[0]["best"] == "s-b" and told[0]["runs"] == {"s-a": "finished", "s-b": "finished"}
     assert told[0]["text"] == "enlace: sweep s on box ended: 2/2 finished; best s-b (val bpb 1.5000)"
+
+
+def test_a_sweep_of_a_script_is_told_with_its_val_loss(tmp_path):
+    root = tmp_path / "runs"
+    for name, loss in (("m-a", 0.5), ("m-b", 0.25)):
+        (root / name).mkdir(parents=True)
+        doc = {"status": "finished", "val_loss": loss, "sweep": "m", "sweep_share": 2, "step": 3}
+        (root / name / "run.json").write_text(json.dumps(doc))
+    told = notify.sweep_end(root, "m", 2, "box")
+    assert told["best"] == "m-b" and told["metric"] == {"val_loss": 0.25}
+    assert told["text"] == "enlace: sweep m on box ended: 2/2 finished; best m-b (val loss 0.2500)"
+    assert ", val loss 0.2500" in notify.run_end(root / "m-b", "box")["text"]

@@ -126,11 +126,32 @@ def test_a_git_ignored_script_is_refused_quoting_the_rule_before_anything_starts
 )
 def test_a_wrong_command_run_file_is_one_line_and_exit_2(project, text, says):
     (project / "configs" / "runs" / "bad.yaml").write_text(text)
+    _one_line_exit_2(project, "bad", says)
+
+
+def _one_line_exit_2(project, run: str, says: str, *sets: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "enlace", "check-config", "bad"]
+    argv = [sys.executable, "-m", "enlace", "check-config", run, *(a for s in sets for a in ("--set", s))]
     out = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_set_reaches_a_command_as_its_environment_and_its_options(project):
+    """--set env.NAME=V and args.NAME=V (launch's, and each sweep point's): the command's environment and
+    `--NAME=V` after its argv, in the order given; run_name too; anything else is one line naming the forms."""
+    from enlace.config import command
+
+    (project / "configs" / "runs" / "mine.yaml").write_text("command: [python, t.py, --x=1]\nenv: {SEED: '0'}\n")
+    sets = ("args.lr=3e-4", "env.SEED=7", "env.WANDB_MODE=offline", "args.n-layer=2", "run_name=mine-2")
+    own = command.load("mine", project, sets)
+    assert own.argv == ("python", "t.py", "--x=1", "--lr=3e-4", "--n-layer=2") and own.run_name == "mine-2"
+    assert own.env == {"SEED": "7", "WANDB_MODE": "offline"}
+    assert command.load("mine", project).argv == ("python", "t.py", "--x=1")  # the file itself is unchanged
+    forms = "runs your own command, which takes --set run_name=NAME, env.NAME=VALUE (an environment variable) or"
+    for bad in ("optim.learning_rate=1e-3", "env.1X=2", "args.=3", "lr=1"):
+        _one_line_exit_2(project, "mine", f"--set {bad.partition('=')[0]}: configs/runs/mine.yaml {forms}", bad)
+    _one_line_exit_2(project, "mine", "uses {out}, which enlace does not fill", "args.out={out}/x")
 
 
 def test_a_fetch_of_more_outputs_than_a_process_may_hold_open(sshd, user_repo, tmp_path):

@@ -372,6 +372,22 @@ def test_a_sweep_is_one_job_array_whose_task_requeues_at_its_limit_and_resumes_e
     assert table.startswith("sweep arr: sw, 3/3 finished"), table
 
 
+def test_a_sweep_of_your_own_script_is_one_job_array_ranked_by_its_val_loss(login, user_repo):
+    from test_sweep import TOY
+
+    (user_repo / "scripts" / "toy.py").write_text(TOY)
+    (user_repo / "configs" / "runs" / "toy.yaml").write_text('command: [python, scripts/toy.py]\nenv: {SEED: "0"}\n')
+    commit_all(user_repo, "a script of our own to sweep")
+    out = remote(user_repo, login.env, "sweep", "toy", "--set", "args.lr=0.1,0.02", "--name", "own", host="cluster")
+    assert "job array" in out.stderr, out.stderr
+    names = ["own-lr0.1", "own-lr0.02"]
+    wait_until(lambda: all(run_json(login, n).get("status") == "finished" for n in names), 300, "the array to end")
+    assert [run_json(login, n)["command"]["command"][-1] for n in names] == ["--lr=0.1", "--lr=0.02"]
+    assert "lr=0.02 seed=0" in train_log(login, "own-lr0.02")
+    table = remote(user_repo, login.env, "status", "--sweep", host="cluster").stdout
+    assert table.startswith("sweep own: toy, 2/2 finished; best own-lr0.02 (val loss 0.0100)"), table
+
+
 def test_a_script_of_your_own_checkpoints_at_the_time_limit_requeues_and_finishes_exactly(
     login, user_repo, cluster, tmp_path
 ):

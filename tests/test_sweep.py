@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 from support.browser import artifacts_dir, chromium, wait_for
-from support.remote import PipeReader, popen_remote, remote, tiny_corpus, wait_until
+from support.remote import PipeReader, popen_remote, remote, server_dir, tiny_corpus, wait_until
+from support.repocopy import commit_all
 from support.sshd import make_server
 from support.webhook import Webhook
 
@@ -29,6 +31,8 @@ def test_the_grid_names_each_point_by_its_values():
     assert grid.points("s", clash)[0].run_name == "s-learning_rate1-loss_rate3"
     long, _ = grid.parse_sets((f"a.key={'x' * 70},y",))
     assert [p.run_name for p in grid.points("s", long)] == ["s-000", "s-001"]  # too long: numbered
+    own, _ = grid.parse_sets(("args.lr=1e-3,3e-3", "env.SEED=1,2", "args.n-layer=4,6"))  # a command's: one word whole
+    assert grid.points("m", own)[0].run_name == "m-lr1e-3-SEED1-nl4"
 
 
 @pytest.mark.parametrize(
@@ -73,6 +77,27 @@ def test_the_table_ranks_by_val_bpb_and_says_progress():
     text = table.format_table(sweep, rows)
     assert text.splitlines()[0] == "sweep s: tiny, 2/4 finished (1 queued, 1 not launched); best s-k1 (val bpb 1.5000)"
     assert text.splitlines()[2].startswith("*  s-k1  h     1  finished      30/30  1.5000")
+
+
+def test_a_sweep_of_a_script_that_logs_a_val_loss_is_ranked_by_it():
+    sweep = record.Sweep(
+        "m",
+        "mine",
+        [],
+        ["args.lr"],
+        [{"run_name": f"m-lr{i}", "host": "h", "values": {"args.lr": str(i)}} for i in range(3)],
+    )
+    found = {
+        ("h", "m-lr0"): {"run_name": "m-lr0", "status": "finished", "val_loss": 0.9, "val_bpb": None, "step": 3},
+        ("h", "m-lr1"): {"run_name": "m-lr1", "status": "finished", "val_loss": 0.2, "val_bpb": None, "step": 3},
+        ("h", "m-lr2"): {"run_name": "m-lr2", "status": "running", "val_loss": 0.1, "val_bpb": None, "step": 1},
+    }
+    rows = table.rows_of(sweep, found)
+    assert [r["run_name"] for r in rows] == ["m-lr1", "m-lr0", "m-lr2"] and rows[0]["best"]  # finished ones first
+    assert {r["metric"] for r in rows} == {"val_loss"}
+    text = table.format_table(sweep, rows).splitlines()
+    assert text[0] == "sweep m: mine, 2/3 finished (1 running); best m-lr1 (val loss 0.2000)"
+    assert text[1].split()[-1] == "LOSS" and text[2].split()[-1] == "0.2000"
 
 
 def test_a_bare_sweep_option_without_any_sweep_says_how_to_start_one(tmp_path):
@@ -185,15 +210,69 @@ def test_a_two_by_two_sweep_on_two_hosts_finishes_ranked_and_told(tmp_path, user
             s.stop()
 
 
-@pytest.mark.slow
-def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, user_repo):
+# A script of the user's own (enlace.job, no torch): its values from --lr and SEED, a val loss made of them, an
+# output file; with --hold=1 it runs until stopped.
+TOY = textwrap.dedent(
+    """\
+    import argparse, os, time
+    from enlace import job
+    p = argparse.ArgumentParser(); p.add_argument("--lr", type=float, default=0.1); p.add_argument("--hold", type=int)
+    a = p.parse_args()
+    seed = int(os.environ["SEED"])
+    print(f"lr={a.lr} seed={seed}", flush=True)
+    job.log(1, loss=1.0)
+    while a.hold and not job.stop_requested():
+        time.sleep(0.05)
+    val = round(abs(a.lr - 0.01) + seed / 100, 6)
+    job.log(1, kind="eval", val_loss=val)
+    (job.run_dir() / "out").mkdir(exist_ok=True)
+    (job.run_dir() / "out" / "val.txt").write_text(f"{val}\\n")
+    """
+)
+
+
+def _toy_with_cpu_slots(sshd, repo: Path, slots: int) -> None:
+    (repo / "scripts" / "toy.py").write_text(TOY)
+    (repo / "configs" / "runs" / "toy.yaml").write_text(
+        'command: [python, scripts/toy.py]\noutputs: ["out/*"]\nenv: {SEED: "0"}\n'
+    )
+    commit_all(repo, "a script of our own to sweep")
     hosts = Path(sshd.env["ENLACE_HOSTS_FILE"])
     hosts.write_text(
-        hosts.read_text().replace("    default_run: tiny\n", "    default_run: tiny\n    cpu_slots: 2\n", 1)
+        hosts.read_text().replace("    default_run: tiny\n", f"    default_run: tiny\n    cpu_slots: {slots}\n", 1)
     )
-    tiny_corpus(sshd.dir.parent / "remote-testhost")
-    remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--set", "run_name=bystander")
-    remote(user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,2e-3,3e-3", "--name", "s")
+
+
+@pytest.mark.slow
+def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_its_val_loss(sshd, user_repo):
+    _toy_with_cpu_slots(sshd, user_repo, 2)
+    remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=0.1,0.02", "--set", "env.SEED=0,3", "--name", "m")
+    rows = lambda: json.loads(remote(user_repo, sshd.env, "status", "--sweep", "--json").stdout)
+    wait_until(lambda: all(r["status"] == "finished" for r in rows()), 300, "every run of the sweep to finish")
+    ranked = rows()
+    assert [r["run_name"] for r in ranked] == ["m-lr0.02-SEED0", "m-lr0.02-SEED3", "m-lr0.1-SEED0", "m-lr0.1-SEED3"]
+    assert [r["val_loss"] for r in ranked] == [0.01, 0.04, 0.09, 0.12] and ranked[0]["best"]
+    for r in ranked:  # each run's command was given its point's values: as an option, and in its environment
+        log = (server_dir(sshd, "testhost") / "runs" / r["run_name"] / "train.log").read_text()
+        assert f"lr={float(r['values']['args.lr'])} seed={r['values']['env.SEED']}" in log, log
+    text = remote(user_repo, sshd.env, "status", "--sweep").stdout
+    assert text.startswith("sweep m: toy, 4/4 finished; best m-lr0.02-SEED0 (val loss 0.0100)"), text
+    assert text.splitlines()[1].split()[-2:] == ["VAL", "LOSS"]
+    remote(user_repo, sshd.env, "fetch", "--sweep", "--best")
+    assert (user_repo / "runs" / "m-lr0.02-SEED0" / "out" / "val.txt").read_text() == "0.01\n"
+    assert not (user_repo / "runs" / "m-lr0.1-SEED3").exists()  # --best: that run alone
+
+
+@pytest.mark.slow
+def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, user_repo):
+    """A sweep of a script of our own, held until stopped: what stop does does not depend on what the runs run
+    (enlace's trainer's sweeps run in the test above and on Slurm)."""
+    _toy_with_cpu_slots(sshd, user_repo, 2)
+    tiny_corpus(server_dir(sshd, "testhost"))  # for the refusals of enlace's trainer's sweeps at the end
+    remote(user_repo, sshd.env, "launch", "toy", "--set", "args.hold=1", "--set", "run_name=bystander")
+    remote(
+        user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1e-3,2e-3,3e-3", "--set", "args.hold=1", "--name", "s"
+    )
     state = lambda: {
         r["run_name"]: r["status"] for r in json.loads(remote(user_repo, sshd.env, "status", "--json").stdout)
     }

@@ -13,6 +13,7 @@ the command (enlace/server/supervise.py). docs/own-script.md is the user's page.
     resume: {args: ["--init_from=resume"], when: "{run_dir}/out/ckpt.pt"}
 
 Placeholders, in command, env, resume and outputs: {run_dir}, {run_name}, {restart} ({{ and }} are braces).
+launch's --set (and a sweep point's): run_name=NAME, env.NAME=VALUE, args.NAME=VALUE (`--NAME=VALUE` appended).
 Standard library only: the driver and every server verb read it without torch.
 """
 
@@ -40,6 +41,7 @@ KEYS = ("command", "run_name", "data", "outputs", "nproc", "device", "env", "sup
 EXAMPLE = 'command: [python, train.py, --out_dir, "{run_dir}/out"]'
 GRACE_S = 30.0  # a stop: SIGTERM to the command's process group, then SIGKILL after this long
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # --set args.NAME=VALUE: the option's name, as the script spells it
 
 
 class Bad(ConfigError):
@@ -256,8 +258,8 @@ def run_file(run: str, root: Path) -> Path:
 
 
 def load(run: str, root: Path | None = None, overrides=()) -> CommandRun | None:
-    """RUN's run file as a command run; None when it is one of enlace's trainer (or is not there: the trainer's
-    loader says so). `--set run_name=NAME` is the one override a command run takes."""
+    """RUN's run file as a command run, `overrides` (--set) applied; None when it is one of enlace's trainer (or is
+    not there: the trainer's loader says so)."""
     root = find_root(root)
     path = run_file(run, root)
     if not path.is_file():
@@ -266,16 +268,30 @@ def load(run: str, root: Path | None = None, overrides=()) -> CommandRun | None:
     if not is_command(layer):
         return None
     where = str(path.relative_to(root) if path.is_relative_to(root) else path)
-    sets = dict(o.partition("=")[::2] for o in overrides)
-    other = sorted(set(sets) - {"run_name"})
-    if other:
-        raise Bad(
-            f"--set {other[0]}: {where} runs your own command, whose settings are its own arguments — change the "
-            "command in the run file (--set run_name=NAME is the one override it takes)"
-        )
-    if "run_name" in sets:
-        layer = {**layer, "run_name": sets["run_name"]}
-    return parse(layer, where, default_name=path.stem)
+    return parse(with_sets(layer, overrides, where), where, default_name=path.stem)
+
+
+def with_sets(layer: dict, overrides, where: str) -> dict:
+    """The run file's mapping with launch's (or a sweep point's) --set applied, in the order given: `run_name=NAME`,
+    `env.NAME=VALUE` (an environment variable of the command) and `args.NAME=VALUE` (`--NAME=VALUE` appended to
+    the command: argparse, Hugging Face's HfArgumentParser and nanoGPT's configurator all read that form)."""
+    layer = dict(layer)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if key == "run_name":
+            layer["run_name"] = value
+        elif dot and section == "env" and ENV_NAME.fullmatch(name) and isinstance(layer.get("env") or {}, dict):
+            layer["env"] = {**(layer.get("env") or {}), name: value}
+        elif dot and section == "args" and ARG_NAME.fullmatch(name) and isinstance(layer.get("command"), list):
+            layer["command"] = [*layer["command"], f"--{name}={value}"]
+        else:
+            raise Bad(
+                f"--set {key}: {where} runs your own command, which takes --set run_name=NAME, env.NAME=VALUE (an "
+                "environment variable) or args.NAME=VALUE (--NAME=VALUE appended to the command) — anything else "
+                "belongs in the run file's command"
+            )
+    return layer
 
 
 def from_spec(spec: str, run_name: str) -> CommandRun:

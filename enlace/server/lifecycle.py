@@ -140,11 +140,13 @@ def submit(run_dir: Path, submit_job, command: dict | None = None) -> dict[str, 
     return {"ok": True, "pid": None, "job_id": job_id, "log_offset": offset, "launch_id": launch_id}
 
 
-def submit_array(run_dirs: list[Path], submit_job) -> dict[str, str]:
+def submit_array(run_dirs: list[Path], submit_job, commands: list[dict | None] | None = None) -> dict[str, str]:
     """Submit the runs as one Slurm job array (`submit_job(launch_ids)` → the array's job id), unless any is
-    alive; each run's job is then ARRAY_TASK. {run name: its job}."""
+    alive; each run's job is then ARRAY_TASK. `commands`: each run's own command (None: enlace's trainer), kept
+    in its run.json for the task's batch step. {run name: its job}."""
+    commands = commands or [None] * len(run_dirs)
     with contextlib.ExitStack() as stack:
-        launches = [stack.enter_context(launching(d)) for d in run_dirs]
+        launches = [stack.enter_context(launching(d, c)) for d, c in zip(run_dirs, commands)]
         for i, run_dir in enumerate(run_dirs):
             phase = f"submitted to Slurm as task {i} of a job array"
             update(run_dir, status=Status.PENDING, phase=phase, launcher_pid=None, launcher_start=None)

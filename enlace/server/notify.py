@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from enlace.clitypes import shown_url
-from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
+from enlace.contract import ACTIVE, ENDED_CLEANLY, Status, metric_words, sweep_metric
 from enlace.state import runs
 from enlace.units import duration
 
@@ -71,8 +71,9 @@ def run_end(run_dir: Path, host: str) -> dict[str, Any]:
     word = "gave up" if gave_up else status
     at = f"at step {row['step']}/{row['max_steps']}" if row.get("max_steps") else "before it started"
     text = f"enlace: {row['run_name']} on {host} {word} {at}"
-    if row.get("val_bpb") is not None:
-        text += f", val bpb {row['val_bpb']:.4f}"
+    metric = sweep_metric([row])
+    if row.get(metric) is not None:
+        text += f", {metric_words(metric)} {row[metric]:.4f}"
     if row.get("elapsed_s"):
         text += f", after {duration(row['elapsed_s'])}"
     if Status(status) not in ENDED_CLEANLY and row.get("error"):
@@ -85,7 +86,7 @@ def run_end(run_dir: Path, host: str) -> dict[str, Any]:
         "gave_up": gave_up,
         "step": row["step"],
         "max_steps": row["max_steps"],
-        "metric": {"val_bpb": row.get("val_bpb"), "loss": row.get("loss")},
+        "metric": {"val_bpb": row.get("val_bpb"), "val_loss": row.get("val_loss"), "loss": row.get("loss")},
         "elapsed_s": row.get("elapsed_s"),
         "exit_code": row.get("exit_code"),
         "sweep": st.get("sweep"),
@@ -104,11 +105,12 @@ def sweep_end(runs_root: Path, sweep: str, share: int, host: str) -> dict[str, A
     except FileExistsError:
         return None
     finished = sum(r["status"] == Status.FINISHED for r in rows)
-    scored = [r for r in rows if r.get("val_bpb") is not None and r["status"] == Status.FINISHED]  # not a step-0 eval
-    best = min(scored, key=lambda r: r["val_bpb"]) if scored else None
+    metric = sweep_metric(rows)
+    scored = [r for r in rows if r.get(metric) is not None and r["status"] == Status.FINISHED]  # not a step-0 eval
+    best = min(scored, key=lambda r: r[metric]) if scored else None
     text = f"enlace: sweep {sweep} on {host} ended: {finished}/{len(rows)} finished"
     if best:
-        text += f"; best {best['run_name']} (val bpb {best['val_bpb']:.4f})"
+        text += f"; best {best['run_name']} ({metric_words(metric)} {best[metric]:.4f})"
     return {
         "event": "sweep_end",
         "sweep": sweep,
@@ -116,7 +118,7 @@ def sweep_end(runs_root: Path, sweep: str, share: int, host: str) -> dict[str, A
         "status": "ended",
         "runs": {r["run_name"]: r["status"] for r in rows},
         "best": best["run_name"] if best else None,
-        "metric": {"val_bpb": best["val_bpb"]} if best else {},
+        "metric": {metric: best[metric]} if best else {},
         "text": text,
     }
 

@@ -88,7 +88,13 @@ def submit_cmd(
 @click.command("submit-array", hidden=True)
 @click.argument("sweep")
 @spec_option
-@click.option("--tasks", "tasks_json", required=True, metavar="JSON", help='[{"run": NAME, "pyargs": [...]}, ...]')
+@click.option(
+    "--tasks",
+    "tasks_json",
+    required=True,
+    metavar="JSON",
+    help='[{"run": NAME, "pyargs": [...]} or {"run": NAME, "pyargs": [], "command": SPEC}, ...]',
+)
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many tasks at once (%N).")
 @root_option
@@ -103,9 +109,15 @@ def submit_array_cmd(
 
     validate_run_name(sweep, "SWEEP")
     spec = _spec(spec_json)
+    from enlace.config.command import CommandRun  # the run file's rules: loaded only by the verbs that need them
+
     tasks = json.loads(tasks_json)
     for task in tasks:
         validate_run_name(task["run"], "a task's run")
+    # a sweep of your own command: each task's command, checked as a run file is, kept in its run.json
+    commands = [
+        CommandRun.from_doc(t["command"], f"task {t['run']}").to_doc() if t.get("command") else None for t in tasks
+    ]
     project = find_root(root)
     runs_root = (project / "runs").resolve()
     env = {"ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""), "PYTHONUNBUFFERED": "1"}
@@ -126,7 +138,7 @@ def submit_array_cmd(
         where = runs_root / ".sweeps" / sweep
         return slurm.submit(script, where, where / "task-%a.out")
 
-    ids = lifecycle.submit_array([runs_root / t["run"] for t in tasks], submit_job)
+    ids = lifecycle.submit_array([runs_root / t["run"] for t in tasks], submit_job, commands)
     click.echo(
         json.dumps({"ok": True, "tasks": ids}) if as_json else "\n".join(f"{r}: job {j}" for r, j in ids.items())
     )

@@ -227,6 +227,7 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "max_steps": max_steps,
         "loss": st.get("loss"),
         "val_bpb": st.get("val_bpb"),
+        "val_loss": st.get("val_loss"),  # a script of your own logs it (enlace.job): its sweep is ranked by it
         "tokens_per_s": st.get("tokens_per_s"),
         "elapsed_s": (st.get("trained_before_s") or 0.0) + this_start if started else None,  # over every start
         "start_elapsed_s": this_start,  # the latest start's

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import click
 
 from enlace.clitypes import notify_option, stop_request, supervisor_options
+from enlace.contract import metric_words, sweep_metric
 from enlace.errors import EnlaceError
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
 from orchestrator.sweep import record, table
@@ -67,11 +68,13 @@ def sweep(remote: Remote, run: str, overrides: tuple[str, ...], hosts: str | Non
 
     \b
       enlace-remote sweep smoke-2060 --set optim.learning_rate=1e-3,3e-3,1e-2 --set model.n_layer=4,6
-      enlace-remote status --sweep          # one table, ranked by val bpb, "2/6 finished"
+      enlace-remote sweep my-script --set args.lr=1e-3,3e-3 --set env.SEED=1,2   # a run file of your own command
+      enlace-remote status --sweep          # one table, ranked by val bpb (a script's: its val loss), "2/6 finished"
       enlace-remote stop --sweep            # every run of it, queued ones first"""
     from orchestrator.launch.sweep import launch_sweep
 
-    made = launch_sweep(remote, run, overrides, hosts, name, SimpleNamespace(**options))
+    given = click.get_current_context().get_parameter_source("restarts") == click.core.ParameterSource.COMMANDLINE
+    made = launch_sweep(remote, run, overrides, hosts, name, SimpleNamespace(**options, restarts_given=given))
     click.echo(f"sweep {made.name}: {len(made.points)} runs on {', '.join(made.hosts())}")
     show_status(remote, made.name, as_json=False)
 
@@ -133,9 +136,12 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
 
     sweep = record.load(remote.repo, name)
     rows = _rows(remote, sweep)
-    chosen = [r for r in rows if r.get("best")] if best else [r for r in rows if r.get("latest_checkpoint")]
+    # a run of your own command may have outputs and no checkpoint: fetch brings what it has
+    have = [r for r in rows if r.get("latest_checkpoint") or (r.get("command_spec") and r["status"] != "not launched")]
+    chosen = [r for r in rows if r.get("best")] if best else have
     if not chosen:
-        why = "no run of it has finished with a val bpb yet" if best else "no run of it has a checkpoint yet"
+        metric = metric_words(sweep_metric(rows))
+        why = f"no run of it has finished with a {metric} yet" if best else "no run of it has a checkpoint yet"
         raise EnlaceError(f"sweep {sweep.name}: {why} — `enlace-remote status --sweep {sweep.name}` shows where it is")
     for row in chosen:
         session = remote.session_for(resolve_host(row["host"], remote.repo))

@@ -11,10 +11,12 @@ from collections import Counter
 import click
 
 from enlace.clitypes import shown_url
+from enlace.config import command
 from enlace.contract import trainer_args
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import resolve_host
 from orchestrator.launch import choose, ship, stages
+from orchestrator.launch import own as own_launch
 from orchestrator.sweep import grid, record
 
 
@@ -70,6 +72,9 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     """Launch one run per point of the grid `items` (--set KEY=V1,V2 ...) on `hosts` (default: the host)."""
     repo = remote.repo
     run = ship.check_run_config(repo, run)
+    own = command.load(run, repo)  # a run file of your own command (its --set: env.NAME, args.NAME), else None
+    if own is not None:
+        own_launch.check_tracked(repo, own)
     swept, fixed = grid.parse_sets(items)
     name = record.check_name(name or default_name(repo, run))
     if record.exists(repo, name):
@@ -79,7 +84,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     if any(h.slurm for h in targets):
         if len(targets) > 1:
             raise UsageError("a sweep on a Slurm host is one job array there: give that host alone (--hosts NAME)")
-        return _on_slurm(remote, targets[0], run, name, points, fixed, o)
+        return _on_slurm(remote, targets[0], run, name, points, fixed, o, own is not None)
     if o.max_running:
         click.echo("note: --max-running is a Slurm job array's limit; on these hosts their queues decide", err=True)
     shipped, rooms = {}, {}
@@ -108,20 +113,30 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         host, (sha, _, device) = by_name[host_name], shipped[host_name]
         session = remote.session_for(host)
         overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
+        pyargs, policy = _start_args(repo, run, own is not None, overrides, host, device, o)
+        policy += stages.run_end_args(host, o.notify, name, share[host_name])
+        stages.start_detached(session, sha, point.run_name, pyargs, policy)
+        choose.remember_run(repo, host.name, point.run_name, run, overrides)
+    return sweep
+
+
+def _start_args(repo, run: str, own: bool, overrides: tuple, host, device, o) -> tuple[list[str], list[str]]:
+    """`enlace start`'s python arguments and options for one point: enlace's trainer with the point's --set, or
+    the run file's own command with them applied (its supervise: policy unless --restarts was given)."""
+    if not own:
         policy = [
             "--restarts",
             str(o.restarts),
             *(["--stall-timeout", str(o.stall_timeout)] if o.stall_timeout else []),
         ]
-        policy += stages.queue_args(host, device, None)
-        policy += stages.run_end_args(host, o.notify, name, share[host_name])
-        command = stages.train_command(run, ship.set_args(overrides), None)
-        stages.start_detached(session, sha, point.run_name, command, policy)
-        choose.remember_run(repo, host.name, point.run_name, run, overrides)
-    return sweep
+        return stages.train_command(run, ship.set_args(overrides), None), policy + stages.queue_args(host, device, None)
+    mine = command.load(run, repo, overrides)
+    policy = own_launch.policy(mine, o.restarts if o.restarts_given else None, o.stall_timeout)
+    procs = str(mine.nproc) if mine.nproc > 1 else None
+    return [], [*policy, *stages.queue_args(host, device, procs), *own_launch.spec_args(mine)]
 
 
-def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str], o) -> record.Sweep:
+def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str], o, own: bool) -> record.Sweep:
     """The sweep as one job array on a Slurm host (`--array=0-N%max_running`): each task a run, requeued at its
     time limit and resumed exactly, as a single run's job is."""
     if o.notify:
@@ -133,7 +148,11 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
     for point in points:
         overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
         ship.verify(session, sha, run, True, overrides, quiet=True)
-        tasks.append({"run": point.run_name, "pyargs": trainer_args(run, ship.set_args(overrides)), "sets": overrides})
+        mine = command.load(run, remote.repo, overrides) if own else None
+        if mine is not None and mine.nproc > 1:
+            raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
+        pyargs = [] if own else trainer_args(run, ship.set_args(overrides))
+        tasks.append({"run": point.run_name, "pyargs": pyargs, "sets": overrides, "command": mine and mine.to_doc()})
     sweep = record.Sweep(
         name,
         run,
@@ -143,8 +162,12 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
         None,
     )
     record.save(remote.repo, sweep)
-    args = ["--slurm", json.dumps(host.slurm.to_json()), "--gpus", str(host.slurm.gpus_per_node or 1)]
-    args += ["--tasks", json.dumps([{"run": t["run"], "pyargs": t["pyargs"]} for t in tasks])]
+    gpus = 1 if own else host.slurm.gpus_per_node or 1  # a command is one process (nproc > 1: not on Slurm yet)
+    args = ["--slurm", json.dumps(host.slurm.to_json()), "--gpus", str(gpus)]
+    args += [
+        "--tasks",
+        json.dumps([{k: t[k] for k in ("run", "pyargs", "command") if t[k] is not None} for t in tasks]),
+    ]
     args += ["--limit", str(o.max_running)] if o.max_running else []
     doc = session.enlace_json(sha, "submit-array", name, *args, idempotent=False)
     for task in tasks:

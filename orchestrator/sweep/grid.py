@@ -66,7 +66,9 @@ def points(sweep: str, swept: dict[str, list[str]]) -> list[Point]:
 
 
 def _tags(keys: list[str]) -> dict[str, str]:
-    """Each key's initials (optim.learning_rate → lr), or its last part where two keys share initials."""
-    initials = {k: "".join(w[0] for w in k.rsplit(".", 1)[-1].split("_") if w) for k in keys}
+    """Each key's initials (optim.learning_rate → lr, args.n-layer → nl), its last part when that is one word
+    (args.lr → lr, env.SEED → SEED), or its last part where two keys share initials."""
+    words = {k: [w for w in re.split(r"[_-]", k.rsplit(".", 1)[-1]) if w] for k in keys}
+    initials = {k: "".join(w[0] for w in ws) if len(ws) > 1 else k.rsplit(".", 1)[-1] for k, ws in words.items()}
     clash = {t for t in initials.values() if list(initials.values()).count(t) > 1}
     return {k: (k.rsplit(".", 1)[-1] if t in clash else t) for k, t in initials.items()}

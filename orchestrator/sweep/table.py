@@ -1,14 +1,14 @@
 """A sweep's runs as one table: each run's values, status, step and metric, ranked by the metric (lower is
-better: val bits/byte for enlace's trainer; finished runs first, since an unfinished run's figure may be its
-untrained step-0 eval's), the best finished run marked, and the progress line ("7/12 finished")."""
+better: val bits/byte for enlace's trainer, else the val loss a script of your own logs: enlace/contract.py's
+sweep_metric; finished runs first, since an unfinished run's figure may be its untrained step-0 eval's), the best
+finished run marked, and the progress line ("7/12 finished")."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+from enlace.contract import metric_words, sweep_metric
 from orchestrator.sweep.record import Sweep
-
-METRIC = "val_bpb"  # what ranks a sweep's runs (lower is better)
 
 
 def rows_of(sweep: Sweep, found: dict[tuple[str, str], dict]) -> list[dict]:
@@ -18,11 +18,12 @@ def rows_of(sweep: Sweep, found: dict[tuple[str, str], dict]) -> list[dict]:
     for i, p in enumerate(sweep.points):
         row = found.get((p["host"], p["run_name"])) or {"run_name": p["run_name"], "status": "not launched", "step": 0}
         out.append({**row, "host": p["host"], "values": p["values"], "point": i})
+    metric = sweep_metric(out)
     # finished runs first: a running or stopped run's val bpb may be its untrained step-0 eval's
-    out.sort(key=lambda r: (r.get(METRIC) is None, r["status"] != "finished", r.get(METRIC) or 0.0, r["point"]))
+    out.sort(key=lambda r: (r.get(metric) is None, r["status"] != "finished", r.get(metric) or 0.0, r["point"]))
     for r in out:
-        r["best"] = False
-    if out and out[0].get(METRIC) is not None and out[0]["status"] == "finished":
+        r["best"], r["metric"] = False, metric
+    if out and out[0].get(metric) is not None and out[0]["status"] == "finished":
         out[0]["best"] = True
     return out
 
@@ -35,11 +36,12 @@ def progress(rows: list[dict]) -> str:
 
 
 def format_table(sweep: Sweep, rows: list[dict]) -> str:
-    head = ("", "RUN", "HOST", *sweep.keys, "STATUS", "STEP", "VAL BPB")
+    metric = sweep_metric(rows)
+    head = ("", "RUN", "HOST", *sweep.keys, "STATUS", "STEP", metric_words(metric).upper())
     table = [head]
     for r in rows:
         step = f"{r.get('step') or 0}/{r['max_steps']}" if r.get("max_steps") else str(r.get("step") or 0)
-        metric = f"{r[METRIC]:.4f}" if r.get(METRIC) is not None else "-"
+        figure = f"{r[metric]:.4f}" if r.get(metric) is not None else "-"
         table.append(
             (
                 "*" if r.get("best") else "",
@@ -48,11 +50,11 @@ def format_table(sweep: Sweep, rows: list[dict]) -> str:
                 *(r["values"][k] for k in sweep.keys),
                 r["status"],
                 step,
-                metric,
+                figure,
             )
         )
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     best = next((r for r in rows if r.get("best")), None)
-    tail = f"; best {best['run_name']} (val bpb {best[METRIC]:.4f})" if best else ""
+    tail = f"; best {best['run_name']} ({metric_words(metric)} {best[metric]:.4f})" if best else ""
     return "\n".join([f"sweep {sweep.name}: {sweep.run_file}, {progress(rows)}{tail}", *lines])

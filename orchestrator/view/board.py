@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enlace.contract import ErrorKind
+from enlace.contract import ErrorKind, sweep_metric
 from enlace.errors import EnlaceError
 from enlace.tools.curves import Curves
 from orchestrator.sweep import record, table
@@ -142,13 +142,14 @@ class Board:
         return [{"name": s.name, "run_file": s.run_file, "runs": len(s.points)} for s in found]
 
     def sweep(self, name: str) -> dict[str, Any]:
-        """One sweep: its keys, its runs ranked by val bpb (the best marked) from the hosts' rows, its progress."""
+        """One sweep: its keys, its runs ranked by its metric (the best marked) from the hosts' rows, its progress."""
         sweep = record.load(self.repo, name)
         rows = table.rows_of(sweep, {(r["host"], r["run_name"]): r for r in self.runs() if "run_name" in r})
         return {
             "name": sweep.name,
             "run_file": sweep.run_file,
             "keys": sweep.keys,
+            "metric": sweep_metric(rows),
             "progress": table.progress(rows),
             "rows": rows,
         }
