@@ -53,7 +53,8 @@ set_option = click.option(
     callback=_check_overrides,
     metavar="SECTION.KEY=VALUE",
     help="Override one config value (highest precedence), e.g. --set training.max_steps=50; a launch records it "
-    "in the run's config.yaml and run.json. Repeatable.",
+    "in the run's config.yaml and run.json. A run file of your own command takes args.NAME=V (--NAME=V appended), "
+    "env.NAME=V and run_name=NAME. Repeatable.",
 )
 root_option = click.option(
     "--root",

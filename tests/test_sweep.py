@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.browser import artifacts_dir, chromium, wait_for
-from support.remote import PipeReader, popen_remote, remote, server_dir, tiny_corpus, wait_until
+from support.remote import PipeReader, connections, popen_remote, remote, server_dir, tiny_corpus, wait_until
 from support.repocopy import commit_all
 from support.sshd import make_server
 from support.webhook import Webhook
@@ -261,6 +261,12 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     remote(user_repo, sshd.env, "fetch", "--sweep", "--best")
     assert (user_repo / "runs" / "m-lr0.02-SEED0" / "out" / "val.txt").read_text() == "0.01\n"
     assert not (user_repo / "runs" / "m-lr0.1-SEED3").exists()  # --best: that run alone
+    remote(user_repo, sshd.env, "launch", "m-lr0.1-SEED3", "--set", "args.lr=0.5")  # one point again, one value new
+    wait_until(
+        lambda: "lr=0.5 seed=3" in (server_dir(sshd, "testhost") / "runs" / "m-lr0.1-SEED3" / "train.log").read_text(),
+        120,
+        "the point with its new value",
+    )
 
 
 @pytest.mark.slow
@@ -269,6 +275,10 @@ def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, use
     (enlace's trainer's sweeps run in the test above and on Slurm)."""
     _toy_with_cpu_slots(sshd, user_repo, 2)
     tiny_corpus(server_dir(sshd, "testhost"))  # for the refusals of enlace's trainer's sweeps at the end
+    before = connections(sshd)
+    bad = remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1,{x}", "--name", "b", check=False)
+    assert bad.returncode == 2 and "--set args.lr: '{x}' uses {x}, which enlace does not fill" in bad.stderr, bad.stderr
+    assert connections(sshd) == before  # a bad point of a command's sweep is said before anything connects
     remote(user_repo, sshd.env, "launch", "toy", "--set", "args.hold=1", "--set", "run_name=bystander")
     remote(
         user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1e-3,2e-3,3e-3", "--set", "args.hold=1", "--name", "s"

@@ -281,10 +281,12 @@ def with_sets(layer: dict, overrides, where: str) -> dict:
         section, dot, name = key.partition(".")
         if key == "run_name":
             layer["run_name"] = value
-        elif dot and section == "env" and ENV_NAME.fullmatch(name) and isinstance(layer.get("env") or {}, dict):
-            layer["env"] = {**(layer.get("env") or {}), name: value}
-        elif dot and section == "args" and ARG_NAME.fullmatch(name) and isinstance(layer.get("command"), list):
-            layer["command"] = [*layer["command"], f"--{name}={value}"]
+        elif dot and section == "env" and ENV_NAME.fullmatch(name):
+            env = layer.get("env") or {}  # not a mapping: left as it is, for parse to name the file's fault
+            layer["env"] = {**env, name: _check_placeholders(value, f"--set {key}")} if isinstance(env, dict) else env
+        elif dot and section == "args" and ARG_NAME.fullmatch(name):
+            argv, arg = layer.get("command"), f"--{name}={_check_placeholders(value, f'--set {key}')}"
+            layer["command"] = [*argv, arg] if isinstance(argv, list) else argv  # not a list: parse names it
         else:
             raise Bad(
                 f"--set {key}: {where} runs your own command, which takes --set run_name=NAME, env.NAME=VALUE (an "

@@ -69,8 +69,12 @@ def run_end(run_dir: Path, host: str) -> dict[str, Any]:
     status = row["status"]
     gave_up = status == Status.CRASHED and "gave up" in (row.get("error") or "")
     word = "gave up" if gave_up else status
-    at = f"at step {row['step']}/{row['max_steps']}" if row.get("max_steps") else "before it started"
-    text = f"enlace: {row['run_name']} on {host} {word} {at}"
+    if row.get("max_steps"):
+        at = f"at step {row['step']}/{row['max_steps']}"
+    else:  # a command of your own has no max_steps; one that never logged a step says only its end
+        at = f"at step {row['step']}" if row.get("step") else ("before it started" if not row.get("command") else "")
+    at = f" {at}" if at else ""
+    text = f"enlace: {row['run_name']} on {host} {word}{at}"
     metric = sweep_metric([row])
     if row.get(metric) is not None:
         text += f", {metric_words(metric)} {row[metric]:.4f}"

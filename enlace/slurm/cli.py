@@ -93,14 +93,24 @@ def submit_cmd(
     "tasks_json",
     required=True,
     metavar="JSON",
-    help='[{"run": NAME, "pyargs": [...]} or {"run": NAME, "pyargs": [], "command": SPEC}, ...]',
+    help='[{"run": NAME, "pyargs": [...]} or, with --command-run, {"run": NAME, "pyargs": [], "sets": [...]}, ...]',
+)
+@click.option(
+    "--command-run", default=None, metavar="RUN", help="The tasks run RUN's own command, each with its --set."
 )
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many tasks at once (%N).")
 @root_option
 @click.option("--json", "as_json", is_flag=True)
 def submit_array_cmd(
-    sweep: str, spec_json: str, tasks_json: str, gpus: int, limit: int | None, root: Path | None, as_json: bool
+    sweep: str,
+    spec_json: str,
+    tasks_json: str,
+    command_run: str | None,
+    gpus: int,
+    limit: int | None,
+    root: Path | None,
+    as_json: bool,
 ) -> None:
     """sbatch one job array for the sweep SWEEP: task i runs tasks[i] as a single run's job would (train.log,
     checkpoints, the time-limit requeue of that task alone); refused if any of its runs is live (exit 7)."""
@@ -109,18 +119,15 @@ def submit_array_cmd(
 
     validate_run_name(sweep, "SWEEP")
     spec = _spec(spec_json)
-    from enlace.config.command import CommandRun  # the run file's rules: loaded only by the verbs that need them
-
     tasks = json.loads(tasks_json)
     for task in tasks:
         validate_run_name(task["run"], "a task's run")
-    # a sweep of your own command: each task's command, checked as a run file is, kept in its run.json
-    commands = [
-        CommandRun.from_doc(t["command"], f"task {t['run']}").to_doc() if t.get("command") else None for t in tasks
-    ]
     project = find_root(root)
+    commands = [_own_command(command_run, project, t) if command_run else None for t in tasks]
     runs_root = (project / "runs").resolve()
     env = {"ENLACE_COMMIT": os.environ.get("ENLACE_COMMIT", ""), "PYTHONUNBUFFERED": "1"}
+    # what remote.sh set: the server half beside a repository of the user's own, the shared data directory
+    env |= {k: os.environ[k] for k in ("PYTHONPATH", "ENLACE_DATA_DIR") if os.environ.get(k)}
 
     def submit_job(launch_ids: list[str]) -> str:
         header = f"enlace sweep {sweep}: one task per run, written and submitted by `enlace-remote sweep`."
@@ -142,6 +149,17 @@ def submit_array_cmd(
     click.echo(
         json.dumps({"ok": True, "tasks": ids}) if as_json else "\n".join(f"{r}: job {j}" for r, j in ids.items())
     )
+
+
+def _own_command(run: str, project: Path, task: dict) -> dict:
+    """A sweep task's own command: RUN's run file in this tree with the task's --set items, as verify checked it
+    (kept in the task's run.json for its batch step)."""
+    from enlace.config import command  # the run file's rules: loaded only by the verbs that need them
+
+    own = command.load(run, project, task.get("sets") or ())
+    if own is None or own.run_name != task["run"]:
+        raise click.UsageError(f"--command-run {run}: not a run of your own command named {task['run']} here")
+    return own.to_doc()
 
 
 @click.command("slurm-job", hidden=True)

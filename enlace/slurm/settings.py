@@ -204,6 +204,8 @@ def array_script(
 ) -> str:
     """A sweep's job array: task i is tasks[i] ({"run", "launch_id", "pyargs"}), run as the batch step a single
     run's job runs — its output the run's own train.log, its requeue its own — at most `limit` at once."""
+    env = dict(env)
+    path = shlex.quote(env.pop("PYTHONPATH")) if env.get("PYTHONPATH") else tree  # a server half first, if any
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     arms = []
     for i, task in enumerate(tasks):
@@ -220,7 +222,7 @@ def array_script(
             *sbatch_lines(spec, f"enlace-sweep-{sweep}", spec.gpus_per_node),
             f"#SBATCH --array=0-{len(tasks) - 1}" + (f"%{limit}" if limit else ""),
             "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
-            f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={tree}",
+            f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={path}",
             f"cd {tree}",
             'case "$SLURM_ARRAY_TASK_ID" in',
             *arms,

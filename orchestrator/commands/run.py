@@ -170,11 +170,12 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
     after = ctx.meta.get("after_dash")
     name = run if after is not None else choose.choose_run(remote.repo, remote.host, run)
     command = own.command_of(remote.repo, name, after, o.name, o.overrides)
-    ran_before = own.recorded(remote.session, remote.repo, name) if command is None and after is None else None
+    recorded = command is None and after is None
+    ran_before = own.recorded(remote.session, remote.repo, name, o.overrides) if recorded else None
     command, after = (ran_before, []) if ran_before else (command, after)  # launched again as given after `--`
     restarts_given = ctx.get_parameter_source("restarts") == click.core.ParameterSource.COMMANDLINE
     if command is None:
-        plan = _plan(remote, name, o)
+        plan = _plan(remote, name, o, restarts_given)
     else:
         from orchestrator.commands.data import local_data_of
 
@@ -184,11 +185,11 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
         pipeline.run(plan, remote.session_for, remote.repo)
 
 
-def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
+def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: bool = False):
     """launch's options turned into the pipeline's Plan, in this one place (None: --print said it all)."""
     from orchestrator.commands.data import local_data_of
     from orchestrator.hosts.resolve import resolve_host
-    from orchestrator.launch import choose, pipeline, ship
+    from orchestrator.launch import choose, own, pipeline, ship
     from orchestrator.launch.slurm import nproc_of, slurm_options
 
     name, overrides = run, o.overrides
@@ -197,6 +198,11 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace):
     else:  # a run file, or an existing run's name (resumed, or extended with --set training.max_steps=M)
         run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides)
         run = ship.check_run_config(remote.repo, run)
+        mine = own.command_of(remote.repo, run, None, None, overrides)  # a run of a command's file (a sweep's point)
+        if mine is not None:
+            data = local_data_of(remote, run, overrides) if o.push_data else None
+            given = SimpleNamespace(**{**vars(o), "overrides": overrides})
+            return pipeline.Plan(**own.plan_fields(remote, run, mine, True, given, restarts_given, data))
     slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
     spec = slurm_options(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
     train_args = (
@@ -345,7 +351,7 @@ def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, re
     help="Local run directory (default: runs/RUN_NAME in this repo).",
 )
 @sweep_option
-@click.option("--best", is_flag=True, help="With --sweep: only its best run (lowest val bpb).")
+@click.option("--best", is_flag=True, help="With --sweep: only its best run (lowest val bpb; a script's: val loss).")
 @with_remote
 def fetch(
     remote: Remote, run_name: str | None, which: str, dest: Path | None, sweep_name: str | None, best: bool

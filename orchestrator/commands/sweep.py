@@ -137,7 +137,8 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
     sweep = record.load(remote.repo, name)
     rows = _rows(remote, sweep)
     # a run of your own command may have outputs and no checkpoint: fetch brings what it has
-    have = [r for r in rows if r.get("latest_checkpoint") or (r.get("command_spec") and r["status"] != "not launched")]
+    unstarted = ("not launched", "queued", "pending")
+    have = [r for r in rows if r.get("latest_checkpoint") or (r.get("command_spec") and r["status"] not in unstarted)]
     chosen = [r for r in rows if r.get("best")] if best else have
     if not chosen:
         metric = metric_words(sweep_metric(rows))

@@ -47,10 +47,10 @@ def command_of(repo: Path, run: str | None, argv: list[str] | None, name: str | 
     return command.load(run, repo, overrides) if run else None
 
 
-def recorded(session, repo: Path, name: str | None) -> CommandRun | None:
+def recorded(session, repo: Path, name: str | None, overrides=()) -> CommandRun | None:
     """`launch NAME` of a command once given after `--` (no run file by that name here): the command the host
-    recorded for the run, launched again as it was. None when there is none (enlace's trainer's path then says
-    what is missing)."""
+    recorded for the run, launched again as it was (with launch's --set applied). None when there is none
+    (enlace's trainer's path then says what is missing)."""
     import difflib
 
     runs_dir = repo / "configs" / "runs"
@@ -65,7 +65,8 @@ def recorded(session, repo: Path, name: str | None) -> CommandRun | None:
     spec = rows[0].get("command_spec") if rows else None
     if not spec:
         return None
-    own = CommandRun.from_doc(spec, f"{name}'s recorded command")
+    where = f"{name}'s recorded command"
+    own = command.parse(command.with_sets(spec, overrides, where), where, default_name=None)
     click.echo(f"{name}: launching again the command it ran: {shlex.join(own.argv)}", err=True)
     return own
 

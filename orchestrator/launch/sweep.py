@@ -47,11 +47,10 @@ def place(points: list, hosts: list[str], rooms: dict[str, dict]) -> list[str]:
     return out
 
 
-def _room(session, host, device: str | None) -> dict:
+def _room(session, host, device: str | None, procs: str | None) -> dict:
     if device is None:  # a server too old to say its device: every host counts as one free slot
         return {"slots": 1, "free": 1, "waiting": 0, "per_run": 1}
-    args = ["--device", device, "--cpu-slots", str(host.cpu_slots), "--gpu-free-below", str(host.gpu_free_below)]
-    return session.enlace_json("latest", "queue-free", *args)
+    return session.enlace_json("latest", "queue-free", *stages.queue_args(host, device, procs))
 
 
 def _refuse_taken(remote, targets: list, points: list) -> None:
@@ -81,6 +80,12 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         raise UsageError(f"sweep {name!r} was launched from here before — `--name` another, or `status --sweep {name}`")
     points = grid.points(name, swept)
     targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
+    if own is not None:  # each point's command, checked here before anything connects (a bad --set is one line)
+        for p in points:
+            command.load(run, repo, (*fixed, *p.sets(), f"run_name={p.run_name}"))
+        if own.nproc > 1 and any(h.slurm for h in targets):
+            raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
+    procs = str(own.nproc) if own is not None and own.nproc > 1 else None
     if any(h.slurm for h in targets):
         if len(targets) > 1:
             raise UsageError("a sweep on a Slurm host is one job array there: give that host alone (--hosts NAME)")
@@ -91,7 +96,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     for host in targets:
         click.echo(f"== {host.name}", err=True)
         shipped[host.name] = ship.ship(remote.session_for(host), repo, run, o.allow_dirty, False, tuple(fixed))
-        rooms[host.name] = _room(remote.session_for(host), host, shipped[host.name].device)
+        rooms[host.name] = _room(remote.session_for(host), host, shipped[host.name].device, procs)
     _refuse_taken(remote, targets, points)
     placement = place(points, [h.name for h in targets], rooms)
     by_name = {h.name: h for h in targets}
@@ -148,11 +153,8 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
     for point in points:
         overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
         ship.verify(session, sha, run, True, overrides, quiet=True)
-        mine = command.load(run, remote.repo, overrides) if own else None
-        if mine is not None and mine.nproc > 1:
-            raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
         pyargs = [] if own else trainer_args(run, ship.set_args(overrides))
-        tasks.append({"run": point.run_name, "pyargs": pyargs, "sets": overrides, "command": mine and mine.to_doc()})
+        tasks.append({"run": point.run_name, "pyargs": pyargs, "sets": overrides})
     sweep = record.Sweep(
         name,
         run,
@@ -164,10 +166,9 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
     record.save(remote.repo, sweep)
     gpus = 1 if own else host.slurm.gpus_per_node or 1  # a command is one process (nproc > 1: not on Slurm yet)
     args = ["--slurm", json.dumps(host.slurm.to_json()), "--gpus", str(gpus)]
-    args += [
-        "--tasks",
-        json.dumps([{k: t[k] for k in ("run", "pyargs", "command") if t[k] is not None} for t in tasks]),
-    ]
+    # a command's tasks: the server builds each command from the run file and its --set (small on the wire)
+    args += ["--tasks", json.dumps([{k: t[k] for k in ("run", "pyargs", *(["sets"] if own else []))} for t in tasks])]
+    args += ["--command-run", run] if own else []
     args += ["--limit", str(o.max_running)] if o.max_running else []
     doc = session.enlace_json(sha, "submit-array", name, *args, idempotent=False)
     for task in tasks:

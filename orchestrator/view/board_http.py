@@ -8,7 +8,7 @@ rebinding. Read-only: nothing here changes a run.
     GET /api/runs                          every run on every host (rows as `status --all --json` has them)
     GET /api/run?host=H&run=R&log=N        one run's curves, run.json and its log from byte N (-1: its tail)
     GET /api/sweeps                        the sweeps launched from this repo (orchestrator/sweep/record.py)
-    GET /api/sweep?name=S                  one sweep's runs, ranked by val bpb, and its progress
+    GET /api/sweep?name=S                  one sweep's runs, ranked by its metric, and its progress
 """
 
 from __future__ import annotations
