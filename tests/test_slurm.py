@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from support import REPO
-from support.configs import DETERMINISTIC, TINY, write_run
+from support.configs import DETERMINISTIC, TINY, write_run, write_toy
 from support.procs import kill_processes_under
 from support.remote import DRIVER, remote, server_dir, tiny_corpus, wait_until
 from support.repocopy import commit_all
@@ -373,11 +373,7 @@ def test_a_sweep_is_one_job_array_whose_task_requeues_at_its_limit_and_resumes_e
 
 
 def test_a_sweep_of_your_own_script_is_one_job_array_ranked_by_its_val_loss(login, user_repo):
-    from test_sweep import TOY
-
-    (user_repo / "scripts" / "toy.py").write_text(TOY)
-    (user_repo / "configs" / "runs" / "toy.yaml").write_text('command: [python, scripts/toy.py]\nenv: {SEED: "0"}\n')
-    commit_all(user_repo, "a script of our own to sweep")
+    write_toy(user_repo)
     out = remote(user_repo, login.env, "sweep", "toy", "--set", "args.lr=0.1,0.02", "--name", "own", host="cluster")
     assert "job array" in out.stderr, out.stderr
     names = ["own-lr0.1", "own-lr0.02"]

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from support.browser import artifacts_dir, chromium, wait_for
+from support.configs import write_toy
 from support.remote import PipeReader, connections, popen_remote, remote, server_dir, tiny_corpus, wait_until
-from support.repocopy import commit_all
 from support.sshd import make_server
 from support.webhook import Webhook
 
@@ -210,33 +209,8 @@ def test_a_two_by_two_sweep_on_two_hosts_finishes_ranked_and_told(tmp_path, user
             s.stop()
 
 
-# A script of the user's own (enlace.job, no torch): its values from --lr and SEED, a val loss made of them, an
-# output file; with --hold=1 it runs until stopped.
-TOY = textwrap.dedent(
-    """\
-    import argparse, os, time
-    from enlace import job
-    p = argparse.ArgumentParser(); p.add_argument("--lr", type=float, default=0.1); p.add_argument("--hold", type=int)
-    a = p.parse_args()
-    seed = int(os.environ["SEED"])
-    print(f"lr={a.lr} seed={seed}", flush=True)
-    job.log(1, loss=1.0)
-    while a.hold and not job.stop_requested():
-        time.sleep(0.05)
-    val = round(abs(a.lr - 0.01) + seed / 100, 6)
-    job.log(1, kind="eval", val_loss=val)
-    (job.run_dir() / "out").mkdir(exist_ok=True)
-    (job.run_dir() / "out" / "val.txt").write_text(f"{val}\\n")
-    """
-)
-
-
 def _toy_with_cpu_slots(sshd, repo: Path, slots: int) -> None:
-    (repo / "scripts" / "toy.py").write_text(TOY)
-    (repo / "configs" / "runs" / "toy.yaml").write_text(
-        'command: [python, scripts/toy.py]\noutputs: ["out/*"]\nenv: {SEED: "0"}\n'
-    )
-    commit_all(repo, "a script of our own to sweep")
+    write_toy(repo)
     hosts = Path(sshd.env["ENLACE_HOSTS_FILE"])
     hosts.write_text(
         hosts.read_text().replace("    default_run: tiny\n", f"    default_run: tiny\n    cpu_slots: {slots}\n", 1)

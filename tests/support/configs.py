@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sysconfig
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -41,3 +42,35 @@ def write_run(root: Path, name: str, base: dict | None = None, **sections) -> Pa
     path = root / "configs" / "runs" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+# A script of the user's own (enlace.job, no torch): its values from --lr and SEED, a val loss made of them
+# (|lr - 0.01| + SEED/100), an output file; with --hold=1 it runs until stopped.
+TOY_SCRIPT = textwrap.dedent(
+    """\
+    import argparse, os, time
+    from enlace import job
+    p = argparse.ArgumentParser(); p.add_argument("--lr", type=float, default=0.1); p.add_argument("--hold", type=int)
+    a = p.parse_args()
+    seed = int(os.environ["SEED"])
+    print(f"lr={a.lr} seed={seed}", flush=True)
+    job.log(1, loss=1.0)
+    while a.hold and not job.stop_requested():
+        time.sleep(0.05)
+    val = round(abs(a.lr - 0.01) + seed / 100, 6)
+    job.log(1, kind="eval", val_loss=val)
+    (job.run_dir() / "out").mkdir(exist_ok=True)
+    (job.run_dir() / "out" / "val.txt").write_text(f"{val}\\n")
+    """
+)
+
+
+def write_toy(repo: Path, seed: str = "0", device: str = "cpu") -> None:
+    """scripts/toy.py and its run file configs/runs/toy.yaml (outputs: out/*; `device`: what it queues for),
+    committed."""
+    from .repocopy import commit_all
+
+    (repo / "scripts" / "toy.py").write_text(TOY_SCRIPT)
+    run = {"command": ["python", "scripts/toy.py"], "outputs": ["out/*"], "env": {"SEED": seed}, "device": device}
+    (repo / "configs" / "runs" / "toy.yaml").write_text(json.dumps(run) + "\n")
+    commit_all(repo, "a script of our own")
