@@ -1,7 +1,8 @@
 """The queue through enlace-remote over the real sshd: real launches from two clones, real supervisors and
-trainers, real locks. Only the GPUs are faked (a GPU cannot exist here): the test server's PATH starts with
-a fake nvidia-smi that reports them from a file this test writes (tests/support/fakegpu.py); the runs say
-`runtime.device: auto`, so they queue for a GPU there and train on the CPU."""
+trainers (and scripts of the user's own, where what runs is nothing to the queue), real locks. Only the GPUs
+are faked (a GPU cannot exist here): the test server's PATH starts with a fake nvidia-smi that reports them
+from a file this test writes (tests/support/fakegpu.py); the runs say `runtime.device: auto` (a script's run
+file `device: auto`), so they queue for a GPU there and run on the CPU."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.configs import write_toy
 from support.fakegpu import FakeGpus
 from support.procs import Throttle, kill_processes_under, trainers_under
 from support.remote import PipeReader, head, popen_remote, remote, tiny_corpus, wait_until
@@ -50,8 +52,11 @@ def visible_devices(row: dict) -> str | None:
 
 
 def test_four_runs_on_two_gpus_queue_and_take_freed_gpus(gpu_host, user_repo, tmp_path):
+    """Four runs of a script of the user's own held until stopped (tests/support/configs.py), each asking for a
+    GPU: what a run runs is nothing to the queue, and a trainer's start would only cost the machine a second."""
     srv, gpus = gpu_host
     env = srv.env
+    write_toy(user_repo, device="auto")
     clone = tmp_path / "clone-b"
     subprocess.run(["git", "clone", "-q", str(user_repo), str(clone)], check=True)
     remote(user_repo, env, "sync")  # the server has the commit before the four launches race
@@ -61,7 +66,7 @@ def test_four_runs_on_two_gpus_queue_and_take_freed_gpus(gpu_host, user_repo, tm
     assert "Traceback" not in refused.stderr
     names = ["q1", "q2", "q3", "q4"]
     launches = [
-        popen_remote(repo, env, "launch", *LONG, "--set", f"run_name={n}", "--set", "runtime.device=auto")
+        popen_remote(repo, env, "launch", "toy", "--set", f"run_name={n}", "--set", "args.hold=1")
         for n, repo in zip(names, (user_repo, clone, user_repo, clone))
     ]
     said = [PipeReader(p.stderr) for p in launches]
@@ -72,7 +77,7 @@ def test_four_runs_on_two_gpus_queue_and_take_freed_gpus(gpu_host, user_repo, tm
     queued = [n for n in names if state[n]["status"] == "queued"]
     assert len(running) == 2 and len(queued) == 2, {n: state[n]["status"] for n in names}
     assert [state[n]["gpus"] for n in running] == [[0], [1]]
-    assert [visible_devices(state[n]) for n in running] == ["0", "1"]  # each trainer sees only its own GPU
+    assert [visible_devices(state[n]) for n in running] == ["0", "1"]  # each run's process sees only its own GPU
     busy = remote(user_repo, env, "preflight", "long", "--set", "runtime.device=auto", check=False)
     assert busy.returncode == 1 and "1 GPU not free now (GPU 0: run " in busy.stderr, busy.stderr
     assert "try again once it is free" in busy.stderr and "Traceback" not in busy.stderr
