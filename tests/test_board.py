@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 from support.browser import artifacts_dir, chromium, wait_for
+from support.configs import write_toy
 from support.remote import PipeReader, env_with_a_dead_host, popen_remote, remote, server_dir, tiny_corpus
 
 from enlace.tools.curves import MAX_POINTS, Curves
@@ -133,7 +134,7 @@ def test_a_long_runs_curves_are_thinned_keeping_spikes_ends_and_strict_json():
     steps = [p[0] for p in got["train"]]
     assert len(steps) <= MAX_POINTS and steps == sorted(steps) and steps[0] == 1 and steps[-1] == n
     assert [spike, 9.5] in [p[:2] for p in got["train"]]
-    assert got["eval"] == [[n, None]]
+    assert got["eval"] == [[n, None, None]]
     json.dumps(got, allow_nan=False)  # what the page's JSON.parse can read
 
 
@@ -183,6 +184,16 @@ def test_the_board_in_a_real_browser(sshd, user_repo, tmp_path):
             "return svg.querySelector('polyline').getAttribute('data-last-step');"
         )
         assert drawn == "299999"
+        assert not driver.find_elements("css selector", 'svg[data-metric="val_loss"]')  # a script's panel only
+
+        # a script of your own that logs a val loss: its run's page draws it in a panel of its own
+        write_toy(user_repo, seed="3")
+        remote(user_repo, env, "launch", "toy")
+        driver.get(url + "#run=testhost:toy")
+        line = 'svg[data-metric="val_loss"] polyline[data-run="testhost:toy"]'
+        drawn = wait_for(driver, lambda d: d.find_element("css selector", line), what="the script's val loss")
+        assert float(drawn.get_attribute("data-last-value")) == pytest.approx(0.12)  # |0.1 - 0.01| + 3/100
+        driver.save_screenshot(str(artifacts_dir() / "board-own-script.png"))
     finally:
         if driver is not None:
             driver.quit()

@@ -90,3 +90,25 @@ def test_plot_draws_a_run_resumed_from_an_older_checkpoint_as_it_stands(tmp_path
     assert series["val_bpb"] == [(10, 4.0), (20, 4.0)]  # the eval at 30 was of the attempt resumed past
     drawn = plot([run], tmp_path / "r.png", ["loss", "val_bpb"])
     assert drawn["runs"][0]["points"] == {"loss": 25, "val_bpb": 2} and drawn["runs"][0]["markers"] == [(20, "resume")]
+
+
+def test_plot_draws_a_scripts_val_loss_where_no_run_has_a_val_bpb(tmp_path):
+    """A script of your own logs a val loss (enlace.job), not enlace's val bits/byte: the val panel draws it.
+    A run with val bpb keeps its own panel; a wrong --metrics is one line naming the choices, on both CLIs."""
+    from click.testing import CliRunner
+
+    from enlace.tools.plot import plot
+    from orchestrator.cli import main
+
+    run = tmp_path / "runs" / "mine"
+    run.mkdir(parents=True)
+    records = [{"kind": "train", "step": s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    records += [{"kind": "eval", "step": s, "val_loss": 0.5 / s} for s in (1, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn = plot([run], tmp_path / "m.png", ["loss", "val_bpb"])
+    assert drawn["runs"][0]["points"] == {"loss": 3, "val_loss": 2}
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"kind": "eval", "step": 3, "val_bpb": 2.0}) + "\n")
+    assert plot([run], tmp_path / "m.png", ["val_bpb"])["runs"][0]["points"] == {"val_bpb": 1}
+    bad = CliRunner().invoke(main, ["plot", "mine", "--metrics", "loss,accuracy"])
+    assert bad.exit_code == 2 and "accuracy: choose from loss, val_bpb, val_loss, lr, tokens_per_s" in bad.output

@@ -10,8 +10,7 @@ import click
 
 from enlace.clitypes import root_option
 from enlace.names import find_root
-
-METRIC_CHOICES = ("loss", "val_bpb", "lr", "tokens_per_s")
+from enlace.tools.plot import metrics_option
 
 
 def _run_or_dir(target: str, root: Path | None) -> Path:
@@ -96,31 +95,20 @@ def sample_cmd(
     default=None,
     help="PNG to write (default: runs/RUN/curves.png, or runs/RUN1+RUN2.png for several).",
 )
-@click.option(
-    "--metrics",
-    default=",".join(METRIC_CHOICES),
-    show_default=True,
-    help=f"Comma-separated panels, from: {', '.join(METRIC_CHOICES)}.",
-)
+@metrics_option
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print what was drawn as JSON.")
-def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: str, root: Path | None, as_json: bool) -> None:
+def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: list[str], root: Path | None, as_json: bool) -> None:
     """Draw RUN's training loss (raw and smoothed), val bpb, learning rate and tokens/s against step as a
     PNG; resumes (a Slurm requeue's among them) and stops are marked; several runs are overlaid. Prints
     the PNG's path."""
     from enlace.tools.plot import plot
 
-    chosen = [m.strip() for m in metrics.split(",") if m.strip()]
-    bad = [m for m in chosen if m not in METRIC_CHOICES]
-    if bad or not chosen:
-        raise click.BadParameter(
-            f"{', '.join(bad) or 'none'}: choose from {', '.join(METRIC_CHOICES)}", param_hint="--metrics"
-        )
     dirs = [_run_or_dir(r, root) for r in runs]
     if out is None:
         name = "curves.png" if len(dirs) == 1 else "+".join(d.name for d in dirs) + ".png"
         out = dirs[0] / name if len(dirs) == 1 else dirs[0].parent / name
-    drawn = plot(dirs, out, chosen)
+    drawn = plot(dirs, out, metrics)
     click.echo(json.dumps(drawn) if as_json else str(out))
 
 

@@ -100,7 +100,7 @@ class Curves:
         self.consumed = 0  # bytes of the file parsed: whole lines only
         self._digest = hashlib.sha256().digest()  # of those bytes
         self.train = _Columns(("loss", "lr", "tokens_per_s"))  # a train point: [step, *these]
-        self.evals = _Columns(("val_bpb",))
+        self.evals = _Columns(("val_bpb", "val_loss"))  # val_loss: what a script of your own logs (enlace.job)
         self.events: list[dict] = []  # every other record (start, summary, requeue), whole: few, and plot's markers
 
     def update(self, data: bytes) -> None:
@@ -141,7 +141,8 @@ class Curves:
                 self.evals.cut_after(step)
 
     def view(self, max_points: int = MAX_POINTS) -> dict[str, Any]:
-        """train: [step, loss, lr, tokens_per_s]; eval: [step, val_bpb]; starts: the steps runs resumed at."""
+        """train: [step, loss, lr, tokens_per_s]; eval: [step, val_bpb, val_loss]; starts: the steps runs resumed
+        at."""
         return {
             "train": self.train.points(max_points),
             "eval": self.evals.points(max_points),

@@ -1,6 +1,7 @@
 """`enlace plot`: a run's curves as one PNG (matplotlib, Agg: no display needed).
 
-Panels: training loss (raw and an EMA), val bpb at each eval, learning rate, tokens/s — all against
+Panels: training loss (raw and an EMA), val bpb at each eval (a script's val loss, where it logs no val
+bpb), learning rate, tokens/s — all against
 step. Where the run started again (a resume, also after a Slurm requeue) or stopped, a dotted vertical
 line marks the step. Several runs are overlaid in one colour each, with a legend. The title names the run(s),
 commit and parameter count. The data: metrics.jsonl (one record per logged step, eval, start and
@@ -19,10 +20,33 @@ from enlace.tools.curves import Curves
 PANELS = {  # metric → (record kind, field, y label)
     "loss": ("train", "loss", "train loss (nats/byte)"),
     "val_bpb": ("eval", "val_bpb", "val bits/byte"),
+    "val_loss": ("eval", "val_loss", "val loss"),  # a script of your own logs it (enlace.job)
     "lr": ("train", "lr", "learning rate"),
     "tokens_per_s": ("train", "tokens_per_s", "tokens/s"),
 }
+DEFAULT_METRICS = "loss,val_bpb,lr,tokens_per_s"  # val_bpb draws a script's val loss where no run has val bpb
 EMA = 0.6  # per logged point, debiased (as TensorBoard's smoothing): follows a short run without lagging
+
+
+def metrics_option(fn):
+    """--metrics, the same on `enlace plot` and `enlace-remote plot`: the panels, checked (one line names a
+    wrong one and the choices)."""
+    import click
+
+    def check(ctx, param, text: str) -> list[str]:
+        chosen = [m.strip() for m in text.split(",") if m.strip()]
+        bad = [m for m in chosen if m not in PANELS]
+        if bad or not chosen:
+            raise click.BadParameter(f"{', '.join(bad) or 'none'}: choose from {', '.join(PANELS)}")
+        return chosen
+
+    return click.option(
+        "--metrics",
+        default=DEFAULT_METRICS,
+        show_default=True,
+        callback=check,
+        help=f"Comma-separated panels, from: {', '.join(PANELS)}.",
+    )(fn)
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -70,6 +94,8 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     runs = [read_run(d) for d in run_dirs]
+    if not any(r["series"]["val_bpb"] for r in runs) and any(r["series"]["val_loss"] for r in runs):
+        metrics = [("val_loss" if m == "val_bpb" else m) for m in metrics]  # scripts of your own: their val loss
     fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 2.6 * len(metrics)), sharex=True, squeeze=False)
     drawn: dict[str, Any] = {"runs": [], "out": str(out)}
     for i, run in enumerate(runs):
@@ -87,7 +113,7 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
                     steps,
                     values,
                     color=colour,
-                    marker="o" if metric == "val_bpb" else None,
+                    marker="o" if PANELS[metric][0] == "eval" else None,
                     markersize=3,
                     label=run["name"],
                 )

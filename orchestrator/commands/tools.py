@@ -12,6 +12,7 @@ import click
 
 from enlace.clitypes import gc_options
 from enlace.names import validate_run_name
+from enlace.tools.plot import metrics_option
 from orchestrator.commands import sweep as sweeps
 from orchestrator.commands.common import AfterDashCommand, HostOptionsCommand, Remote, with_remote
 from orchestrator.commands.sweep import sweep_option
@@ -58,7 +59,7 @@ def sample(
     default=None,
     help="PNG to write (default: runs/RUN_NAME/curves.png; several runs: runs/A+B.png).",
 )
-@click.option("--metrics", default="loss,val_bpb,lr,tokens_per_s", show_default=True, help="Comma-separated panels.")
+@metrics_option
 @click.option(
     "--dest",
     type=click.Path(file_okay=False, path_type=Path),
@@ -71,7 +72,7 @@ def plot(
     remote: Remote,
     run_names: tuple[str, ...],
     out: Path | None,
-    metrics: str,
+    metrics: list[str],
     dest: Path | None,
     sweep_name: str | None,
 ) -> None:
@@ -83,7 +84,7 @@ def plot(
     from orchestrator.transfer.fetch import fetch_run_files
 
     if sweep_name is not None:
-        click.echo(str(sweeps.plot_all(remote, sweep_name, out, [m.strip() for m in metrics.split(",") if m.strip()])))
+        click.echo(str(sweeps.plot_all(remote, sweep_name, out, metrics)))
         return
 
     names = list(run_names) or [choose.choose_run(remote.repo, remote.host, None, last_first=True)]
@@ -95,7 +96,7 @@ def plot(
         dirs.append(dest or remote.repo / "runs" / name)
         fetch_run_files(remote.session, name, dirs[-1], ("metrics.jsonl", "run.json"))
     target = out or (dirs[0] / "curves.png" if len(dirs) == 1 else dirs[0].parent / ("+".join(names) + ".png"))
-    draw(dirs, target, [m.strip() for m in metrics.split(",") if m.strip()])
+    draw(dirs, target, metrics)
     click.echo(str(target))
 
 
