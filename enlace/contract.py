@@ -131,8 +131,10 @@ SWEEP_METRICS = ("val_bpb", "val_loss")
 
 
 def sweep_metric(rows: list[dict[str, Any]]) -> str:
-    """The key that ranks these runs (one sweep's: one script's): the first of SWEEP_METRICS that any has."""
-    return next((k for k in SWEEP_METRICS if any(r.get(k) is not None for r in rows)), SWEEP_METRICS[0])
+    """The key that ranks these runs (one sweep's: one script's): the first of SWEEP_METRICS that any has; before
+    any has one, val loss for runs of a command of your own (status rows say `command`), else val bpb."""
+    found = next((k for k in SWEEP_METRICS if any(r.get(k) is not None for r in rows)), None)
+    return found or ("val_loss" if any(r.get("command") for r in rows) else "val_bpb")
 
 
 def metric_words(key: str) -> str:

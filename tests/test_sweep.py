@@ -41,6 +41,7 @@ def test_the_grid_names_each_point_by_its_values():
         (("optim.learning_rate=1e-3,,2",), "an empty value between commas"),
         (("a.b=1,2", "a.b=3,4"), "given twice"),
         (("nonsense",), "expected KEY=V1,V2"),
+        (("run_name=a,b",), "a sweep names each run after its values"),
     ],
 )
 def test_a_bad_grid_is_one_clear_line(items, said):
@@ -97,6 +98,8 @@ def test_a_sweep_of_a_script_that_logs_a_val_loss_is_ranked_by_it():
     text = table.format_table(sweep, rows).splitlines()
     assert text[0] == "sweep m: mine, 2/3 finished (1 running); best m-lr1 (val loss 0.2000)"
     assert text[1].split()[-1] == "LOSS" and text[2].split()[-1] == "0.2000"
+    started = {k: {**r, "val_loss": None, "command": ["python", "t.py"]} for k, r in found.items()}
+    assert table.format_table(sweep, table.rows_of(sweep, started)).splitlines()[1].endswith("VAL LOSS")  # at once
 
 
 def test_a_bare_sweep_option_without_any_sweep_says_how_to_start_one(tmp_path):
@@ -232,7 +235,8 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     text = remote(user_repo, sshd.env, "status", "--sweep").stdout
     assert text.startswith("sweep m: toy, 4/4 finished; best m-lr0.02-SEED0 (val loss 0.0100)"), text
     assert text.splitlines()[1].split()[-2:] == ["VAL", "LOSS"]
-    remote(user_repo, sshd.env, "fetch", "--sweep", "--best")
+    fetched = remote(user_repo, sshd.env, "fetch", "--sweep", "--best").stdout
+    assert "fetch m-lr0.02-SEED0 (testhost): 1 output file(s) verified" in fetched, fetched
     assert (user_repo / "runs" / "m-lr0.02-SEED0" / "out" / "val.txt").read_text() == "0.01\n"
     assert not (user_repo / "runs" / "m-lr0.1-SEED3").exists()  # --best: that run alone
     remote(user_repo, sshd.env, "launch", "m-lr0.1-SEED3", "--set", "args.lr=0.5")  # one point again, one value new

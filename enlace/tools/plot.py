@@ -94,8 +94,9 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     runs = [read_run(d) for d in run_dirs]
-    if not any(r["series"]["val_bpb"] for r in runs) and any(r["series"]["val_loss"] for r in runs):
-        metrics = [("val_loss" if m == "val_bpb" else m) for m in metrics]  # scripts of your own: their val loss
+    own = not any(r["series"]["val_bpb"] for r in runs) and any(r["series"]["val_loss"] for r in runs)
+    if own:  # scripts of your own: their val loss, and a loss whose unit enlace does not know
+        metrics = [("val_loss" if m == "val_bpb" else m) for m in metrics]
     fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 2.6 * len(metrics)), sharex=True, squeeze=False)
     drawn: dict[str, Any] = {"runs": [], "out": str(out)}
     for i, run in enumerate(runs):
@@ -134,7 +135,7 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
             {"name": run["name"], "markers": run["markers"], "points": {m: len(run["series"][m]) for m in metrics}}
         )
     for ax, metric in zip(axes[:, 0], metrics):
-        ax.set_ylabel(PANELS[metric][2], fontsize=8)
+        ax.set_ylabel("train loss" if own and metric == "loss" else PANELS[metric][2], fontsize=8)
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("step")

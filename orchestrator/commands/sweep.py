@@ -61,10 +61,12 @@ sweep_option = click.option(
 @with_remote
 def sweep(remote: Remote, run: str, overrides: tuple[str, ...], hosts: str | None, name: str | None, **options) -> None:
     """Launch one run of RUN per point of a grid: each --set KEY=V1,V2,... is a swept key (a --set with one value
-    applies to every point). The runs are named after their values (lr-sweep-lr1e-3-nl4), spread over --hosts by
-    the room each host's queue has, started detached in those queues (no preflight: it would measure beside the
-    sweep's own runs), and recorded here as the sweep NAME, which `status --sweep`, `stop --sweep`, `fetch
-    --sweep` and `plot --sweep` act on (bare --sweep: the last sweep).
+    applies to every point). The runs are named after their values (smoke-2060-sweep1-lr1e-3-nl4), spread over
+    --hosts by the room each host's queue has, started detached in those queues (no preflight: it would measure
+    beside the sweep's own runs), and recorded here as the sweep NAME, which `status --sweep`, `stop --sweep`,
+    `fetch --sweep` and `plot --sweep` act on (bare --sweep: the last sweep). RUN may be a run file of your own
+    command: its keys are args.NAME (--NAME=V appended to the command) and env.NAME, and its `supervise:` sets the
+    restarts unless --restarts is given.
 
     \b
       enlace-remote sweep smoke-2060 --set optim.learning_rate=1e-3,3e-3,1e-2 --set model.n_layer=4,6
@@ -147,9 +149,8 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
     for row in chosen:
         session = remote.session_for(resolve_host(row["host"], remote.repo))
         rep = do_fetch(session, row["run_name"], remote.repo / "runs" / row["run_name"], which_all)
-        click.echo(
-            f"fetch {row['run_name']} ({row['host']}): {', '.join(rep['fetched']) or 'up to date'} → {rep['dest']}"
-        )
+        got = [*rep["fetched"], *([f"{rep['outputs']} output file(s) verified"] if rep.get("outputs") else [])]
+        click.echo(f"fetch {row['run_name']} ({row['host']}): {', '.join(got) or 'up to date'} → {rep['dest']}")
 
 
 def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) -> Path:

@@ -35,6 +35,11 @@ def parse_sets(items: tuple[str, ...]) -> tuple[dict[str, list[str]], list[str]]
         values = [v.strip() for v in value.split(",")]
         if any(not v for v in values):
             raise UsageError(f"--set {item!r}: an empty value between commas — write KEY=V1,V2")
+        if key == "run_name":
+            raise UsageError(
+                "--set run_name: a sweep names each run after its values (NAME-<key><value>...) — `--name` names "
+                "the sweep"
+            )
         if key in swept or any(f.partition("=")[0] == key for f in fixed):
             raise UsageError(f"--set {key}: given twice — give its values once, comma-separated")
         if len(values) > 1:
