@@ -23,6 +23,7 @@ from support.configs import DETERMINISTIC, TINY, write_run, write_toy
 from support.procs import kill_processes_under
 from support.remote import DRIVER, remote, server_dir, tiny_corpus, wait_until
 from support.repocopy import commit_all
+from support.slurmruns import pause_until_limit_signal, run_json, train_log, training
 
 from enlace.manifest import latest_checkpoint
 from enlace.preflight.verify_resume import compare_states
@@ -78,18 +79,6 @@ def login(tmp_path, cluster):
     kill_processes_under(tmp_path)
 
 
-def run_json(srv, name: str) -> dict:
-    try:
-        return json.loads((server_dir(srv, "cluster") / "runs" / name / "run.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def train_log(srv, name: str) -> str:
-    path = server_dir(srv, "cluster") / "runs" / name / "train.log"
-    return path.read_text() if path.exists() else ""
-
-
 def spawn(repo: Path, env: dict, log: Path, *args: str, host: str = "cluster") -> subprocess.Popen:
     """enlace-remote in the background, its stderr into `log` (read while it runs)."""
     cmd = [*DRIVER, "--host", host, *args]
@@ -101,32 +90,6 @@ def spawn(repo: Path, env: dict, log: Path, *args: str, host: str = "cluster") -
         stdout=subprocess.DEVNULL,
         stderr=open(log, "w"),
     )
-
-
-def training(srv, name: str, start: int) -> bool:
-    """Whether start `start` of the run's job (1: the first, 2: after one requeue) has trained a step."""
-    state = run_json(srv, name)
-    return state.get("status") == "running" and state.get("requeues") == start - 1 and state.get("step", 0) > 0
-
-
-def pause_until_limit_signal(srv, *names: str, start: int) -> None:
-    """Hold the runs' trainers (SIGSTOP) once they are training, until each batch step has logged Slurm's USR1
-    (start `start` of its job); then let them go: they get the batch step's SIGTERM and checkpoint. Runs
-    launched together wait out one time limit together."""
-    for name in names:
-        wait_until(partial(training, srv, name, start), 180, f"{name} training (start {start})")
-    pids = [run_json(srv, name)["pid"] for name in names]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        wait_until(
-            lambda: all(train_log(srv, name).count("time limit is near") >= start for name in names),
-            150,
-            "Slurm's USR1",
-        )
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
 
 
 def test_pending_then_running_logs_stop_scancel_fetch(login, user_repo, cluster, tmp_path):
