@@ -20,6 +20,9 @@ command: {command}
 # supervise: {{restarts: 3, grace: 30}}   # restarts after a crash; a stop's SIGTERM, then SIGKILL after grace s
 # device: cuda                      # what it waits for in the host's queue (cpu, cuda, auto)
 # nproc: 1                          # > 1: torchrun with that many processes
+# env: {{SEED: "0"}}                  # its environment; `--set env.SEED=1,2` on sweep (or launch) changes it
+# run_name: {name}                  # the run's name (status, logs, stop, fetch use it)
+# `--set args.NAME=V` on launch or sweep appends --NAME=V to the command (docs/sweeps.md)
 """
 
 
