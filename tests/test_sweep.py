@@ -12,6 +12,7 @@ import pytest
 from support.browser import artifacts_dir, chromium, wait_for
 from support.configs import write_toy
 from support.remote import PipeReader, connections, popen_remote, remote, server_dir, tiny_corpus, wait_until
+from support.repocopy import commit_all
 from support.sshd import make_server
 from support.webhook import Webhook
 
@@ -239,12 +240,14 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     assert "fetch m-lr0.02-SEED0 (testhost): 1 output file(s) verified" in fetched, fetched
     assert (user_repo / "runs" / "m-lr0.02-SEED0" / "out" / "val.txt").read_text() == "0.01\n"
     assert not (user_repo / "runs" / "m-lr0.1-SEED3").exists()  # --best: that run alone
+    logs = server_dir(sshd, "testhost") / "runs"
     remote(user_repo, sshd.env, "launch", "m-lr0.1-SEED3", "--set", "args.lr=0.5")  # one point again, one value new
-    wait_until(
-        lambda: "lr=0.5 seed=3" in (server_dir(sshd, "testhost") / "runs" / "m-lr0.1-SEED3" / "train.log").read_text(),
-        120,
-        "the point with its new value",
-    )
+    wait_until(lambda: "lr=0.5 seed=3" in (logs / "m-lr0.1-SEED3" / "train.log").read_text(), 120, "the new value")
+    # a point whose name is close to a run file's goes by the run file and --set items it was launched with
+    (user_repo / "configs" / "runs" / "m-lr0.02-SEED.yaml").write_text("command: [python, -c, pass]\n")
+    commit_all(user_repo, "a run file whose name is close to a point's")
+    remote(user_repo, sshd.env, "launch", "m-lr0.02-SEED3", "--set", "args.lr=0.7")
+    wait_until(lambda: "lr=0.7 seed=3" in (logs / "m-lr0.02-SEED3" / "train.log").read_text(), 120, "its new value")
 
 
 @pytest.mark.slow
