@@ -69,12 +69,13 @@ def run_end(run_dir: Path, host: str) -> dict[str, Any]:
     status = row["status"]
     gave_up = status == Status.CRASHED and "gave up" in (row.get("error") or "")
     word = "gave up" if gave_up else status
+    text = f"enlace: {row['run_name']} on {host} {word}"
     if row.get("max_steps"):
-        at = f"at step {row['step']}/{row['max_steps']}"
-    else:  # a command of your own has no max_steps; one that never logged a step says only its end
-        at = f"at step {row['step']}" if row.get("step") else ("before it started" if not row.get("command") else "")
-    at = f" {at}" if at else ""
-    text = f"enlace: {row['run_name']} on {host} {word}{at}"
+        text += f" at step {row['step']}/{row['max_steps']}"
+    elif row.get("step"):  # a command of your own: no max_steps
+        text += f" at step {row['step']}"
+    elif not row.get("command"):  # (a command that logs no steps says only how it ended)
+        text += " before it started"
     metric = sweep_metric([row])
     if row.get(metric) is not None:
         text += f", {metric_words(metric)} {row[metric]:.4f}"

@@ -170,19 +170,27 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
     after = ctx.meta.get("after_dash")
     name = run if after is not None else choose.choose_run(remote.repo, remote.host, run)
     command = own.command_of(remote.repo, name, after, o.name, o.overrides)
-    recorded = command is None and after is None
-    ran_before = own.recorded(remote.session, remote.repo, name, o.overrides) if recorded else None
+    by_name = command is None and after is None  # `launch NAME`: perhaps a command the host recorded
+    ran_before = own.recorded(remote.session, remote.repo, name, o.overrides) if by_name else None
     command, after = (ran_before, []) if ran_before else (command, after)  # launched again as given after `--`
     restarts_given = ctx.get_parameter_source("restarts") == click.core.ParameterSource.COMMANDLINE
     if command is None:
         plan = _plan(remote, name, o, restarts_given)
     else:
-        from orchestrator.commands.data import local_data_of
-
-        data = local_data_of(remote, name, o.overrides) if o.push_data and after is None else None
-        plan = pipeline.Plan(**own.plan_fields(remote, name, command, after is None, o, restarts_given, data))
+        plan = _command_plan(remote, name, command, after is None, o, o.overrides, restarts_given)
     if plan is not None:
         pipeline.run(plan, remote.session_for, remote.repo)
+
+
+def _command_plan(remote: Remote, run: str, command, from_file: bool, o: SimpleNamespace, overrides, restarts_given):
+    """The pipeline's Plan for your own command (`from_file`: RUN's run file, else given after `--`), with these
+    --set items (launch's own, or a recorded run's with them)."""
+    from orchestrator.commands.data import local_data_of
+    from orchestrator.launch import own, pipeline
+
+    data = local_data_of(remote, run, overrides) if o.push_data and from_file else None
+    given = SimpleNamespace(**{**vars(o), "overrides": overrides})
+    return pipeline.Plan(**own.plan_fields(remote, run, command, from_file, given, restarts_given, data))
 
 
 def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: bool = False):
@@ -200,9 +208,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
         run = ship.check_run_config(remote.repo, run)
         mine = own.command_of(remote.repo, run, None, None, overrides)  # a run of a command's file (a sweep's point)
         if mine is not None:
-            data = local_data_of(remote, run, overrides) if o.push_data else None
-            given = SimpleNamespace(**{**vars(o), "overrides": overrides})
-            return pipeline.Plan(**own.plan_fields(remote, run, mine, True, given, restarts_given, data))
+            return _command_plan(remote, run, mine, True, o, overrides, restarts_given)
     slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
     spec = slurm_options(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
     train_args = (

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import click
 
 from enlace.clitypes import notify_option, stop_request, supervisor_options
-from enlace.contract import metric_words, sweep_metric
+from enlace.contract import metric_words
 from enlace.errors import EnlaceError
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
 from orchestrator.sweep import record, table
@@ -143,7 +143,7 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
     have = [r for r in rows if r.get("latest_checkpoint") or (r.get("command_spec") and r["status"] not in unstarted)]
     chosen = [r for r in rows if r.get("best")] if best else have
     if not chosen:
-        metric = metric_words(sweep_metric(rows))
+        metric = metric_words(rows[0]["metric"])  # what rows_of ranked them by
         why = f"no run of it has finished with a {metric} yet" if best else "no run of it has a checkpoint yet"
         raise EnlaceError(f"sweep {sweep.name}: {why} — `enlace-remote status --sweep {sweep.name}` shows where it is")
     for row in chosen:

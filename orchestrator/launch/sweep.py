@@ -80,12 +80,12 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         raise UsageError(f"sweep {name!r} was launched from here before — `--name` another, or `status --sweep {name}`")
     points = grid.points(name, swept)
     targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
-    if own is not None:  # each point's command, checked here before anything connects (a bad --set is one line)
-        for p in points:
-            command.load(run, repo, (*fixed, *p.sets(), f"run_name={p.run_name}"))
-        if own.nproc > 1 and any(h.slurm for h in targets):
-            raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
+    # each point's own command (a run file of yours), built and checked before anything connects: a bad --set is
+    # one line here; the starts below use them
+    mine = {p.run_name: command.load(run, repo, _overrides(fixed, p)) for p in points} if own is not None else {}
     procs = str(own.nproc) if own is not None and own.nproc > 1 else None
+    if procs and any(h.slurm for h in targets):
+        raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
     if any(h.slurm for h in targets):
         if len(targets) > 1:
             raise UsageError("a sweep on a Slurm host is one job array there: give that host alone (--hosts NAME)")
@@ -102,7 +102,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     by_name = {h.name: h for h in targets}
     for i, (point, host_name) in enumerate(zip(points, placement), start=1):  # every point checked, then any start
         click.echo(f"== check {i}/{len(points)} {point.run_name} on {host_name}: {' '.join(point.sets())}", err=True)
-        overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
+        overrides = _overrides(fixed, point)
         ship.verify(remote.session_for(by_name[host_name]), shipped[host_name].commit, run, True, overrides, quiet=True)
     sweep = record.Sweep(
         name,
@@ -117,25 +117,29 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     for point, host_name in zip(points, placement):
         host, (sha, _, device) = by_name[host_name], shipped[host_name]
         session = remote.session_for(host)
-        overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
-        pyargs, policy = _start_args(repo, run, own is not None, overrides, host, device, o)
+        overrides = _overrides(fixed, point)
+        pyargs, policy = _start_args(run, mine.get(point.run_name), overrides, host, device, o)
         policy += stages.run_end_args(host, o.notify, name, share[host_name])
         stages.start_detached(session, sha, point.run_name, pyargs, policy)
         choose.remember_run(repo, host.name, point.run_name, run, overrides)
     return sweep
 
 
-def _start_args(repo, run: str, own: bool, overrides: tuple, host, device, o) -> tuple[list[str], list[str]]:
+def _overrides(fixed: list[str], point) -> tuple[str, ...]:
+    """A point's --set items: the sweep's fixed ones, its values, its run name."""
+    return (*fixed, *point.sets(), f"run_name={point.run_name}")
+
+
+def _start_args(run: str, mine, overrides: tuple, host, device, o) -> tuple[list[str], list[str]]:
     """`enlace start`'s python arguments and options for one point: enlace's trainer with the point's --set, or
-    the run file's own command with them applied (its supervise: policy unless --restarts was given)."""
-    if not own:
+    (`mine`) the run file's own command with them applied (its supervise: policy unless --restarts was given)."""
+    if mine is None:
         policy = [
             "--restarts",
             str(o.restarts),
             *(["--stall-timeout", str(o.stall_timeout)] if o.stall_timeout else []),
         ]
         return stages.train_command(run, ship.set_args(overrides), None), policy + stages.queue_args(host, device, None)
-    mine = command.load(run, repo, overrides)
     policy = own_launch.policy(mine, o.restarts if o.restarts_given else None, o.stall_timeout)
     procs = str(mine.nproc) if mine.nproc > 1 else None
     return [], [*policy, *stages.queue_args(host, device, procs), *own_launch.spec_args(mine)]
@@ -151,7 +155,7 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
     _refuse_taken(remote, [host], points)
     tasks = []
     for point in points:
-        overrides = (*fixed, *point.sets(), f"run_name={point.run_name}")
+        overrides = _overrides(fixed, point)
         ship.verify(session, sha, run, True, overrides, quiet=True)
         pyargs = [] if own else trainer_args(run, ship.set_args(overrides))
         tasks.append({"run": point.run_name, "pyargs": pyargs, "sets": overrides})
@@ -166,9 +170,9 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
     record.save(remote.repo, sweep)
     gpus = 1 if own else host.slurm.gpus_per_node or 1  # a command is one process (nproc > 1: not on Slurm yet)
     args = ["--slurm", json.dumps(host.slurm.to_json()), "--gpus", str(gpus)]
-    # a command's tasks: the server builds each command from the run file and its --set (small on the wire)
-    args += ["--tasks", json.dumps([{k: t[k] for k in ("run", "pyargs", *(["sets"] if own else []))} for t in tasks])]
-    args += ["--command-run", run] if own else []
+    # a command's tasks carry their --set: the server builds each command from the run file (small on the wire)
+    wire = [{"run": t["run"], "pyargs": t["pyargs"], **({"sets": t["sets"]} if own else {})} for t in tasks]
+    args += ["--tasks", json.dumps(wire), *(["--command-run", run] if own else [])]
     args += ["--limit", str(o.max_running)] if o.max_running else []
     doc = session.enlace_json(sha, "submit-array", name, *args, idempotent=False)
     for task in tasks:

@@ -36,7 +36,8 @@ def progress(rows: list[dict]) -> str:
 
 
 def format_table(sweep: Sweep, rows: list[dict]) -> str:
-    metric = sweep_metric(rows)
+    """`rows` as rows_of ranked them (each says the metric that ranked it)."""
+    metric = rows[0]["metric"]
     head = ("", "RUN", "HOST", *sweep.keys, "STATUS", "STEP", metric_words(metric).upper())
     table = [head]
     for r in rows:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enlace.contract import ErrorKind, sweep_metric
+from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.tools.curves import Curves
 from orchestrator.sweep import record, table
@@ -149,7 +149,7 @@ class Board:
             "name": sweep.name,
             "run_file": sweep.run_file,
             "keys": sweep.keys,
-            "metric": sweep_metric(rows),
+            "metric": rows[0]["metric"],  # what rows_of ranked them by
             "progress": table.progress(rows),
             "rows": rows,
         }
