@@ -148,6 +148,8 @@ def test_set_reaches_a_command_as_its_environment_and_its_options(project):
     assert own.argv == ("python", "t.py", "--x=1", "--lr=3e-4", "--n-layer=2") and own.run_name == "mine-2"
     assert own.env == {"SEED": "7", "WANDB_MODE": "offline"}
     assert command.load("mine", project).argv == ("python", "t.py", "--x=1")  # the file itself is unchanged
+    again = command.load("mine", project, ("args.x=2", "args.lr=1", "args.lr=5"))  # one value each, the last given
+    assert again.argv == ("python", "t.py", "--x=2", "--lr=5")
     forms = "runs your own command, which takes --set run_name=NAME, env.NAME=VALUE (an environment variable) or"
     for bad in ("optim.learning_rate=1e-3", "env.1X=2", "args.=3", "lr=1"):
         _one_line_exit_2(project, "mine", f"--set {bad.partition('=')[0]}: configs/runs/mine.yaml {forms}", bad)

@@ -243,6 +243,8 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     logs = server_dir(sshd, "testhost") / "runs"
     remote(user_repo, sshd.env, "launch", "m-lr0.1-SEED3", "--set", "args.lr=0.5")  # one point again, one value new
     wait_until(lambda: "lr=0.5 seed=3" in (logs / "m-lr0.1-SEED3" / "train.log").read_text(), 120, "the new value")
+    again = next(r for r in rows() if r["run_name"] == "m-lr0.1-SEED3")
+    assert again["values"] == {"args.lr": "0.5", "env.SEED": "3"} and again["command"][2:] == ["--lr=0.5"]
     # a point whose name is close to a run file's goes by the run file and --set items it was launched with
     (user_repo / "configs" / "runs" / "m-lr0.02-SEED.yaml").write_text("command: [python, -c, pass]\n")
     commit_all(user_repo, "a run file whose name is close to a point's")

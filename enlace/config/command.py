@@ -274,7 +274,8 @@ def load(run: str, root: Path | None = None, overrides=()) -> CommandRun | None:
 def with_sets(layer: dict, overrides, where: str) -> dict:
     """The run file's mapping with launch's (or a sweep point's) --set applied, in the order given: `run_name=NAME`,
     `env.NAME=VALUE` (an environment variable of the command) and `args.NAME=VALUE` (`--NAME=VALUE` appended to
-    the command: argparse, Hugging Face's HfArgumentParser and nanoGPT's configurator all read that form)."""
+    the command in place of any earlier `--NAME=...`: argparse, Hugging Face's HfArgumentParser and nanoGPT's
+    configurator all read that form)."""
     layer = dict(layer)
     for item in overrides:
         key, _, value = item.partition("=")
@@ -285,8 +286,10 @@ def with_sets(layer: dict, overrides, where: str) -> dict:
             env = layer.get("env") or {}  # not a mapping: left as it is, for parse to name the file's fault
             layer["env"] = {**env, name: _check_placeholders(value, f"--set {key}")} if isinstance(env, dict) else env
         elif dot and section == "args" and ARG_NAME.fullmatch(name):
-            argv, arg = layer.get("command"), f"--{name}={_check_placeholders(value, f'--set {key}')}"
-            layer["command"] = [*argv, arg] if isinstance(argv, list) else argv  # not a list: parse names it
+            argv, flag = layer.get("command"), f"--{name}="
+            arg = flag + _check_placeholders(value, f"--set {key}")
+            if isinstance(argv, list):  # (not a list: parse names it) an earlier --NAME=V gives way: one value
+                layer["command"] = [*(a for a in argv if not (isinstance(a, str) and a.startswith(flag))), arg]
         else:
             raise Bad(
                 f"--set {key}: {where} runs your own command, which takes --set run_name=NAME, env.NAME=VALUE (an "

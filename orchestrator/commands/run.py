@@ -180,6 +180,10 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
         plan = _command_plan(remote, name, command, after is None, o, o.overrides, restarts_given)
     if plan is not None:
         pipeline.run(plan, remote.session_for, remote.repo)
+        if o.overrides and name:  # a sweep's point launched again with new values: its record follows
+            from orchestrator.sweep import record
+
+            record.note_launch(remote.repo, remote.host.name, name, o.overrides)
 
 
 def _command_plan(remote: Remote, run: str, command, from_file: bool, o: SimpleNamespace, overrides, restarts_given):

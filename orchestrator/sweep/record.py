@@ -39,16 +39,30 @@ def check_name(name: str) -> str:
     return name
 
 
-def save(repo: Path, sweep: Sweep) -> None:
+def save(repo: Path, sweep: Sweep, last: bool = True) -> None:
+    """Write the record (and, with `last`, make it the one a bare --sweep means), each file replaced whole."""
     d = _dir(repo)
     d.mkdir(parents=True, exist_ok=True)
-    for path, text in (
-        (d / f"{sweep.name}.json", json.dumps(asdict(sweep), indent=1) + "\n"),
-        (d / "last", sweep.name),
-    ):
+    files = [(d / f"{sweep.name}.json", json.dumps(asdict(sweep), indent=1) + "\n")]
+    for path, text in files + ([(d / "last", sweep.name)] if last else []):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
         tmp.replace(path)
+
+
+def note_launch(repo: Path, host: str, run_name: str, overrides) -> None:
+    """A sweep's point launched again on its own with --set items of its swept keys (`launch RUN_NAME --set
+    KEY=V`): its values in the record follow, so that the table says what the run ran with."""
+    sets = dict(item.partition("=")[::2] for item in overrides)
+    for name in names(repo):
+        try:
+            sweep = load(repo, name)
+        except UsageError:
+            continue  # a record this enlace cannot read: status --sweep says so
+        point = next((p for p in sweep.points if p["run_name"] == run_name and p["host"] == host), None)
+        if point is not None and sets.keys() & point["values"].keys():
+            point["values"] = {k: sets.get(k, v) for k, v in point["values"].items()}
+            save(repo, sweep, last=False)
 
 
 def exists(repo: Path, name: str) -> bool:
