@@ -277,6 +277,11 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
     assert "warning: its data was changed by a data push" in lines[3], lines
     alone = format_status([{**row, "supervisor": None, "data_warning": None, "elapsed_s": 5.0}]).splitlines()
     assert len(alone) == 2 and "unsupervised" not in alone[1] and "this start" not in alone[1]
+    queued = {**row, "supervisor": None, "data_warning": None, "status": "stopped", "step": 0}
+    queued |= {"phase": "stopped while queued: it never started"}
+    assert format_status([queued]).count("stopped while queued") == 1  # enlace's trainer's run: its own line
+    own = format_status([{**queued, "command": ["python", "t.py"]}])  # a command's: on its command line, once
+    assert own.count("stopped while queued") == 1 and "command: stopped while queued: it never started" in own
 
 
 def test_a_stops_default_grace_is_sized_from_the_runs_own_checkpoint_save():
