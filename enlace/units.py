@@ -13,3 +13,13 @@ def duration(seconds: float | None) -> str:
     return (
         f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
     )
+
+
+DETAIL_WIDTH = 100  # a table's detail line (a run's error, a skipped checkpoint) is cut here
+
+
+def one_line(text: str, width: int | None, more: str = "") -> str:
+    """`text` (an error, a traceback's end) as one line for a table's detail row: its whitespace runs made one
+    space, cut at `width` characters with `more` (where to read the rest) after the cut; None: never cut."""
+    text = " ".join(text.split())
+    return text if width is None or len(text) <= width else text[: width - 1] + f"…{more}"

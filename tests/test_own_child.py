@@ -14,9 +14,10 @@ from support.remote import wait_until
 from enlace.state import runs
 
 
-def _start(project, name: str, command: list[str], **extra) -> None:
+def _start(project, name: str, command: list[str], restarts: int = 0, **extra) -> None:
     spec = json.dumps({"command": command, "run_name": name, **extra})
-    enlace(project, "start", name, "--json", "--restarts", "0", "--backoff", "0.1", "--command-spec", spec)
+    policy = ["--restarts", str(restarts), "--backoff", "0.1"]
+    enlace(project, "start", name, "--json", *policy, "--command-spec", spec)
 
 
 def _ended(project, name: str) -> dict:
@@ -56,3 +57,29 @@ def test_a_program_that_cannot_start_is_one_line_and_not_retried(project):
     row = _ended(project, "nosuch")
     assert row["status"] == "failed" and "cannot start 'no-such-program-for-enlace'" in row["error"], row
     assert not row["restarts"]
+
+
+ARGPARSE = "import argparse; p = argparse.ArgumentParser(); p.add_argument('--lr'); p.parse_args(); print('training')"
+
+
+def test_an_unknown_argument_at_the_first_start_is_failed_at_once_with_argparses_words(project):
+    """A sweep's mistyped `--set args.NAME` ends in argparse's exit 2: restarting repeats it (and held the
+    run's slot through minutes of backoff); the run is failed at once, with argparse's line in its error."""
+    _start(project, "typo", ["python", "-c", ARGPARSE, "--learning_rate=0.1"], restarts=3)
+    row = _ended(project, "typo")
+    assert row["status"] == "failed" and not row["restarts"], row
+    said = "-c: error: unrecognized arguments: --learning_rate=0.1 — the command exited 2 at its first start, a usage"
+    assert row["error"].startswith(said), row  # argparse's words first: status cuts a detail line at 100
+    log = (project / "runs" / "typo" / "train.log").read_text()
+    assert f"supervisor: {said}" in log and "restart 1 of" not in log, log
+
+
+def test_exit_2_after_a_restart_is_a_crash_and_a_crash_shows_the_commands_last_line(project):
+    """Only the first start's exit 2 is taken for bad arguments (the same arguments ran once already)."""
+    script = 'if [ "$ENLACE_RESTART" = 0 ]; then echo "RuntimeError: CUDA error"; exit 1; fi; echo "bad"; exit 2'
+    _start(project, "later", ["bash", "-c", script], restarts=1)
+    row = _ended(project, "later")
+    assert row["status"] == "crashed" and row["restarts"] == 1, row
+    assert row["error"].endswith("gave up after 1 restart: the command exited 2: bad"), row
+    log = (project / "runs" / "later" / "train.log").read_text()
+    assert "supervisor: the command exited 1: RuntimeError: CUDA error; restart 1 of 1" in log, log

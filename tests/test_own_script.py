@@ -82,7 +82,8 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
 
     out = remote(script_repo, env, "launch", "broken", "--follow", check=False)  # follows it to its end
     assert out.returncode == 8, (out.returncode, out.stderr[-2000:])  # crashed: the contract's code
-    assert out.stdout.count("script line 4") == 3  # the first start and its two restarts
+    assert out.stdout.splitlines().count("script line 4") == 3  # the first start and its two restarts
+    assert "supervisor: the command exited 1: script line 4; restart 1 of 2" in out.stdout  # its last words
     row = _row(script_repo, env, "broken")
     assert row["restarts"] == 2 and "gave up after 2 restarts: the command exited 1" in row["error"], row
 

@@ -103,6 +103,29 @@ def test_a_sweep_of_a_script_that_logs_a_val_loss_is_ranked_by_it():
     assert table.format_table(sweep, table.rows_of(sweep, started)).splitlines()[1].endswith("VAL LOSS")  # at once
 
 
+def test_a_failed_or_crashed_run_says_why_under_its_row_in_one_cut_line():
+    sweep = record.Sweep(
+        "f",
+        "mine",
+        [],
+        ["args.lr"],
+        [{"run_name": f"f-lr{i}", "host": "h", "values": {"args.lr": str(i)}} for i in range(3)],
+    )
+    typo = "t.py: error: unrecognized arguments:\n --learning_rate=0.1 — the command exited 2 at its first start, a usage error"
+    found = {
+        ("h", "f-lr0"): {"run_name": "f-lr0", "status": "failed", "step": 0, "error": typo},
+        ("h", "f-lr1"): {"run_name": "f-lr1", "status": "crashed", "step": 0, "error": "gave up after 3 restarts: x"},
+        ("h", "f-lr2"): {"run_name": "f-lr2", "status": "finished", "step": 3, "error": "an earlier attempt's cause"},
+    }
+    text = table.format_table(sweep, table.rows_of(sweep, found)).splitlines()
+    assert text[3].split()[0] == "f-lr0" and text[4].startswith(
+        "    └ error: t.py: error: unrecognized arguments: --learning_rate=0.1 — the command exited 2"
+    )
+    assert text[4].endswith("… (enlace-remote status f-lr0: all of it)") and len(text[4]) < 160
+    assert text[5].split()[0] == "f-lr1" and text[6] == "    └ error: gave up after 3 restarts: x"
+    assert len(text) == 7  # a finished run shows no error of an earlier attempt
+
+
 def test_a_bare_sweep_option_without_any_sweep_says_how_to_start_one(tmp_path):
     with pytest.raises(UsageError, match="no sweep was launched from this repo yet"):
         record.load(tmp_path, "")

@@ -10,7 +10,8 @@ ending takes whole:
     stall       (only a script that logs steps with enlace.job has a stall clock) its stacks (enlace.job
                 registers faulthandler on SIGUSR2), SIGTERM, SIGKILL after the grace
     the end     what its group left behind (a shell's child, a data loader) gets the same SIGTERM, then SIGKILL
-    a start that cannot happen (no such program, not executable) is one line and FAILED, never retried
+    a start that cannot happen (no such program, not executable) is one line and FAILED, never retried;
+                so is exit 2 at the first start before any step (a usage error: argparse's bad argument)
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ from enlace.contract import UNLESS_STOPPING, Status
 from enlace.data.paths import link_shared_data
 from enlace.manifest import latest_checkpoint
 from enlace.names import find_root
+from enlace.server.runfiles import last_line
 from enlace.state import runs
 
 # what a new launch or start of a command clears: a trainer's or an earlier attempt's figures would show
 # as this one's, and an old step would start the stall clock before the command logged anything
 STALE = {k: None for k in ("loss", "val_loss", "val_bpb", "max_steps", "tokens", "tokens_per_s", "resumed_from")}
 STALE["step"] = 0  # no step yet (the stall clock starts at the first one enlace.job logs)
+
+
+USAGE_EXIT = 2  # argparse's (and bash's, and python's for a missing script) exit for a command line it refuses
 
 
 class CannotStart(Exception):
@@ -166,6 +171,18 @@ class CommandChild:
             runs.update(self.run_dir, status=Status.FINISHED, exit_code=0, phase="finished: the command exited 0")
         else:
             runs.update(self.run_dir, exit_code=code)
+
+    def usage_error(self, code: int, restart: int, st: dict) -> str | None:
+        """Exit 2 at the first start, before any step: the command's arguments are wrong (argparse's exit for an
+        unknown or missing argument, python's for a script it cannot open). A restart would repeat it, and a
+        sweep's mistyped `--set args.NAME` would hold its slots for minutes of backoff."""
+        if code != USAGE_EXIT or restart or st.get("step"):
+            return None
+        said = last_line(self.run_dir, child_only=True) or "(it wrote nothing)"
+        return (  # its own words first: a table's detail line shows the first hundred characters
+            f"{said} — the command exited {code} at its first start, a usage error (argparse's, for an unknown or "
+            "missing argument), so it is not restarted: fix the command (or a --set args.NAME), then launch again"
+        )
 
     def record_cannot_start(self, why: str) -> None:
         self.say(why)

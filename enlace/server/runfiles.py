@@ -4,6 +4,8 @@ is offered, enlace/server/fetchserve.py's. None of them imports torch, so each a
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,10 +18,38 @@ from enlace.names import validate_run_name
 from enlace.slurm.settings import QUEUED_STATES
 from enlace.state import runs
 
+LOG_TAIL_BYTES = 64 << 10  # what is read of train.log for its last line
+LAST_LINE_CHARS = 300  # of a log line quoted in an error (a traceback's last line fits)
+SUPERVISOR_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d supervisor: ")
+
+
+def supervisor_line(text: str) -> str:
+    """A supervisor's line in train.log, stamped like the trainer's (SUPERVISOR_LINE tells it from the child's)."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {text}"
+
 
 class NoSuchRun(EnlaceError):
     exit_code = contract.USAGE
     kind = contract.ErrorKind.NO_SUCH_RUN
+
+
+def last_line(run_dir: Path, child_only: bool = False) -> str:
+    """The last non-empty line of the run's train.log: what a trainer that could not record its error said; or
+    (`child_only`) the last line a command wrote itself, the supervisor's own lines skipped ("" if none). A
+    progress bar's line is its last redraw; a line is cut at LAST_LINE_CHARS."""
+    try:
+        with open(run_dir / "train.log", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        tail = ""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]  # a \r (a progress bar's redraw) splits too
+    if child_only:
+        lines = [ln for ln in lines if not SUPERVISOR_LINE.match(ln)]
+    elif not lines:
+        return "the trainer exited before writing to train.log"
+    last = lines[-1] if lines else ""
+    return last if len(last) <= LAST_LINE_CHARS else last[: LAST_LINE_CHARS - 1] + "…"
 
 
 def run_dir_of(runs_root: Path, name: str) -> Path:

@@ -39,6 +39,7 @@ from enlace.contract import ACTIVE, ENDED_CLEANLY, Status
 from enlace.manifest import latest_checkpoint
 from enlace.server.ownchild import CannotStart, CommandChild
 from enlace.server.queue import Seat
+from enlace.server.runfiles import last_line, supervisor_line
 from enlace.server.trainerchild import TrainerChild
 from enlace.state import heartbeat, runs
 
@@ -49,7 +50,7 @@ MIN_STALL_S = 300.0  # a derived stall timeout is never shorter (evals, checkpoi
 
 def say(line: str) -> None:
     """A line in train.log (the supervisor's stdout is train.log), stamped like the trainer's."""
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {line}", flush=True)
+    print(supervisor_line(line), flush=True)
 
 
 @dataclass
@@ -141,6 +142,10 @@ class Supervisor:
             if verdict and code in NOT_RETRIED:  # refused before it could record why (config error)
                 runs.update(self.run_dir, status=Status.FAILED, exit_code=code, error=last_line(self.run_dir))
                 return Outcome(Status.FAILED, code, "not retried: a retry cannot fix it")
+            if (usage := self.child.usage_error(code, restarts, st)) is not None:  # a command's bad arguments
+                say(usage)
+                runs.update(self.run_dir, status=Status.FAILED, exit_code=code, error=usage)
+                return Outcome(Status.FAILED, code, "not retried: a usage error")
             cause = self._cause(code, stalled, st)
             if restarts >= self.policy.restarts:
                 why = (
@@ -192,7 +197,8 @@ class Supervisor:
         what = self.child.what
         if not self.child.records_itself:
             where = where if st.get("step") else ""
-            st = {**st, "error": None}  # the error recorded is this very line
+            # its last words, not run.json's error (that is the previous attempt's cause)
+            st = {**st, "error": last_line(self.run_dir, child_only=True) if code > 0 else None}
         if stalled:
             return f"{what} stalled {where}: no sign of life for {self._stall_s:.0f} s"
         if code < 0:
@@ -248,13 +254,6 @@ class Supervisor:
     def _stall_after(self, longest_gap: float) -> float:
         self._stall_s = self.policy.stall_timeout or max(MIN_STALL_S, 10 * longest_gap)
         return self._stall_s
-
-
-def last_line(run_dir: Path) -> str:
-    """The last non-empty line of the run's train.log (what a trainer that could not record its error said)."""
-    log = run_dir / "train.log"
-    lines = [ln for ln in log.read_text(errors="replace").splitlines()[-20:] if ln.strip()] if log.exists() else []
-    return lines[-1].strip() if lines else "the trainer exited before writing to train.log"
 
 
 def exit_code(outcome: Outcome) -> int:

@@ -92,5 +92,8 @@ class TrainerChild:
     def record_end(self, code: int, stalled: bool, stopped: bool) -> None:
         pass  # the trainer wrote its own ending
 
+    def usage_error(self, code: int, restart: int, st: dict[str, Any]) -> str | None:
+        return None  # the trainer records its own usage errors (exit 2), which the supervisor never retries
+
     def record_cannot_start(self, why: str) -> None:
         raise AssertionError("the trainer's own python always starts")  # CannotStart is a command's

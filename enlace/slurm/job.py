@@ -29,7 +29,8 @@ from pathlib import Path
 from enlace.config.command import CommandRun
 from enlace.contract import ACTIVE, Status
 from enlace.server import lifecycle
-from enlace.server.supervise import Policy, Supervisor, last_line
+from enlace.server.runfiles import last_line
+from enlace.server.supervise import Policy, Supervisor
 from enlace.slurm.settings import SlurmError, time_left_s
 from enlace.state import runs
 

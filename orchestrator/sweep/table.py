@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from enlace.contract import metric_words, sweep_metric
+from enlace.units import DETAIL_WIDTH, one_line
 from orchestrator.sweep.record import Sweep
 
 
@@ -55,7 +56,12 @@ def format_table(sweep: Sweep, rows: list[dict]) -> str:
             )
         )
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    lines = []
+    for row, r in zip(table, [{}, *rows]):
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        if r.get("error") and r["status"] in ("failed", "crashed"):  # why, in a line
+            more = f" (enlace-remote status {r['run_name']}: all of it)"
+            lines.append(f"    └ {one_line('error: ' + r['error'], DETAIL_WIDTH, more)}")
     best = next((r for r in rows if r.get("best")), None)
     tail = f"; best {best['run_name']} ({metric_words(metric)} {best[metric]:.4f})" if best else ""
     return "\n".join([f"sweep {sweep.name}: {sweep.run_file}, {progress(rows)}{tail}", *lines])

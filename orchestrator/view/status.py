@@ -7,10 +7,9 @@ import time
 
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
-from enlace.units import duration
+from enlace.units import DETAIL_WIDTH, duration, one_line
 
 HOLDING = ("starting", "running", "stopping")  # a run in one of these holds the GPUs its row names
-DETAIL_WIDTH = 100  # a detail line (a run's error, a skipped checkpoint) is cut here in the table
 
 
 def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> str:
@@ -103,13 +102,8 @@ def _details(row: dict, full: bool) -> list[str]:
         found.append(f"warning: {row['checkpoint_warning']}")
     if row.get("data_warning"):
         found.append(f"warning: {row['data_warning']}")
-    out = []
-    for text in found:
-        text = " ".join(text.split())  # one line, whatever the error held
-        if not full and len(text) > DETAIL_WIDTH:
-            text = text[: DETAIL_WIDTH - 1] + f"… (enlace-remote status {row['run_name']}: all of it)"
-        out.append(f"    └ {text}")
-    return out
+    more = f" (enlace-remote status {row['run_name']}: all of it)"
+    return [f"    └ {one_line(text, None if full else DETAIL_WIDTH, more)}" for text in found]
 
 
 def slurm_cell(row: dict) -> str:
