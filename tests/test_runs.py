@@ -284,6 +284,19 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
     assert own.count("stopped while queued") == 1 and "command: stopped while queued: it never started" in own
 
 
+def test_status_table_gets_a_val_loss_column_once_a_script_logs_a_val_loss_without_bpb():
+    from orchestrator.view.status import format_status
+
+    base = {"status": "finished", "step": 3, "max_steps": None, "loss": 0.5, "tokens_per_s": None, "eta_s": None}
+    base |= {"elapsed_s": 5.0, "updated_at": None, "commit": "abc"}
+    trainer = {**base, "run_name": "tiny", "val_bpb": 2.0, "val_loss": 1.3863}
+    assert "VAL LOSS" not in format_status([trainer])  # bits per byte say it: no second column
+    script = {**base, "run_name": "mine", "val_bpb": None, "val_loss": 0.25, "command": ["python", "t.py"]}
+    head, first, second = format_status([trainer, script]).splitlines()[:3]
+    assert head.split()[4:9] == ["VAL", "BPB", "VAL", "LOSS", "TOK/S"]
+    assert first.split()[4:6] == ["2.000", "1.3863"] and second.split()[4:6] == ["-", "0.2500"], (first, second)
+
+
 def test_a_stops_default_grace_is_sized_from_the_runs_own_checkpoint_save():
     """stop waits by default three of the run's last saves plus a minute (at least 120 s, at most a day): a
     large model's save outlasted the fixed 120 s, and the stop then said "still running"."""

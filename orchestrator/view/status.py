@@ -18,6 +18,8 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
     DETAIL_WIDTH unless `full`), so the STATUS column keeps its width."""
     now = time.time()
     jobs = any(r.get("job_id") for r in rows)
+    # a script of your own that logs a val loss but no val bpb (enlace.job): its own unit, its own column
+    val_loss = any(r.get("val_loss") is not None and r.get("val_bpb") is None for r in rows)
     head = (
         *(("HOST",) if hosts else ()),
         "RUN",
@@ -25,6 +27,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
         "STEP",
         "LOSS",
         "VAL BPB",
+        *(("VAL LOSS",) if val_loss else ()),
         "TOK/S",
         "ELAPSED",
         "ETA",
@@ -50,6 +53,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 f"{r['step']}/{r['max_steps'] or '-'}" if r["step"] or not r.get("command") else "-",
                 f"{r['loss']:.4f}" if r["loss"] is not None else "-",
                 f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
+                *((f"{r['val_loss']:.4f}" if r.get("val_loss") is not None else "-",) if val_loss else ()),
                 f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
                 _elapsed(r),
                 duration(r["eta_s"]),
