@@ -74,12 +74,19 @@ def test_an_unknown_argument_at_the_first_start_is_failed_at_once_with_argparses
     assert f"supervisor: {said}" in log and "restart 1 of" not in log, log
 
 
-def test_exit_2_after_a_restart_is_a_crash_and_a_crash_shows_the_commands_last_line(project):
-    """Only the first start's exit 2 is taken for bad arguments (the same arguments ran once already)."""
-    script = 'if [ "$ENLACE_RESTART" = 0 ]; then echo "RuntimeError: CUDA error"; exit 1; fi; echo "bad"; exit 2'
-    _start(project, "later", ["bash", "-c", script], restarts=1)
+def test_exit_2_after_a_restart_is_a_crash_and_a_crash_quotes_that_attempts_last_line(project):
+    """Only the first start's exit 2 is taken for bad arguments (the same arguments ran once already). Each
+    crash quotes the last line its own attempt wrote, never an earlier attempt's."""
+    script = {
+        0: 'echo "RuntimeError: CUDA error"; exit 1',
+        1: "exit 2",  # writes nothing
+        2: 'echo "bad"; exit 2',
+    }
+    cases = " ".join(f"{i}) {body};;" for i, body in script.items())
+    _start(project, "later", ["bash", "-c", f'case "$ENLACE_RESTART" in {cases} esac'], restarts=2)
     row = _ended(project, "later")
-    assert row["status"] == "crashed" and row["restarts"] == 1, row
-    assert row["error"].endswith("gave up after 1 restart: the command exited 2: bad"), row
+    assert row["status"] == "crashed" and row["restarts"] == 2, row
+    assert row["error"].endswith("gave up after 2 restarts: the command exited 2: bad"), row
     log = (project / "runs" / "later" / "train.log").read_text()
-    assert "supervisor: the command exited 1: RuntimeError: CUDA error; restart 1 of 1" in log, log
+    assert "supervisor: the command exited 1: RuntimeError: CUDA error; restart 1 of 2" in log, log
+    assert "supervisor: the command exited 2; restart 2 of 2" in log, log  # its own words: none

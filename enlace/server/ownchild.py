@@ -58,6 +58,7 @@ class CommandChild:
         self.proc: subprocess.Popen | None = None
         self.term_at: float | None = None
         self.killed = False
+        self.log_from = 0  # train.log's size when this attempt started
 
     @property
     def grace(self) -> float:
@@ -82,6 +83,8 @@ class CommandChild:
             "ENLACE_RESUME_FROM": str(newest.resolve()) if newest else "",
         }
         self.say(f"starting the command{' (resuming)' if resumes else ''}: {shlex.join(argv)}")
+        with contextlib.suppress(FileNotFoundError):  # where this attempt's words begin (last_words)
+            self.log_from = (self.run_dir / "train.log").stat().st_size
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, pass_fds=fds, **group)
@@ -172,13 +175,17 @@ class CommandChild:
         else:
             runs.update(self.run_dir, exit_code=code)
 
+    def last_words(self) -> str:
+        """The last line this attempt of the command wrote ("" if none): what a crash or a usage error quotes."""
+        return last_line(self.run_dir, child_only=True, since=self.log_from)
+
     def usage_error(self, code: int, restart: int, st: dict) -> str | None:
         """Exit 2 at the first start, before any step: the command's arguments are wrong (argparse's exit for an
         unknown or missing argument, python's for a script it cannot open). A restart would repeat it, and a
         sweep's mistyped `--set args.NAME` would hold its slots for minutes of backoff."""
         if code != USAGE_EXIT or restart or st.get("step"):
             return None
-        said = last_line(self.run_dir, child_only=True) or "(it wrote nothing)"
+        said = self.last_words() or "(it wrote nothing)"
         return (  # its own words first: a table's detail line shows the first hundred characters
             f"{said} — the command exited {code} at its first start, a usage error (argparse's, for an unknown or "
             "missing argument), so it is not restarted: fix the command (or a --set args.NAME), then launch again"

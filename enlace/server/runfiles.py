@@ -33,13 +33,14 @@ class NoSuchRun(EnlaceError):
     kind = contract.ErrorKind.NO_SUCH_RUN
 
 
-def last_line(run_dir: Path, child_only: bool = False) -> str:
+def last_line(run_dir: Path, child_only: bool = False, since: int = 0) -> str:
     """The last non-empty line of the run's train.log: what a trainer that could not record its error said; or
-    (`child_only`) the last line a command wrote itself, the supervisor's own lines skipped ("" if none). A
-    progress bar's line is its last redraw; a line is cut at LAST_LINE_CHARS."""
+    (`child_only`) the last line a command wrote itself after byte `since` (its attempt's start), the
+    supervisor's own lines skipped ("" if none). A progress bar's line is its last redraw; a line is cut at
+    LAST_LINE_CHARS."""
     try:
         with open(run_dir / "train.log", "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            f.seek(max(since, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
             tail = f.read().decode(errors="replace")
     except FileNotFoundError:
         tail = ""

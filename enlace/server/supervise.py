@@ -198,7 +198,7 @@ class Supervisor:
         if not self.child.records_itself:
             where = where if st.get("step") else ""
             # its last words, not run.json's error (that is the previous attempt's cause)
-            st = {**st, "error": last_line(self.run_dir, child_only=True) if code > 0 else None}
+            st = {**st, "error": self.child.last_words() if code > 0 else None}
         if stalled:
             return f"{what} stalled {where}: no sign of life for {self._stall_s:.0f} s"
         if code < 0:
