@@ -34,7 +34,7 @@ UNREACHABLE = 4  # host unreachable, authentication rejected, unknown or changed
 OOM = 5  # the batch does not fit: preflight's verdict, or a training run out of device memory (not retried)
 UNSTABLE = 6  # preflight: fp16 keeps skipping steps
 ALREADY_RUNNING = 7  # launch: the run is already running (or another launch of it is in progress)
-CRASHED = 8  # the run's process vanished without a final status (SIGKILL, OOM killer, reboot); a dropped run too
+CRASHED = 8  # the run crashed: restarts spent, or its process vanished without a final status; a dropped run too
 NO_SPACE = 9  # not enough free disk for the run's checkpoints
 TOO_SLOW = 10  # preflight: the measured steps project past preflight's own time budget
 
@@ -46,8 +46,8 @@ TABLE = {
     UNREACHABLE: "host unreachable, authentication rejected, unknown or changed host key",
     OOM: "the batch does not fit: preflight's oom verdict, or training ran out of device memory",
     UNSTABLE: "preflight: fp16 unstable",
-    ALREADY_RUNNING: "launch: the run is already running",
-    CRASHED: "the run crashed: its process vanished without a final status (queued: its waiter did, dropped)",
+    ALREADY_RUNNING: "launch: the run is already running (or queued)",
+    CRASHED: "the run crashed (its restarts spent, or it vanished without a final status; queued: dropped)",
     NO_SPACE: "not enough free disk space for the run's checkpoints",
     TOO_SLOW: "preflight: too slow (its steps project past its time budget)",
 }
@@ -58,7 +58,7 @@ VERDICT = {"oom": OOM, "unstable": UNSTABLE, "no_space": NO_SPACE, "too_slow": T
 
 def help_text() -> str:
     """The table for `--help` epilogs (click's \\b keeps the lines as they are)."""
-    return "\b\nExit codes:\n" + "\n".join(f"  {code}  {what}" for code, what in TABLE.items())
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>2}  {what}" for code, what in TABLE.items())
 
 
 def leave(code: object) -> NoReturn:
@@ -168,18 +168,23 @@ def exit_code_of(row: dict[str, Any]) -> int:
 
 
 def ended_message(row: dict[str, Any]) -> str:
-    """One line for a run that has ended badly: what happened, the last step, what is safe."""
-    ckpt = row.get("latest_checkpoint") or "none"
-    if row["status"] == Status.CRASHED:
-        what = "crashed: its process vanished without a final status (killed, OOM killer or reboot)"
-    elif row["status"] == Status.DROPPED:
+    """One line for a run that has ended badly: what happened (the supervisor's or the run's own words where
+    there are any), the last step, and what a relaunch resumes from."""
+    ckpt = row.get("latest_checkpoint")
+    if row["status"] == Status.DROPPED:
         what = "was queued and its waiter is gone (a reboot or a kill): it never started"
+    elif row["status"] == Status.CRASHED:
+        what = f"crashed: {row.get('error') or 'its process vanished without a final status (killed, OOM killer or reboot)'}"
     else:
         what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
-    return (
-        f"{row['run_name']} {what}; last logged step {row.get('step', 0)}/{row.get('max_steps')}, "
+    step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
+    where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
+    again = (
         f"last complete checkpoint {ckpt} — relaunch to resume from it"
+        if ckpt
+        else "no checkpoint — relaunch to start it again"
     )
+    return f"{row['run_name']} {what}; {where}{again}"
 
 
 def describe_live(row: dict[str, Any]) -> str:

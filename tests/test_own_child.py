@@ -67,9 +67,9 @@ def test_an_unknown_argument_at_the_first_start_is_failed_at_once_with_argparses
     run's slot through minutes of backoff); the run is failed at once, with argparse's line in its error."""
     _start(project, "typo", ["python", "-c", ARGPARSE, "--learning_rate=0.1"], restarts=3)
     row = _ended(project, "typo")
-    assert row["status"] == "failed" and not row["restarts"], row
-    said = "-c: error: unrecognized arguments: --learning_rate=0.1 — the command exited 2 at its first start, a usage"
-    assert row["error"].startswith(said), row  # argparse's words first: status cuts a detail line at 100
+    assert row["status"] == "failed" and not row["restarts"] and row["phase"] == "failed: a usage error", row
+    said = "-c: error: unrecognized arguments: --learning_rate=0.1 — the command exited 2 "
+    assert row["error"].startswith(said) and " s into its first start: a usage error" in row["error"], row
     log = (project / "runs" / "typo" / "train.log").read_text()
     assert f"supervisor: {said}" in log and "restart 1 of" not in log, log
 
@@ -87,6 +87,20 @@ def test_exit_2_after_a_restart_is_a_crash_and_a_crash_quotes_that_attempts_last
     row = _ended(project, "later")
     assert row["status"] == "crashed" and row["restarts"] == 2, row
     assert row["error"].endswith("gave up after 2 restarts: the command exited 2: bad"), row
+    assert row["phase"] == row["error"], row  # not the last backoff's "restarting in ..." (stop quoted that)
     log = (project / "runs" / "later" / "train.log").read_text()
     assert "supervisor: the command exited 1: RuntimeError: CUDA error; restart 1 of 2" in log, log
     assert "supervisor: the command exited 2; restart 2 of 2" in log, log  # its own words: none
+
+
+def test_exit_2_long_into_the_first_start_or_after_a_step_is_not_taken_for_bad_arguments(tmp_path):
+    from enlace.server import ownchild
+
+    child = ownchild.CommandChild.__new__(ownchild.CommandChild)
+    child.run_dir, child.log_from, child.started = tmp_path, 0, time.monotonic()
+    (tmp_path / "train.log").write_text("usage: t.py [--lr LR]\nt.py: error: unrecognized arguments: --x=1\n")
+    assert child.usage_error(2, 0, {}).startswith("t.py: error: unrecognized arguments: --x=1 — the command exited 2")
+    assert child.usage_error(1, 0, {}) is None and child.usage_error(2, 1, {}) is None  # another code; a restart
+    assert child.usage_error(2, 0, {"step": 3}) is None  # it trained (enlace.job logged a step)
+    child.started -= ownchild.USAGE_WINDOW_S + 1  # a wrapper's grep exiting 2 long after the start
+    assert child.usage_error(2, 0, {}) is None

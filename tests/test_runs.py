@@ -31,6 +31,7 @@ def test_exit_codes_are_one_table_used_by_every_part():
     readme = (REPO / "docs" / "troubleshooting.md").read_text()  # the one table, as users read it
     for code, what in contract.TABLE.items():
         assert f"| {code} | {what} |" in readme, what
+    assert "\n   8  the run crashed" in contract.help_text() and "\n  10  preflight" in contract.help_text()  # aligned
     from enlace.errors import NoSpaceError
     from orchestrator.errors import AlreadyRunning, UsageError, VerifyError, from_doc
 
@@ -308,3 +309,21 @@ def test_a_stops_default_grace_is_sized_from_the_runs_own_checkpoint_save():
     assert default_grace({"last_save_s": 1e6}) == 86400.0
     own = {"command": {"supervise": {"grace": 300}}}  # its supervisor SIGKILLs the command after 300 s
     assert default_grace(own) == 330.0 and default_grace({**own, "last_save_s": 200}) == 660.0
+
+
+def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
+    from enlace.contract import ended_message
+
+    gave_up = {"run_name": "c", "status": "crashed", "step": 0, "max_steps": None, "latest_checkpoint": None}
+    gave_up["error"] = "gave up after 2 restarts: the command exited 1: RuntimeError: boom"
+    assert ended_message(gave_up) == (
+        "c crashed: gave up after 2 restarts: the command exited 1: RuntimeError: boom; no checkpoint — relaunch"
+        " to start it again"
+    )
+    vanished = {"run_name": "t", "status": "crashed", "step": 30, "max_steps": 500, "latest_checkpoint": "step-000025"}
+    assert ended_message(vanished) == (
+        "t crashed: its process vanished without a final status (killed, OOM killer or reboot); last logged step"
+        " 30/500, last complete checkpoint step-000025 — relaunch to resume from it"
+    )
+    dropped = {"run_name": "q", "status": "dropped", "step": 0, "max_steps": None, "latest_checkpoint": None}
+    assert "None" not in ended_message(dropped) and "it never started; no checkpoint" in ended_message(dropped)

@@ -42,6 +42,7 @@ STALE["step"] = 0  # no step yet (the stall clock starts at the first one enlace
 
 
 USAGE_EXIT = 2  # argparse's (and bash's, and python's for a missing script) exit for a command line it refuses
+USAGE_WINDOW_S = 300.0  # ...within this much of the first start (imports, then argparse); later, a crash
 
 
 class CannotStart(Exception):
@@ -59,6 +60,7 @@ class CommandChild:
         self.term_at: float | None = None
         self.killed = False
         self.log_from = 0  # train.log's size when this attempt started
+        self.started = time.monotonic()  # when this attempt started
 
     @property
     def grace(self) -> float:
@@ -83,6 +85,7 @@ class CommandChild:
             "ENLACE_RESUME_FROM": str(newest.resolve()) if newest else "",
         }
         self.say(f"starting the command{' (resuming)' if resumes else ''}: {shlex.join(argv)}")
+        self.started = time.monotonic()
         with contextlib.suppress(FileNotFoundError):  # where this attempt's words begin (last_words)
             self.log_from = (self.run_dir / "train.log").stat().st_size
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
@@ -180,15 +183,18 @@ class CommandChild:
         return last_line(self.run_dir, child_only=True, since=self.log_from)
 
     def usage_error(self, code: int, restart: int, st: dict) -> str | None:
-        """Exit 2 at the first start, before any step: the command's arguments are wrong (argparse's exit for an
-        unknown or missing argument, python's for a script it cannot open). A restart would repeat it, and a
-        sweep's mistyped `--set args.NAME` would hold its slots for minutes of backoff."""
-        if code != USAGE_EXIT or restart or st.get("step"):
+        """Exit 2 early in the first start, before any step: the command's arguments are wrong (argparse's exit
+        for an unknown or missing argument, python's for a script it cannot open). A restart would repeat it,
+        and a sweep's mistyped `--set args.NAME` would hold its slots for minutes of backoff. Later (a wrapper's
+        `grep` that exits 2 hours in), it is a crash like any other."""
+        took = time.monotonic() - self.started
+        if code != USAGE_EXIT or restart or st.get("step") or took > USAGE_WINDOW_S:
             return None
         said = self.last_words() or "(it wrote nothing)"
         return (  # its own words first: a table's detail line shows the first hundred characters
-            f"{said} — the command exited {code} at its first start, a usage error (argparse's, for an unknown or "
-            "missing argument), so it is not restarted: fix the command (or a --set args.NAME), then launch again"
+            f"{said} — the command exited {code} {took:.0f} s into its first start: a usage error (argparse's, for "
+            "an unknown or missing argument), so it is not restarted; fix the command (or a --set args.NAME), then "
+            "launch again"
         )
 
     def record_cannot_start(self, why: str) -> None:

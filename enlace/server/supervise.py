@@ -144,7 +144,9 @@ class Supervisor:
                 return Outcome(Status.FAILED, code, "not retried: a retry cannot fix it")
             if (usage := self.child.usage_error(code, restarts, st)) is not None:  # a command's bad arguments
                 say(usage)
-                runs.update(self.run_dir, status=Status.FAILED, exit_code=code, error=usage)
+                runs.update(
+                    self.run_dir, status=Status.FAILED, exit_code=code, error=usage, phase="failed: a usage error"
+                )
                 return Outcome(Status.FAILED, code, "not retried: a usage error")
             cause = self._cause(code, stalled, st)
             if restarts >= self.policy.restarts:
@@ -154,7 +156,7 @@ class Supervisor:
                     else f"{cause} (not restarted: --restarts 0)"
                 )
                 say(why)
-                runs.update(self.run_dir, status=Status.CRASHED, error=why, exit_code=contract.CRASHED)
+                runs.update(self.run_dir, status=Status.CRASHED, error=why, exit_code=contract.CRASHED, phase=why)
                 return Outcome(Status.CRASHED, contract.CRASHED, why)
             restarts += 1
             wait = self.policy.backoff * 3 ** (restarts - 1)
