@@ -201,6 +201,11 @@ def test_a_need_the_server_cannot_meet_is_refused(tmp_path, monkeypatch):
     assert queue.need_for("auto", None, empty) == queue.Need("cpu", 1)
     with pytest.raises(queue.QueueError, match=r"needs a GPU .* reports none"):
         queue.need_for("cuda", None, empty)
+    for device in ("auto", "cpu"):  # torchrun's "gpu" count on a CPU run crashed it at every restart
+        with pytest.raises(
+            queue.QueueError, match=r"--gpus all starts one process per GPU, and this run is on the CPU"
+        ):
+            queue.need_for(device, "all", empty)
 
 
 def test_a_broken_nvidia_smi_refuses_gpu_runs_clearly_and_never_cpu_runs(tmp_path, monkeypatch):
