@@ -264,7 +264,8 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     assert (user_repo / "runs" / "m-lr0.02-SEED0" / "out" / "val.txt").read_text() == "0.01\n"
     assert not (user_repo / "runs" / "m-lr0.1-SEED3").exists()  # --best: that run alone
     logs = server_dir(sshd, "testhost") / "runs"
-    remote(user_repo, sshd.env, "launch", "m-lr0.1-SEED3", "--set", "args.lr=0.5")  # one point again, one value new
+    # one point again, one value new, followed to its end (the record was noted after that, and -f never got there)
+    remote(user_repo, sshd.env, "launch", "m-lr0.1-SEED3", "--set", "args.lr=0.5", "--follow")
     wait_until(lambda: "lr=0.5 seed=3" in (logs / "m-lr0.1-SEED3" / "train.log").read_text(), 120, "the new value")
     again = next(r for r in rows() if r["run_name"] == "m-lr0.1-SEED3")
     assert again["values"] == {"args.lr": "0.5", "env.SEED": "3"} and again["command"][2:] == ["--lr=0.5"]

@@ -178,12 +178,13 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
         plan = _plan(remote, name, o, restarts_given)
     else:
         plan = _command_plan(remote, name, command, after is None, o, o.overrides, restarts_given)
-    if plan is not None:
-        pipeline.run(plan, remote.session_for, remote.repo)
-        if o.overrides and name:  # a sweep's point launched again with new values: its record follows
-            from orchestrator.sweep import record
+    if plan is None:
+        return
+    if o.overrides and name:  # a sweep's point launched again with new values: its record follows, once started
+        from orchestrator.sweep import record
 
-            record.note_launch(remote.repo, remote.host.name, name, o.overrides)
+        plan.on_start = lambda: record.note_launch(remote.repo, remote.host.name, name, o.overrides)
+    pipeline.run(plan, remote.session_for, remote.repo)
 
 
 def _command_plan(remote: Remote, run: str, command, from_file: bool, o: SimpleNamespace, overrides, restarts_given):

@@ -69,6 +69,7 @@ class Plan:
     slurm: SlurmSpec | None = None
     command: CommandRun | None = None  # the user's own command (orchestrator/launch/own.py), not enlace's trainer
     command_file: bool = False  # it comes from a run file (else from launch's `-- ARGV`)
+    on_start: Callable[[], None] | None = None  # once the run has started (before wait and follow)
 
 
 @dataclass
@@ -199,6 +200,8 @@ def _preflight(launch: Launch):
 
 def _start(launch: Launch):
     launch.started = launch.backend.start(launch)
+    if launch.plan.on_start is not None:
+        launch.plan.on_start()
 
 
 def _wait(launch: Launch):
