@@ -33,6 +33,9 @@ def test_the_grid_names_each_point_by_its_values():
     assert [p.run_name for p in grid.points("s", long)] == ["s-000", "s-001"]  # too long: numbered
     own, _ = grid.parse_sets(("args.lr=1e-3,3e-3", "env.SEED=1,2", "args.n-layer=4,6"))  # a command's: one word whole
     assert grid.points("m", own)[0].run_name == "m-lr1e-3-SEED1-nl4"
+    cased, fixed = grid.parse_sets(("args.lr=1e-3,1E-3", "env.EMPTY="))  # one empty value is a fixed one
+    # a disk that ignores case (macOS) would take c-lr1e-3 and c-lr1E-3 for one directory: numbered
+    assert fixed == ["env.EMPTY="] and [p.run_name for p in grid.points("c", cased)] == ["c-000", "c-001"]
 
 
 @pytest.mark.parametrize(
@@ -41,6 +44,7 @@ def test_the_grid_names_each_point_by_its_values():
         (("optim.learning_rate=1e-3",), "at least one --set KEY=V1,V2"),
         (("optim.learning_rate=1e-3,,2",), "an empty value between commas"),
         (("a.b=1,2", "a.b=3,4"), "given twice"),
+        (("args.lr=1,2,1",), "'1' is given twice — each value once"),
         (("nonsense",), "expected KEY=V1,V2"),
         (("run_name=a,b",), "a sweep names each run after its values"),
     ],

@@ -33,8 +33,11 @@ def parse_sets(items: tuple[str, ...]) -> tuple[dict[str, list[str]], list[str]]
         if not eq or not key:
             raise UsageError(f"--set {item!r}: expected KEY=V1,V2,... (e.g. --set optim.learning_rate=1e-3,3e-3)")
         values = [v.strip() for v in value.split(",")]
-        if any(not v for v in values):
+        if len(values) > 1 and any(not v for v in values):  # one value may be empty (env.X=): a fixed one
             raise UsageError(f"--set {item!r}: an empty value between commas — write KEY=V1,V2")
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:
+            raise UsageError(f"--set {item!r}: {twice!r} is given twice — each value once (two runs alike)")
         if key == "run_name":
             raise UsageError(
                 "--set run_name: a sweep names each run after its values (NAME-<key><value>...) — `--name` names "
@@ -64,8 +67,9 @@ def points(sweep: str, swept: dict[str, list[str]]) -> list[Point]:
         name = "-".join([sweep, *(f"{tags[k]}{UNSAFE.sub('_', v)}" for k, v in zip(swept, combo))])
         out.append(Point(name, dict(zip(swept, combo))))
     names = [p.run_name for p in out]
-    if len(set(names)) < len(names) or not all(RUN_NAME_RE.fullmatch(n) for n in names):
-        # a name too long for a run name, or two values that read the same once made safe: numbers, all of them
+    if len({n.lower() for n in names}) < len(names) or not all(RUN_NAME_RE.fullmatch(n) for n in names):
+        # a name too long for a run name, or two values that read the same once made safe (or on a disk that
+        # ignores case: 1e-3, 1E-3): numbers, all of them
         out = [Point(f"{sweep}-{i:03d}", p.values) for i, p in enumerate(out)]
     return out
 
