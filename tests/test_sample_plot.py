@@ -51,6 +51,9 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
     (ckpt / "MANIFEST").write_text("{}")
     out = enlace(project, "sample", str(ckpt), check=False)
     assert out.returncode == 2 and "MANIFEST" in out.stderr
+    (project / "runs" / "lr-1e-3").mkdir(parents=True)
+    out = enlace(project, "sample", "lr-1e3", check=False)  # a mistyped run name: the runs there are
+    assert out.returncode == 2 and "no run named 'lr-1e3' here — runs on this host: lr-1e-3" in out.stderr, out.stderr
 
 
 @pytest.mark.slow

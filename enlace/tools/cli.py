@@ -18,10 +18,9 @@ def _run_or_dir(target: str, root: Path | None) -> Path:
     path = Path(target)
     if path.is_dir():
         return path
-    from enlace.names import validate_run_name
+    from enlace.server.runfiles import run_dir_of
 
-    validate_run_name(target, "RUN")
-    return find_root(root) / "runs" / target
+    return run_dir_of(find_root(root) / "runs", target)  # a mistyped name: the runs there are, as logs says them
 
 
 @click.command("sample")
