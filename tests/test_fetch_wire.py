@@ -372,3 +372,16 @@ def test_a_connection_lost_in_mid_stream_is_transient_so_the_fetch_resumes(tmp_p
     with pytest.raises(Transient, match="connection to gpu1 lost"):
         _converse_once(_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True)
     assert (tmp_path / "out" / "a.txt").read_bytes() == b"he"  # what arrived stays: the next try resumes from it
+
+
+def test_the_offer_names_a_commands_output_globs_so_a_fetch_can_say_they_matched_nothing(tmp_path):
+    from enlace.server.fetchserve import open_offer
+    from enlace.state import runs
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    runs.update(
+        run_dir, status="finished", command={"command": ["python", "t.py"], "run_name": "r", "outputs": ["out/*"]}
+    )
+    offer, _ = open_offer(run_dir, outputs=True)
+    assert offer["command"] and offer["outputs"] == {} and offer["output_globs"] == ["out/*"]

@@ -106,6 +106,7 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         held[rel] = (path, size)
         offered[rel] = {"bytes": size}
     latest = latest_checkpoint(run_dir / "checkpoints")
+    command = runs.read(run_dir).get("command")
     offer = {
         "run_name": run_dir.name,
         "run_dir": str(run_dir.resolve()),
@@ -114,7 +115,8 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         "files": files,
         "outputs": offered,
         "output_digests": "trailing",  # each output's sha256 follows its bytes (before: in the offer)
-        "command": bool(runs.read(run_dir).get("command")),  # a run of the user's own command (no checkpoint due)
+        "command": bool(command),  # a run of the user's own command (no checkpoint due)
+        "output_globs": (command or {}).get("outputs") or [],  # its `outputs:`, for a driver to say what matched none
         "latest": latest.name if latest else None,
     }
     return offer, held

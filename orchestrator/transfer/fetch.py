@@ -64,10 +64,14 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
 
     def plan(offer: dict[str, Any]) -> dict[str, str | None]:
         if not offer["checkpoints"] and not offer.get("outputs") and offer.get("command"):
+            globs = offer.get("output_globs")
+            none = (
+                f"its outputs ({', '.join(globs)}) match no file"
+                if globs
+                else "no outputs (set `outputs:` in its run file)"
+            )
             click.echo(
-                f"{run_name}: no outputs (set `outputs:` in its run file) and no enlace.job checkpoint: fetching "
-                "its log and run files only",
-                err=True,
+                f"{run_name}: {none} and no enlace.job checkpoint: fetching its log and run files only", err=True
             )
         elif not offer["checkpoints"] and not offer.get("outputs"):
             raise UsageError(
