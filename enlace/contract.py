@@ -106,7 +106,7 @@ class Status(str, enum.Enum):
     STOPPED = "stopped"  # ended cleanly before max_steps (stop, SIGTERM, --until); resumable
     FINISHED = "finished"  # reached max_steps
     FAILED = "failed"  # ended with an error it reported (config, checkpoint, disk full, exception)
-    CRASHED = "crashed"  # the process vanished without writing a final status (SIGKILL, OOM killer)
+    CRASHED = "crashed"  # its supervisor spent its restarts, or it vanished without a final status (SIGKILL)
     DROPPED = "dropped"  # was queued, and its waiter is gone (a reboot, a kill): launch queues it again
 
     def __str__(self) -> str:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import click
 
 from enlace.clitypes import notify_option, stop_request, supervisor_options
-from enlace.contract import metric_words
+from enlace.contract import Status, metric_words
 from enlace.errors import EnlaceError
 from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
 from orchestrator.sweep import record, table
@@ -144,7 +144,15 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
     chosen = [r for r in rows if r.get("best")] if best else have
     if not chosen:
         metric = metric_words(rows[0]["metric"])  # what rows_of ranked them by
-        why = f"no run of it has finished with a {metric} yet" if best else "no run of it has a checkpoint yet"
+        terminal = {str(s) for s in Status if s.is_terminal}  # "not launched" is none: it may yet run
+        ended = all(r["status"] in terminal for r in rows)  # then "yet" would say to wait for what never comes
+        if best:
+            why = (
+                f"no run of it finished with a {metric}" if ended else f"no run of it has finished with a {metric} yet"
+            )
+            why += " (a script of your own is ranked by the val_loss it logs with enlace.job)" if ended else ""
+        else:
+            why = "no run of it has a checkpoint or outputs" + ("" if ended else " yet")
         raise EnlaceError(f"sweep {sweep.name}: {why} — `enlace-remote status --sweep {sweep.name}` shows where it is")
     for row in chosen:
         session = remote.session_for(resolve_host(row["host"], remote.repo))
@@ -171,10 +179,13 @@ def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) ->
             dirs.pop()
             continue
         if not (dirs[-1] / "metrics.jsonl").is_file():
-            click.echo(f"warning: {point['run_name']}: no step logged yet, left out", err=True)
+            click.echo(f"warning: {point['run_name']}: no step logged, left out", err=True)
             dirs.pop()
     if not dirs:
-        raise EnlaceError(f"sweep {sweep.name}: no run of it has logged a step yet — nothing to plot")
+        raise EnlaceError(
+            f"sweep {sweep.name}: no run of it has logged a step (metrics.jsonl: enlace's trainer, or a script of "
+            "your own through enlace.job's job.log) — nothing to plot"
+        )
     target = out or remote.repo / "runs" / f"sweep-{sweep.name}.png"
     draw(dirs, target, metrics)
     return target
