@@ -327,3 +327,15 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
     )
     dropped = {"run_name": "q", "status": "dropped", "step": 0, "max_steps": None, "latest_checkpoint": None}
     assert "None" not in ended_message(dropped) and "it never started; no checkpoint" in ended_message(dropped)
+
+
+def test_launch_of_a_queued_run_says_it_is_queued_not_running():
+    from types import SimpleNamespace
+
+    from orchestrator.launch.stages import _running_message
+
+    session = SimpleNamespace(host=SimpleNamespace(name="gpu1"))
+    queued = {"run_name": "r", "status": "queued", "phase": "position 2, behind a", "pid": None}
+    assert _running_message(session, queued).startswith("r is already queued on gpu1 (queued: position 2, behind a)")
+    running = {"run_name": "r", "status": "running", "step": 3, "max_steps": 9, "pid": 7}
+    assert _running_message(session, running).startswith("r is already running on gpu1 (running, step 3 of 9")

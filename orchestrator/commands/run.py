@@ -268,11 +268,12 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
 @click.option("--json", "as_json", is_flag=True)
 @with_remote
 def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: str | None, as_json: bool) -> None:
-    """The host's runs (every run on it, or RUN_NAME's whole row): status, step, loss, val bpb, tokens/s,
-    elapsed over all its starts, ETA, age of the last update, commit. A status is pending (a Slurm job
-    waiting), starting, running, stopping, stopped, finished, failed, or crashed (the process vanished
-    without a final status); `, unsupervised` when its supervisor is gone or frozen (`launch RUN_NAME`
-    re-attaches); docs/troubleshooting.md says what to do for each. --all: every host, one table; a host
+    """The host's runs (every run on it, or RUN_NAME's whole row): status, step, loss, val bpb (a script's val
+    loss), tokens/s, elapsed over all its starts, ETA, age of the last update, commit. A status is pending (a
+    Slurm job waiting), queued (waiting for the host's GPUs or a CPU slot), starting, running, stopping,
+    stopped, finished, failed, crashed (its restarts spent, or it vanished without a final status) or dropped
+    (queued, and its waiter is gone); `, unsupervised` when its supervisor is gone or frozen (`launch
+    RUN_NAME` re-attaches); docs/troubleshooting.md says what to do for each. --all: every host, one table; a host
     that does not answer is a row saying so. --json: the rows as JSON."""
     from orchestrator.view import status as table
 

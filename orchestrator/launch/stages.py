@@ -87,8 +87,9 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
 
 def _running_message(session: Session, row: dict) -> str:
     name = row["run_name"]
+    state = "queued" if row.get("status") == "queued" else "running"  # a queued run waits for its turn, not to run
     return (
-        f"{name} is already running on {session.host.name} ({describe_live(row)}) — `enlace-remote stop {name}` "
+        f"{name} is already {state} on {session.host.name} ({describe_live(row)}) — `enlace-remote stop {name}` "
         "first, or follow it with "
         f"`enlace-remote logs {name} -f`"
     )
