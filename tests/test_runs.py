@@ -282,6 +282,15 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
     queued |= {"phase": "stopped while queued: it never started"}
     assert format_status([queued]).count("stopped while queued") == 1  # enlace's trainer's run: its own line
     own = format_status([{**queued, "command": ["python", "t.py"]}])  # a command's: on its command line, once
+    backoff = {
+        **queued,
+        "status": "starting",
+        "phase": "restarting in 30 s (restart 2 of 3) after: the command exited 1",
+    }
+    assert (
+        format_status([backoff]).splitlines()[2]
+        == "    └ restarting in 30 s (restart 2 of 3) after: the command exited 1"
+    )
     assert own.count("stopped while queued") == 1 and "command: stopped while queued: it never started" in own
 
 

@@ -93,6 +93,8 @@ def _details(row: dict, full: bool) -> list[str]:
         found.append(f"command{how}: {shlex.join(row['command'])}")
     if row["status"] == "queued" and row.get("phase"):
         found.append(f"queued: {row['phase']}")
+    if row["status"] == "starting" and (row.get("phase") or "").startswith("restarting in "):  # the supervisor's
+        found.append(row["phase"])  # backoff after a crash: when, which restart, and why (STEP is the last logged)
     queued_stop = row["status"] == "stopped" and (row.get("phase") or "").startswith("stopped while queued")
     if queued_stop and not row.get("command"):  # (a command's line above says it already)
         found.append(row["phase"])
