@@ -12,7 +12,7 @@ import pytest
 from support.cli import run_json
 from support.configs import write_run
 from support.procs import Throttle
-from support.remote import popen_remote, remote, server_dir, status_row, tiny_corpus, wait_until
+from support.remote import PipeReader, popen_remote, remote, server_dir, status_row, tiny_corpus, wait_until
 from support.repocopy import commit_all
 
 
@@ -50,6 +50,13 @@ def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
     with Throttle(run_json(server_dir(sshd, "testhost") / "runs" / "quiet")["pid"]):  # silent: it need not spin
         follower = popen_remote(user_repo, sshd.env, "logs", "quiet", "-f", "--read-timeout", "3")
         time.sleep(8)  # the run is silent all along: longer than the read timeout, twice over
+        # Ctrl-C ends a follower, never the run, and says how to follow again (click said only "Aborted!")
+        second = popen_remote(user_repo, sshd.env, "logs", "quiet", "-f")
+        PipeReader(second.stdout).grows()  # following: the log so far has arrived
+        second.send_signal(signal.SIGINT)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 130 and b"stopped following quiet; the run goes on" in err, err.decode()
+        assert status_row(user_repo, sshd.env, "testhost", "quiet")["status"] == "running"
     remote(user_repo, sshd.env, "stop", "quiet")
     _, err = follower.communicate(timeout=120)
     assert follower.returncode == 0 and b"connection lost" not in err, err.decode()

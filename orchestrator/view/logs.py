@@ -51,6 +51,13 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
 
     try:
         code = retrying(once, say, GIVE_UP_S, progressed=lambda: written > 0)
+    except KeyboardInterrupt:  # Ctrl-C ends the following, never the run (click said only "Aborted!")
+        click.echo(
+            f"\nstopped following {run_name}; the run goes on — `enlace-remote logs {run_name} -f` follows it "
+            f"again, `enlace-remote stop {run_name}` stops it",
+            err=True,
+        )
+        raise SystemExit(130) from None
     except Transient as e:
         raise EnlaceError(
             f"logs {run_name}: gave up after {GIVE_UP_S:g}s without a working connection ({e.message}); the run "
