@@ -5,6 +5,7 @@ chromium; and `stop --sweep` stopping its runs, queued and running, and nothing 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -278,6 +279,15 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     commit_all(user_repo, "a run file whose name is close to a point's")
     remote(user_repo, sshd.env, "launch", "m-lr0.02-SEED3", "--set", "args.lr=0.7")
     wait_until(lambda: "lr=0.7 seed=3" in (logs / "m-lr0.02-SEED3" / "train.log").read_text(), 120, "its new value")
+    # the same sweep command again starts what its host has no run of (a launch cut short), and nothing else
+    shutil.rmtree(logs / "m-lr0.1-SEED0")
+    grid_args = ("sweep", "toy", "--set", "args.lr=0.1,0.02", "--set", "env.SEED=0,3", "--name", "m")
+    again = remote(user_repo, sshd.env, *grid_args)
+    assert "sweep m: 3 of 4 points were launched before; launching the 1 that were not" in again.stderr, again.stderr
+    back = logs / "m-lr0.1-SEED0" / "train.log"
+    wait_until(lambda: back.exists() and "lr=0.1 seed=0" in back.read_text(), 120, "the point launched again")
+    other = remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1,2", "--name", "m", check=False)
+    assert other.returncode == 2 and "launched from here before with another run file or grid" in other.stderr
 
 
 @pytest.mark.slow

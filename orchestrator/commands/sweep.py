@@ -46,7 +46,8 @@ sweep_option = click.option(
     "--name",
     default=None,
     metavar="NAME",
-    help="The sweep's name (default RUN-sweepK); its runs are NAME-<key><value>-...",
+    help="The sweep's name (default RUN-sweepK); its runs are NAME-<key><value>-... The same command with the same "
+    "--name again starts the points a cut-short launch never started.",
 )
 @notify_option("POST a JSON note here when each run, and the sweep, ends.")
 @click.option(

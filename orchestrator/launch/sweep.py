@@ -76,14 +76,14 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         own_launch.check_tracked(repo, own)
     swept, fixed = grid.parse_sets(items)
     name = record.check_name(name or default_name(repo, run))
-    if record.exists(repo, name):
-        raise UsageError(f"sweep {name!r} was launched from here before — `--name` another, or `status --sweep {name}`")
     points = grid.points(name, swept)
-    targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
     # each point's own command (a run file of yours), built and checked before anything connects: a bad --set is
     # one line here; the starts below use them
     mine = {p.run_name: command.load(run, repo, _overrides(fixed, p)) for p in points} if own is not None else {}
     procs = str(own.nproc) if own is not None and own.nproc > 1 else None
+    if record.exists(repo, name):  # the same command again: what an interrupted launch never started
+        return _finish(remote, record.load(repo, name), run, fixed, list(swept), points, mine, o)
+    targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
     if procs and any(h.slurm for h in targets):
         raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
     if any(h.slurm for h in targets):
@@ -100,10 +100,8 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     _refuse_taken(remote, targets, points)
     placement = place(points, [h.name for h in targets], rooms)
     by_name = {h.name: h for h in targets}
-    for i, (point, host_name) in enumerate(zip(points, placement), start=1):  # every point checked, then any start
-        click.echo(f"== check {i}/{len(points)} {point.run_name} on {host_name}: {' '.join(point.sets())}", err=True)
-        overrides = _overrides(fixed, point)
-        ship.verify(remote.session_for(by_name[host_name]), shipped[host_name].commit, run, True, overrides, quiet=True)
+    pairs = list(zip(points, placement))
+    _check_points(remote, run, fixed, pairs, shipped, by_name)  # every point checked, then any start
     sweep = record.Sweep(
         name,
         run,
@@ -113,16 +111,67 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         shown_url(o.notify) if o.notify else None,  # the record says whom it told, never the secret path
     )
     record.save(repo, sweep)
-    share = Counter(placement)
-    for point, host_name in zip(points, placement):
+    _start_points(remote, run, name, fixed, pairs, shipped, by_name, mine, o)
+    return sweep
+
+
+def _check_points(remote, run: str, fixed: list[str], pairs: list, shipped: dict, by_name: dict) -> None:
+    """Each (point, host name)'s config checked on its host (one line only when something is wrong)."""
+    for i, (point, host_name) in enumerate(pairs, start=1):
+        click.echo(f"== check {i}/{len(pairs)} {point.run_name} on {host_name}: {' '.join(point.sets())}", err=True)
+        overrides = _overrides(fixed, point)
+        ship.verify(remote.session_for(by_name[host_name]), shipped[host_name].commit, run, True, overrides, quiet=True)
+
+
+def _start_points(remote, run: str, name: str, fixed, pairs: list, shipped: dict, by_name: dict, mine, o) -> None:
+    """Each (point, host name)'s run started detached in its host's queue, and remembered here."""
+    share = Counter(host_name for _, host_name in pairs)
+    for point, host_name in pairs:
         host, (sha, _, device) = by_name[host_name], shipped[host_name]
-        session = remote.session_for(host)
         overrides = _overrides(fixed, point)
         pyargs, policy = _start_args(run, mine.get(point.run_name), overrides, host, device, o)
         policy += stages.run_end_args(host, o.notify, name, share[host_name])
-        stages.start_detached(session, sha, point.run_name, pyargs, policy)
-        choose.remember_run(repo, host.name, point.run_name, run, overrides)
-    return sweep
+        stages.start_detached(remote.session_for(host), sha, point.run_name, pyargs, policy)
+        choose.remember_run(remote.repo, host.name, point.run_name, run, overrides)
+
+
+def _finish(remote, earlier: record.Sweep, run: str, fixed: list[str], keys: list[str], points: list, mine, o):
+    """The same sweep launched again (the same run file, fixed items and grid): the points its hosts have no run
+    of (a launch cut short by Ctrl-C or a lost connection) are started where the record placed them; the
+    others are left as they are. Another grid under that name is refused."""
+    name = earlier.name
+    same = (earlier.run_file, earlier.fixed, earlier.keys) == (run, fixed, keys)
+    if not same or [p["run_name"] for p in earlier.points] != [p.run_name for p in points]:
+        raise UsageError(
+            f"sweep {name!r} was launched from here before with another run file or grid — `--name` another, or "
+            f"`status --sweep {name}`"
+        )
+    by_name = {h: resolve_host(h, remote.repo) for h in earlier.hosts()}
+    if any(host.slurm for host in by_name.values()):
+        raise UsageError(f"sweep {name!r} was submitted to Slurm as one job array — `status --sweep {name}`")
+    known = {
+        h: {r["run_name"] for r in remote.session_for(host).enlace_json("latest", "runs")}
+        for h, host in by_name.items()
+    }
+    pairs = [(p, rec["host"]) for p, rec in zip(points, earlier.points) if rec["run_name"] not in known[rec["host"]]]
+    if not pairs:
+        raise UsageError(
+            f"sweep {name!r}: every point of it was launched — `status --sweep {name}`; `launch POINT` runs one again"
+        )
+    click.echo(
+        f"sweep {name}: {len(points) - len(pairs)} of {len(points)} points were launched before; "
+        f"launching the {len(pairs)} that were not",
+        err=True,
+    )
+    shipped = {}
+    for host_name in dict.fromkeys(h for _, h in pairs):
+        click.echo(f"== {host_name}", err=True)
+        shipped[host_name] = ship.ship(
+            remote.session_for(by_name[host_name]), remote.repo, run, o.allow_dirty, False, tuple(fixed)
+        )
+    _check_points(remote, run, fixed, pairs, shipped, by_name)
+    _start_points(remote, run, name, fixed, pairs, shipped, by_name, mine, o)
+    return earlier
 
 
 def _overrides(fixed: list[str], point) -> tuple[str, ...]:
