@@ -12,6 +12,7 @@ import time
 import pytest
 from support.cli import enlace
 from support.configs import DETERMINISTIC, write_run
+from support.procs import Throttle
 from support.remote import wait_until
 
 from enlace.state import heartbeat, runs
@@ -98,6 +99,26 @@ def test_a_frozen_supervisor_over_a_dead_trainer_is_not_running(project):
         report = json.loads(enlace(project, "stop", "frozen", "--grace", "15", "--json").stdout)
         assert not report["was_running"] and time.monotonic() - t0 < 10, report
         wait_until(lambda: runs.proc_start(st["launcher_pid"]) is None, 10, "stop to end the frozen supervisor")
+    finally:
+        for pid in (st["launcher_pid"], st["pid"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_stop_of_a_live_trainer_under_a_frozen_supervisor_says_stopped_and_nothing_else(project):
+    """Seen: `stop` printed "stopped at step 2759" and, at once, "still running after 120s" (exit 1): the frozen
+    supervisor it had just SIGKILLed was not gone yet when the report read the run."""
+    write_run(project, "iced", **DETERMINISTIC, training={"max_steps": 100_000, "log_every": 1, "eval_every": 0})
+    _start(project, "iced")
+    st = _training(project, "iced")
+    os.kill(st["launcher_pid"], signal.SIGSTOP)
+    try:
+        with Throttle(st["pid"]):  # the trainer need not spin while status waits to call its supervisor frozen
+            wait_until(lambda: _row(project, "iced")["supervisor"] is not None, 30, "status to tell it frozen")
+        out = enlace(project, "stop", "iced", "--grace", "60", "--json", check=False)
+        report = json.loads(out.stdout)
+        assert out.returncode == 0 and report["stopped"] and report["status"] == "stopped", (report, out.stderr)
+        assert runs.proc_start(st["launcher_pid"]) is None and runs.proc_start(st["pid"]) is None
     finally:
         for pid in (st["launcher_pid"], st["pid"]):
             with contextlib.suppress(ProcessLookupError):

@@ -248,6 +248,7 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
     if row["supervisor"] and proc_alive(*launcher):  # a frozen supervisor would linger (stopped) forever
         with contextlib.suppress(ProcessLookupError):
             os.kill(launcher[0], signal.SIGKILL)
+        _wait(lambda: proc_alive(*launcher), 10)  # its end, before the report reads it (it said "still running")
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
 
 
