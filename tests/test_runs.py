@@ -348,3 +348,22 @@ def test_launch_of_a_queued_run_says_it_is_queued_not_running():
     assert _running_message(session, queued).startswith("r is already queued on gpu1 (queued: position 2, behind a)")
     running = {"run_name": "r", "status": "running", "step": 3, "max_steps": 9, "pid": 7}
     assert _running_message(session, running).startswith("r is already running on gpu1 (running, step 3 of 9")
+
+
+def test_elapsed_stands_while_a_resumed_run_waits_and_runs_while_it_trains(tmp_path):
+    """Seen: `launch` of a stopped run, queued behind others: ELAPSED grew by the minute from the previous
+    start's started_at (2m45s, 2m54s, 3m11s) and fell back once it was stopped."""
+    import time as clock
+
+    from enlace.state import heartbeat
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    me = {"launcher_pid": os.getpid(), "launcher_start": runs.proc_start(os.getpid())}  # a live waiter: this test
+    (run_dir / heartbeat.SUPERVISOR).write_text(f"{clock.time()}\n")
+    before = {"started_at": clock.time() - 100, "start_trained_s": 30.0, "trained_before_s": 10.0}
+    runs.update(run_dir, status="queued", **me, **before)
+    row = runs.observe(run_dir)
+    assert row["status"] == "queued" and (row["elapsed_s"], row["start_elapsed_s"]) == (40.0, 30.0), row
+    runs.update(run_dir, status="running", pid=os.getpid(), pid_start=runs.proc_start(os.getpid()))
+    assert runs.observe(run_dir)["start_elapsed_s"] >= 100  # training: this start's clock runs

@@ -206,10 +206,11 @@ def observe(run_dir: Path) -> dict[str, Any]:
     unsupervised = supervision(run_dir, st) if status in ACTIVE else None
     now = time.time()
     started = st.get("started_at")
-    end = now if status in ACTIVE else st.get("updated_at", now)
-    this_start = (
-        (end - started if status in ACTIVE else st.get("start_trained_s") or end - started) if started else None
-    )
+    # the clock runs while this start trains; queued, pending or starting again (a resume, a restart's backoff),
+    # run.json still holds the previous start's started_at: its time stands, it does not grow
+    training = status in (Status.RUNNING, Status.STOPPING)
+    end = now if training else st.get("updated_at", now)
+    this_start = (now - started if training else st.get("start_trained_s") or end - started) if started else None
     step, max_steps = st.get("step", 0), st.get("max_steps")
     eta = None
     if status == Status.RUNNING and st.get("tokens_per_s") and step and max_steps:
