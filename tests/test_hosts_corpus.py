@@ -47,7 +47,7 @@ CASES = [
     ("slurm-key-without-scheduler", b"hosts:\n  gpu: {ssh: a@b, partition: gpu}\n", ["partition", "scheduler: slurm"]),
     ("slurm-time-word", b"hosts:\n  gpu: {ssh: a@b, scheduler: slurm, time: forever}\n", ["time", "Slurm's time"]),
     ("duplicate-key", b"hosts:\n  gpu: {ssh: a@b}\n  gpu: {ssh: c@d}\n", ["given twice", "line"]),
-    ("not-yaml", b"hosts: [unclosed\n", ["not valid YAML"]),
+    ("not-yaml", b"hosts:\n  gpu: {ssh: a@b\n  other: 1\n", ["not valid YAML at line 3", "fix the syntax"]),
     (
         "identity-file-missing",
         b"hosts:\n  gpu: {ssh: a@b, identity_file: /nonexistent/key}\n",

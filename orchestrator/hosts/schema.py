@@ -222,7 +222,11 @@ def load(path: Path, strict: bool = True) -> dict[str, Any]:
     except yaml.YAMLError as e:
         if hasattr(e, "fix"):  # an alias, a file too large: said by the reader itself
             raise UsageError(f"{path}: {e} — {e.fix}") from None
-        raise UsageError(f"{path}: not valid YAML ({e.__class__.__name__}) — fix the syntax") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UsageError(
+            f"{path}: not valid YAML{where} ({getattr(e, 'problem', None) or e.__class__.__name__}) — fix the syntax"
+        ) from None
     if not isinstance(data, dict):
         raise HostFileError(str(path), "expected `defaults:` and `hosts:` mappings at the top level")
     for key in data:
