@@ -311,7 +311,8 @@ def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, use
         lambda: sorted(state().values()) == ["queued", "queued", "running", "running"], 120, "1 running, 2 queued"
     )
     out = remote(user_repo, sshd.env, "stop", "--sweep")
-    assert out.stdout.count(": stopped at step") == 3
+    assert out.stdout.count(": stopped at step 1; latest checkpoint none") == 1, out.stdout  # the one that ran
+    assert out.stdout.count(": stopped (stopped while queued: it never started)") == 2, out.stdout
     now = state()
     assert now["bystander"] == "running"
     assert {now[n] for n in ("s-lr1e-3", "s-lr2e-3", "s-lr3e-3")} == {"stopped"}

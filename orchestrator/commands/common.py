@@ -102,3 +102,12 @@ def with_remote(fn):
 
 
 allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")
+
+
+def stop_words(rep: dict) -> str:
+    """Where a stopped run stands, from the server's stop report: its step and checkpoint where it trained (or
+    logged steps); else what its phase says (a command that logs no steps, a run stopped while queued)."""
+    killed = " (killed)" if rep["killed"] else ""
+    if rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"):
+        return f"{rep['status']} at step {rep['step']}{killed}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
+    return f"{rep['status']}{killed} ({rep['phase']})"

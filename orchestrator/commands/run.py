@@ -15,7 +15,14 @@ from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
 from orchestrator.commands import sweep as sweeps
-from orchestrator.commands.common import AfterDashCommand, HostOptionsCommand, Remote, allow_dirty_option, with_remote
+from orchestrator.commands.common import (
+    AfterDashCommand,
+    HostOptionsCommand,
+    Remote,
+    allow_dirty_option,
+    stop_words,
+    with_remote,
+)
 from orchestrator.commands.sweep import sweep_option
 
 
@@ -309,18 +316,16 @@ def stop(remote: Remote, run_name: str | None, grace: float | None, kill: bool, 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     args, timeout = stop_request(run_name, grace, kill)
     rep = remote.session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
-    killed, ckpt = (" (killed)" if rep["killed"] else ""), rep["latest_checkpoint"] or "none"
-    if rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"):  # where the trainer (or a script) stands
-        if not rep["was_running"]:
-            where = f"{rep['status']} at step {rep['step']}"
-            click.echo(f"{run_name} is not running ({where}); nothing to stop. Latest checkpoint {ckpt}")
-            return
-        click.echo(f"{run_name}: {rep['status']} at step {rep['step']}{killed}; latest checkpoint {ckpt}")
-    elif not rep["was_running"]:  # a command that logs no steps: what it did, not a step 0 and no checkpoint
+    ckpt = rep["latest_checkpoint"] or "none"
+    if rep["was_running"]:
+        click.echo(f"{run_name}: {stop_words(rep)}")
+    elif rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"):  # where the trainer (or a script) stands
+        where = f"{rep['status']} at step {rep['step']}"
+        click.echo(f"{run_name} is not running ({where}); nothing to stop. Latest checkpoint {ckpt}")
+        return
+    else:  # a command that logs no steps: what it did, not a step 0 and no checkpoint
         click.echo(f"{run_name} is not running ({rep['phase']}); nothing to stop")
         return
-    else:
-        click.echo(f"{run_name}: {rep['status']}{killed} ({rep['phase']})")
     if not rep["stopped"]:
         click.echo(f"still running after {rep['grace_s']:g}s — rerun with --kill to force it", err=True)
         sys.exit(1)

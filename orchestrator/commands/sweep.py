@@ -15,7 +15,7 @@ import click
 from enlace.clitypes import notify_option, stop_request, supervisor_options
 from enlace.contract import Status, metric_words
 from enlace.errors import EnlaceError
-from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, with_remote
+from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, stop_words, with_remote
 from orchestrator.sweep import record, table
 
 sweep_option = click.option(
@@ -120,7 +120,7 @@ def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None
         session = remote.session_for(resolve_host(row["host"], remote.repo))
         args, timeout = stop_request(row["run_name"], grace, kill)
         rep = session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
-        return f"{row['run_name']} on {row['host']}: {rep['status']} at step {rep['step']}" + (
+        return f"{row['run_name']} on {row['host']}: {stop_words(rep)}" + (
             "" if rep["stopped"] else f" — still running after {rep['grace_s']:g}s (--kill forces it)"
         )
 

@@ -42,7 +42,7 @@ def format_table(sweep: Sweep, rows: list[dict]) -> str:
     head = ("", "RUN", "HOST", *sweep.keys, "STATUS", "STEP", metric_words(metric).upper())
     table = [head]
     for r in rows:
-        step = f"{r.get('step') or 0}/{r['max_steps']}" if r.get("max_steps") else str(r.get("step") or 0)
+        step = f"{r.get('step') or 0}/{r['max_steps']}" if r.get("max_steps") else str(r.get("step") or "-")
         figure = f"{r[metric]:.4f}" if r.get(metric) is not None else "-"
         table.append(
             (
