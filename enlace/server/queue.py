@@ -246,11 +246,8 @@ def need_for(device: str, procs: str | None, settings: Settings) -> Need:
             raise QueueError(f"cannot tell which GPUs are free: {e}") from None
         need = need_of(device, procs, bool(found))
     if procs == "all" and need.kind == "cpu":  # torchrun's "gpu" count has nothing to count (it crashed 4 times)
-        raise QueueError(
-            f"--gpus all starts one process per GPU, and this run is on the CPU here (runtime.device: {device}"
-            f"{', nvidia-smi reports no GPU' if device != 'cpu' else ''}) — give --gpus N for N CPU processes, "
-            "or leave --gpus out"
-        )
+        why = f"--gpus all starts one process per GPU, and this run is on the CPU here (runtime.device: {device})"
+        raise QueueError(f"{why} — give --gpus N for N CPU processes, or leave --gpus out")
     total = len(found) if need.kind == "gpu" else settings.cpu_slots
     if need.kind == "gpu" and not found:
         raise QueueError(
