@@ -288,6 +288,16 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     wait_until(lambda: back.exists() and "lr=0.1 seed=0" in back.read_text(), 120, "the point launched again")
     other = remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1,2", "--name", "m", check=False)
     assert other.returncode == 2 and "launched from here before with another run file or grid" in other.stderr
+    # numbered points (1e-3 and 1E-3 would be one directory on macOS) do not tell values apart by name: the
+    # values are compared; here a launch cut short after its record was written, before any start
+    numbered = [
+        {"run_name": f"c-00{i}", "host": "testhost", "values": {"args.lr": v}} for i, v in enumerate(["1e-3", "1E-3"])
+    ]
+    record.save(user_repo, record.Sweep("c", "toy", [], ["args.lr"], numbered))
+    other = remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=5e-3,5E-3", "--name", "c", check=False)
+    assert other.returncode == 2 and "launched from here before with other values" in other.stderr, other.stderr
+    again = remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1e-3,1E-3", "--name", "c")
+    assert "sweep c: 0 of 2 points were launched before; launching the 2 that were not" in again.stderr
 
 
 @pytest.mark.slow

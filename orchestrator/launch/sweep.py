@@ -82,7 +82,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     mine = {p.run_name: command.load(run, repo, _overrides(fixed, p)) for p in points} if own is not None else {}
     procs = str(own.nproc) if own is not None and own.nproc > 1 else None
     if record.exists(repo, name):  # the same command again: what an interrupted launch never started
-        return _finish(remote, record.load(repo, name), run, fixed, list(swept), points, mine, o)
+        return _finish(remote, record.load(repo, name), run, fixed, list(swept), points, mine, hosts, o)
     targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
     if procs and any(h.slurm for h in targets):
         raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
@@ -135,25 +135,33 @@ def _start_points(remote, run: str, name: str, fixed, pairs: list, shipped: dict
         choose.remember_run(remote.repo, host.name, point.run_name, run, overrides)
 
 
-def _finish(remote, earlier: record.Sweep, run: str, fixed: list[str], keys: list[str], points: list, mine, o):
+def _finish(remote, earlier: record.Sweep, run: str, fixed: list[str], keys: list[str], points: list, mine, hosts, o):
     """The same sweep launched again (the same run file, fixed items and grid): the points its hosts have no run
-    of (a launch cut short by Ctrl-C or a lost connection) are started where the record placed them; the
-    others are left as they are. Another grid under that name is refused."""
+    of (a launch cut short by Ctrl-C or a lost connection) are started where the record placed them, with the
+    values recorded for them; the others are left as they are. Another grid under that name is refused."""
     name = earlier.name
+    again = f"`--name` another, or `status --sweep {name}`"
     same = (earlier.run_file, earlier.fixed, earlier.keys) == (run, fixed, keys)
     if not same or [p["run_name"] for p in earlier.points] != [p.run_name for p in points]:
-        raise UsageError(
-            f"sweep {name!r} was launched from here before with another run file or grid — `--name` another, or "
-            f"`status --sweep {name}`"
-        )
+        raise UsageError(f"sweep {name!r} was launched from here before with another run file or grid — {again}")
+    if hosts and [h.strip() for h in hosts.split(",")] != earlier.hosts():
+        raise UsageError(f"sweep {name!r} was placed on {', '.join(earlier.hosts())} — launch it again without --hosts")
     by_name = {h: resolve_host(h, remote.repo) for h in earlier.hosts()}
-    if any(host.slurm for host in by_name.values()):
-        raise UsageError(f"sweep {name!r} was submitted to Slurm as one job array — `status --sweep {name}`")
     known = {
         h: {r["run_name"] for r in remote.session_for(host).enlace_json("latest", "runs")}
         for h, host in by_name.items()
     }
-    pairs = [(p, rec["host"]) for p, rec in zip(points, earlier.points) if rec["run_name"] not in known[rec["host"]]]
+    unstarted = [(p, rec) for p, rec in zip(points, earlier.points) if rec["run_name"] not in known[rec["host"]]]
+    if any(p.values != rec["values"] for p, rec in unstarted):  # numbered names do not tell values apart
+        raise UsageError(f"sweep {name!r} was launched from here before with other values — {again}")
+    slurm = next((host for host in by_name.values() if host.slurm), None)
+    if slurm is not None and any(m.nproc > 1 for m in mine.values()):
+        raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
+    if slurm is not None and len(unstarted) == len(points):  # its job array was never submitted: submit it now
+        return _on_slurm(remote, slurm, run, name, points, fixed, o, bool(mine))
+    if slurm is not None:
+        raise UsageError(f"sweep {name!r} was submitted to Slurm as one job array — `status --sweep {name}`")
+    pairs = [(p, rec["host"]) for p, rec in unstarted]
     if not pairs:
         raise UsageError(
             f"sweep {name!r}: every point of it was launched — `status --sweep {name}`; `launch POINT` runs one again"
