@@ -116,7 +116,7 @@ def test_a_failed_or_crashed_run_says_why_under_its_row_in_one_cut_line():
         ["args.lr"],
         [{"run_name": f"f-lr{i}", "host": "h", "values": {"args.lr": str(i)}} for i in range(3)],
     )
-    typo = "t.py: error: unrecognized arguments:\n --learning_rate=0.1 — the command exited 2 at its first start, a usage error"
+    typo = "t.py: error: unrecognized arguments:\n --learning_rate=0.1 — the command exited 2 3 s after this launch started it: a usage error"
     found = {
         ("h", "f-lr0"): {"run_name": "f-lr0", "status": "failed", "step": 0, "error": typo},
         ("h", "f-lr1"): {"run_name": "f-lr1", "status": "crashed", "step": 0, "error": "gave up after 3 restarts: x"},

@@ -183,16 +183,17 @@ class CommandChild:
         return last_line(self.run_dir, child_only=True, since=self.log_from)
 
     def usage_error(self, code: int, restart: int, st: dict) -> str | None:
-        """Exit 2 early in the first start, before any step: the command's arguments are wrong (argparse's exit
-        for an unknown or missing argument, python's for a script it cannot open). A restart would repeat it,
-        and a sweep's mistyped `--set args.NAME` would hold its slots for minutes of backoff. Later (a wrapper's
-        `grep` that exits 2 hours in), it is a crash like any other."""
+        """Exit 2 early in a launch's first start (before any restart of this supervisor's, before any step): the
+        command's arguments are wrong (argparse's exit for an unknown or missing argument, python's for a
+        script it cannot open). A restart would repeat it, and a sweep's mistyped `--set args.NAME` would hold
+        its slots for minutes of backoff. Later (a wrapper's `grep` that exits 2 hours in), it is a crash like
+        any other. Under torchrun (nproc > 1) a rank's exit 2 reaches here as torchrun's 1: a crash."""
         took = time.monotonic() - self.started
         if code != USAGE_EXIT or restart or st.get("step") or took > USAGE_WINDOW_S:
             return None
         said = self.last_words() or "(it wrote nothing)"
         return (  # its own words first: a table's detail line shows the first hundred characters
-            f"{said} — the command exited {code} {took:.0f} s into its first start: a usage error (argparse's, for "
+            f"{said} — the command exited {code} {took:.0f} s after this launch started it: a usage error (argparse's, for "
             "an unknown or missing argument), so it is not restarted; fix the command (or a --set args.NAME), then "
             "launch again"
         )

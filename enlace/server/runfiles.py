@@ -17,6 +17,7 @@ from enlace.errors import EnlaceError
 from enlace.names import validate_run_name
 from enlace.slurm.settings import QUEUED_STATES
 from enlace.state import runs
+from enlace.units import one_line
 
 LOG_TAIL_BYTES = 64 << 10  # what is read of train.log for its last line
 LAST_LINE_CHARS = 300  # of a log line quoted in an error (a traceback's last line fits)
@@ -45,12 +46,11 @@ def last_line(run_dir: Path, child_only: bool = False, since: int = 0) -> str:
     except FileNotFoundError:
         tail = ""
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]  # a \r (a progress bar's redraw) splits too
-    if child_only:
-        lines = [ln for ln in lines if not SUPERVISOR_LINE.match(ln)]
+    if child_only:  # its own words: not the supervisor's, not a rule of ==== (torchrun's report ends in one)
+        lines = [ln for ln in lines if not SUPERVISOR_LINE.match(ln) and any(c.isalnum() for c in ln)]
     elif not lines:
         return "the trainer exited before writing to train.log"
-    last = lines[-1] if lines else ""
-    return last if len(last) <= LAST_LINE_CHARS else last[: LAST_LINE_CHARS - 1] + "…"
+    return one_line(lines[-1], LAST_LINE_CHARS) if lines else ""
 
 
 def run_dir_of(runs_root: Path, name: str) -> Path:
