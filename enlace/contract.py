@@ -179,11 +179,12 @@ def ended_message(row: dict[str, Any]) -> str:
         what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
     step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
     where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
-    again = (
-        f"last complete checkpoint {ckpt} — relaunch to resume from it"
-        if ckpt
-        else "no checkpoint — relaunch to start it again"
-    )
+    if ckpt:
+        again = f"last complete checkpoint {ckpt} — relaunch to resume from it"
+    elif row.get("command"):  # a command resumes its own way (its `resume:`), from files enlace does not know
+        again = "relaunch to run it again (its `resume:` arguments apply as its run file says)"
+    else:
+        again = "no checkpoint — relaunch to start it again"
     return f"{row['run_name']} {what}; {where}{again}"
 
 

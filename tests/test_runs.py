@@ -324,10 +324,10 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
     from enlace.contract import ended_message
 
     gave_up = {"run_name": "c", "status": "crashed", "step": 0, "max_steps": None, "latest_checkpoint": None}
-    gave_up["error"] = "gave up after 2 restarts: the command exited 1: RuntimeError: boom"
+    gave_up |= {"error": "gave up after 2 restarts: the command exited 1: RuntimeError: boom", "command": ["t"]}
     assert ended_message(gave_up) == (
-        "c crashed: gave up after 2 restarts: the command exited 1: RuntimeError: boom; no checkpoint — relaunch"
-        " to start it again"
+        "c crashed: gave up after 2 restarts: the command exited 1: RuntimeError: boom; relaunch to run it again"
+        " (its `resume:` arguments apply as its run file says)"
     )
     vanished = {"run_name": "t", "status": "crashed", "step": 30, "max_steps": 500, "latest_checkpoint": "step-000025"}
     assert ended_message(vanished) == (
@@ -335,6 +335,9 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
         " 30/500, last complete checkpoint step-000025 — relaunch to resume from it"
     )
     dropped = {"run_name": "q", "status": "dropped", "step": 0, "max_steps": None, "latest_checkpoint": None}
+    assert ended_message({**dropped, "status": "failed", "error": "x"}).endswith(
+        "no checkpoint — relaunch to start it again"
+    )
     assert "None" not in ended_message(dropped) and "it never started; no checkpoint" in ended_message(dropped)
 
 

@@ -126,7 +126,7 @@ def test_a_failed_or_crashed_run_says_why_under_its_row_in_one_cut_line():
     assert text[3].split()[0] == "f-lr0" and text[4].startswith(
         "    └ error: t.py: error: unrecognized arguments: --learning_rate=0.1 — the command exited 2"
     )
-    assert text[4].endswith("… (enlace-remote status f-lr0: all of it)") and len(text[4]) < 160
+    assert text[4].endswith("… (enlace-remote --host h status f-lr0: all of it)") and len(text[4]) < 160
     assert text[5].split()[0] == "f-lr1" and text[6] == "    └ error: gave up after 3 restarts: x"
     assert len(text) == 7  # a finished run shows no error of an earlier attempt
 

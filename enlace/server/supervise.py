@@ -161,7 +161,8 @@ class Supervisor:
             restarts += 1
             wait = self.policy.backoff * 3 ** (restarts - 1)
             say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s{self.child.resumes}")
-            phase = f"restarting in {wait:g} s (restart {restarts} of {self.policy.restarts}) after: {cause}"
+            at = time.strftime("%H:%M:%S", time.localtime(time.time() + wait))  # the server's clock
+            phase = f"restarting in {wait:g} s, at {at} (restart {restarts} of {self.policy.restarts}) after: {cause}"
             runs.new_attempt(self.run_dir, phase=phase)
             if self._sleep(wait):  # the restart never happened: it is not counted
                 runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart")

@@ -151,7 +151,8 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
             why = (
                 f"no run of it finished with a {metric}" if ended else f"no run of it has finished with a {metric} yet"
             )
-            why += " (a script of your own is ranked by the val_loss it logs with enlace.job)" if ended else ""
+            own = rows[0]["metric"] == "val_loss"  # a script's: it logs it itself
+            why += " (a script of your own is ranked by the val_loss it logs with enlace.job)" if ended and own else ""
         else:
             why = "no run of it has a checkpoint or outputs" + ("" if ended else " yet")
         raise EnlaceError(f"sweep {sweep.name}: {why} — `enlace-remote status --sweep {sweep.name}` shows where it is")

@@ -60,7 +60,7 @@ def format_table(sweep: Sweep, rows: list[dict]) -> str:
     for row, r in zip(table, [{}, *rows]):
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
         if r.get("error") and r["status"] in ("failed", "crashed"):  # why, in a line
-            more = f" (enlace-remote status {r['run_name']}: all of it)"
+            more = f" (enlace-remote --host {r['host']} status {r['run_name']}: all of it)"
             lines.append(f"    └ {one_line('error: ' + r['error'], DETAIL_WIDTH, more)}")
     best = next((r for r in rows if r.get("best")), None)
     tail = f"; best {best['run_name']} ({metric_words(metric)} {best[metric]:.4f})" if best else ""

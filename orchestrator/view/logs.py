@@ -53,8 +53,8 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
         code = retrying(once, say, GIVE_UP_S, progressed=lambda: written > 0)
     except KeyboardInterrupt:  # Ctrl-C ends the following, never the run (click said only "Aborted!")
         click.echo(
-            f"\nstopped following {run_name}; the run goes on — `enlace-remote logs {run_name} -f` follows it "
-            f"again, `enlace-remote stop {run_name}` stops it",
+            f"\nstopped following {run_name}; the run goes on — `enlace-remote --host {session.host.name} logs "
+            f"{run_name} -f` follows it again, `... stop {run_name}` stops it",
             err=True,
         )
         raise SystemExit(130) from None
