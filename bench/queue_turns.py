@@ -19,18 +19,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from enlace.server import queue  # noqa: E402
+from enlace.server import needs, queue  # noqa: E402
 
 WAITER = REPO / "tests" / "support" / "waiter.py"
 
 
 def turn_cost(base: Path, waiting: int, reps: int) -> list[float]:
     """Seconds per turn of the last of `waiting` tickets (one CPU slot, held: nobody is seated)."""
-    settings = queue.Settings(1, 0.1, base / f"q{waiting}")
-    holder = queue._enqueue(settings.dir, base / "runs" / "holder", queue.Need("cpu", 1))
+    settings = needs.Settings(1, 0.1, base / f"q{waiting}")
+    holder = queue._enqueue(settings.dir, base / "runs" / "holder", needs.Need("cpu", 1))
     seat, _ = queue._turn(holder, settings, base / "runs" / "holder")
     holder.close()
-    tickets = [queue._enqueue(settings.dir, base / "runs" / f"w{i}", queue.Need("cpu", 1)) for i in range(waiting)]
+    tickets = [queue._enqueue(settings.dir, base / "runs" / f"w{i}", needs.Need("cpu", 1)) for i in range(waiting)]
     times = []
     for _ in range(reps):
         t = time.perf_counter()

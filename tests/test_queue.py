@@ -18,7 +18,7 @@ from support import REPO
 from support.fakegpu import FakeGpus
 from support.remote import wait_until
 
-from enlace.server import queue
+from enlace.server import needs, queue
 
 WAITER = Path(__file__).parent / "support" / "waiter.py"
 
@@ -189,23 +189,23 @@ def test_another_users_process_keeps_a_gpu_out_until_it_goes(tmp_path, make_queu
 def test_a_need_the_server_cannot_meet_is_refused(tmp_path, monkeypatch):
     gpus = FakeGpus(tmp_path, 2)
     monkeypatch.setenv("PATH", gpus.path)
-    settings = queue.Settings(2, 0.1, tmp_path / "q")
-    assert queue.need_for("auto", None, settings) == queue.Need("gpu", 1)
-    assert queue.need_for("cpu", None, settings) == queue.Need("cpu", 1)
-    assert queue.need_for("cuda", "all", settings) == queue.Need("gpu", None)
-    with pytest.raises(queue.QueueError, match="needs 4 GPUs and this server has 2 GPUs"):
-        queue.need_for("cuda", "4", settings)
-    assert queue.need_for("cpu", "3", settings) == queue.Need("cpu", 1)  # torchrun on the CPU: still one run
+    settings = needs.Settings(2, 0.1, tmp_path / "q")
+    assert needs.need_for("auto", None, settings) == needs.Need("gpu", 1)
+    assert needs.need_for("cpu", None, settings) == needs.Need("cpu", 1)
+    assert needs.need_for("cuda", "all", settings) == needs.Need("gpu", None)
+    with pytest.raises(needs.QueueError, match="needs 4 GPUs and this server has 2 GPUs"):
+        needs.need_for("cuda", "4", settings)
+    assert needs.need_for("cpu", "3", settings) == needs.Need("cpu", 1)  # torchrun on the CPU: still one run
     monkeypatch.setenv("PATH", "/nonexistent")  # a server without nvidia-smi
-    empty = queue.Settings(1, 0.1, tmp_path / "q2")
-    assert queue.need_for("auto", None, empty) == queue.Need("cpu", 1)
-    with pytest.raises(queue.QueueError, match=r"needs a GPU .* reports none"):
-        queue.need_for("cuda", None, empty)
+    empty = needs.Settings(1, 0.1, tmp_path / "q2")
+    assert needs.need_for("auto", None, empty) == needs.Need("cpu", 1)
+    with pytest.raises(needs.QueueError, match=r"needs a GPU .* reports none"):
+        needs.need_for("cuda", None, empty)
     for device in ("auto", "cpu"):  # torchrun's "gpu" count on a CPU run crashed it at every restart
         with pytest.raises(
-            queue.QueueError, match=r"--gpus all starts one process per GPU, and this run is on the CPU"
+            needs.QueueError, match=r"--gpus all starts one process per GPU, and this run is on the CPU"
         ):
-            queue.need_for(device, "all", empty)
+            needs.need_for(device, "all", empty)
 
 
 def test_a_broken_nvidia_smi_refuses_gpu_runs_clearly_and_never_cpu_runs(tmp_path, monkeypatch):
@@ -216,12 +216,12 @@ def test_a_broken_nvidia_smi_refuses_gpu_runs_clearly_and_never_cpu_runs(tmp_pat
     )
     (broken / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{broken}:{os.environ['PATH']}")
-    settings = queue.Settings(1, 0.1, tmp_path / "q")
-    assert queue.need_for("cpu", None, settings) == queue.Need("cpu", 1)
+    settings = needs.Settings(1, 0.1, tmp_path / "q")
+    assert needs.need_for("cpu", None, settings) == needs.Need("cpu", 1)
     with pytest.raises(
-        queue.QueueError, match=r"cannot tell which GPUs are free: nvidia-smi failed .exit 18.: Failed to"
+        needs.QueueError, match=r"cannot tell which GPUs are free: nvidia-smi failed .exit 18.: Failed to"
     ):
-        queue.need_for("auto", None, settings)
+        needs.need_for("auto", None, settings)
 
 
 def test_a_ticket_is_never_numbered_behind_one_that_exists(tmp_path):
@@ -230,7 +230,7 @@ def test_a_ticket_is_never_numbered_behind_one_that_exists(tmp_path):
     (qdir / "tickets").mkdir(parents=True)
     (qdir / "tickets" / f"{41:012d}.json").write_text("{}")
     (qdir / "seq").write_text("")
-    ticket = queue._enqueue(qdir, tmp_path / "runs" / "r", queue.Need("cpu", 1))
+    ticket = queue._enqueue(qdir, tmp_path / "runs" / "r", needs.Need("cpu", 1))
     try:
         assert ticket.path.name == f"{42:012d}.json" and (qdir / "seq").read_text() == "42\n"
     finally:
@@ -239,12 +239,12 @@ def test_a_ticket_is_never_numbered_behind_one_that_exists(tmp_path):
 
 def test_need_text_round_trips_and_rejects_nonsense():
     for text in ("gpu:1", "gpu:all", "cpu:2"):
-        assert str(queue.Need.parse(text)) == text
+        assert str(needs.Need.parse(text)) == text
     for bad in ("gpu:0", "tpu:1", "gpu:-1", "cpu"):
         with pytest.raises(ValueError):
-            queue.Need.parse(bad)
-    assert queue.Need("gpu", None).describe() == "every GPU"
-    assert queue.Need("cpu", 2).describe() == "2 CPU slots"
+            needs.Need.parse(bad)
+    assert needs.Need("gpu", None).describe() == "every GPU"
+    assert needs.Need("cpu", 2).describe() == "2 CPU slots"
 
 
 def test_seat_env_names_its_gpus_in_pci_order():

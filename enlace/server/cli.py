@@ -96,7 +96,7 @@ def start_cmd(
     it is alive (exit 7). With --device it takes its turn in this server's queue (enlace/server/queue.py);
     a need the server can never meet is refused (exit 3). With --command-spec: the user's own command."""
     from enlace.names import validate_run_name
-    from enlace.server import lifecycle, queue
+    from enlace.server import lifecycle, needs, queue
 
     validate_run_name(run_name, "RUN_NAME")
     command = _command_doc(command_spec, run_name, pyargs) if command_spec else None
@@ -105,8 +105,8 @@ def start_cmd(
     policy += ["--stall-timeout", str(stall_timeout)] if stall_timeout else []
     ticket = None
     if device is not None:  # its place in the queue is taken now: first come is the launch that came first
-        settings = queue.Settings(cpu_slots, gpu_free_below)
-        need = queue.need_for(device, procs, settings)
+        settings = needs.Settings(cpu_slots, gpu_free_below)
+        need = needs.need_for(device, procs, settings)
         ticket = queue.enqueue(_runs_root(root) / run_name, need, settings)
         policy += ["--need", str(need), "--cpu-slots", str(cpu_slots), "--gpu-free-below", str(gpu_free_below)]
         policy += ["--ticket", str(ticket.path), "--ticket-fd", str(ticket.file.fileno())]
@@ -173,7 +173,7 @@ def supervise_cmd(
     With --need, first wait for its turn in the server's queue."""
     import functools
 
-    from enlace.server import lifecycle, queue
+    from enlace.server import lifecycle, needs, queue
     from enlace.server.supervise import Policy, Supervisor, exit_code
     from enlace.state import runs
 
@@ -184,9 +184,9 @@ def supervise_cmd(
         runs.update(run_dir, sweep=sweep, sweep_share=sweep_share)
     wait_turn = None
     if need:
-        wanted = queue.Need.parse(need)
+        wanted = needs.Need.parse(need)
         runs.update(run_dir, need=str(wanted), gpus=None)
-        settings = queue.Settings(cpu_slots, gpu_free_below)
+        settings = needs.Settings(cpu_slots, gpu_free_below)
         place = queue.Ticket.adopt(ticket, ticket_fd, wanted, run_name) if ticket and ticket_fd is not None else None
         if place:
             runs.update(run_dir, ticket=place.number)
@@ -230,11 +230,11 @@ def seated_cmd(
     CUDA_VISIBLE_DEVICES set to it; refused (kind queue_busy) when nothing is free: a measurement beside
     another run would be wrong, and could push that run out of memory."""
     from enlace.names import validate_run_name
-    from enlace.server import queue
+    from enlace.server import needs, queue
 
     validate_run_name(for_run, "--for-run")
-    settings = queue.Settings(cpu_slots, gpu_free_below)
-    seat, why = queue.seat_now(for_run, queue.need_for(device, procs, settings), settings)
+    settings = needs.Settings(cpu_slots, gpu_free_below)
+    seat, why = queue.seat_now(for_run, needs.need_for(device, procs, settings), settings)
     if seat is None:
         raise queue.QueueBusy(why)
     for fd in seat.fds:  # the measuring process holds the seat for as long as it lives
@@ -253,10 +253,10 @@ def seated_cmd(
 @click.option("--json", "as_json", is_flag=True)
 def queue_free_cmd(device: str, procs: str | None, cpu_slots: int, gpu_free_below: float, as_json: bool) -> None:
     """How much room this server's queue has now for a run of DEVICE: slots, free, waiting (a sweep spreads by it)."""
-    from enlace.server import queue
+    from enlace.server import needs, queue
 
-    settings = queue.Settings(cpu_slots, gpu_free_below)
-    click.echo(json.dumps(queue.capacity(queue.need_for(device, procs, settings), settings)))
+    settings = needs.Settings(cpu_slots, gpu_free_below)
+    click.echo(json.dumps(queue.capacity(needs.need_for(device, procs, settings), settings)))
 
 
 @click.command("wait", hidden=True)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from enlace.server import queue
+from enlace.server import needs, queue
 
 
 def main(qdir: str, run_dir: str, need: str, cpu_slots: str, *flags: str) -> None:
@@ -19,13 +19,13 @@ def main(qdir: str, run_dir: str, need: str, cpu_slots: str, *flags: str) -> Non
     base, run = Path(qdir).parent, Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     waits = run / "waits"
-    settings = queue.Settings(int(cpu_slots), 0.1, Path(qdir))
+    settings = needs.Settings(int(cpu_slots), 0.1, Path(qdir))
 
     def heard(why: str) -> None:
         with open(waits, "a") as fh:
             fh.write(why + "\n")
 
-    seat = queue.wait_for_seat(run, queue.Need.parse(need), settings, lambda: False, lambda: None, heard)
+    seat = queue.wait_for_seat(run, needs.Need.parse(need), settings, lambda: False, lambda: None, heard)
     child = None
     if "--child" in flags:
         child = subprocess.Popen(["sleep", "600"], pass_fds=seat.fds)
