@@ -89,9 +89,13 @@ def test_first_come_first_served_over_ten_waiters_from_two_clones(make_queue):
         wait_until(lambda i=i: len(q.seated()) == i + 2, 60, "the next run seated")
         assert q.tickets() == len(names) - i - 2  # the seated run's ticket is gone
     assert q.seated() == [f"{n} -" for n in names]
-    assert "position 9, waiting for 1 CPU slot (CPU slot 0: run run0; behind run1, run2, run3 and others)" in q.waits(
-        "run9", "clone-b"
+    # one queue per account: a run of the other clone's remote_dir is named with its directory (status there
+    # lists it, not here)
+    other = f"(of {q.base / 'clone-a'})"
+    said = (
+        f"position 9, waiting for 1 CPU slot (CPU slot 0: run run0 {other}; behind run1, run2 {other}, run3 and others)"
     )
+    assert said in q.waits("run9", "clone-b"), q.waits("run9", "clone-b")
 
 
 def test_a_two_gpu_run_is_not_starved_by_one_gpu_runs(tmp_path, make_queue):
@@ -250,3 +254,18 @@ def test_need_text_round_trips_and_rejects_nonsense():
 def test_seat_env_names_its_gpus_in_pci_order():
     assert queue.Seat([], [2, 3]).env() == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert queue.Seat([], []).env() == {}
+
+
+def test_the_queue_names_a_run_as_the_asking_run_finds_it(tmp_path):
+    """The asker's own slot (a run re-attached holds it: preflight was "skipped" for the run's own name), a
+    run of the same remote_dir reached through a tree's runs/ link, and another remote_dir's run."""
+    mine, other = tmp_path / "rd" / "runs", tmp_path / "rd2" / "runs"
+    mine.mkdir(parents=True)
+    tree = tmp_path / "rd" / "trees" / "abc"
+    tree.mkdir(parents=True)
+    (tree / "runs").symlink_to(mine)  # as remote.sh links every tree's runs/
+    here = str(tree / "runs" / "a")
+    assert queue._who({"run": "a", "run_dir": str(mine / "a")}, here) == "a (this run)"
+    assert queue._who({"run": "b", "run_dir": str(mine / "b")}, here) == "b"
+    assert queue._who({"run": "c", "run_dir": str(other / "c")}, here) == f"c (of {tmp_path / 'rd2'})"
+    assert queue._who({"run": "p (its preflight)", "run_dir": ""}, here) == "p (its preflight)"

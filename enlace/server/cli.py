@@ -234,7 +234,8 @@ def seated_cmd(
 
     validate_run_name(for_run, "--for-run")
     settings = needs.Settings(cpu_slots, gpu_free_below)
-    seat, why = queue.seat_now(for_run, needs.need_for(device, procs, settings), settings)
+    here = str(_runs_root(None) / for_run)  # a run re-attached holds its own slot: "(this run)"
+    seat, why = queue.seat_now(for_run, needs.need_for(device, procs, settings), settings, here)
     if seat is None:
         raise queue.QueueBusy(why)
     for fd in seat.fds:  # the measuring process holds the seat for as long as it lives

@@ -186,11 +186,23 @@ def _pool(kind: str, settings: Settings) -> list[Slot]:
     return [Slot(f"slot-cpu-{i}", f"CPU slot {i}") for i in range(settings.cpu_slots)]
 
 
-def _taken(slot: Slot, settings: Settings) -> str | None:
-    """Why `slot` is not free, in a few words; None if it is."""
+def _who(doc: dict, here: str) -> str:
+    """How the queue names a run to the run at `here` (its run dir): its name; `(this run)` for its own; `(of
+    REMOTE_DIR)` for a run of another remote_dir of the account (one queue per account: `status` lists it there)."""
+    name, theirs = doc.get("run", "?"), doc.get("run_dir") or ""
+    if not (theirs and here):
+        return name
+    theirs_at, here_at = Path(os.path.realpath(theirs)), Path(os.path.realpath(here))  # trees/SHA/runs: a link
+    if theirs_at == here_at:
+        return f"{name} (this run)"
+    return name if theirs_at.parent == here_at.parent else f"{name} (of {theirs_at.parent.parent})"
+
+
+def _taken(slot: Slot, settings: Settings, here: str = "") -> str | None:
+    """Why `slot` is not free, in a few words (its holder named as _who names it to `here`); None if it is."""
     holder = _holder(settings.dir / slot.name)
     if holder is not None:
-        return f"{slot.label}: run {holder.get('run', '?')}"
+        return f"{slot.label}: run {_who(holder, here)}"
     gpu = slot.gpu
     if gpu is None:
         return None
@@ -220,11 +232,11 @@ def _claim(slots: list[Slot], settings: Settings, run: str, run_dir: str) -> Sea
     return Seat(files, [s.gpu.index for s in slots if s.gpu is not None])
 
 
-def _look(pool: list[Slot], settings: Settings) -> tuple[list[Slot], list[str]]:
-    """The free slots of `pool`, and why each other one is taken."""
+def _look(pool: list[Slot], settings: Settings, here: str = "") -> tuple[list[Slot], list[str]]:
+    """The free slots of `pool`, and why each other one is taken (said to the run at `here`)."""
     free, taken = [], []
     for slot in pool:
-        why = _taken(slot, settings)
+        why = _taken(slot, settings, here)
         (taken if why else free).append(why or slot)
     return free, taken
 
@@ -233,7 +245,7 @@ def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | Non
     """Take the seat if it is this ticket's turn; else (None, why it waits)."""
     with _decision(settings.dir):
         pool = _pool(ticket.need.kind, settings)
-        free, taken = _look(pool, settings)
+        free, taken = _look(pool, settings, str(run_dir))
         ahead = []
         for path, doc in _waiting(settings.dir, ticket):
             need = Need.parse(doc["need"])
@@ -247,7 +259,7 @@ def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | Non
                         ticket.close()  # seated: no longer waiting, for whoever looks next
                         return seat, ""
                 break
-            ahead.append(doc["run"])
+            ahead.append(_who(doc, str(run_dir)))
             free = free[wanted:] if len(free) >= wanted else []  # nobody passes a run that waits
     where = "; ".join(taken) or ("this server reports no GPU" if not pool else "")
     behind = f"behind {', '.join(ahead[:3])}{' and others' if len(ahead) > 3 else ''}" if ahead else ""
@@ -257,13 +269,13 @@ def _turn(ticket: Ticket, settings: Settings, run_dir: Path) -> tuple[Seat | Non
     )
 
 
-def seat_now(run: str, need: Need, settings: Settings) -> tuple[Seat | None, str]:
+def seat_now(run: str, need: Need, settings: Settings, here: str = "") -> tuple[Seat | None, str]:
     """The seat `need` asks for, if it is free now and no run waits for one of its kind (preflight takes it for
-    as long as it measures: on what a run would get, beside nobody); else (None, why not)."""
+    as long as it measures: on what a run would get, beside nobody); else (None, why not; `here`: the run's dir)."""
     with _decision(settings.dir):
         pool = _pool(need.kind, settings)
-        free, taken = _look(pool, settings)
-        waiting = [doc["run"] for _, doc in _waiting(settings.dir) if Need.parse(doc["need"]).kind == need.kind]
+        free, taken = _look(pool, settings, here)
+        waiting = [_who(doc, here) for _, doc in _waiting(settings.dir) if Need.parse(doc["need"]).kind == need.kind]
         wanted = len(pool) if need.count is None else need.count
         if not waiting and len(free) >= wanted:
             seat = _claim(free[:wanted], settings, f"{run} (its preflight)", "")
