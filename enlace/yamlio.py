@@ -5,6 +5,7 @@ refused before it is parsed (every driver command reads the hosts files)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise DuplicateKey(str(key), seen[key], line)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's floats: PyYAML reads YAML 1.1, whose floats need a dot, so `learning_rate: 3e-4` (as people write
+# it, and as --set takes it) was the string '3e-4' and refused as "expected a number"
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def load_yaml_unique(text: str) -> Any:

@@ -151,3 +151,17 @@ def test_cli_check_config_json(project):
 def test_set_key_errors_name_each_section_once(project):
     out = enlace(project, "check-config", "smoke-cpu", "--set", "zzz.paths=x", check=False)
     assert out.returncode == 2 and "valid keys: checkpoint, data, distill, logging, model," in out.stderr, out.stderr
+
+
+def test_a_float_written_as_people_write_it_is_a_number(project):
+    """`learning_rate: 3e-4` was the string '3e-4' (PyYAML reads YAML 1.1, whose floats need a dot) and refused
+    as "expected a number", while `--set optim.learning_rate=3e-4` took it."""
+    (project / "configs" / "runs" / "sci.yaml").write_text(
+        "data: tiny\nprofile: cpu\noptim: {learning_rate: 3e-4, min_lr: 1E-5}\n"
+    )
+    cfg = load_config("sci", root=project)
+    assert cfg.optim.learning_rate == 3e-4 and cfg.optim.min_lr == 1e-5
+    (project / "configs" / "runs" / "sci.yaml").write_text(
+        "data: tiny\nprofile: cpu\nrun_name: '1e3'\n"
+    )  # quoted: a string
+    assert load_config("sci", root=project).run_name == "1e3"
