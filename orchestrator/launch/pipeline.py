@@ -173,7 +173,8 @@ def _ship(launch: Launch):
 
 
 def _decide(launch: Launch):
-    worth = stages.worth_launching(launch.first, launch.run_name, launch.plan.overrides, bool(launch.plan.command))
+    plan = launch.plan
+    worth = stages.worth_launching(launch.first, launch.run_name, plan.overrides, bool(plan.command), plan.fresh)
     return None if worth else STOP
 
 

@@ -46,9 +46,10 @@ def remote_preflight(
     return report
 
 
-def worth_launching(session: Session, run_name: str, overrides=(), command: bool = False) -> bool:
+def worth_launching(session: Session, run_name: str, overrides=(), command: bool = False, fresh: bool = False) -> bool:
     """Before any preflight: a live run is refused at once (its preflight would compete with it); a
-    finished run is said to be finished, with how to extend it (False: nothing to launch)."""
+    finished run is said to be finished, with how to extend it (False: nothing to launch) — unless `fresh`
+    (--resume none: it starts over)."""
     rows = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name]
     if not rows:
         return True
@@ -68,7 +69,7 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
         return True
     if row["alive"] and not Status(row["status"]).is_terminal:  # a failed run still exiting is not running
         raise AlreadyRunning(_running_message(session, row))
-    if command:  # a command that ended runs again: it has no max_steps to be finished at
+    if command or fresh:  # a command that ended runs again (no max_steps to be finished at); afresh: over
         return True
     # extended: a max_steps past where it stands (a recorded --set of the same max_steps is no extension)
     asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "training.max_steps"]
@@ -78,7 +79,7 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
             f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "
             f"{row['latest_checkpoint']}); nothing to train. To train further, raise max_steps: "
             f"`enlace-remote launch {run_name} --set training.max_steps={2 * (row['max_steps'] or 1)}` "
-            "resumes from that checkpoint",
+            "resumes from that checkpoint (`--resume none` starts it over)",
             err=True,
         )
         return False
