@@ -71,3 +71,21 @@ def test_a_huge_bad_name_is_quoted_by_a_short_prefix():
         validate_run_name("x/" * 60_000, "--set")
     assert len(str(e.value)) < 400 and "120002 characters" in str(e.value)
     assert quoted("ok") == "'ok'"
+
+
+def test_launch_of_a_run_named_as_its_file_keeps_the_set_items_it_was_launched_with(tmp_path):
+    """`launch corpus-cpu --set optim.warmup_steps=5`, then `launch corpus-cpu --set training.max_steps=40`: verify
+    checked the file without the recorded item (warmup 50 > max_steps 40) and refused what the trainer takes."""
+    from types import SimpleNamespace
+
+    from orchestrator.launch import choose
+
+    (tmp_path / "configs" / "runs").mkdir(parents=True)
+    (tmp_path / "configs" / "runs" / "corpus-cpu.yaml").write_text("data: tiny\n")
+    session = SimpleNamespace(host=SimpleNamespace(name="gpu1"))
+    assert choose.launch_target(session, tmp_path, "corpus-cpu", ("training.max_steps=40",))[1] == (
+        "training.max_steps=40",
+    )  # never launched with --set items: the file and this launch's own
+    choose.remember_run(tmp_path, "gpu1", "corpus-cpu", "corpus-cpu", ("optim.warmup_steps=5", "run_name=corpus-cpu"))
+    file, items = choose.launch_target(session, tmp_path, "corpus-cpu", ("training.max_steps=40",))
+    assert file == "corpus-cpu" and items == ("optim.warmup_steps=5", "run_name=corpus-cpu", "training.max_steps=40")

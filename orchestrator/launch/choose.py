@@ -77,9 +77,11 @@ def launch_target(session, repo: Path, name: str, overrides: tuple[str, ...]) ->
     import difflib
 
     runs_dir = repo / "configs" / "runs"
-    if (runs_dir / f"{name}.yaml").is_file():
-        return validate_run_file(name), overrides
     row = _read(_last_runs_file(repo)).get("_launched", {}).get(session.host.name, {}).get(name)
+    if (runs_dir / f"{name}.yaml").is_file() and not (row and row.get("overrides")):
+        return validate_run_file(name), overrides
+    # a run named as its file, launched with --set items: they hold for it (verify checked the file without
+    # them, and refused an extension the trainer would have taken with them)
     if row is None:  # not launched from here: a typo of a run file is said before any connection
         if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
             return validate_run_file(name), overrides
