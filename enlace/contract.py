@@ -179,7 +179,9 @@ def ended_message(row: dict[str, Any]) -> str:
         what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
     step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
     where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
-    if ckpt:
+    if row["status"] == Status.FAILED:  # its own error (config, data, disk): a relaunch as it is fails again
+        again = f"fix what it says, then relaunch{f' (it resumes from {ckpt})' if ckpt else ''}"
+    elif ckpt:
         again = f"last complete checkpoint {ckpt} — relaunch to resume from it"
     elif row.get("command"):  # a command resumes its own way (its `resume:`), from files enlace does not know
         again = "relaunch to run it again (its `resume:` arguments apply as its run file says)"

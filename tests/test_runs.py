@@ -335,9 +335,9 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
         " 30/500, last complete checkpoint step-000025 — relaunch to resume from it"
     )
     dropped = {"run_name": "q", "status": "dropped", "step": 0, "max_steps": None, "latest_checkpoint": None}
-    assert ended_message({**dropped, "status": "failed", "error": "x"}).endswith(
-        "no checkpoint — relaunch to start it again"
-    )
+    assert ended_message({**dropped, "status": "crashed"}).endswith("no checkpoint — relaunch to start it again")
+    failed = {**dropped, "status": "failed", "error": "the train split has 0 bytes", "latest_checkpoint": "step-000050"}
+    assert ended_message(failed).endswith("0 bytes; fix what it says, then relaunch (it resumes from step-000050)")
     assert "None" not in ended_message(dropped) and "it never started; no checkpoint" in ended_message(dropped)
 
 
