@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from enlace.clitypes import root_option
+from enlace.errors import CheckpointError
 from enlace.names import find_root
 from enlace.tools.plot import metrics_option
 
@@ -18,9 +20,18 @@ def _run_or_dir(target: str, root: Path | None) -> Path:
     path = Path(target)
     if path.is_dir():
         return path
-    from enlace.server.runfiles import run_dir_of
+    if "/" in target:  # a path, not a run name
+        raise CheckpointError(f"{target}: no such directory — name a run (RUN), or a checkpoint or run directory")
+    from enlace.server.runfiles import NoSuchRun, run_dir_of
 
-    return run_dir_of(find_root(root) / "runs", target)  # a mistyped name: the runs there are, as logs says them
+    try:
+        return run_dir_of(find_root(root) / "runs", target)  # a mistyped name: the runs there are, as logs says
+    except NoSuchRun as e:
+        if os.environ.get("ENLACE_ROOT"):  # on a server (remote.sh sets it): the host's runs are these
+            raise
+        raise NoSuchRun(
+            f"{e.message} (a run trained on a host, `local` too: `enlace-remote fetch {target}` brings it here)"
+        ) from None
 
 
 @click.command("sample")
