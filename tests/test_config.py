@@ -165,3 +165,11 @@ def test_a_float_written_as_people_write_it_is_a_number(project):
         "data: tiny\nprofile: cpu\nrun_name: '1e3'\n"
     )  # quoted: a string
     assert load_config("sci", root=project).run_name == "1e3"
+
+
+def test_a_section_given_a_value_and_a_warmup_past_the_run_say_the_fix(project):
+    e = _error(project, "model=3")  # it said "unknown key — did you mean 'model'?"
+    assert e.source == "--set" and "is a section, not a key" in e.message and "model.n_layer" not in e.message
+    assert "set one of its keys (model.KEY=V): " in e.message and "n_layer" in e.message
+    e = _error(project, "training.max_steps=30", optim={"warmup_steps": 50})
+    assert "50 is more than max_steps 30" in e.message and "--set optim.warmup_steps=3" in e.message, e.message

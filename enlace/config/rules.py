@@ -115,7 +115,10 @@ def _check_together(cfg: Config) -> None:
         _refuse(cfg, "optim.min_lr", f"{o.min_lr} is above learning_rate {o.learning_rate}", fix)
     if o.warmup_steps > t.max_steps:
         _refuse(
-            cfg, "optim.warmup_steps", f"{o.warmup_steps} is more than max_steps {t.max_steps}", "shorten the warmup"
+            cfg,
+            "optim.warmup_steps",
+            f"{o.warmup_steps} is more than max_steps {t.max_steps}",
+            f"shorten the warmup (--set optim.warmup_steps={max(0, t.max_steps // 10)})",
         )
     if cfg.distill.teacher:
         if not 0.0 <= cfg.distill.alpha <= 1.0:

@@ -349,7 +349,10 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
             _flatten_section(run_layer[section], section, run_src, flat, origin)
     for key, value in sets.items():
         section, _, leaf = key.partition(".")
-        if section not in SECTIONS or not leaf:
+        if section in SECTIONS and not leaf:  # `--set model=3`: a section, not one of its keys
+            keys = ", ".join(f.name for f in dataclasses.fields(SECTIONS[section]))
+            raise ConfigError("--set", key, "is a section, not a key", f"set one of its keys ({section}.KEY=V): {keys}")
+        if section not in SECTIONS:
             raise ConfigError("--set", key, "unknown key", _closest(section, [*SECTIONS, "run_name", "profile"]))
         _flatten_section({leaf: value}, section, "--set", flat, origin)
 

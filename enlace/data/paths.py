@@ -53,9 +53,10 @@ def match_files(patterns: list[str], root: Path, stats: dict[str, FileStat] | No
         matches = sorted((m for m, _ in found), key=lambda m: os.path.normcase(m).replace(os.sep, "\0"))
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
-            raise DataError(
+            push = " (from your machine: enlace-remote data push RUN)" if os.environ.get("ENLACE_ROOT") else ""
+            raise DataError(  # ENLACE_ROOT: on a server, where a push brings it (on your machine: it is the push)
                 f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
-                "put the corpus there (from your machine: enlace-remote data push RUN), or fix the pattern"
+                f"put the corpus there{push}, or fix the pattern"
             )
         if n == 0 and len(patterns) == 1:
             return matches
