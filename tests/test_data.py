@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from support import REPO
+from support.configs import write_run
 from support.writes import file_write_sizes
 
 from enlace.data.bytestream import ByteStream
@@ -212,3 +213,18 @@ def test_match_files_lists_a_file_as_often_as_glob_does(tmp_path):
     got = match_files(["d/**/**/*.txt"], tmp_path, stats)
     deep, top = str(tmp_path / "d" / "a" / "b" / "x.txt"), str(tmp_path / "d" / "y.txt")
     assert got == [deep] * 3 + [top] and set(stats) == {deep, top} and stats[top][0].st_size == 1
+
+
+def test_a_corpus_too_small_for_its_splits_is_said_before_a_launch(project):
+    """An empty corpus file passed check-config, verify and preflight, then failed at the first step (and a
+    relaunch could not help): verify's data check says it, in the stream's own words."""
+    from enlace.config.schema import load_config
+    from enlace.data.streams import data_files
+
+    (project / "data" / "empty").mkdir()
+    (project / "data" / "empty" / "e.txt").write_bytes(b"")
+    write_run(project, "small")  # the tiny corpus
+    cfg = load_config("small", ['data.paths=["data/empty/*.txt"]'], root=project)
+    with pytest.raises(DataError, match=r"the train split has 0 bytes, fewer than seq_len \+ 1"):
+        data_files(cfg)
+    assert data_files(load_config("small", root=project))  # the tiny corpus: both splits hold a window

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enlace.data.paths import DataError
+from enlace.data.paths import DataError, split_bounds
 
 if TYPE_CHECKING:
     import torch
@@ -82,19 +82,7 @@ class ByteStream:
         self.data = ConcatBytes(files)
         self.seq_len, self.batch_size, self.split, self.seed = seq_len, batch_size, split, seed
         self.rank = rank
-        n_train = int(self.data.length * (1.0 - val_fraction))
-        if split == "train":
-            per_rank = n_train // world
-            self.lo, self.hi = rank * per_rank, (rank + 1) * per_rank
-        elif split == "val":
-            self.lo, self.hi = n_train, self.data.length
-        else:
-            raise ValueError(f"split must be train or val, not {split!r}")
-        if self.hi - self.lo < seq_len + 1:
-            raise DataError(
-                f"the {split} split has {self.hi - self.lo} bytes, fewer than seq_len + 1 = "
-                f"{seq_len + 1}: add data, lower model.seq_len or change data.val_fraction"
-            )
+        self.lo, self.hi = split_bounds(self.data.length, val_fraction, split, seq_len, rank, world)
         self.position = 0  # batches drawn so far
 
     def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -136,6 +136,26 @@ def shard_files(shard_dir: Path) -> list[Path]:
     return paths
 
 
+def split_bounds(length: int, val_fraction: float, split: str, seq_len: int, rank: int = 0, world: int = 1):
+    """The byte range [lo, hi) of a byte corpus of `length` bytes that `split` ("train": this rank's share,
+    "val") reads; DataError when it holds no window of seq_len + 1 bytes. Torch-free: verify checks it before a
+    launch, as the stream (bytestream.py) does when training starts."""
+    n_train = int(length * (1.0 - val_fraction))
+    if split == "train":
+        per_rank = n_train // world
+        lo, hi = rank * per_rank, (rank + 1) * per_rank
+    elif split == "val":
+        lo, hi = n_train, length
+    else:
+        raise ValueError(f"split must be train or val, not {split!r}")
+    if hi - lo < seq_len + 1:
+        raise DataError(
+            f"the {split} split has {hi - lo} bytes, fewer than seq_len + 1 = {seq_len + 1}: add data, lower "
+            "model.seq_len or change data.val_fraction"
+        )
+    return lo, hi
+
+
 def run_files(data_cfg, root: Path) -> list[Path]:
     """Every file a run with this DataConfig reads; DataError when one is missing."""
     if data_cfg.kind == "bytes":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from enlace.config.schema import Config
 from enlace.data.bytestream import ByteStream
-from enlace.data.paths import resolve_paths, run_files
+from enlace.data.paths import resolve_paths, run_files, split_bounds
 from enlace.data.shards import ShardStream
 
 FULL_HASH_LIMIT = 1 << 30  # corpora up to 1 GiB are hashed whole; larger ones by size + head/tail samples
@@ -26,8 +26,14 @@ def build_stream(cfg: Config, split: str, batch_size: int, rank: int = 0, world:
 
 
 def data_files(cfg: Config) -> list[str]:
-    """Every file the run reads (for `verify --for-launch`); raises DataError if one is missing."""
-    return [str(p) for p in run_files(cfg.data, cfg.root)]
+    """Every file the run reads (for `verify --for-launch`); raises DataError if one is missing, or if a byte
+    corpus is too small for its splits (an empty file passed every check, then failed at the first step)."""
+    files = run_files(cfg.data, cfg.root)
+    if cfg.data.kind == "bytes":
+        length = sum(f.stat().st_size for f in files)
+        for split in ("train", "val"):
+            split_bounds(length, cfg.data.val_fraction, split, cfg.model.seq_len)
+    return [str(p) for p in files]
 
 
 def data_identity(cfg: Config) -> dict:
