@@ -105,6 +105,10 @@ def test_an_out_that_is_a_dangling_link_or_cannot_be_made_is_one_line(trained, t
         out = enlace(trained, "export", "exp", "--out", str(out_dir), check=False)
         assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
         assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    out = enlace(trained, "export", "exp", "--out", str(tmp_path), check=False)  # exists: usage, as the driver's
+    assert out.returncode == 2 and "exists — export writes a new directory" in out.stderr, out.stderr
+    out = enlace(trained, "export", "exp", check=False)  # neither --out nor --in-run
+    assert out.returncode == 2 and "say where the export goes" in out.stderr, out.stderr
 
 
 def test_the_docs_example_runs_as_written(trained, tmp_path):

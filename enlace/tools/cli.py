@@ -200,12 +200,11 @@ def export_cmd(target: str, fmt: str, out: Path | None, in_run: bool, as_json: b
     \b
     enlace export smoke-cpu --out exports/smoke-cpu
     # then, with transformers: AutoModelForCausalLM.from_pretrained("exports/smoke-cpu")"""
-    from enlace.errors import EnlaceError
     from enlace.tools.export import export
     from enlace.train.trained import find_checkpoint
 
     if (out is None) == (not in_run):
-        raise EnlaceError("say where the export goes: --out DIR, or --in-run (the run's exports/)")
+        raise click.UsageError("say where the export goes: --out DIR, or --in-run (the run's exports/)")
     ckpt = find_checkpoint(_run_or_dir(target, root))
     run_dir = ckpt.parent.parent
     run_json = run_dir / "run.json"

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from enlace import contract
 from enlace.errors import EnlaceError
 from enlace.manifest import MANIFEST, read_manifest, write_manifest
 from enlace.train.trained import load_model
@@ -116,17 +117,21 @@ def gpt2_config(model: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class BadOut(EnlaceError):
+    """--out names a place export will not write (it exists, it is a link): a usage error, as the driver's."""
+
+    exit_code = contract.USAGE
+
+
 def export(ckpt: Path, fmt: str, out: Path, run_state: dict[str, Any]) -> list[str]:
     """Write the export of checkpoint `ckpt` into `out` (which must not exist; it appears only once
     complete). `run_state`: the run's run.json, for the model card. Returns the files written."""
     from safetensors.torch import save_file
 
     if out.is_symlink():  # a dangling one too: the rename at the end would fail on it
-        raise EnlaceError(
-            f"{out} is a link (to {os.readlink(out)}) — export writes a new directory; pick another --out"
-        )
+        raise BadOut(f"{out} is a link (to {os.readlink(out)}) — export writes a new directory; pick another --out")
     if out.exists():
-        raise EnlaceError(f"{out} exists — export writes a new directory; remove it or pick another --out")
+        raise BadOut(f"{out} exists — export writes a new directory; remove it or pick another --out")
     model, trainer = load_model(ckpt, torch.device("cpu"))  # verified against MANIFEST, weights_only
     cfg = trainer["config"]["model"]
     state = model.state_dict()
