@@ -81,6 +81,9 @@ def test_prepare_round_trips_the_corpus(files, tmp_path, dtype):
     assert np.array_equal(np.concatenate(parts).astype(np.uint8), corpus)
     assert len(meta["train"]) > 3 and meta["tokens"]["train"] + meta["tokens"]["val"] == len(corpus)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "shards").stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes it (mkdtemp's: 0700)
 
 
 def test_prepare_writes_its_shards_in_pieces_of_at_most_256_kib(tmp_path, monkeypatch):

@@ -61,7 +61,9 @@ def test_a_link_out_of_the_corpus_is_refused_unless_followed(sshd, user_repo, tm
     (user_repo / "data" / "linked" / "b.bin").symlink_to(secret)
     out = remote(user_repo, sshd.env, "data", "push", "linked", check=False)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "data/linked/b.bin leads to" in out.stderr and str(secret) in out.stderr and "--follow-links" in out.stderr
+    assert (
+        "data/linked/b.bin is a link to" in out.stderr and str(secret) in out.stderr and "--follow-links" in out.stderr
+    )
     assert not (server_dir(sshd, "testhost") / "data" / "linked").exists()
     remote(user_repo, sshd.env, "data", "push", "linked", "--follow-links")
     assert (server_dir(sshd, "testhost") / "data" / "linked" / "b.bin").read_bytes() == b"not for the server"

@@ -133,6 +133,9 @@ def prepare_shards(
     n_train = int(corpus.length * (1.0 - val_fraction))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's is 0700: the shards' directory as any other mkdir makes it
     try:
         meta = {"version": 1, "dtype": dtype, "train": [], "val": [], "tokens": {"train": 0, "val": 0}}
         for split, lo, hi in (("train", 0, n_train), ("val", n_train, corpus.length)):

@@ -118,7 +118,8 @@ def _listed(
             real = os.path.join(real_dir(parent, real_dirs), base)
         if not follow_links and not real.startswith(corpus):
             raise UsageError(
-                f"{os.path.relpath(name, repo)} leads to {real}, outside {DATA_DIR}/: refused (a link?) — copy the "
+                f"{os.path.relpath(name, repo)} {'is a link to' if link else 'lies, through a linked directory, at'} "
+                f"{real}, outside {DATA_DIR}/: refused — copy the "
                 "file into the corpus, or pass --follow-links to send what it points to"
             )
         rel = name[len(top) :] if name.startswith(top) else os.path.relpath(name, repo / DATA_DIR)
