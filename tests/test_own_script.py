@@ -179,3 +179,16 @@ def test_a_fetch_of_more_outputs_than_a_process_may_hold_open(sshd, user_repo, t
     assert [p.read_text() for p in got] == ["X" if i == 7 else str(i) for i in range(1500)]
     assert [p.name for p in got if p.stat().st_ino != inodes[p.name]] == ["f7.txt", "f8.txt"]
     assert not (tmp_path / "got" / ".partial-fetch").exists()
+
+
+def test_launchs_own_restarts_are_in_the_spec_the_server_records():
+    """`sweep --restarts 0` of a run file with `supervise: {restarts: 3}`: the supervisor got 0, while the spec
+    the server records (status --json's command_spec) said 3."""
+    from enlace.config.command import CommandRun
+    from orchestrator.launch import own as own_launch
+
+    own = CommandRun.from_doc({"command": ["python", "t.py"], "run_name": "r", "supervise": {"restarts": 3}}, "r.yaml")
+    given = own_launch.effective(own, 0, None)
+    assert own_launch.policy(given)[:2] == ["--restarts", "0"] and given.to_doc()["supervise"]["restarts"] == 0
+    kept = own_launch.effective(own, None, None)  # not given: the run file's
+    assert own_launch.policy(kept)[:2] == ["--restarts", "3"] and kept.to_doc()["supervise"]["restarts"] == 3

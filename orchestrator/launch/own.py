@@ -4,6 +4,7 @@ files and data on the server), start under the supervisor, wait, follow; preflig
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -82,12 +83,21 @@ def refuse_trainer_options(o: SimpleNamespace, own: CommandRun) -> None:
         )
 
 
-def policy(own: CommandRun, restarts: int | None, stall_timeout: float | None) -> list[str]:
-    """The supervisor's options: launch's own where given, else the run file's `supervise:`."""
-    restarts = own.supervise.restarts if restarts is None else restarts
-    stall = stall_timeout or own.supervise.stall_timeout
-    backoff = ["--backoff", str(own.supervise.backoff)]
-    return ["--restarts", str(restarts), *backoff] + (["--stall-timeout", str(stall)] if stall else [])
+def effective(own: CommandRun, restarts: int | None, stall_timeout: float | None) -> CommandRun:
+    """The command with launch's own --restarts and --stall-timeout, where given, in its `supervise:`: the spec
+    the server records (status --json shows it) says what its supervisor does."""
+    sup = own.supervise
+    sup = dataclasses.replace(
+        sup, restarts=sup.restarts if restarts is None else restarts, stall_timeout=stall_timeout or sup.stall_timeout
+    )
+    return dataclasses.replace(own, supervise=sup)
+
+
+def policy(own: CommandRun) -> list[str]:
+    """The supervisor's options, from the command's `supervise:` (launch's own in it: effective())."""
+    sup = own.supervise
+    stall = ["--stall-timeout", str(sup.stall_timeout)] if sup.stall_timeout else []
+    return ["--restarts", str(sup.restarts), "--backoff", str(sup.backoff), *stall]
 
 
 def spec_args(own: CommandRun) -> list[str]:
@@ -137,6 +147,7 @@ def plan_fields(
     """launch's options for a command: the fields of the pipeline's Plan (orchestrator/launch/pipeline.py);
     `data`: --push-data's local files (the command's `data:`), or None."""
     refuse_trainer_options(o, own)
+    own = effective(own, o.restarts if restarts_given else None, o.stall_timeout)
     if o.push_data and not from_file:
         raise UsageError("--push-data: a command given after `--` names no data — put `data:` in a run file")
     return dict(
@@ -150,7 +161,7 @@ def plan_fields(
         force=o.force,
         wait=not o.no_wait,
         follow=o.follow,
-        policy=policy(own, o.restarts if restarts_given else None, o.stall_timeout),
+        policy=policy(own),
         notify=o.notify,
         command=own,
         command_file=from_file,

@@ -197,7 +197,8 @@ def _start_args(run: str, mine, overrides: tuple, host, device, o) -> tuple[list
             *(["--stall-timeout", str(o.stall_timeout)] if o.stall_timeout else []),
         ]
         return stages.train_command(run, ship.set_args(overrides), None), policy + stages.queue_args(host, device, None)
-    policy = own_launch.policy(mine, o.restarts if o.restarts_given else None, o.stall_timeout)
+    mine = own_launch.effective(mine, o.restarts if o.restarts_given else None, o.stall_timeout)
+    policy = own_launch.policy(mine)
     procs = str(mine.nproc) if mine.nproc > 1 else None
     return [], [*policy, *stages.queue_args(host, device, procs), *own_launch.spec_args(mine)]
 
