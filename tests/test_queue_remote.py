@@ -81,6 +81,10 @@ def test_four_runs_on_two_gpus_queue_and_take_freed_gpus(gpu_host, user_repo, tm
     busy = remote(user_repo, env, "preflight", "long", "--set", "runtime.device=auto", check=False)
     assert busy.returncode == 1 and "1 GPU not free now (GPU 0: run " in busy.stderr, busy.stderr
     assert "try again once it is free" in busy.stderr and "Traceback" not in busy.stderr
+    # a waiter says its place at its next look (every 2 s): one may still say what it saw before the seats went
+    settled = lambda: sorted(rows(user_repo, env)[n]["phase"][:10] for n in queued) == ["position 1", "position 2"]
+    wait_until(settled, 60, "the two waiters to say their places once the seats were taken")
+    state = rows(user_repo, env)
     first, second = sorted(queued, key=lambda n: state[n]["phase"])  # position 1 before position 2
     assert state[first]["phase"].startswith("position 1, waiting for 1 GPU (GPU 0: run ")
     assert "position 2" in state[second]["phase"] and f"behind {first}" in state[second]["phase"]
