@@ -220,14 +220,17 @@ def test_match_files_lists_a_file_as_often_as_glob_does(tmp_path):
 
 def test_a_corpus_too_small_for_its_splits_is_said_before_a_launch(project):
     """An empty corpus file passed check-config, verify and preflight, then failed at the first step (and a
-    relaunch could not help): verify's data check says it, in the stream's own words."""
-    from enlace.config.schema import load_config
-    from enlace.data.streams import data_files
+    relaunch could not help): verify's data check (`enlace data-files`) says it, in the stream's own words."""
+    import json
+
+    from support.cli import enlace
 
     (project / "data" / "empty").mkdir()
     (project / "data" / "empty" / "e.txt").write_bytes(b"")
     write_run(project, "small")  # the tiny corpus
-    cfg = load_config("small", ['data.paths=["data/empty/*.txt"]'], root=project)
-    with pytest.raises(DataError, match=r"the train split has 0 bytes, fewer than seq_len \+ 1"):
-        data_files(cfg)
-    assert data_files(load_config("small", root=project))  # the tiny corpus: both splits hold a window
+    empty = ["--set", 'data.paths=["data/empty/*.txt"]']
+    out = enlace(project, "data-files", "small", *empty, "--json", check=False)
+    assert (
+        out.returncode == 3 and "the train split has 0 bytes, fewer than seq_len + 1" in json.loads(out.stdout)["error"]
+    )
+    assert json.loads(enlace(project, "data-files", "small", "--json").stdout)["ok"]  # the tiny corpus: both fit

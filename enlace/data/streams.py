@@ -26,14 +26,17 @@ def build_stream(cfg: Config, split: str, batch_size: int, rank: int = 0, world:
 
 
 def data_files(cfg: Config) -> list[str]:
-    """Every file the run reads (for `verify --for-launch`); raises DataError if one is missing, or if a byte
-    corpus is too small for its splits (an empty file passed every check, then failed at the first step)."""
-    files = run_files(cfg.data, cfg.root)
+    """Every file the run reads (for `verify --for-launch`); raises DataError if one is missing."""
+    return [str(p) for p in run_files(cfg.data, cfg.root)]
+
+
+def require_splits(cfg: Config, files: list[str]) -> None:
+    """verify's check that a byte corpus holds a window for each split (DataError in the stream's own words):
+    an empty file passed every check, then failed at the first step. The stream checks again as it starts."""
     if cfg.data.kind == "bytes":
-        length = sum(f.stat().st_size for f in files)
+        length = sum(Path(f).stat().st_size for f in files)
         for split in ("train", "val"):
             split_bounds(length, cfg.data.val_fraction, split, cfg.model.seq_len)
-    return [str(p) for p in files]
 
 
 def data_identity(cfg: Config) -> dict:

@@ -79,9 +79,12 @@ def _command_data_files(own, root: Path) -> list[str]:
 
 def _trainer_data_files(run: str, overrides: tuple[str, ...], root: Path | None) -> list[str]:
     from enlace.config.recorded import load_run_config
-    from enlace.data.streams import data_files
+    from enlace.data.streams import data_files, require_splits
 
-    return data_files(load_run_config(run, overrides, root))
+    cfg = load_run_config(run, overrides, root)
+    files = data_files(cfg)
+    require_splits(cfg, files)
+    return files
 
 
 COMMANDS = (fetch_serve_cmd, data_receive_cmd, data_files_cmd)

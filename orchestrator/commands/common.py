@@ -104,10 +104,15 @@ def with_remote(fn):
 allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD despite uncommitted changes.")
 
 
+def stepped(rep: dict) -> bool:
+    """Whether a stop report tells where the run stands by steps (it trained, or a script logged steps), not by
+    what its phase says (a command that logs no steps, a run stopped while queued)."""
+    return bool(rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"))
+
+
 def stop_words(rep: dict) -> str:
-    """Where a stopped run stands, from the server's stop report: its step and checkpoint where it trained (or
-    logged steps); else what its phase says (a command that logs no steps, a run stopped while queued)."""
+    """Where a stopped run stands, from the server's stop report: its step and checkpoint, or its phase."""
     killed = " (killed)" if rep["killed"] else ""
-    if rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"):
+    if stepped(rep):
         return f"{rep['status']} at step {rep['step']}{killed}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
     return f"{rep['status']}{killed} ({rep['phase']})"

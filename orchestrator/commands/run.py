@@ -20,6 +20,7 @@ from orchestrator.commands.common import (
     HostOptionsCommand,
     Remote,
     allow_dirty_option,
+    stepped,
     stop_words,
     with_remote,
 )
@@ -316,16 +317,12 @@ def stop(remote: Remote, run_name: str | None, grace: float | None, kill: bool, 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     args, timeout = stop_request(run_name, grace, kill)
     rep = remote.session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
-    ckpt = rep["latest_checkpoint"] or "none"
-    if rep["was_running"]:
-        click.echo(f"{run_name}: {stop_words(rep)}")
-    elif rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"):  # where the trainer (or a script) stands
-        where = f"{rep['status']} at step {rep['step']}"
-        click.echo(f"{run_name} is not running ({where}); nothing to stop. Latest checkpoint {ckpt}")
+    if not rep["was_running"]:  # where the trainer (or a script) stands; a command that logs no steps: what it did
+        where = f"{rep['status']} at step {rep['step']}" if stepped(rep) else rep["phase"]
+        more = f". Latest checkpoint {rep['latest_checkpoint'] or 'none'}" if stepped(rep) else ""
+        click.echo(f"{run_name} is not running ({where}); nothing to stop{more}")
         return
-    else:  # a command that logs no steps: what it did, not a step 0 and no checkpoint
-        click.echo(f"{run_name} is not running ({rep['phase']}); nothing to stop")
-        return
+    click.echo(f"{run_name}: {stop_words(rep)}")
     if not rep["stopped"]:
         click.echo(f"still running after {rep['grace_s']:g}s — rerun with --kill to force it", err=True)
         sys.exit(1)
