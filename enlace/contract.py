@@ -47,7 +47,8 @@ TABLE = {
     OOM: "the batch does not fit: preflight's oom verdict, or training ran out of device memory",
     UNSTABLE: "preflight: fp16 unstable",
     ALREADY_RUNNING: "launch: the run is already running (or queued)",
-    CRASHED: "the run crashed (its restarts spent, or it vanished without a final status; queued: dropped)",
+    CRASHED: "the run crashed (its restarts spent, or it vanished without a final status; queued: dropped; launch: "
+    "its first start crashed)",
     NO_SPACE: "not enough free disk space for the run's checkpoints",
     TOO_SLOW: "preflight: too slow (its steps project past its time budget)",
 }
@@ -82,6 +83,8 @@ def leave(code: object) -> NoReturn:
 
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit"
+# a supervisor's line in train.log: stamped like the trainer's, then this word (server/runfiles.supervisor_line)
+SUPERVISOR_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d supervisor: ")
 
 
 def run_name_of(run_file: dict[str, Any], stem: str, sets: dict[str, Any]) -> tuple[Any, str]:

@@ -23,6 +23,12 @@ class UnreachableError(EnlaceError):
     exit_code = contract.UNREACHABLE
 
 
+class FirstStartCrashed(EnlaceError):
+    """launch: the run's first start crashed; its supervisor restarts it (the run lives on)."""
+
+    exit_code = contract.CRASHED
+
+
 class Transient(UnreachableError):
     """A fault worth retrying: a refused or timed-out connect, a handshake or auth timeout, a killed session.
     `started`: the command may have begun on the server (then only idempotent commands are retried)."""

@@ -45,6 +45,7 @@ def script_repo(user_repo):
     _run_file(user_repo, "hello")
     _run_file(user_repo, "forever", "--lines", "1000000")
     _run_file(user_repo, "broken", "--code", "1", supervise={"restarts": 2, "backoff": 0.2})
+    _run_file(user_repo, "fails-at-once", "--code", "1", "--lines", "1", supervise={"restarts": 1, "backoff": 600})
     commit_all(user_repo, "a script of our own and its run files")
     return user_repo
 
@@ -86,6 +87,13 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     assert "supervisor: the command exited 1: script line 4; restart 1 of 2" in out.stdout  # its last words
     row = _row(script_repo, env, "broken")
     assert row["restarts"] == 2 and "gave up after 2 restarts: the command exited 1" in row["error"], row
+
+    # without --follow: a first start that fails at once fails the launch (it did say "running", exit 0)
+    out = remote(script_repo, env, "launch", "fails-at-once", check=False)
+    assert out.returncode == 8 and "after: the command exited 1: script line 0" in out.stderr, out.stderr
+    assert "fails-at-once: its first start crashed, and its supervisor starts it again" in out.stderr, out.stderr
+    out = remote(script_repo, env, "stop", "fails-at-once")
+    assert "stopped (stopped while waiting to restart)" in out.stdout, out.stdout
 
     adhoc = ["python", "scripts/hello.py", "--out", "{run_dir}/out", "--lines", "2"]
     remote(script_repo, env, "launch", "--name", "adhoc", "--follow", "--", *adhoc)

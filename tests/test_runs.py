@@ -121,6 +121,31 @@ def test_start_refuses_a_live_run_and_wait_sees_its_death(tmp_path):
     assert lifecycle.stop(run_dir, grace=1, kill=False)["was_running"] is False
 
 
+def test_a_command_has_started_once_it_ran_a_while_and_a_crashed_first_start_is_said(tmp_path):
+    """A launch waits for its command to outlive settle_s (one that fails at once fails its launch), and returns
+    at once when the first start crashed and the supervisor waits to restart it; a new launch starts its
+    restart count afresh."""
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        run_dir = tmp_path / "r"
+        command = {"command": ["sleep", "30"], "supervise": {"restarts": 3}}
+        pid = {"pid": sleeper.pid, "pid_start": runs.proc_start(sleeper.pid)}
+        runs.update(run_dir, status=Status.RUNNING, launch_id="L1", command=command, step=0, **pid)
+        assert lifecycle.wait_started(run_dir, "L1", timeout=0.3, settle_s=3600)["waited"] == "timeout"
+        assert lifecycle.wait_started(run_dir, "L1", timeout=30, settle_s=0)["waited"] == "done"
+        runs.new_attempt(run_dir, phase="restarting in 10 s", backoff_until=1e12)
+        runs.update(run_dir, launcher_pid=sleeper.pid, launcher_start=pid["pid_start"])  # the supervisor waits
+        row = lifecycle.wait_started(run_dir, "L1", timeout=30, settle_s=3600)
+        assert (row["waited"], row["status"], row["phase"]) == ("restarting", "starting", "restarting in 10 s")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    runs.update(run_dir, restarts=2)
+    with lifecycle.launching(run_dir, command):
+        st = runs.read(run_dir)
+        assert st["restarts"] is None and st["backoff_until"] is None  # this launch's supervisor counts its own
+
+
 def test_server_verbs_answer_one_json_document_even_for_errors(tmp_path):
     env_root = ["--root", str(tmp_path)]
     (tmp_path / "configs" / "runs").mkdir(parents=True)

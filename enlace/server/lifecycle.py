@@ -79,6 +79,8 @@ def launching(run_dir: Path, command: dict | None = None):
             job_id=None,
             requeues=None,
             requeue_limit_reached=False,
+            restarts=None,  # this launch's supervisor counts its own
+            backoff_until=None,
             data_warning=None,  # this launch's trainer checks the data itself
             need=None,  # the queue's: set by this launch's supervisor if it queues
             gpus=None,
@@ -161,8 +163,15 @@ def submit_array(run_dirs: list[Path], submit_job, commands: list[dict | None] |
     return {d.name: f"{array}_{i}" for i, d in enumerate(run_dirs)}
 
 
-def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, poll: float = 0.1) -> dict[str, Any]:
-    """Wait on the server until the launch `launch_id` has logged a step or ended; the row at that moment.
+COMMAND_SETTLE_S = 3.0  # a command has started once it has run this long (supervisord's startsecs, longer)
+
+
+def wait_started(
+    run_dir: Path, launch_id: str, timeout: float, on_phase=None, poll: float = 0.1, settle_s: float = COMMAND_SETTLE_S
+) -> dict[str, Any]:
+    """Wait on the server until the launch `launch_id` has logged a step, or (a command) run `settle_s`
+    without ending, or ended, or crashed and waits to restart ("waited": "restarting"); the row at that moment.
+    A command that fails at once (its imports, a missing file) fails the launch that started it.
 
     on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
     deadline = time.monotonic() + timeout
@@ -180,9 +189,15 @@ def wait_started(run_dir: Path, launch_id: str, timeout: float, on_phase=None, p
         if mine and phase != shown and on_phase:
             shown = phase
             on_phase(shown)
-        started = status == Status.RUNNING and (st.get("step", 0) > 0 or st.get("command"))  # a command: once it runs
+        settled = (
+            bool(st.get("command"))
+            and time.time() - float(st.get("pid_start") or st.get("started_at") or time.time()) >= settle_s
+        )
+        started = status == Status.RUNNING and (st.get("step", 0) > 0 or settled)
         if mine and (status not in ACTIVE or started):
             return observe(run_dir) | {"waited": "done"}
+        if mine and status in ACTIVE and (st.get("backoff_until") or st.get("restarts")):  # its first start crashed
+            return observe(run_dir) | {"waited": "restarting"}
         if mine and status == Status.QUEUED:  # its turn may be hours away: the launch returns, the run waits
             return observe(run_dir) | {"waited": "queued"}
         if not is_alive:  # died before it could write anything (e.g. the interpreter failed)

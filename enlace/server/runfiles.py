@@ -5,7 +5,6 @@ is offered, enlace/server/fetchserve.py's. None of them imports torch, so each a
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -21,11 +20,10 @@ from enlace.units import one_line
 
 LOG_TAIL_BYTES = 64 << 10  # what is read of train.log for its last line
 LAST_LINE_CHARS = 300  # of a log line quoted in an error (a traceback's last line fits)
-SUPERVISOR_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d supervisor: ")
 
 
 def supervisor_line(text: str) -> str:
-    """A supervisor's line in train.log, stamped like the trainer's (SUPERVISOR_LINE tells it from the child's)."""
+    """A supervisor's line in train.log, stamped like the trainer's (contract.SUPERVISOR_LINE tells it from the child's)."""
     return f"{time.strftime('%Y-%m-%d %H:%M:%S')} supervisor: {text}"
 
 
@@ -47,7 +45,7 @@ def last_line(run_dir: Path, child_only: bool = False, since: int = 0) -> str:
         tail = ""
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]  # a \r (a progress bar's redraw) splits too
     if child_only:  # its own words: not the supervisor's, not a rule of ==== (torchrun's report ends in one)
-        lines = [ln for ln in lines if not SUPERVISOR_LINE.match(ln) and any(c.isalnum() for c in ln)]
+        lines = [ln for ln in lines if not contract.SUPERVISOR_LINE.match(ln) and any(c.isalnum() for c in ln)]
     elif not lines:
         return "the trainer exited before writing to train.log"
     return one_line(lines[-1], LAST_LINE_CHARS) if lines else ""

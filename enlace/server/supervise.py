@@ -163,11 +163,11 @@ class Supervisor:
             say(f"{cause}; restart {restarts} of {self.policy.restarts} in {wait:g} s{self.child.resumes}")
             at = time.strftime("%H:%M:%S", time.localtime(time.time() + wait))  # the server's clock
             phase = f"restarting in {wait:g} s, at {at} (restart {restarts} of {self.policy.restarts}) after: {cause}"
-            runs.new_attempt(self.run_dir, phase=phase)
+            runs.new_attempt(self.run_dir, phase=phase, backoff_until=time.time() + wait)
             if self._sleep(wait):  # the restart never happened: it is not counted
                 runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart")
                 return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
-            runs.update(self.run_dir, restarts=restarts)
+            runs.update(self.run_dir, restarts=restarts, backoff_until=None)
 
     def _owns_the_run(self) -> bool:
         """Whether the run is still this launch's (a supervisor frozen while another launch took it over is not)."""

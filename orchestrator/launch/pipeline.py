@@ -206,7 +206,7 @@ def _start(launch: Launch):
 
 
 def _wait(launch: Launch):
-    stages.wait_first_step(launch.first, launch.run_name, launch.started)
+    stages.wait_first_step(launch.first, launch.run_name, launch.started, launch.plan.follow)
 
 
 def _follow(launch: Launch):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import click
 
-from enlace.contract import VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
+from enlace.contract import SUPERVISOR_LINE, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
 from enlace.errors import EnlaceError
 from enlace.preflight.report import format_report
-from orchestrator.errors import AlreadyRunning, from_doc
+from orchestrator.errors import AlreadyRunning, FirstStartCrashed, from_doc
 from orchestrator.launch.slurm import on_node
 from orchestrator.ssh.session import Session
 
@@ -152,9 +152,16 @@ def log_since(session: Session, run_name: str, offset: int) -> str:
     ).stdout
 
 
-def wait_first_step(session: Session, run_name: str, started: dict, wait_s: float = 600) -> dict:
+def _says_again(line: str, error: str) -> bool:
+    """A supervisor's line of train.log that the error above the log's tail already says, word for word."""
+    stamp = SUPERVISOR_LINE.match(line)
+    return bool(stamp) and line[stamp.end() :].strip() in error
+
+
+def wait_first_step(session: Session, run_name: str, started: dict, follow: bool, wait_s: float = 600) -> dict:
     """Wait (on the server, one call) until the trainer we started logged a step or ended; show its
-    phases meanwhile. A run that ended badly fails here with its error and log tail."""
+    phases meanwhile. A run that ended badly fails here with its error and log tail; one whose first start
+    crashed, too (exit 8), unless `follow`: then the log is followed through its restarts."""
     row = session.stream_json(
         "latest",
         "wait",
@@ -172,6 +179,14 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
             f"  it starts by itself when its turn comes: `enlace-remote logs {run_name} -f` waits with it", err=True
         )
         return row
+    if row["waited"] == "restarting" and follow:
+        click.echo(f"{run_name}: its first start crashed; following it through its restarts", err=True)
+        return row
+    if row["waited"] == "restarting":  # its cause is the phase shown above
+        raise FirstStartCrashed(
+            f"{run_name}: its first start crashed, and its supervisor starts it again as its restarts allow — "
+            f"`enlace-remote logs {run_name} -f` follows it, `enlace-remote stop {run_name}` ends it"
+        )
     if row["waited"] == "timeout":
         where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
         raise EnlaceError(
@@ -179,8 +194,10 @@ def wait_first_step(session: Session, run_name: str, started: dict, wait_s: floa
             f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`"
         )
     if row["status"] not in ("running", "finished", "stopped"):
-        tail = "\n".join(log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:])
-        raise from_doc({"error": f"{ended_message(row)}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
+        error = ended_message(row)
+        lines = log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:]
+        tail = "\n".join(line for line in lines if not _says_again(line, error))
+        raise from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
     if row.get("command"):
         click.echo(f"{run_name}: {row['status']}: {shlex.join(row['command'])}", err=True)
         return row
