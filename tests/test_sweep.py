@@ -154,6 +154,37 @@ def _two_hosts(tmp_path: Path) -> dict:
     return {"env": {"ENLACE_SSH_CONFIG": str(cfg), "ENLACE_HOSTS_FILE": str(hosts)}, "servers": servers}
 
 
+@pytest.mark.parametrize("recorded", [False, True])
+def test_ctrl_c_during_a_sweep_says_what_it_started_and_the_command_that_goes_on(
+    user_repo, monkeypatch, capsys, recorded
+):
+    """Ctrl-C is a KeyboardInterrupt wherever the launch is (here: raised by the launch itself); click said only
+    "Aborted!". Without --name the same command would start another sweep (sweep2): the words give the name."""
+    from types import SimpleNamespace
+
+    from orchestrator.launch import sweep as sweep_launch
+
+    write_toy(user_repo)
+
+    def interrupted(*args):
+        if recorded:  # the record is written once every point is checked, before the first start
+            record.save(user_repo, record.Sweep("toy-sweep1", "toy", [], ["args.lr"], []))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_launch, "_launch", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        sweep_launch.launch_sweep(SimpleNamespace(repo=user_repo), "toy", ("args.lr=1,2",), None, None, None)
+    said = capsys.readouterr().err.strip()
+    assert ended.value.code == 130
+    if recorded:
+        assert said == (
+            "sweep toy-sweep1: interrupted — the runs it started go on; the same command with --name toy-sweep1 "
+            "starts the points it did not (`status --sweep toy-sweep1`)"
+        )
+    else:
+        assert said == "sweep toy-sweep1: interrupted — nothing was started"
+
+
 @pytest.mark.slow
 def test_a_two_by_two_sweep_on_two_hosts_finishes_ranked_and_told(tmp_path, user_repo):
     setup, hook = _two_hosts(tmp_path), Webhook()
@@ -286,6 +317,8 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     assert "sweep m: 3 of 4 points were launched before; launching the 1 that were not" in again.stderr, again.stderr
     back = logs / "m-lr0.1-SEED0" / "train.log"
     wait_until(lambda: back.exists() and "lr=0.1 seed=0" in back.read_text(), 120, "the point launched again")
+    again = remote(user_repo, sshd.env, *grid_args)  # all launched now: nothing to do, and no mistake
+    assert "sweep m: every point of it was launched before" in again.stderr and "4 runs on testhost" in again.stdout
     other = remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1,2", "--name", "m", check=False)
     assert other.returncode == 2 and "launched from here before with another run file or grid" in other.stderr
     # numbered points (1e-3 and 1E-3 would be one directory on macOS) do not tell values apart by name: the

@@ -76,6 +76,17 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         own_launch.check_tracked(repo, own)
     swept, fixed = grid.parse_sets(items)
     name = record.check_name(name or default_name(repo, run))
+    try:
+        return _launch(remote, run, own, swept, fixed, name, hosts, o)
+    except KeyboardInterrupt:  # click would say only "Aborted!"
+        again = f"the same command with --name {name} starts the points it did not (`status --sweep {name}`)"
+        said = f"the runs it started go on; {again}" if record.exists(repo, name) else "nothing was started"
+        click.echo(f"\nsweep {name}: interrupted — {said}", err=True)
+        raise SystemExit(130) from None
+
+
+def _launch(remote, run: str, own, swept: dict, fixed: list[str], name: str, hosts: str | None, o) -> record.Sweep:
+    repo = remote.repo
     points = grid.points(name, swept)
     # each point's own command (a run file of yours), built and checked before anything connects: a bad --set is
     # one line here; the starts below use them
@@ -162,10 +173,9 @@ def _finish(remote, earlier: record.Sweep, run: str, fixed: list[str], keys: lis
     if slurm is not None:
         raise UsageError(f"sweep {name!r} was submitted to Slurm as one job array — `status --sweep {name}`")
     pairs = [(p, rec["host"]) for p, rec in unstarted]
-    if not pairs:
-        raise UsageError(
-            f"sweep {name!r}: every point of it was launched — `status --sweep {name}`; `launch POINT` runs one again"
-        )
+    if not pairs:  # nothing to do: the same command twice is not a mistake
+        click.echo(f"sweep {name}: every point of it was launched before; `launch POINT` runs one again", err=True)
+        return earlier
     click.echo(
         f"sweep {name}: {len(points) - len(pairs)} of {len(points)} points were launched before; "
         f"launching the {len(pairs)} that were not",
