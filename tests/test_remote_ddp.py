@@ -34,3 +34,7 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     assert len(files["trainer.pt"]["ranks"]) == 2
     bad = remote(user_repo, sshd.env, "launch", "long", "--gpus", "zero", check=False)
     assert bad.returncode == 2 and "--gpus" in bad.stderr
+    (rd / "runs" / "long" / "preflight.json").unlink(missing_ok=True)
+    bad = remote(user_repo, sshd.env, "launch", "long", "--gpus", "all", check=False)  # a CPU host: refused before
+    assert bad.returncode == 3 and "--gpus all starts one process per GPU" in bad.stderr, bad.stderr  # it measures
+    assert not (rd / "runs" / "long" / "preflight.json").exists() and "Traceback" not in bad.stderr
