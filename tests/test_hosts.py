@@ -91,6 +91,21 @@ def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
     assert (box.hostname, box.user, box.port, box.ciphers) == ("127.0.0.1", "alice", 2222, "aes256-ctr")
 
 
+def test_a_hosts_file_named_by_the_environment_that_is_not_there_is_said(tmp_path, monkeypatch, capsys):
+    """ENLACE_HOSTS_FILE may name a file `hosts add` has yet to write; a name not in any hosts file is then an SSH
+    destination, and a typo in that path would make every host one silently."""
+    from orchestrator.hosts.resolve import resolve_host
+
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "hosts.yml"))
+    assert resolve_host("gpu1", tmp_path).hostname == "gpu1"
+    said = f"note: ENLACE_HOSTS_FILE={tmp_path / 'hosts.yml'} does not exist: 'gpu1' is taken as an SSH destination"
+    assert capsys.readouterr().err.strip() == said
+    (tmp_path / "hosts.yml").write_text("hosts: {}\n")
+    resolve_host("gpu1", tmp_path)
+    assert capsys.readouterr().err == ""
+
+
 def test_paramiko_loads_without_invoke_and_match_exec_still_works(tmp_path):
     """The driver's paramiko import leaves out `invoke` (paramiko's import 100 -> 61 ms, on every remote command);
     an ssh config paramiko reads (no ssh client) that uses `Match exec` gets it back and resolves."""

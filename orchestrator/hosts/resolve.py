@@ -148,6 +148,11 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
             hostfile.check_target(name)
         except ValueError as e:
             raise UsageError(f"--host {name!r}: {e.args[0]} — {e.args[1]}") from None
+        given = os.environ.get("ENLACE_HOSTS_FILE")
+        if given and not user_hosts_file().exists():  # a typo in that path would make every host an SSH destination
+            click.echo(
+                f"note: ENLACE_HOSTS_FILE={given} does not exist: {name!r} is taken as an SSH destination", err=True
+            )
     m = TARGET_RE.fullmatch(target)
     alias = m.group("host")
     cfg = _ssh_config_lookup(alias)
