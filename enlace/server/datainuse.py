@@ -36,13 +36,20 @@ def active_runs(runs_root: Path) -> list[Path]:
     return found
 
 
-def _data_config(run_dir: Path) -> dict[str, Any]:
+def _data_config(run_dir: Path) -> dict[str, Any] | None:
+    """What the run reads: a command's `data:` globs, the trainer's `data:` section; None when its trainer has yet
+    to write config.yaml (starting): it may read any file."""
     import yaml  # only with an active run: a data push's server starts without it
 
+    command = runs.read(run_dir).get("command")
+    if command:
+        return {"kind": "bytes", "paths": command.get("data") or []}
     try:
         return (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
+    except FileNotFoundError:
+        return None
     except (OSError, yaml.YAMLError, AttributeError):
-        return {}  # a run without a readable config (starting, or preflight only): nothing claimed
+        return {}  # a config it cannot read here: nothing claimed
 
 
 def files_read(data: dict[str, Any], root: Path) -> set[str]:
@@ -76,8 +83,11 @@ def readers(data_dir: Path, rels: list[str], runs_root: Path, root: Path) -> dic
     found: dict[str, list[str]] = {}
     for run_dir in active:
         data = _data_config(run_dir)
-        hit = {wanted[real] for real in files_read(data, root) & wanted.keys()}
-        hit |= {rel for rel in rels if not (data_dir / rel).exists() and would_read(data, rel)}
+        if data is None:
+            hit = set(rels)
+        else:
+            hit = {wanted[real] for real in files_read(data, root) & wanted.keys()}
+            hit |= {rel for rel in rels if not (data_dir / rel).exists() and would_read(data, rel)}
         for rel in hit:
             found.setdefault(rel, []).append(run_dir.name)
     return found
