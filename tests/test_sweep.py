@@ -319,6 +319,8 @@ def test_a_sweep_of_your_own_script_gives_each_run_its_values_and_ranks_them_by_
     wait_until(lambda: back.exists() and "lr=0.1 seed=0" in back.read_text(), 120, "the point launched again")
     again = remote(user_repo, sshd.env, *grid_args)  # all launched now: nothing to do, and no mistake
     assert "sweep m: every point of it was launched before" in again.stderr and "4 runs on testhost" in again.stdout
+    elsewhere = remote(user_repo, sshd.env, *grid_args, host="local")  # the record places it, not --host: said
+    assert "note: sweep m was placed on testhost: it goes on there" in elsewhere.stderr, elsewhere.stderr
     other = remote(user_repo, sshd.env, "sweep", "toy", "--set", "args.lr=1,2", "--name", "m", check=False)
     assert other.returncode == 2 and "launched from here before with another run file or grid" in other.stderr
     # numbered points (1e-3 and 1E-3 would be one directory on macOS) do not tell values apart by name: the

@@ -157,6 +157,8 @@ def _finish(remote, earlier: record.Sweep, run: str, fixed: list[str], keys: lis
         raise UsageError(f"sweep {name!r} was launched from here before with another run file or grid — {again}")
     if hosts and [h.strip() for h in hosts.split(",")] != earlier.hosts():
         raise UsageError(f"sweep {name!r} was placed on {', '.join(earlier.hosts())} — launch it again without --hosts")
+    if not hosts and remote.host.name not in earlier.hosts():
+        click.echo(f"note: sweep {name} was placed on {', '.join(earlier.hosts())}: it goes on there", err=True)
     by_name = {h: resolve_host(h, remote.repo) for h in earlier.hosts()}
     known = {
         h: {r["run_name"] for r in remote.session_for(host).enlace_json("latest", "runs")}
