@@ -135,14 +135,14 @@ def test_a_new_file_a_live_runs_globs_would_read_counts_as_in_use(tmp_path):
         root / "data", ["corpus/old.txt", "corpus/new.txt", "corpus/sub/new.txt", "other/x.txt"], root / "runs", root
     )
     assert got == {"corpus/old.txt": ["r"], "corpus/new.txt": ["r"], "corpus/sub/new.txt": ["r"]}, got
-    # a run of a command of the user's own: its run file's `data:` globs; a trainer starting, its config not yet
-    # written: any file may be what it reads
-    (root / "runs" / "own").mkdir()
-    command = {"command": ["python", "train.py"], "data": ["data/other/*.txt"]}
-    runs.update(root / "runs" / "own", status=Status.RUNNING, pid=me, pid_start=runs.proc_start(me), command=command)
-    got = readers(root / "data", ["corpus/old.txt", "other/x.txt", "else/y.txt"], root / "runs", root)
-    assert got == {"corpus/old.txt": ["r"], "other/x.txt": ["own"]}, got
+    # a trainer starting, its config not yet written: any file may be what it reads; queued, nothing yet (it has
+    # nothing to restart); a run of a command of the user's own claims nothing (its restarts check no data)
     (root / "runs" / "r" / "config.yaml").unlink()
-    runs.update(root / "runs" / "r", status=Status.STARTING)
-    got = readers(root / "data", ["corpus/old.txt", "else/y.txt"], root / "runs", root)
-    assert got == {"corpus/old.txt": ["r"], "else/y.txt": ["r"]}, got
+    for status, claimed in ((Status.STARTING, ["r"]), (Status.QUEUED, None)):
+        runs.update(root / "runs" / "r", status=status)
+        got = readers(root / "data", ["corpus/old.txt", "else/y.txt"], root / "runs", root)
+        assert got == ({"corpus/old.txt": claimed, "else/y.txt": claimed} if claimed else {}), (status, got)
+    runs.update(
+        root / "runs" / "r", status=Status.RUNNING, command={"command": ["python", "t.py"], "data": ["data/**"]}
+    )
+    assert readers(root / "data", ["corpus/old.txt"], root / "runs", root) == {}

@@ -98,11 +98,11 @@ def test_a_hosts_file_named_by_the_environment_that_is_not_there_is_said(tmp_pat
 
     monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
     monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "hosts.yml"))
-    assert resolve_host("gpu1", tmp_path).hostname == "gpu1"
+    assert resolve_host("gpu1", tmp_path).hostname == "gpu1" and resolve_host("gpu1", tmp_path)  # said once
     said = f"note: ENLACE_HOSTS_FILE={tmp_path / 'hosts.yml'} does not exist: 'gpu1' is taken as an SSH destination"
     assert capsys.readouterr().err.strip() == said
     (tmp_path / "hosts.yml").write_text("hosts: {}\n")
-    resolve_host("gpu1", tmp_path)
+    resolve_host("gpu2", tmp_path)
     assert capsys.readouterr().err == ""
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from support import REPO
@@ -129,10 +130,15 @@ def test_a_command_has_started_once_it_ran_a_while_and_a_crashed_first_start_is_
     try:
         run_dir = tmp_path / "r"
         command = {"command": ["sleep", "30"], "supervise": {"restarts": 3}}
-        pid = {"pid": sleeper.pid, "pid_start": runs.proc_start(sleeper.pid)}
+        pid = {"pid": sleeper.pid, "pid_start": runs.proc_start(sleeper.pid), "attempt_started_at": time.time()}
         runs.update(run_dir, status=Status.RUNNING, launch_id="L1", command=command, step=0, **pid)
         assert lifecycle.wait_started(run_dir, "L1", timeout=0.3, settle_s=3600)["waited"] == "timeout"
         assert lifecycle.wait_started(run_dir, "L1", timeout=30, settle_s=0)["waited"] == "done"
+        ended = subprocess.Popen(["true"])
+        ended.wait()  # its process gone, the status not yet changed (its supervisor ends what it left): no start
+        runs.update(run_dir, pid=ended.pid, launcher_pid=sleeper.pid, launcher_start=pid["pid_start"])
+        assert lifecycle.wait_started(run_dir, "L1", timeout=0.3, settle_s=0)["waited"] == "timeout"
+        runs.update(run_dir, **pid)
         runs.new_attempt(run_dir, phase="restarting in 10 s", backoff_until=1e12)
         runs.update(run_dir, launcher_pid=sleeper.pid, launcher_start=pid["pid_start"])  # the supervisor waits
         row = lifecycle.wait_started(run_dir, "L1", timeout=30, settle_s=3600)

@@ -178,7 +178,7 @@ def test_ctrl_c_during_a_sweep_says_what_it_started_and_the_command_that_goes_on
     assert ended.value.code == 130
     if recorded:
         assert said == (
-            "sweep toy-sweep1: interrupted — the runs it started go on; the same command with --name toy-sweep1 "
+            "sweep toy-sweep1: interrupted — any runs it started go on; the same command with --name toy-sweep1 "
             "starts the points it did not (`status --sweep toy-sweep1`)"
         )
     else:

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from enlace.contract import ACTIVE
+from enlace.contract import ACTIVE, Status
 from enlace.data.paths import DATA_DIR, push_files, real_path
 from enlace.errors import EnlaceError
 from enlace.state import runs
@@ -37,17 +37,18 @@ def active_runs(runs_root: Path) -> list[Path]:
 
 
 def _data_config(run_dir: Path) -> dict[str, Any] | None:
-    """What the run reads: a command's `data:` globs, the trainer's `data:` section; None when its trainer has yet
-    to write config.yaml (starting): it may read any file."""
+    """What the trainer's run reads (its config's `data:` section); None for one starting whose trainer has yet to
+    write config.yaml: it may read any file. A command's run claims nothing: its restarts check no data identity,
+    and one queued has nothing to restart."""
     import yaml  # only with an active run: a data push's server starts without it
 
-    command = runs.read(run_dir).get("command")
-    if command:
-        return {"kind": "bytes", "paths": command.get("data") or []}
+    st = runs.read(run_dir)
+    if st.get("command"):
+        return {}
     try:
         return (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
     except FileNotFoundError:
-        return None
+        return None if runs.recorded_status(st) == Status.STARTING else {}
     except (OSError, yaml.YAMLError, AttributeError):
         return {}  # a config it cannot read here: nothing claimed
 

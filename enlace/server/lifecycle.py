@@ -189,10 +189,11 @@ def wait_started(
         if mine and phase != shown and on_phase:
             shown = phase
             on_phase(shown)
-        settled = (
-            bool(st.get("command"))
-            and time.time() - float(st.get("pid_start") or st.get("started_at") or time.time()) >= settle_s
-        )
+        # a command has started once this attempt has run settle_s and its process still lives (its supervisor may
+        # still be ending what it left: the status says running); under Slurm the node's supervisor says it
+        ran = time.time() - float(st.get("attempt_started_at") or time.time())
+        lives = job.get("job_id") or proc_alive(st.get("pid"), st.get("pid_start"))
+        settled = bool(st.get("command")) and ran >= settle_s and bool(lives)
         started = status == Status.RUNNING and (st.get("step", 0) > 0 or settled)
         if mine and (status not in ACTIVE or started):
             return observe(run_dir) | {"waited": "done"}

@@ -103,6 +103,7 @@ class CommandChild:
             pid_start=runs.proc_start(self.proc.pid),
             phase="running the command",
             attempt_argv=argv,
+            attempt_started_at=time.time(),  # this attempt's start by this clock (pid_start: psutil's, whole-second boot)
             **STALE,
             **first,
         )

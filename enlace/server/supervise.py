@@ -165,7 +165,9 @@ class Supervisor:
             phase = f"restarting in {wait:g} s, at {at} (restart {restarts} of {self.policy.restarts}) after: {cause}"
             runs.new_attempt(self.run_dir, phase=phase, backoff_until=time.time() + wait)
             if self._sleep(wait):  # the restart never happened: it is not counted
-                runs.update(self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart")
+                runs.update(
+                    self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart", backoff_until=None
+                )
                 return Outcome(Status.STOPPED, 0, "stopped", set(self.got))
             runs.update(self.run_dir, restarts=restarts, backoff_until=None)
 

@@ -16,6 +16,7 @@ The host `local` runs the same pipeline on this machine without SSH, in .enlace/
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -87,6 +88,11 @@ def user_hosts_file() -> Path:
     return Path(os.environ.get("ENLACE_HOSTS_FILE") or "~/.config/enlace/hosts.yaml").expanduser()
 
 
+@functools.cache  # once per process: a sweep resolves its hosts more than once
+def _note_no_hosts_file(given: str, name: str) -> None:
+    click.echo(f"note: ENLACE_HOSTS_FILE={given} does not exist: {name!r} is taken as an SSH destination", err=True)
+
+
 def ssh_config_file() -> Path:
     return Path(os.environ.get("ENLACE_SSH_CONFIG") or "~/.ssh/config").expanduser()
 
@@ -150,9 +156,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
             raise UsageError(f"--host {name!r}: {e.args[0]} — {e.args[1]}") from None
         given = os.environ.get("ENLACE_HOSTS_FILE")
         if given and not user_hosts_file().exists():  # a typo in that path would make every host an SSH destination
-            click.echo(
-                f"note: ENLACE_HOSTS_FILE={given} does not exist: {name!r} is taken as an SSH destination", err=True
-            )
+            _note_no_hosts_file(given, name)
     m = TARGET_RE.fullmatch(target)
     alias = m.group("host")
     cfg = _ssh_config_lookup(alias)

@@ -182,9 +182,8 @@ def _preflight(launch: Launch):
     plan = launch.plan
     extra = ["--steps", "5", *ship.set_args(plan.overrides)]
     device = launch.device if len(plan.targets) == 1 else None  # across hosts: no queue (see SSHBackend)
-    if (
-        plan.gpus and device is not None
-    ):  # a need the host can never meet (--gpus all on its CPU): said before it measures
+    if plan.gpus and device is not None:  # a need the host can never meet (--gpus all on a CPU host), said before
+        # it measures: the queue's refusal is what is asked for here, not its answer (the room it has)
         launch.first.enlace_json(launch.sha, "queue-free", *stages.queue_args(launch.first.host, device, plan.gpus))
     try:
         report = stages.remote_preflight(

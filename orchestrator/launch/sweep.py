@@ -80,7 +80,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         return _launch(remote, run, own, swept, fixed, name, hosts, o)
     except KeyboardInterrupt:  # click would say only "Aborted!"
         again = f"the same command with --name {name} starts the points it did not (`status --sweep {name}`)"
-        said = f"the runs it started go on; {again}" if record.exists(repo, name) else "nothing was started"
+        said = f"any runs it started go on; {again}" if record.exists(repo, name) else "nothing was started"
         click.echo(f"\nsweep {name}: interrupted — {said}", err=True)
         raise SystemExit(130) from None
 
