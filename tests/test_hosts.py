@@ -39,6 +39,8 @@ def test_unknown_host_lists_the_known_ones(sshd, user_repo):
     out = remote(user_repo, sshd.env, "status", host="gpu-nowhere", check=False)
     assert out.returncode == 2 and "is in no hosts file" in out.stderr and "testhost" in out.stderr
     assert "enlace-remote hosts add gpu-nowhere" in out.stderr and "Traceback" not in out.stderr
+    files = f"(configs/hosts.yaml, {sshd.env['ENLACE_HOSTS_FILE']}) nor {sshd.env['ENLACE_SSH_CONFIG']}"
+    assert files in out.stderr, out.stderr  # the files it read, as the environment named them
 
 
 def test_hosts_add_merges_and_duplicate_keys_are_refused(sshd, user_repo, tmp_path):

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.errors import CommandFailed, NotLoggedIn, Transient, UnreachableError, UsageError, short
-from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file
+from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file, user_hosts_file
 from orchestrator.ssh import portable
 from orchestrator.ssh.ciphers import SSH_CIPHERS, gcm_first
 from orchestrator.ssh.duplex import ChannelDuplex, SystemSSHDuplex
@@ -194,7 +194,7 @@ class SSHTransport(Transport):
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
             where_from = (
-                "it is in no hosts file (configs/hosts.yaml, ~/.config/enlace/hosts.yaml) nor ~/.ssh/config. "
+                f"it is in no hosts file (configs/hosts.yaml, {user_hosts_file()}) nor {ssh_config_file()}. "
                 f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} --ssh USER@HOST"
                 if not h.configured
                 else f"check its ssh: (or ~/.ssh/config's HostName): enlace-remote hosts add {h.name} --ssh "
