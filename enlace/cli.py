@@ -80,7 +80,8 @@ def check_config(
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2); with --json the error document
     says whether it is the config itself or what this machine lacks (`machine`: the teacher, a GPU's bf16).
 
-    RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file."""
+    RUN is a file stem in configs/runs/ (e.g. smoke-cpu) or a path to a run YAML file. The data files are not
+    read here: `enlace-remote verify RUN` checks them on the server, `enlace-remote preflight RUN` reads them."""
     from enlace.config.machine import check_environment
     from enlace.config.recorded import load_run_config, resume_problem
     from enlace.errors import ConfigError
