@@ -57,6 +57,11 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
     assert "`enlace-remote fetch lr-1e3` brings it here" in out.stderr  # here, not on a server: where runs are
     out = enlace(project, "sample", str(tmp_path / "gone" / "ckpt"), check=False)  # a path: not a run name
     assert out.returncode == 2 and "gone/ckpt: no such directory — name a run" in out.stderr, out.stderr
+    from enlace.train.checkpoint import save_checkpoint
+
+    own = save_checkpoint(tmp_path / "script", 20, {"state.pt": {"step": 20}}, 1)  # what a script saves (enlace.job)
+    out = enlace(project, "sample", str(own), check=False)  # it was torch's weights_only error about its files
+    assert out.returncode == 2 and "not a checkpoint of enlace's trainer (it holds state.pt" in out.stderr, out.stderr
 
 
 @pytest.mark.slow
