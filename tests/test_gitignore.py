@@ -44,3 +44,13 @@ def test_ide_folders_ignored():
         ".vscode/settings.json",
         ".idea/workspace.xml",
     ]
+
+
+def test_a_venv_that_is_a_link_is_ignored_too(tmp_path):
+    """`/.venv/` matches a directory only: a .venv linked to a shared one made the tree dirty (launch refused)."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_bytes((REPO / ".gitignore").read_bytes())
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".venv").symlink_to(tmp_path / "elsewhere")
+    out = subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain"], capture_output=True, text=True)
+    assert ".venv" not in out.stdout, out.stdout
