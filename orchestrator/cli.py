@@ -116,6 +116,15 @@ def hosts(ctx: click.Context) -> None:
     help="`shared`: OpenSSH's connection sharing, one `enlace-remote login` per session (docs/hosts.md).",
 )
 @click.option("--persist", default=None, metavar="DURATION", help="How long a shared connection stays open unused.")
+@click.option("--cpu-slots", type=int, default=None, metavar="N", help="The queue: CPU runs at once there (default 1).")
+@click.option(
+    "--gpu-free-below",
+    type=float,
+    default=None,
+    metavar="FRACTION",
+    help="The queue: a GPU whose other processes hold less than this share of its memory is free (default 0.1).",
+)
+@click.option("--notify", default=None, metavar="URL", help="POSTed to when a run there ends (docs/sharing.md).")
 def hosts_add(
     name: str,
     target: str,
@@ -126,13 +135,17 @@ def hosts_add(
     default_run: str | None,
     connection: str | None,
     persist: str | None,
+    cpu_slots: int | None,
+    gpu_free_below: float | None,
+    notify: str | None,
 ) -> None:
     """Add host NAME to your hosts file (~/.config/enlace/hosts.yaml, or ENLACE_HOSTS_FILE), or update it.
 
     \b
     enlace-remote hosts add gpu1 --ssh alice@gpu1.example.org
     enlace-remote hosts add gpu1 --ssh alice@gpu1:2222 --remote-dir /scratch/alice/enlace
-    enlace-remote hosts add hpc --ssh alice@login.hpc.edu --connection shared   # then: login hpc"""
+    enlace-remote hosts add hpc --ssh alice@login.hpc.edu --connection shared   # then: login hpc
+    enlace-remote hosts add box --ssh bob@box --cpu-slots 2   # the queue: two CPU runs at once there"""
     import yaml
 
     from orchestrator.hosts.resolve import add_host
@@ -146,6 +159,9 @@ def hosts_add(
         "default_run": default_run,
         "connection": connection,
         "persist": persist,
+        "cpu_slots": cpu_slots,
+        "gpu_free_below": gpu_free_below,
+        "notify": notify,
     }
     path, merged = add_host(name, entry)
     click.echo(f"{path}:\n" + yaml.safe_dump({"hosts": {name: merged}}, sort_keys=False), nl=False)

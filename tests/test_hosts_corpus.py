@@ -111,6 +111,16 @@ def test_hosts_add_checks_its_options_with_the_file_schema(tmp_path, monkeypatch
     result = CliRunner().invoke(main, ["hosts", "add", "gpu", "--ssh", "a@b", "--remote-dir", "-x"])
     _one_line_error(result, ["--remote-dir '-x'", "starts with `-`"])
     assert not path.exists()  # nothing half-written
+    result = CliRunner().invoke(main, ["hosts", "add", "gpu", "--ssh", "a@b", "--gpu-free-below", "1.5"])
+    _one_line_error(result, ["--gpu-free-below 1.5"])
+    assert not path.exists()
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    add = ["hosts", "add", "gpu", "--ssh", "a@b", "--cpu-slots", "2", "--gpu-free-below", "0.25"]
+    assert CliRunner().invoke(main, add).exit_code == 0  # the queue's keys, without editing the file by hand
+    from orchestrator.hosts.resolve import resolve_host
+
+    host = resolve_host("gpu", tmp_path)
+    assert (host.cpu_slots, host.gpu_free_below) == (2, 0.25)
 
 
 def test_one_bad_entry_makes_only_that_host_unusable(tmp_path, monkeypatch, capsys):
