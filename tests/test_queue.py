@@ -269,3 +269,18 @@ def test_the_queue_names_a_run_as_the_asking_run_finds_it(tmp_path):
     assert queue._who({"run": "b", "run_dir": str(mine / "b")}, here) == "b"
     assert queue._who({"run": "c", "run_dir": str(other / "c")}, here) == f"c (of {tmp_path / 'rd2'})"
     assert queue._who({"run": "p (its preflight)", "run_dir": ""}, here) == "p (its preflight)"
+
+
+def test_a_stop_of_a_run_queued_again_says_it_never_started_and_keeps_its_checkpoint():
+    """A finished run launched again waits in the queue; stopped there, its step is this launch's 0: the words are
+    its phase, with the checkpoint its earlier launch left (they said "stopped at step 0")."""
+    from orchestrator.commands.common import not_running_words, stop_words
+
+    rep = {"status": "stopped", "killed": False, "step": 0, "latest_checkpoint": "step-000080"}
+    rep["phase"] = "stopped while queued: it never started"
+    said = "stopped (stopped while queued: it never started); latest checkpoint step-000080"
+    assert stop_words(rep) == said
+    trained = {**rep, "step": 80, "phase": "stopped: checkpoint saved"}
+    assert stop_words(trained) == "stopped at step 80; latest checkpoint step-000080"
+    assert not_running_words(rep) == "stopped while queued: it never started; latest checkpoint step-000080"
+    assert not_running_words({**rep, "latest_checkpoint": None}) == "stopped while queued: it never started"

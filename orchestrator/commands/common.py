@@ -105,14 +105,26 @@ allow_dirty_option = click.option("--allow-dirty", is_flag=True, help="Ship HEAD
 
 
 def stepped(rep: dict) -> bool:
-    """Whether a stop report tells where the run stands by steps (it trained, or a script logged steps), not by
-    what its phase says (a command that logs no steps, a run stopped while queued)."""
-    return bool(rep["step"] or rep["latest_checkpoint"] or not rep.get("phase"))
+    """Whether a stop report tells where the run stands by steps (this launch trained, or a script logged steps),
+    not by what its phase says (a command that logs no steps, a run stopped while queued: its step is this
+    launch's 0 even where an earlier launch left a checkpoint)."""
+    return bool(rep["step"] or not rep.get("phase"))
+
+
+def not_running_words(rep: dict) -> str:
+    """Where a run that was not running stands (a stop's report): its step, or its phase (a command that logs no
+    steps: what it did), and its latest checkpoint where one is known."""
+    where = f"{rep['status']} at step {rep['step']}" if stepped(rep) else rep["phase"]
+    if stepped(rep) or rep["latest_checkpoint"]:
+        return f"{where}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
+    return where
 
 
 def stop_words(rep: dict) -> str:
-    """Where a stopped run stands, from the server's stop report: its step and checkpoint, or its phase."""
+    """Where a stopped run stands, from the server's stop report: its step and checkpoint, or its phase (and a
+    checkpoint an earlier launch left)."""
     killed = " (killed)" if rep["killed"] else ""
     if stepped(rep):
         return f"{rep['status']} at step {rep['step']}{killed}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
-    return f"{rep['status']}{killed} ({rep['phase']})"
+    kept = f"; latest checkpoint {rep['latest_checkpoint']}" if rep["latest_checkpoint"] else ""
+    return f"{rep['status']}{killed} ({rep['phase']}){kept}"

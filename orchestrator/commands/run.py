@@ -20,7 +20,7 @@ from orchestrator.commands.common import (
     HostOptionsCommand,
     Remote,
     allow_dirty_option,
-    stepped,
+    not_running_words,
     stop_words,
     with_remote,
 )
@@ -317,10 +317,8 @@ def stop(remote: Remote, run_name: str | None, grace: float | None, kill: bool, 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     args, timeout = stop_request(run_name, grace, kill)
     rep = remote.session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
-    if not rep["was_running"]:  # where the trainer (or a script) stands; a command that logs no steps: what it did
-        where = f"{rep['status']} at step {rep['step']}" if stepped(rep) else rep["phase"]
-        more = f". Latest checkpoint {rep['latest_checkpoint'] or 'none'}" if stepped(rep) else ""
-        click.echo(f"{run_name} is not running ({where}); nothing to stop{more}")
+    if not rep["was_running"]:
+        click.echo(f"{run_name} is not running ({not_running_words(rep)}); nothing to stop")
         return
     click.echo(f"{run_name}: {stop_words(rep)}")
     if not rep["stopped"]:
