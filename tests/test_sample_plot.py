@@ -123,3 +123,16 @@ def test_plot_draws_a_scripts_val_loss_where_no_run_has_a_val_bpb(tmp_path):
     assert plot([run], tmp_path / "m.png", ["val_bpb"])["runs"][0]["points"] == {"val_bpb": 1}
     bad = CliRunner().invoke(main, ["plot", "mine", "--metrics", "loss,accuracy"])
     assert bad.exit_code == 2 and "accuracy: choose from loss, val_bpb, val_loss, lr, tokens_per_s" in bad.output
+
+
+def test_plot_of_a_run_that_has_logged_nothing_says_where_it_stands(tmp_path):
+    from enlace.errors import EnlaceError
+    from enlace.tools.plot import read_run
+
+    run_dir = tmp_path / "runs" / "q"
+    run_dir.mkdir(parents=True)
+    with pytest.raises(EnlaceError, match=r"no metrics\.jsonl — no step logged yet"):
+        read_run(run_dir)
+    (run_dir / "run.json").write_text(json.dumps({"status": "queued", "phase": "position 1, waiting for 1 GPU"}))
+    with pytest.raises(EnlaceError, match=r"it is queued \(position 1, waiting for 1 GPU\): nothing logged yet"):
+        read_run(run_dir)

@@ -52,12 +52,14 @@ def metrics_option(fn):
 def read_run(run_dir: Path) -> dict[str, Any]:
     """Series and markers of one run directory (local: plot draws here, never on the server)."""
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise EnlaceError(f"{run_dir}: no metrics.jsonl — has the run logged a step yet?")
     try:  # run.json as fetched (plot reads files; run state itself is enlace/state/runs.py's, on the server)
         state = json.loads((run_dir / "run.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}
+    if not path.is_file():
+        status = state.get("status")
+        why = f"it is {status} ({state.get('phase') or '-'}): nothing logged yet" if status else "no step logged yet"
+        raise EnlaceError(f"{run_dir}: no metrics.jsonl — {why}")
     curves = Curves()  # the run as it stands: what a start trained again is drawn once, as the board draws it
     curves.update(path.read_bytes())  # a line cut by a crash is skipped: the rest still plots
     kinds = {"train": curves.train, "eval": curves.evals}
