@@ -217,7 +217,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
     if o.print_only:  # touches nothing: the run file as named
         run = ship.check_run_config(remote.repo, name)
     else:  # a run file, or an existing run's name (resumed, or extended with --set training.max_steps=M)
-        run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides)
+        run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides, o.resume == "none")
         run = ship.check_run_config(remote.repo, run)
         mine = own.command_of(remote.repo, run, None, None, overrides)  # a run of a command's file (a sweep's point)
         if mine is not None:

@@ -70,15 +70,18 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
     )
 
 
-def launch_target(session, repo: Path, name: str, overrides: tuple[str, ...]) -> tuple[RunFile, tuple[str, ...]]:
+def launch_target(
+    session, repo: Path, name: str, overrides: tuple[str, ...], fresh: bool = False
+) -> tuple[RunFile, tuple[str, ...]]:
     """What `launch NAME` starts: configs/runs/NAME.yaml when this checkout has it; else, when the host has a
     run called NAME, the run file it was launched from with its --set items (the new ones win), so that
-    `launch NAME` resumes it and `launch NAME --set training.max_steps=M` extends it. (file, overrides)."""
+    `launch NAME` resumes it and `launch NAME --set training.max_steps=M` extends it; `fresh` (--resume none):
+    without them, but for its name. (file, overrides)."""
     import difflib
 
     runs_dir = repo / "configs" / "runs"
     row = _read(_last_runs_file(repo)).get("_launched", {}).get(session.host.name, {}).get(name)
-    if (runs_dir / f"{name}.yaml").is_file() and not (row and row.get("overrides")):
+    if (runs_dir / f"{name}.yaml").is_file() and not (row and row.get("overrides") and not fresh):
         return validate_run_file(name), overrides
     # a run named as its file, launched with --set items: they hold for it (verify checked the file without
     # them, and refused an extension the trainer would have taken with them)
@@ -92,7 +95,8 @@ def launch_target(session, repo: Path, name: str, overrides: tuple[str, ...]) ->
         row = rows[0] if rows else {}
     if not row.get("run_file") or not (runs_dir / f"{row['run_file']}.yaml").is_file():
         return validate_run_file(name), overrides
-    merged = {item.partition("=")[0].strip(): item for item in row.get("overrides") or []}  # a recorded run's
+    recorded = [] if fresh else row.get("overrides") or []
+    merged = {item.partition("=")[0].strip(): item for item in recorded}  # a recorded run's
     merged["run_name"] = f"run_name={name}"
     merged.update({item.partition("=")[0].strip(): item for item in overrides})
     file = validate_run_file(row["run_file"])
