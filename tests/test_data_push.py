@@ -147,8 +147,12 @@ def _server_files(data_dir: Path) -> dict[str, bytes]:
 def test_push_is_exact_incremental_and_resumes_after_a_kill(sshd, user_repo):
     files = _corpus(user_repo)
     data_dir = server_dir(sshd, "testhost") / "data"
-    out = remote(user_repo, sshd.env, "data", "push", "big")  # a server with no tree yet: synced first
-    assert "sync:" in out.stderr and "sent 301 file(s)" in out.stderr, out.stderr
+    (user_repo / "notes.txt").write_text("an uncommitted file\n")  # the sync before a first push refuses it...
+    out = remote(user_repo, sshd.env, "data", "ls", "big", check=False)
+    assert out.returncode == 3 and "pass --allow-dirty to ship HEAD without them" in out.stderr, out.stderr
+    out = remote(user_repo, sshd.env, "data", "push", "big", "--allow-dirty")  # ...and takes the hint it gives
+    (user_repo / "notes.txt").unlink()
+    assert "sync:" in out.stderr and "sent 301 file(s)" in out.stderr, out.stderr  # a server with no tree: synced
     assert _server_files(data_dir / "big") == {k.removeprefix("big/"): v for k, v in files.items()}
 
     out = remote(user_repo, sshd.env, "data", "push", "big")

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 
 from enlace.clitypes import set_option
-from orchestrator.commands.common import HostOptionsGroup, Remote, with_remote
+from orchestrator.commands.common import HostOptionsGroup, Remote, allow_dirty_option, with_remote
 from orchestrator.errors import UsageError
 
 hosts_option = click.option(
@@ -98,6 +98,7 @@ def _each_host(remote: Remote, targets: list, work) -> list:
 )
 @hosts_option
 @set_option
+@allow_dirty_option
 @with_remote
 def push(
     remote: Remote,
@@ -108,6 +109,7 @@ def push(
     follow_links: bool,
     hosts: str | None,
     overrides: tuple[str, ...],
+    allow_dirty: bool,
 ) -> None:
     """Bring <remote_dir>/data/ on the server to the files RUN reads here, verified.
 
@@ -123,7 +125,7 @@ def push(
         return
 
     def work(session) -> None:
-        plan = push_to(session, remote.repo, local, delete, dry_run, force)
+        plan = push_to(session, remote.repo, local, delete, dry_run, force, allow_dirty)
         if dry_run:
             for rel, offset, size, _ in plan.send[:20]:
                 click.echo(f"  send {rel} ({size - offset} bytes)", err=True)
@@ -138,8 +140,11 @@ def push(
 @click.option("--follow-links", is_flag=True, help="Count what a link leading outside data/ points to (as push's).")
 @hosts_option
 @set_option
+@allow_dirty_option
 @with_remote
-def ls(remote: Remote, run: str, follow_links: bool, hosts: str | None, overrides: tuple[str, ...]) -> None:
+def ls(
+    remote: Remote, run: str, follow_links: bool, hosts: str | None, overrides: tuple[str, ...], allow_dirty: bool
+) -> None:
     """What RUN reads, here and on the server: files, bytes, and whether the server is up to date."""
     from orchestrator.transfer.datapush import converse, synced_first
     from orchestrator.transfer.wire import human_bytes
@@ -150,7 +155,7 @@ def ls(remote: Remote, run: str, follow_links: bool, hosts: str | None, override
         return
 
     def work(session) -> None:
-        answer, plan, _ = synced_first(session, remote.repo, lambda: converse(session, local, push=False))
+        answer, plan, _ = synced_first(session, remote.repo, lambda: converse(session, local, push=False), allow_dirty)
         extra = answer["extra"]
         state = "up to date" if not plan.send else f"{len(plan.send)} to send ({human_bytes(plan.bytes)})"
         more = f", {len(extra)} more there that this machine lacks" if extra else ""

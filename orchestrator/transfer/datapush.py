@@ -298,13 +298,20 @@ def _answer(session: Session, wire, line: bytes) -> dict:
 
 
 def push(
-    session: Session, repo: Path, local: LocalData, delete: bool = False, dry_run: bool = False, force: bool = False
+    session: Session,
+    repo: Path,
+    local: LocalData,
+    delete: bool = False,
+    dry_run: bool = False,
+    force: bool = False,
+    allow_dirty: bool = False,
 ) -> Plan:
     """The whole push to one host (a sync first when it has no tree yet); its summary on stderr. Raises
     when a file arrived corrupted (it was not installed), or would change what a live run reads (unless
     `force`)."""
     t0 = time.perf_counter()
-    _, plan, report = synced_first(session, repo, lambda: converse(session, local, not dry_run, delete, force))
+    talk = lambda: converse(session, local, not dry_run, delete, force)
+    _, plan, report = synced_first(session, repo, talk, allow_dirty)
     if report and report["bad"]:
         raise EnlaceError(  # not the user's mistake: a transfer that went wrong, said as such
             f"{session.host.name}: {len(report['bad'])} file(s) arrived corrupted and were not installed "
@@ -314,15 +321,16 @@ def push(
     return plan
 
 
-def synced_first(session: Session, repo: Path, fn):
-    """fn(), after a sync when the server has no tree yet (data-receive runs in the newest one)."""
+def synced_first(session: Session, repo: Path, fn, allow_dirty: bool = False):
+    """fn(), after a sync (of HEAD; `allow_dirty`: despite uncommitted changes) when the server has no tree yet
+    (data-receive runs in the newest one)."""
     try:
         return fn()
     except EnlaceError as e:
         if getattr(e, "kind", None) != ErrorKind.NOT_SYNCED:
             raise
 
-    print_sync(sync(session, repo, allow_dirty=False))
+    print_sync(sync(session, repo, allow_dirty=allow_dirty))
     return fn()
 
 
