@@ -62,6 +62,17 @@ def test_hosts_add_merges_and_duplicate_keys_are_refused(sshd, user_repo, tmp_pa
     assert out.returncode == 2 and "not a TCP port" in out.stderr
 
 
+def test_a_name_that_does_not_resolve_is_said_at_once_over_the_ssh_client_too(user_repo, tmp_path):
+    """data ls talks over the ssh client (its wire), whose "Could not resolve hostname" was retried as a dropped
+    connection for 90 s before exit 4; paramiko's path said the typo at once. (.invalid never resolves.)"""
+    (user_repo / "data" / "corpus").mkdir(parents=True)
+    (user_repo / "data" / "corpus" / "a.txt").write_text("hello\n")
+    env = {"ENLACE_SSH_CONFIG": str(tmp_path / "no-ssh-config"), "ENLACE_HOSTS_FILE": str(tmp_path / "hosts.yaml")}
+    out = remote(user_repo, env, "data", "ls", "corpus-cpu", host="nosuch.invalid", check=False, timeout=60)
+    assert out.returncode == 2 and "the name 'nosuch.invalid' does not resolve" in out.stderr, out.stderr
+    assert "resuming" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
     """Host settings come from `ssh -G` (what every ssh and git call will use), matching paramiko's
     reading on what both understand, and following an Include, which paramiko's reader cannot."""

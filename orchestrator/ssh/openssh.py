@@ -201,7 +201,7 @@ class SharedTransport(SSHTransport):
         self._master_checked = False
         return running
 
-    def ssh_failure(self, stderr: str, started: bool) -> UnreachableError:
+    def ssh_failure(self, stderr: str, started: bool) -> UnreachableError | UsageError:
         self._master_checked, self._failed_once = False, True  # the next try asks the master itself
         asks = "keyboard-interactive" in stderr or "password" in stderr
         if "Permission denied" in stderr and asks:

@@ -193,16 +193,7 @@ class SSHTransport(Transport):
                 raise NotLoggedIn(h.name, ASKS_MORE) from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
-            where_from = (
-                f"it is in no hosts file (configs/hosts.yaml, {user_hosts_file()}) nor {ssh_config_file()}. "
-                f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} --ssh USER@HOST"
-                if not h.configured
-                else f"check its ssh: (or ~/.ssh/config's HostName): enlace-remote hosts add {h.name} --ssh "
-                "USER@HOST sets it anew"
-            )
-            raise UsageError(
-                f"host {h.name}: the name {h.hostname!r} does not resolve ({e.strerror}); {where_from}"
-            ) from None
+            raise self.unresolved(e.strerror) from None
         except (TimeoutError, OSError, EOFError) as e:
             raise Transient(f"{where}: cannot connect: {_connect_failure(e, h.connect_timeout)}") from None
         transport = client.get_transport()
@@ -340,12 +331,27 @@ class SSHTransport(Transport):
         prompts = ["-o", "BatchMode=yes"] if batch else []
         return [*prompts, "-o", timeout, "-F", str(cfg) if cfg.is_file() else "/dev/null"]
 
-    def ssh_failure(self, stderr: str, started: bool) -> UnreachableError:
+    def unresolved(self, why: str) -> UsageError:
+        """The host's name does not resolve, before it ever answered: a typo, said with where names come from."""
+        h = self.host
+        where_from = (
+            f"it is in no hosts file (configs/hosts.yaml, {user_hosts_file()}) nor {ssh_config_file()}. "
+            f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} --ssh USER@HOST"
+            if not h.configured
+            else f"check its ssh: (or ~/.ssh/config's HostName): enlace-remote hosts add {h.name} --ssh "
+            "USER@HOST sets it anew"
+        )
+        return UsageError(f"host {h.name}: the name {h.hostname!r} does not resolve ({why}); {where_from}")
+
+    def ssh_failure(self, stderr: str, started: bool) -> UnreachableError | UsageError:
         """The error for an ssh client that exited 255 (its own failure, not the command's): a refused key or
-        host key is final, anything else (a dropped or refused connection) Transient."""
+        host key is final, and so is a name that never resolved (ssh's word for paramiko's gaierror); anything
+        else (a dropped or refused connection, a name lost with the network after the host answered) Transient."""
         reason = stderr.strip().splitlines()[-1] if stderr.strip() else "the connection closed (ssh exited 255)"
         if "Permission denied" in stderr or "Host key verification failed" in stderr:
             return UnreachableError(f"{self.host.name}: {reason}")
+        if "Could not resolve hostname" in stderr and not self.answered:
+            return self.unresolved(reason)  # ssh's own words: with a ProxyJump, the name may be a hop's
         return Transient(f"{self.host.name}: {reason}", started=started)
 
     def remote_path(self, path: str) -> str:
