@@ -83,8 +83,10 @@ def leave(code: object) -> NoReturn:
 
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit"
-# a supervisor's line in train.log: stamped like the trainer's, then this word (server/runfiles.supervisor_line)
-SUPERVISOR_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d supervisor: ")
+# a line of train.log: the trainer's and the supervisor's start with this stamp (the latter then with the word
+# `supervisor: `, server/runfiles.supervisor_line)
+LOG_STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+SUPERVISOR_LINE = re.compile(LOG_STAMP + "supervisor: ")
 
 
 def run_name_of(run_file: dict[str, Any], stem: str, sets: dict[str, Any]) -> tuple[Any, str]:

@@ -66,3 +66,18 @@ def test_a_plain_host_and_a_slurm_host_run_the_same_pipeline(planned):
     slurm = planned("tiny", "--host", "cluster")
     assert isinstance(backend_for(slurm), SlurmBackend) and slurm.nproc == 4
     assert stages_for(slurm) == stages_for(ssh)  # the same stages; only `start` differs by backend
+
+
+def test_the_log_under_a_failed_starts_error_does_not_say_it_again():
+    """The error, the trainer's `error:` line and its CLI's `Error:` line were the same words three times."""
+    from orchestrator.launch.stages import tail_under
+
+    why = "runs/r/checkpoints/step-000010: the data differs from the checkpoint's"
+    error = f"r failed: {why}; last logged step 10/20, fix what it says, then relaunch"
+    log = (
+        "2026-12-07 03:57:17 loading the checkpoint\nTraceback (most recent call last):\n}\n"
+        f"2026-12-07 03:57:18 error: {why}\nError: {why}\n"
+        "2026-12-07 03:57:18 supervisor: the trainer exited 2: not retried\n"
+    )
+    kept = "2026-12-07 03:57:17 loading the checkpoint\nTraceback (most recent call last):\n}"
+    assert tail_under(error, log) == kept + "\n2026-12-07 03:57:18 supervisor: the trainer exited 2: not retried"

@@ -6,12 +6,13 @@ orchestrator/launch/slurm.py), wait for its first step (wait_first_step). Shippi
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
 import click
 
-from enlace.contract import SUPERVISOR_LINE, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
+from enlace.contract import LOG_STAMP, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
 from enlace.errors import EnlaceError
 from enlace.preflight.report import format_report
 from orchestrator.errors import AlreadyRunning, FirstStartCrashed, from_doc
@@ -152,10 +153,19 @@ def log_since(session: Session, run_name: str, offset: int) -> str:
     ).stdout
 
 
-def _says_again(line: str, error: str) -> bool:
-    """A supervisor's line of train.log that the error above the log's tail already says, word for word."""
-    stamp = SUPERVISOR_LINE.match(line)
-    return bool(stamp) and line[stamp.end() :].strip() in error
+SAID = re.compile(f"(?:{LOG_STAMP})?(?:supervisor: |error: |Error: )?")  # a line's stamp and who said it
+
+
+def tail_under(error: str, log: str, lines: int = 20) -> str:
+    """The last `lines` of a failed start's log, shown under its error: less the lines (the supervisor's, the
+    trainer's `error:` and its CLI's `Error:`) that the error already says word for word (a short line, a `}`
+    or `Traceback`, is kept: it may be anyone's)."""
+
+    def said(line: str) -> bool:
+        text = line[SAID.match(line).end() :].strip()
+        return len(text) >= 20 and text in error
+
+    return "\n".join(line for line in log.strip().splitlines()[-lines:] if not said(line))
 
 
 def wait_first_step(session: Session, run_name: str, started: dict, follow: bool, wait_s: float = 600) -> dict:
@@ -195,8 +205,7 @@ def wait_first_step(session: Session, run_name: str, started: dict, follow: bool
         )
     if row["status"] not in ("running", "finished", "stopped"):
         error = ended_message(row)
-        lines = log_since(session, run_name, started["log_offset"]).strip().splitlines()[-20:]
-        tail = "\n".join(line for line in lines if not _says_again(line, error))
+        tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
         raise from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
     if row.get("command"):
         click.echo(f"{run_name}: {row['status']}: {shlex.join(row['command'])}", err=True)
