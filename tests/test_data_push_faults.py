@@ -82,6 +82,8 @@ def test_a_push_into_data_a_live_run_reads_is_refused_unless_forced(sshd, user_r
     out = remote(user_repo, sshd.env, "data", "push", "long", check=False)
     assert out.returncode == 2 and "which long reads while alive" in out.stderr and "--force" in out.stderr, out.stderr
     assert (rd / "data" / "tiny" / first.name).read_bytes() != first.read_bytes()  # nothing was sent
+    dry = remote(user_repo, sshd.env, "data", "push", "long", "--dry-run", check=False)  # it said "would send", 0
+    assert dry.returncode == 2 and "which long reads while alive" in dry.stderr, dry.stderr
     remote(user_repo, sshd.env, "data", "push", "long", "--force")
     assert (rd / "data" / "tiny" / first.name).read_bytes() == first.read_bytes()
     row = json.loads(remote(user_repo, sshd.env, "status", "long", "--json").stdout)[0]

@@ -311,7 +311,9 @@ def push(
     `force`)."""
     t0 = time.perf_counter()
     talk = lambda: converse(session, local, not dry_run, delete, force)
-    _, plan, report = synced_first(session, repo, talk, allow_dirty)
+    answer, plan, report = synced_first(session, repo, talk, allow_dirty)
+    if dry_run and not force:  # what the push itself would answer: a dry run says it too
+        _refuse_in_use(plan, answer.get("in_use") or {})
     if report and report["bad"]:
         raise EnlaceError(  # not the user's mistake: a transfer that went wrong, said as such
             f"{session.host.name}: {len(report['bad'])} file(s) arrived corrupted and were not installed "
