@@ -301,3 +301,22 @@ def test_a_new_top_directory_lands_whole_in_one_rename(tmp_path, monkeypatch, ca
     assert not (data / "corpus" / "d1" / "f5.bin").exists()
     assert not list((data.parent / ".partial-push").rglob("*.bin"))  # nothing left in staging
     assert (len(renames), len(replaces)) == {"new": (1, 0), "present": (0, 5), "rename-refused": (1, 5)}[case]
+
+
+def test_the_summary_counts_each_file_once(tmp_path):
+    """A push said `sent 1, 1 only re-dated, 6 already there (7 files)`: the re-dated file was also counted there."""
+    import hashlib
+    from concurrent.futures import Future
+
+    from orchestrator.transfer.datapush import LocalData, decide, summary
+
+    files = {}
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_bytes(name.encode() * 10)
+        files[name] = (str(tmp_path / name), 10, 1)
+    listing = Future()
+    listing.set_result(files)
+    local = LocalData("r", ["*"], [], listing)
+    have = {"a": "same", "b": ["sha256", hashlib.sha256(b"b" * 10).hexdigest()], "c": None}  # c: not there
+    said = summary("gpu1", local, decide(local, have, [], False), None, False, 1.0)
+    assert "sent 1 file(s), 10 B, 1 only re-dated (same bytes), 1 already there (3 files, 30 B)" in said, said

@@ -350,6 +350,6 @@ def summary(host: str, local: LocalData, plan: Plan, report: dict | None, dry_ru
         parts.append(f"{len(plan.touch)} only re-dated (same bytes)")
     if plan.delete:
         parts.append(f"{'would delete' if dry_run else 'deleted'} {len(plan.delete)}")
-    parts.append(f"{plan.same} already there")
+    parts.append(f"{plan.same - len(plan.touch)} already there")  # the re-dated ones are said above
     rate = f" in {seconds:.1f}s ({human_bytes(plan.bytes / max(seconds, 1e-6))}/s)" if not dry_run else ""
     return f"data push {local.run} → {host}: " + ", ".join(parts) + f" ({total}){rate}"
