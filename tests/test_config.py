@@ -172,4 +172,7 @@ def test_a_section_given_a_value_and_a_warmup_past_the_run_say_the_fix(project):
     assert e.source == "--set" and "is a section, not a key" in e.message and "model.n_layer" not in e.message
     assert "set one of its keys (model.KEY=V): " in e.message and "n_layer" in e.message
     e = _error(project, "training.max_steps=30", optim={"warmup_steps": 50})
-    assert "50 is more than max_steps 30" in e.message and "--set optim.warmup_steps=3" in e.message, e.message
+    assert "warmup_steps 50 is more than max_steps 30" in e.message and "--set optim.warmup_steps=3" in e.message
+    assert e.source == "--set" and e.key == "training.max_steps"  # two keys wrong together: the one just --set
+    e = _error(project, "model.d_model=131")  # it blamed the run file's model.n_head
+    assert (e.source, e.key) == ("--set", "model.d_model") and "not divisible by n_head" in e.message, e.message

@@ -100,24 +100,34 @@ def _check_ranges(cfg: Config) -> None:
         _refuse(cfg, "runtime.fp16_init_scale", f"must be above 0, got {rt.fp16_init_scale}", "the default is 65536")
 
 
+def _blamed(cfg: Config, *keys: str) -> str:
+    """Of keys wrong together, the one a --set gave (what the user just changed), else the first."""
+    return next((k for k in keys if cfg.origin(k) == "--set"), keys[0])
+
+
 def _check_together(cfg: Config) -> None:
     """Values that are wrong together: the model's shape, the schedule, distillation."""
     m, o, t = cfg.model, cfg.optim, cfg.training
     if m.d_model % m.n_head:
         _refuse(
             cfg,
-            "model.n_head",
+            _blamed(cfg, "model.n_head", "model.d_model"),
             f"d_model {m.d_model} is not divisible by n_head {m.n_head}",
             "pick n_head that divides d_model",
         )
     if o.min_lr > o.learning_rate:
         fix = "min_lr is the floor of the cosine decay"
-        _refuse(cfg, "optim.min_lr", f"{o.min_lr} is above learning_rate {o.learning_rate}", fix)
+        _refuse(
+            cfg,
+            _blamed(cfg, "optim.min_lr", "optim.learning_rate"),
+            f"min_lr {o.min_lr} is above learning_rate {o.learning_rate}",
+            fix,
+        )
     if o.warmup_steps > t.max_steps:
         _refuse(
             cfg,
-            "optim.warmup_steps",
-            f"{o.warmup_steps} is more than max_steps {t.max_steps}",
+            _blamed(cfg, "optim.warmup_steps", "training.max_steps"),
+            f"warmup_steps {o.warmup_steps} is more than max_steps {t.max_steps}",
             f"shorten the warmup (--set optim.warmup_steps={max(0, t.max_steps // 10)})",
         )
     if cfg.distill.teacher:
