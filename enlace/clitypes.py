@@ -46,15 +46,17 @@ def _check_overrides(ctx: click.Context, param: click.Parameter, values: tuple[s
     return values
 
 
-set_option = click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    callback=_check_overrides,
-    metavar="SECTION.KEY=VALUE",
-    help="Override one config value (highest precedence), e.g. --set training.max_steps=50; a launch records it "
+def set_option_saying(help_text: str):
+    """`--set SECTION.KEY=VALUE` (repeatable, each item checked as it is parsed), with a verb's own help."""
+    return click.option(
+        "--set", "overrides", multiple=True, callback=_check_overrides, metavar="SECTION.KEY=VALUE", help=help_text
+    )
+
+
+set_option = set_option_saying(
+    "Override one config value (highest precedence), e.g. --set training.max_steps=50; a launch records it "
     "in the run's config.yaml and run.json. A run file of your own command takes args.NAME=V (--NAME=V appended), "
-    "env.NAME=V and run_name=NAME. Repeatable.",
+    "env.NAME=V and run_name=NAME. Repeatable."
 )
 root_option = click.option(
     "--root",

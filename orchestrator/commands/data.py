@@ -7,9 +7,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import click
 
-from enlace.clitypes import set_option
+from enlace.clitypes import set_option_saying
 from orchestrator.commands.common import HostOptionsGroup, Remote, allow_dirty_option, with_remote
 from orchestrator.errors import UsageError
+
+# what RUN reads depends on its config: the same --set items its launch gives (data.paths, data.kind, ...)
+data_set_option = set_option_saying(
+    "A config value as the run's launch sets it (e.g. --set data.paths=data/mine/*.txt): the files RUN reads "
+    "with it are the ones listed and pushed. Repeatable."
+)
 
 hosts_option = click.option(
     "--hosts",
@@ -97,7 +103,7 @@ def _each_host(remote: Remote, targets: list, work) -> list:
     help="Send what a link that leads outside data/ points to (refused by default, naming the link).",
 )
 @hosts_option
-@set_option
+@data_set_option
 @allow_dirty_option
 @with_remote
 def push(
@@ -139,7 +145,7 @@ def push(
 @click.argument("run")
 @click.option("--follow-links", is_flag=True, help="Count what a link leading outside data/ points to (as push's).")
 @hosts_option
-@set_option
+@data_set_option
 @allow_dirty_option
 @with_remote
 def ls(
