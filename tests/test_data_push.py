@@ -16,13 +16,14 @@ from pathlib import Path
 import psutil
 import pytest
 from support.configs import write_run, write_tiny_corpus
-from support.remote import PipeReader, popen_remote, remote, server_dir
+from support.remote import PipeReader, popen_remote, remote, server_dir, wait_until
 from support.repocopy import commit_all
 from support.writes import file_write_sizes
 
 from enlace.contract import FRAME
 from enlace.data.paths import DataError, in_scope, push_scope, under_data
 from enlace.server.datarecv import BadRequest, receive
+from enlace.state import runs
 
 
 def _converse(data_dir: Path, listing: dict, plan: dict | None = None, bodies: dict | None = None):
@@ -221,6 +222,15 @@ def test_launch_push_data_is_a_stage_before_verify_and_verify_names_data_push(ss
     out = remote(user_repo, sshd.env, "data", "push", "tiny", "--hosts", "testhost,local")
     assert "data push tiny → testhost: up to date" in out.stderr and "data push tiny → local: sent" in out.stderr
     assert _server_files(server_dir(sshd, "local") / "data" / "tiny") == _server_files(user_repo / "data" / "tiny")
+    # the run has a checkpoint now: a --push-data that changes what it trained on is refused before a byte is sent
+    # (it pushed, then the resume refused the changed data, and the server's copy it trained on was gone)
+    run_dir = server_dir(sshd, "testhost") / "runs" / "tiny"
+    wait_until(lambda: not runs.observe(run_dir)["alive"], 120, "tiny to stop at step 2")
+    first = sorted((user_repo / "data" / "tiny").glob("*.txt"))[0]
+    first.write_bytes(first.read_bytes() + b"\n# changed here\n")
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--push-data", "--no-preflight", check=False)
+    assert out.returncode == 2 and "launch --push-data would change 1 file(s) tiny reads" in out.stderr, out.stderr
+    assert (server / first.name).read_bytes() != first.read_bytes()  # nothing was sent
 
 
 def test_both_halves_name_a_file_the_same_whatever_the_patterns_spelling(tmp_path, project):

@@ -56,6 +56,7 @@ class Plan:
     overrides: tuple[str, ...] = ()
     allow_dirty: bool = False
     fresh: bool = False  # --resume none
+    allow_data_change: bool = False  # --allow-data-change (the trainer's, in train_args; --push-data asks it too)
     data: Any = None  # --push-data: the run's local data files (orchestrator/transfer/datapush.py)
     preflight: bool = True
     force: bool = False
@@ -166,6 +167,7 @@ def _ship(launch: Launch):
             plan.overrides,
             fresh=plan.fresh,
             data=plan.data,
+            allow_data_change=plan.allow_data_change,
             extra=own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [],
         )
     if plan.command:
