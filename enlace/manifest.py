@@ -88,6 +88,22 @@ def manifest_problem(ckpt: Path) -> str | None:
     return None
 
 
+TRAINER_FILES = ("model.pt", "trainer.pt")  # what enlace's trainer saves (a script's enlace.job: its own files)
+
+
+def not_the_trainers(ckpt: Path) -> str | None:
+    """Why a complete checkpoint is not one enlace's trainer saved (a script's own, through enlace.job), or None."""
+    held = set(read_manifest(ckpt)["files"])
+    missing = [name for name in TRAINER_FILES if name not in held]
+    if not missing:
+        return None
+    return (
+        f"{ckpt}: not a checkpoint of enlace's trainer (it lacks {' and '.join(missing)}; it holds "
+        f"{', '.join(sorted(held)[:4]) or 'no files'}): a script of yours saves its own, which `fetch` brings back "
+        "for you to load"
+    )
+
+
 def complete_checkpoints(ckpt_root: Path) -> list[Path]:
     """Complete checkpoint dirs (a valid MANIFEST), oldest first."""
     if not ckpt_root.is_dir():

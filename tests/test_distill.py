@@ -67,6 +67,19 @@ def test_missing_or_incomplete_teacher_is_one_line_exit_2(teacher, case):
         assert "configs/runs/stud.yaml" in lines[0] and "has no complete checkpoint" in lines[0]
 
 
+def test_a_scripts_own_checkpoint_is_no_teacher_and_check_config_says_so(project):
+    """A run of a script of your own (enlace.job) has complete checkpoints of its own files: as a teacher it
+    passed check-config and verify, and failed once training started."""
+    from enlace.train.checkpoint import save_checkpoint
+
+    save_checkpoint(project / "runs" / "scripted" / "checkpoints", 20, {"state.pt": {"step": 20}}, 1)
+    write_run(project, "stud", **{**STUDENT, "distill": {"teacher": "scripted"}})
+    out = enlace(project, "check-config", "stud", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "not a checkpoint of enlace's trainer" in lines[0], out.stderr
+    assert "distill.teacher" in lines[0] and "it lacks model.pt and trainer.pt" in lines[0], out.stderr
+
+
 def test_verify_names_a_missing_teacher_before_launch(sshd, user_repo):
     write_run(user_repo, "stud", **{**STUDENT, "distill": {"teacher": "tiny"}}, data="tiny")
     from support.repocopy import commit_all

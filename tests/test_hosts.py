@@ -73,6 +73,30 @@ def test_a_name_that_does_not_resolve_is_said_at_once_over_the_ssh_client_too(us
     assert "resuming" not in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_ssh_words_for_a_name_it_cannot_resolve_are_a_typo_a_hop_or_the_network(tmp_path, monkeypatch):
+    """A name unknown before the host ever answered is the user's to fix (a hop's, with a ProxyJump, named as
+    such); the resolver unreachable (offline) or a host that answered before: the network's, retried."""
+    from orchestrator.errors import Transient, UsageError
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.transport import SSHTransport
+
+    (tmp_path / "ssh_config").write_text("Host gpu\n  HostName gpu.example.org\n  ProxyJump bastion.invalid\n")
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "ssh_config"))
+    (tmp_path / "hosts.yaml").write_text("hosts: {}\n")
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "hosts.yaml"))
+    t = SSHTransport(resolve_host("gpu", tmp_path))
+    typo = t.ssh_failure("ssh: Could not resolve hostname gpu.example.org: Name or service not known\n", False)
+    assert isinstance(typo, UsageError) and "the name 'gpu.example.org' does not resolve" in typo.message
+    hop = t.ssh_failure("ssh: Could not resolve hostname bastion.invalid: Name or service not known\n", False)
+    assert isinstance(hop, UsageError) and "'bastion.invalid', on the way to gpu.example.org" in hop.message
+    offline = "ssh: Could not resolve hostname gpu.example.org: Temporary failure in name resolution\n"
+    assert isinstance(t.ssh_failure(offline, False), Transient)
+    t.answered = True
+    assert isinstance(
+        t.ssh_failure("ssh: Could not resolve hostname gpu.example.org: Name or service not known", False), Transient
+    )
+
+
 def test_ssh_config_is_read_as_the_ssh_client_reads_it(tmp_path, monkeypatch):
     """Host settings come from `ssh -G` (what every ssh and git call will use), matching paramiko's
     reading on what both understand, and following an Include, which paramiko's reader cannot."""

@@ -282,5 +282,6 @@ def test_a_stop_of_a_run_queued_again_says_it_never_started_and_keeps_its_checkp
     assert stop_words(rep) == said
     trained = {**rep, "step": 80, "phase": "stopped: checkpoint saved"}
     assert stop_words(trained) == "stopped at step 80; latest checkpoint step-000080"
-    assert not_running_words(rep) == "stopped while queued: it never started; latest checkpoint step-000080"
-    assert not_running_words({**rep, "latest_checkpoint": None}) == "stopped while queued: it never started"
+    said = "stopped (stopped while queued: it never started)"
+    assert not_running_words(rep) == f"{said}; latest checkpoint step-000080"
+    assert not_running_words({**rep, "latest_checkpoint": None}) == said

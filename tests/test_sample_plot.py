@@ -61,7 +61,10 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
 
     own = save_checkpoint(tmp_path / "script", 20, {"state.pt": {"step": 20}}, 1)  # what a script saves (enlace.job)
     out = enlace(project, "sample", str(own), check=False)  # it was torch's weights_only error about its files
-    assert out.returncode == 2 and "not a checkpoint of enlace's trainer (it holds state.pt" in out.stderr, out.stderr
+    assert (
+        out.returncode == 2
+        and "not a checkpoint of enlace's trainer (it lacks model.pt and trainer.pt; it holds state.pt" in out.stderr
+    ), out.stderr
 
 
 @pytest.mark.slow
@@ -134,5 +137,10 @@ def test_plot_of_a_run_that_has_logged_nothing_says_where_it_stands(tmp_path):
     with pytest.raises(EnlaceError, match=r"no metrics\.jsonl — no step logged yet"):
         read_run(run_dir)
     (run_dir / "run.json").write_text(json.dumps({"status": "queued", "phase": "position 1, waiting for 1 GPU"}))
-    with pytest.raises(EnlaceError, match=r"it is queued \(position 1, waiting for 1 GPU\): nothing logged yet"):
+    with pytest.raises(
+        EnlaceError, match=r"run.json says queued \(position 1, waiting for 1 GPU\): no step logged yet"
+    ):
+        read_run(run_dir)
+    (run_dir / "run.json").write_text(json.dumps({"status": "failed", "phase": None}))
+    with pytest.raises(EnlaceError, match=r"its run.json says failed, and it logged no step$"):
         read_run(run_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 from enlace.config.cards import NATIVE_BF16
 from enlace.config.schema import Config
 from enlace.errors import ConfigError
-from enlace.manifest import latest_checkpoint, manifest_problem
+from enlace.manifest import latest_checkpoint, manifest_problem, not_the_trainers
 from enlace.names import RUN_NAME_RE
 
 
@@ -64,7 +64,7 @@ def teacher_checkpoint(cfg: Config) -> Path:
                 f"{ref} is not a complete checkpoint ({problem.split(': ', 1)[-1]})",
                 "name a checkpoint dir with a MANIFEST, or a run name",
             )
-        return path
+        return _trainers(path, where)
 
     if not RUN_NAME_RE.fullmatch(ref):
         raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
@@ -77,4 +77,12 @@ def teacher_checkpoint(cfg: Config) -> Path:
             f"(looked in {cfg.root / 'runs' / ref / 'checkpoints'})",
             f"train the teacher first (enlace train {ref}), or name a checkpoint dir",
         )
+    return _trainers(ckpt, where)
+
+
+def _trainers(ckpt: Path, where: str) -> Path:
+    """`ckpt`, when enlace's trainer saved it (a script's own, through enlace.job, is no teacher)."""
+    problem = not_the_trainers(ckpt)
+    if problem:
+        raise ConfigError(where, "distill.teacher", problem, "a teacher is a checkpoint of enlace's trainer")
     return ckpt

@@ -113,7 +113,7 @@ def _check_together(cfg: Config) -> None:
             cfg,
             _blamed(cfg, "model.n_head", "model.d_model"),
             f"d_model {m.d_model} is not divisible by n_head {m.n_head}",
-            "pick n_head that divides d_model",
+            "pick an n_head that divides d_model (or a d_model that n_head divides)",
         )
     if o.min_lr > o.learning_rate:
         fix = "min_lr is the floor of the cosine decay"

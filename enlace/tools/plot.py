@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from enlace.contract import ACTIVE
 from enlace.errors import EnlaceError
 from enlace.tools.curves import Curves
 
@@ -57,8 +58,12 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}
     if not path.is_file():
-        status = state.get("status")
-        why = f"it is {status} ({state.get('phase') or '-'}): nothing logged yet" if status else "no step logged yet"
+        status, phase = state.get("status"), state.get("phase")
+        said = f"{status} ({phase})" if phase else status
+        if status in ACTIVE:
+            why = f"its run.json says {said}: no step logged yet"
+        else:
+            why = f"its run.json says {said}, and it logged no step" if status else "no step logged yet"
         raise EnlaceError(f"{run_dir}: no metrics.jsonl — {why}")
     curves = Curves()  # the run as it stands: what a start trained again is drawn once, as the board draws it
     curves.update(path.read_bytes())  # a line cut by a crash is skipped: the rest still plots

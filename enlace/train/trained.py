@@ -10,7 +10,7 @@ import torch
 
 from enlace.config.schema import ModelConfig
 from enlace.errors import CheckpointError
-from enlace.manifest import latest_checkpoint, read_manifest
+from enlace.manifest import latest_checkpoint, not_the_trainers
 from enlace.train.checkpoint import load_checkpoint
 from enlace.train.model import ByteGPT
 
@@ -27,13 +27,9 @@ def find_checkpoint(target: Path) -> Path:
 
 def load_model(ckpt: Path, device: torch.device) -> tuple[ByteGPT, dict[str, Any]]:
     """The checkpoint's model (its own config: any width or depth) in eval mode, and its trainer record."""
-    held = set(read_manifest(ckpt)["files"])
-    if not {"model.pt", "trainer.pt"} <= held:  # a script's own (enlace.job): its files are its own
-        raise CheckpointError(
-            f"{ckpt}: not a checkpoint of enlace's trainer (it holds {', '.join(sorted(held)[:4]) or 'no files'}, not "
-            "model.pt and trainer.pt): sample, generate, export and a distillation's teacher load enlace's own model; "
-            "a script of yours saves its own, which `fetch` brings back for you to load"
-        )
+    problem = not_the_trainers(ckpt)  # sample, generate, export and a teacher load enlace's own model
+    if problem:
+        raise CheckpointError(problem)
     files = load_checkpoint(ckpt, "cpu")
     trainer = files["trainer.pt"]
     model = ByteGPT(ModelConfig(**trainer["config"]["model"]))

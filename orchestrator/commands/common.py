@@ -114,7 +114,7 @@ def stepped(rep: dict) -> bool:
 def not_running_words(rep: dict) -> str:
     """Where a run that was not running stands (a stop's report): its step, or its phase (a command that logs no
     steps: what it did), and its latest checkpoint where one is known."""
-    where = f"{rep['status']} at step {rep['step']}" if stepped(rep) else rep["phase"]
+    where = f"{rep['status']} at step {rep['step']}" if stepped(rep) else f"{rep['status']} ({rep['phase']})"
     if stepped(rep) or rep["latest_checkpoint"]:
         return f"{where}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
     return where

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import re
 import select
 import shlex
 import socket
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
 
 # ssh's own default IdentityFile list (ssh_config(5)), FIDO keys (_sk) included: one -i drops them all
 SSH_DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk")
+
+
+# ssh's words for a name its resolver does not know: the name, and why
+UNRESOLVED = re.compile(r"Could not resolve hostname ([^\s:]+): ([^\n]*)")
 
 
 @dataclass
@@ -193,6 +198,8 @@ class SSHTransport(Transport):
                 raise NotLoggedIn(h.name, ASKS_MORE) from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
+            if e.errno == socket.EAI_AGAIN:  # the resolver is unreachable (offline): the network's, retried
+                raise Transient(f"{where}: cannot resolve {h.hostname!r} now ({e.strerror})") from None
             raise self.unresolved(e.strerror) from None
         except (TimeoutError, OSError, EOFError) as e:
             raise Transient(f"{where}: cannot connect: {_connect_failure(e, h.connect_timeout)}") from None
@@ -331,14 +338,20 @@ class SSHTransport(Transport):
         prompts = ["-o", "BatchMode=yes"] if batch else []
         return [*prompts, "-o", timeout, "-F", str(cfg) if cfg.is_file() else "/dev/null"]
 
-    def unresolved(self, why: str) -> UsageError:
-        """The host's name does not resolve, before it ever answered: a typo, said with where names come from."""
+    def unresolved(self, why: str, name: str | None = None) -> UsageError:
+        """A name does not resolve, before the host ever answered: a typo, said with where names come from.
+        `name`: the one that failed, where ssh said (with a ProxyJump, a hop's)."""
         h = self.host
+        if name and name != h.hostname:
+            return UsageError(
+                f"host {h.name}: {name!r}, on the way to {h.hostname} ({h.via.strip() or 'its ssh config'}), does "
+                f"not resolve ({why}) — check that hop's name in {ssh_config_file()} or the host's proxy_jump"
+            )
         where_from = (
             f"it is in no hosts file (configs/hosts.yaml, {user_hosts_file()}) nor {ssh_config_file()}. "
             f"Known hosts: {', '.join(h.known)} — or add it: enlace-remote hosts add {h.name} --ssh USER@HOST"
             if not h.configured
-            else f"check its ssh: (or ~/.ssh/config's HostName): enlace-remote hosts add {h.name} --ssh "
+            else f"check its ssh: (or {ssh_config_file()}'s HostName): enlace-remote hosts add {h.name} --ssh "
             "USER@HOST sets it anew"
         )
         return UsageError(f"host {h.name}: the name {h.hostname!r} does not resolve ({why}); {where_from}")
@@ -350,8 +363,9 @@ class SSHTransport(Transport):
         reason = stderr.strip().splitlines()[-1] if stderr.strip() else "the connection closed (ssh exited 255)"
         if "Permission denied" in stderr or "Host key verification failed" in stderr:
             return UnreachableError(f"{self.host.name}: {reason}")
-        if "Could not resolve hostname" in stderr and not self.answered:
-            return self.unresolved(reason)  # ssh's own words: with a ProxyJump, the name may be a hop's
+        unresolved = UNRESOLVED.search(stderr)
+        if unresolved and "Temporary failure" not in stderr and not self.answered:  # offline: the network's
+            return self.unresolved(unresolved.group(2).strip(), unresolved.group(1))
         return Transient(f"{self.host.name}: {reason}", started=started)
 
     def remote_path(self, path: str) -> str:
