@@ -65,7 +65,7 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     assert (row["status"], row["exit_code"]) == ("finished", 0), row
     assert row["command"] == ["python", "scripts/hello.py", "--out", "{run_dir}/out"]
     shown = remote(script_repo, env, "status", "hello").stdout
-    assert "command: finished: the command exited 0: python scripts/hello.py --out '{run_dir}/out'" in shown, shown
+    assert "└ finished: the command exited 0 — python scripts/hello.py --out '{run_dir}/out'" in shown, shown
 
     remote(script_repo, env, "fetch", "hello", "--dest", str(tmp_path / "got"))
     run_dir = server_dir(sshd, "testhost") / "runs" / "hello"

@@ -322,7 +322,7 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
         format_status([backoff]).splitlines()[2]
         == "    └ restarting in 30 s (restart 2 of 3) after: the command exited 1"
     )
-    assert own.count("stopped while queued") == 1 and "command: stopped while queued: it never started" in own
+    assert own.count("stopped while queued") == 1 and "stopped while queued: it never started — python" in own
 
 
 def test_status_table_gets_a_val_loss_column_once_a_script_logs_a_val_loss_without_bpb():

@@ -88,9 +88,11 @@ def _details(row: dict, full: bool) -> list[str]:
             f"supervisor {sup['state']} since {when}, nothing heals it: enlace-remote launch {row['run_name']}"
             " re-attaches"
         )
-    if row.get("command"):  # a run of the user's own command: what ran, and how it ended
-        how = f": {row['phase']}" if row["status"] in ("finished", "stopped") and row.get("phase") else ""
-        found.append(f"command{how}: {shlex.join(row['command'])}")
+    if row.get("command"):  # a run of the user's own command: how it ended (first: a long command is cut), what ran
+        ended = row["status"] in ("finished", "stopped") and row.get("phase")
+        found.append(
+            f"{row['phase']} — {shlex.join(row['command'])}" if ended else f"command: {shlex.join(row['command'])}"
+        )
     if row["status"] == "queued" and row.get("phase"):
         found.append(f"queued: {row['phase']}")
     if row["status"] == "starting" and (row.get("phase") or "").startswith("restarting in "):  # the supervisor's
