@@ -17,7 +17,7 @@ from enlace.yamlio import load_yaml_unique, read_bounded
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.launch.choose import run_argument
 from orchestrator.ssh.session import Session
-from orchestrator.transfer.datapush import converse, push
+from orchestrator.transfer.datapush import push
 from orchestrator.transfer.gitsync import print_sync, sync
 
 
@@ -40,25 +40,28 @@ def check_run_config(repo: Path, run: str) -> str:
     return run
 
 
-def refuse_changing_trained_data(session: Session, repo: Path, run: str, overrides, data) -> None:
-    """launch --push-data of a run that has a checkpoint there: a push that changes what it reads would make its
-    resume refuse the data (it differs from the checkpoint's) once the server's copy it trained on is gone —
-    refused before a byte is sent."""
+def trained_data_guard(session: Session, repo: Path, run: str, overrides):
+    """launch --push-data of a run that has a checkpoint there: a check for the push's plan (its before_send) that
+    refuses, before a byte is sent, to change what the run reads — its resume would refuse the data (it differs
+    from the checkpoint's) once the server's copy it trained on is gone. None when the run has no checkpoint."""
     name = local_run_name(repo, run, overrides)
     try:
         ckpt = session.enlace_json("latest", "runs", name)[0].get("latest_checkpoint")
     except EnlaceError:  # no run of that name there yet
-        return
+        return None
     if not ckpt:
-        return
-    _, plan, _ = converse(session, data, push=False)
-    if plan.send:
-        shown = ", ".join(rel for rel, _, _, _ in plan.send[:3]) + (" and more" if len(plan.send) > 3 else "")
-        raise UsageError(
-            f"launch --push-data would change {len(plan.send)} file(s) {name} reads ({shown}), and its checkpoint "
-            f"{ckpt} was trained on the server's copy: its resume would then refuse the data — --allow-data-change "
-            "resumes on the new data, --resume none starts afresh, or launch without --push-data"
-        )
+        return None
+
+    def refuse(plan) -> None:
+        if plan.send:
+            shown = ", ".join(rel for rel, _, _, _ in plan.send[:3]) + (" and more" if len(plan.send) > 3 else "")
+            raise UsageError(
+                f"launch --push-data would change {len(plan.send)} file(s) {name} reads ({shown}), and its checkpoint "
+                f"{ckpt} was trained on the server's copy: its resume would then refuse the data — --allow-data-change "
+                "resumes on the new data, --resume none starts afresh, or launch without --push-data"
+            )
+
+    return refuse
 
 
 def local_run_name(repo: Path, run: str, overrides=()) -> str:
@@ -140,8 +143,7 @@ def ship(
     rep = sync(session, repo, allow_dirty)
     print_sync(rep)
     if data is not None and data.files:
-        if not (fresh or allow_data_change):
-            refuse_changing_trained_data(session, repo, run, overrides, data)
-        push(session, repo, data)
+        guard = None if fresh or allow_data_change else trained_data_guard(session, repo, run, overrides)
+        push(session, repo, data, before_send=guard)
     doc = verify(session, rep.commit, run, for_launch, overrides, fresh, extra=extra)
     return Shipped(rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"))

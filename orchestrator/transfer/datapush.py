@@ -152,12 +152,13 @@ def decide(local: LocalData, have: dict[str, Any], extra: list, delete: bool) ->
 
 
 def converse(
-    session: Session, local: LocalData, push: bool, delete: bool = False, force: bool = False
+    session: Session, local: LocalData, push: bool, delete: bool = False, force: bool = False, before_send=None
 ) -> tuple[dict, Plan, dict | None]:
     """The server's answer, the plan and (when `push` and there is something to do) its report. Files that a
-    live run reads are not changed unless `force` (the server then tells those runs)."""
+    live run reads are not changed unless `force` (the server then tells those runs); `before_send(plan)` may
+    refuse the plan (a UsageError) before a byte is sent."""
     kept = "what arrived stays in <remote_dir>/.partial-push on the server"
-    return retrying("data push", kept, lambda tick: _once(session, local, push, delete, force, tick))
+    return retrying("data push", kept, lambda tick: _once(session, local, push, delete, force, tick, before_send))
 
 
 def _refuse_in_use(plan: Plan, in_use: dict[str, list[str]]) -> None:
@@ -176,7 +177,7 @@ def _refuse_in_use(plan: Plan, in_use: dict[str, list[str]]) -> None:
 
 
 def _once(
-    session: Session, local: LocalData, push: bool, delete: bool, force: bool, tick
+    session: Session, local: LocalData, push: bool, delete: bool, force: bool, tick, before_send=None
 ) -> tuple[dict, Plan, dict | None]:
     argv = session.enlace_argv("latest", "data-receive", "--json")
     with session.transport.duplex(argv, STALL_S, tick) as wire:  # the server side starts while our files are listed
@@ -194,12 +195,14 @@ def _once(
         if not push or not (plan.send or plan.touch or plan.delete):
             wire.finish()
             return answer, plan, None
-        if not force:
-            try:
+        try:
+            if not force:
                 _refuse_in_use(plan, answer.get("in_use") or {})
-            except UsageError:
-                wire.finish()  # nothing was sent: the server sees the end of its input
-                raise
+            if before_send is not None:
+                before_send(plan)
+        except UsageError:
+            wire.finish()  # nothing was sent: the server sees the end of its input
+            raise
         try:
             wire.write(json.dumps({**plan.doc(), "force": force}).encode() + b"\n")
             out = _Batched(wire)
@@ -305,12 +308,13 @@ def push(
     dry_run: bool = False,
     force: bool = False,
     allow_dirty: bool = False,
+    before_send=None,
 ) -> Plan:
     """The whole push to one host (a sync first when it has no tree yet); its summary on stderr. Raises
     when a file arrived corrupted (it was not installed), or would change what a live run reads (unless
     `force`)."""
     t0 = time.perf_counter()
-    talk = lambda: converse(session, local, not dry_run, delete, force)
+    talk = lambda: converse(session, local, not dry_run, delete, force, before_send)
     answer, plan, report = synced_first(session, repo, talk, allow_dirty)
     if dry_run and not force:  # what the push itself would answer: a dry run says it too
         _refuse_in_use(plan, answer.get("in_use") or {})
