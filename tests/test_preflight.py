@@ -133,6 +133,19 @@ def test_a_gpu_profile_on_a_machine_without_one_hints_at_runs_that_work_here(pro
 
 
 @pytest.mark.slow
+def test_the_projected_figure_and_its_words_agree_at_a_rounding_edge(project):
+    """0.96 s rounded to 1.0 in projected_s while `projected` said 0m00s (a CI run met it): one number."""
+    from enlace.config.schema import load_config
+    from enlace.preflight.measure import _projection
+
+    write_run(
+        project, "edge", training={"max_steps": 1, "eval_every": 0}, optim={"warmup_steps": 0}, checkpoint={"every": 0}
+    )
+    m = {"step_times": [0.63], "eval_batch_s": 0.0, "save_s": 0.33, "memory": {}, "ckpt_bytes": 1, "skipped": []}
+    tp = _projection(load_config("edge", root=project), m, 1)["throughput"]
+    assert tp["projected_s"] == 1.0 and tp["projected"] == duration(1.0) == "0m01s"
+
+
 def test_preflight_of_a_resumed_run_projects_the_remaining_steps(project):
     write_run(project, "half", training={"max_steps": 40, "eval_every": 0}, checkpoint={"every": 10})
     enlace(project, "train", "half", "--until", "30")

@@ -322,7 +322,8 @@ def _projection(cfg: Config, m: dict[str, Any], world: int) -> dict[str, Any]:
     todo = max(0, t.max_steps - done)
     n_evals = (todo // t.eval_every if t.eval_every else 0) + 1
     n_saves = (todo // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
-    total_s = todo * median + n_evals * t.eval_batches * m["eval_batch_s"] + n_saves * m["save_s"]
+    # the figure and its words from one number: 0.96 s is "1.0" and "0m01s", never "1.0" beside "0m00s"
+    total_s = round(todo * median + n_evals * t.eval_batches * m["eval_batch_s"] + n_saves * m["save_s"], 1)
     free = shutil.disk_usage(_existing(cfg.run_dir)).free
     fp16 = cfg.runtime.precision == "fp16"
     skipped = m["skipped"]
@@ -337,7 +338,7 @@ def _projection(cfg: Config, m: dict[str, Any], world: int) -> dict[str, Any]:
             "max_steps": t.max_steps,
             "resumes_at": done,
             "remaining_steps": todo,
-            "projected_s": round(total_s, 1),
+            "projected_s": total_s,
             "projected": duration(total_s),
         },
         "memory": m["memory"],
