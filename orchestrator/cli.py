@@ -71,12 +71,13 @@ def hosts(ctx: click.Context) -> None:
     """List the configured hosts and their settings (`hosts add` adds one)."""
     if ctx.invoked_subcommand:
         return
-    from orchestrator.hosts.resolve import list_hosts, load_host_table
+    from orchestrator.hosts.resolve import survey_hosts
     from orchestrator.ssh.openssh import control_path, shares_connection
     from orchestrator.transfer.gitsync import repo_root
 
     repo = repo_root(Path.cwd())
-    for h in list_hosts(repo, warn=False):
+    usable, unusable = survey_hosts(repo)
+    for h in usable:
         mark = "*" if h.name == ctx.obj["host"] else " "
         extra = f", default run {h.default_run}" if h.default_run else ""
         extra += (
@@ -88,10 +89,9 @@ def hosts(ctx: click.Context) -> None:
             extra += f", connection {'shared' if shares_connection(h) else 'direct'}"
             extra += ", logged in" if shares_connection(h) and control_path(h).exists() else ""
         click.echo(f"{mark} {h.name:16} {h.describe()}, python {h.python}{extra}")
-    invalid = load_host_table(repo).invalid
-    for name, error in invalid.items():
+    for name, error in unusable.items():
         click.echo(f"! {name:16} unusable: {error}")
-    if invalid:
+    if unusable:
         ctx.exit(contract.USAGE)
 
 

@@ -3,6 +3,8 @@ the host and the key (or the option) and the fix — never a traceback, never a 
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from click.testing import CliRunner
 
@@ -136,6 +138,27 @@ def test_one_bad_entry_makes_only_that_host_unusable(tmp_path, monkeypatch, caps
     assert len(warned) == 1 and "host bad is unusable" in warned[0] and "hosts.bad.ssh" in warned[0], warned
     with pytest.raises(UsageError, match=r"hosts\.bad\.ssh: 42 is neither"):
         resolve_host("bad", tmp_path)
+
+
+def test_a_host_whose_key_file_is_missing_is_listed_as_unusable_and_not_added(tmp_path, monkeypatch):
+    """Seen: `hosts add t2 --identity-file /nope` exit 0, then `hosts` left t2 out without a word, exit 0 (a key
+    file is checked on the merged entry, which the listing skipped)."""
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  t2: {ssh: x@y, identity_file: /nope/key}\n  good: {ssh: alice@gpu2.example.org}\n")
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
+    monkeypatch.setenv("ENLACE_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)  # `hosts` reads the repository's hosts.yaml too
+    monkeypatch.chdir(tmp_path)
+    listing = CliRunner().invoke(main, ["hosts"])
+    assert listing.exit_code == 2 and "  good " in listing.output, listing.output
+    assert [ln for ln in listing.output.splitlines() if ln.startswith("! ")] == [
+        "! t2               unusable: host t2: identity_file /nope/key: no such file — give the path of your SSH "
+        "private key (e.g. ~/.ssh/id_ed25519), or leave identity_file out to use ssh-agent and ~/.ssh/id_*"
+    ]
+    before = path.read_text()
+    added = CliRunner().invoke(main, ["hosts", "add", "t3", "--ssh", "x@y", "--identity-file", "/nope/key"])
+    assert added.exit_code == 2 and "--identity-file /nope/key: no such file" in added.output, added.output
+    assert path.read_text() == before  # nothing written
 
 
 def test_a_yaml_bomb_and_a_huge_hosts_file_are_refused_at_once(tmp_path, monkeypatch):

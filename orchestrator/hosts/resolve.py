@@ -275,6 +275,9 @@ def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
         except ValueError as e:
             flag = option.get(key, "--" + key.replace("_", "-"))
             raise UsageError(f"{flag} {value!r}: {e.args[0]} — {e.args[1]}") from None
+    key = given.get("identity_file")
+    if key and not Path(key).expanduser().is_file():  # the host would be unusable from the moment it is added
+        raise UsageError(f"--identity-file {key}: no such file — give the path of your SSH private key")
     path = user_hosts_file()
     data = hostfile.load(path)  # refuses a broken or duplicated file instead of appending to it
     hosts = data.get("hosts") or {}
@@ -352,18 +355,24 @@ def _ssh_client_settings(alias: str, *configs: str) -> list[dict[str, list[str]]
     return answers
 
 
-def list_hosts(repo: Path, warn: bool = True) -> list[Host]:
-    """Every usable host (an invalid entry is left out, and said once on stderr with `warn`)."""
+def survey_hosts(repo: Path) -> tuple[list[Host], dict[str, str]]:
+    """Every host the tables name: the usable ones, and for each other one why not — a wrong value in a file,
+    or one only the merged entry shows (Slurm keys, a missing key file)."""
     loaded = load_host_table(repo)
-    if warn:
-        loaded.warn_invalid(using="")
-    names = ["local", *sorted(n for n in loaded.hosts if n != "local")]
-    loaded.invalid = {}  # said once above, not again per host
+    unusable = dict(loaded.invalid)
+    loaded.invalid = {}  # collected above, not raised again per host
     usable = []
-    for name in names:  # a wrong value only the merged entry shows (Slurm keys, a key file) skips that host
+    for name in ["local", *sorted(n for n in loaded.hosts if n != "local" and n not in unusable)]:
         try:
             usable.append(_resolve(name, repo, loaded))
         except EnlaceError as e:
-            if warn:
-                click.echo(f"warning: host {name} is unusable until its entry is fixed: {e.format_message()}", err=True)
+            unusable[name] = e.format_message()
+    return usable, unusable
+
+
+def list_hosts(repo: Path, warn: bool = True) -> list[Host]:
+    """Every usable host (an unusable entry is left out, and said once on stderr with `warn`)."""
+    usable, unusable = survey_hosts(repo)
+    for name, error in unusable.items() if warn else ():
+        click.echo(f"warning: host {name} is unusable until its entry is fixed: {error}", err=True)
     return usable
