@@ -118,7 +118,7 @@ def check_config(
                     "files": cfg.files,
                     "warnings": cfg.warnings,
                     "fingerprint": cfg.fingerprint(),
-                    "resume_problem": resume_problem(cfg),
+                    "resume_problem": resume_problem(cfg, overrides),
                     "config": cfg.to_dict(),
                 },
                 indent=1,

@@ -4,6 +4,7 @@ Apart from enlace/config/schema.py, which composes a config from files alone and
 
 from __future__ import annotations
 
+import shlex
 import typing
 from pathlib import Path
 
@@ -25,9 +26,7 @@ def load_run_config(
     cfg.runs_root = runs_root
     if fresh:
         return cfg
-    recorded = read(cfg.run_dir).get("overrides") or []
-    given = {o.partition("=")[0].strip() for o in overrides}
-    inherited = [o for o in recorded if isinstance(o, str) and o.partition("=")[0].strip() not in given]
+    inherited = _inherited(cfg.run_dir, overrides)
     if not inherited:
         return cfg
     cfg = load_config(run, [*inherited, *overrides], root)
@@ -39,19 +38,29 @@ def load_run_config(
     return cfg
 
 
-def resume_problem(cfg: Config) -> str | None:
+def _inherited(run_dir: Path, overrides: typing.Sequence[str]) -> list[str]:
+    """The --set items run.json recorded that `overrides` do not give again."""
+    recorded = read(run_dir).get("overrides") or []
+    given = {o.partition("=")[0].strip() for o in overrides}
+    return [o for o in recorded if isinstance(o, str) and o.partition("=")[0].strip() not in given]
+
+
+def resume_problem(cfg: Config, overrides: typing.Sequence[str] = ()) -> str | None:
     """Before a launch that resumes: the first value a checkpoint must share (fingerprint_fields) on which
     this config and the one the run last trained with (run.json) disagree, said with what to type. None
-    when it would resume, or there is nothing to resume. training.max_steps may differ: that extends."""
+    when it would resume, or there is nothing to resume. training.max_steps may differ: that extends.
+    `overrides`: this launch's --set items; the start-afresh command carries them and the recorded ones, so
+    that it starts the very config this launch asked for (--resume none alone drops the recorded ones)."""
     saved, now = dict(read(cfg.run_dir).get("fingerprint") or {}), cfg.fingerprint_fields()
     if not saved or not (cfg.run_dir / "checkpoints" / "latest").exists():
         return None
     for key in sorted(set(saved) | set(now)):
         if key != "training.max_steps" and key in saved and saved.get(key) != now.get(key):
             old, new = saved.get(key), now.get(key)
+            sets = "".join(f" --set {shlex.quote(o)}" for o in [*_inherited(cfg.run_dir, overrides), *overrides])
             return (
                 f"{cfg.run_name}'s checkpoints were trained with {key}={old!r}, this config gives {new!r}: they "
-                f"cannot resume it — put it back (--set {key}={old}), or start afresh: "
-                f"enlace-remote launch {cfg.run_name} --resume none"
+                f"cannot resume it — put it back (--set {key}={old}), or start afresh with this config (its "
+                f"checkpoints are set aside): enlace-remote launch {cfg.run_name}{sets} --resume none"
             )
     return None
