@@ -112,8 +112,9 @@ def test_an_out_that_is_a_dangling_link_or_cannot_be_made_is_one_line(trained, t
 
 
 def test_the_docs_example_runs_as_written(trained, tmp_path):
-    """docs/export.md's Python block, run as a user runs it, against a fresh export of a model whose seq_len
-    is smoke-cpu's (64): it crashed in transformers (prompt 4 + 64 new bytes past 64 positions)."""
+    """docs/export.md's Python block and the export's model card's, run as a user runs them, against a fresh
+    export of a model whose seq_len is smoke-cpu's (64): both crashed in transformers (prompt 4 + 64 new bytes
+    past 64 positions)."""
     import re
     import subprocess
     import sys
@@ -126,6 +127,9 @@ def test_the_docs_example_runs_as_written(trained, tmp_path):
     )
     enlace(trained, "train", "short")
     enlace(trained, "export", "short", "--out", str(tmp_path / "exports" / "smoke-cpu"))
-    out = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    card = (tmp_path / "exports" / "smoke-cpu" / "README.md").read_text()  # the model card's own example too
+    card_block = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace("THIS_DIR", "exports/smoke-cpu")
+    both = block + "\n" + card_block
+    out = subprocess.run([sys.executable, "-c", both], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.startswith("def "), out.stdout
+    assert out.stdout.startswith("def ") and out.stdout.count("def ") >= 2, out.stdout

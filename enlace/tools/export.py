@@ -178,7 +178,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 model = AutoModelForCausalLM.from_pretrained("THIS_DIR")
 tok = AutoTokenizer.from_pretrained("THIS_DIR")
 ids = tok("def ", return_tensors="pt").input_ids
-print(tok.decode(model.generate(ids, max_new_tokens=64)[0]))
+out = model.generate(ids, max_length=model.config.n_positions)  # the prompt and new bytes fit its positions
+print(tok.decode(out[0]))
 ```
 
 | | |
