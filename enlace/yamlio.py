@@ -80,6 +80,25 @@ _UniqueKeyLoader.add_implicit_resolver(
 )
 
 
+# YAML 1.2's numbers have no base 60 either: YAML 1.1 read an unquoted Slurm `time: 4:00:00` as the integer
+# 14400 (minutes to Slurm: ten days). Such a value stays the string it was written as.
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if not (tag in _NUMBER_TAGS and (rx.match("1:30") or rx.match("1:3.5")))]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+."),
+)
+
+
 def load_yaml_unique(text: str) -> Any:
     """yaml.safe_load, but a key given twice in one mapping raises DuplicateKey (with both lines), an alias
     AliasRefused, and a text over MAX_BYTES TooLarge. Config files and hosts files are read with it."""

@@ -42,6 +42,7 @@ def test_slurm_time_format(text, seconds):
         ({"extra_sbatch": ["exclusive"]}, "extra_sbatch"),
         ({"extra_sbatch": ["--comment=a\n--uid=0"]}, "extra_sbatch"),
         ({"time": "1", "signal_grace": 60}, "signal_grace"),
+        ({"time": "2", "signal_grace": 60}, "set signal_grace below 60s"),  # seen: Slurm signalled every start at once
     ],
 )
 def test_bad_slurm_settings_are_refused_naming_the_key(entry, says):
@@ -105,6 +106,9 @@ def test_slurm_keys_need_scheduler_slurm_and_valid_values(tmp_path, monkeypatch)
         resolve_host("c", tmp_path)
     hosts.write_text("hosts:\n  c: {ssh: login.example.org, scheduler: slurm, time: '2-00', nodes: 2}\n")
     assert resolve_host("c", tmp_path).slurm == SlurmSpec(time="2-00", nodes=2)
+    # unquoted, YAML 1.1 read 4:00:00 as the base-60 number 14400: Slurm's minutes, ten days
+    hosts.write_text("hosts:\n  c: {ssh: login.example.org, scheduler: slurm, time: 4:00:00}\n")
+    assert resolve_host("c", tmp_path).slurm.time == "4:00:00"
 
 
 def test_status_cell_and_status_of_a_queued_job():

@@ -70,6 +70,9 @@ class SlurmSpec:
         return {**asdict(self), "extra_sbatch": list(self.extra_sbatch)}
 
 
+EARLY_S = 60  # Slurm's docs: the --signal may come up to 60 s before the time asked for
+
+
 def time_limit_s(text: str) -> int:
     """Slurm's time format in seconds: "60" is 60 minutes, "1:30" 1 min 30 s, "2-12" 2 days 12 hours."""
     m = TIME_RE.fullmatch(text)
@@ -127,10 +130,15 @@ def spec_from(entry: dict[str, Any], where: str) -> SlurmSpec:
             )
     out["extra_sbatch"] = lines
     spec = SlurmSpec(**out)
-    if spec.time and spec.signal_grace >= time_limit_s(spec.time):
+    limit = time_limit_s(spec.time) if spec.time else None
+    if limit is not None and spec.signal_grace + EARLY_S >= limit:  # seen: every start signalled at once
         raise SlurmError(
-            f"{where}: signal_grace {spec.signal_grace}s is not shorter than the job's time "
-            f"{spec.time} — the trainer must get its signal before the limit"
+            f"{where}: signal_grace {spec.signal_grace}s, and the up to {EARLY_S}s early that Slurm may signal, "
+            f"leave no time to train in the job's time {spec.time} ({limit}s): the signal would come as it "
+            f"starts — set signal_grace below {limit - EARLY_S}s, or ask for more time"
+            if limit > EARLY_S
+            else f"{where}: the job's time {spec.time} ({limit}s) leaves no time to train: Slurm may signal "
+            f"the trainer up to {EARLY_S}s before the limit, plus signal_grace — ask for more time"
         )
     return spec
 
