@@ -106,7 +106,8 @@ def test_a_script_using_enlace_job_killed_twice_ends_byte_equal_to_a_straight_ru
     env, rd = sshd.env, sshd.dir.parent / "remote-local" / "runs"
     remote(job_repo, env, "launch", "straight", host="local")
     remote(job_repo, env, "logs", "straight", "-f", host="local")
-    remote(job_repo, env, "launch", "job", "--no-wait", host="local")
+    launched = remote(job_repo, env, "launch", "job", "--no-wait", host="local")
+    assert "not waiting: `enlace-remote --host local status job`" in launched.stderr  # the host it went to
     _kill_at(rd / "job", 12)  # past the checkpoint at 10: steps 11-12 are trained again
     wait_until(lambda: runs.read(rd / "job").get("restarts") == 1, 120, "the first restart")
     _kill_at(rd / "job", 27)

@@ -243,6 +243,6 @@ def run(plan: Plan, session_for: Callable, repo: Path) -> Launch:
         if STAGES[name](launch) is STOP:
             break
     if not plan.wait and launch.started is not None:
-        name = launch.run_name
-        click.echo(f"not waiting: `enlace-remote status {name}` or `enlace-remote logs {name} -f`", err=True)
+        there, name = f"enlace-remote --host {launch.first.host.name}", launch.run_name  # seen: without --host
+        click.echo(f"not waiting: `{there} status {name}` or `{there} logs {name} -f`", err=True)  # the default's
     return launch
