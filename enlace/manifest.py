@@ -166,6 +166,14 @@ def write_manifest(directory: Path, step: int, names: list[str]) -> None:
     fsync_dir(directory)
 
 
+def name_latest(ckpt_root: Path, ckpt: Path) -> None:
+    """`latest` names `ckpt`, in one rename."""
+    latest_tmp = ckpt_root / f".latest.tmp-{os.getpid()}"
+    write_file(latest_tmp, lambda fh: fh.write(ckpt.name.encode() + b"\n"))
+    os.replace(latest_tmp, ckpt_root / "latest")
+    fsync_dir(ckpt_root)
+
+
 def publish(ckpt_root: Path, tmp: Path, step: int, keep: int, names: list[str] | None = None) -> Path:
     """Make `tmp` (its files written) checkpoint `step` under ckpt_root: its MANIFEST written, renamed in whole,
     `latest` naming it, the complete ones beyond `keep` pruned. Only now does it count (the trainer's saves
@@ -180,10 +188,7 @@ def publish(ckpt_root: Path, tmp: Path, step: int, keep: int, names: list[str] |
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    latest_tmp = ckpt_root / f".latest.tmp-{os.getpid()}"
-    write_file(latest_tmp, lambda fh: fh.write(final.name.encode() + b"\n"))
-    os.replace(latest_tmp, ckpt_root / "latest")
-    fsync_dir(ckpt_root)
+    name_latest(ckpt_root, final)
     done = [p for p in complete_checkpoints(ckpt_root) if p != final]
     for older in done[: max(0, len(done) - (keep - 1))]:
         shutil.rmtree(older, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from support.cli import enlace, run_json
@@ -81,6 +82,7 @@ def test_corrupt_newest_checkpoint_names_the_previous_one_and_resume_path_contin
     assert "step-000006" in out.stderr and "--resume checkpoints/step-000004" in out.stderr, out.stderr
     out = enlace(project, "train", "ck", "--resume", "checkpoints/step-000004")
     assert "resumed from checkpoints/step-000004 at step 4" in out.stdout
+    assert "checkpoints past it moved to checkpoints-set-aside/" in out.stdout  # the corrupt one is not resumed
     assert run_json(project / "runs" / "ck")["status"] == "finished"
 
 
@@ -190,3 +192,52 @@ def test_what_a_killed_save_left_is_removed_and_the_checkpoints_stay(tmp_path):
     remove_stale_temps(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", ck.name]
     assert (tmp_path / "latest").read_text() == ck.name + "\n"
+
+
+def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_from_its_own(tmp_path):
+    """--resume none or a checkpoint starts a line of history: what lies past it is moved aside (never deleted),
+    `latest` names the start, and a restart's command line resumes from the newest (enlace/server/trainerchild.py)."""
+    from enlace.server.trainerchild import from_newest
+    from enlace.train.checkpoint import SET_ASIDE, start_line
+
+    def line(*steps: int) -> Path:
+        root = tmp_path / f"run{len(list(tmp_path.iterdir()))}" / "checkpoints"
+        for step in steps:
+            (root / f"step-{step:06d}").mkdir(parents=True)
+            (root / f"step-{step:06d}" / "model.pt").write_bytes(b"%d" % step)
+        (root / "latest").write_text(f"step-{steps[-1]:06d}\n")
+        return root
+
+    def aside(root: Path) -> list[list[str]]:
+        return [sorted(p.name for p in d.iterdir()) for d in (root.parent / SET_ASIDE).iterdir()]
+
+    root = line(5, 10, 15)  # --resume checkpoints/step-000010: 15 goes, latest names 10
+    moved = start_line(root, root / "step-000010")
+    assert moved.parent == root.parent / SET_ASIDE and (moved / "step-000015" / "model.pt").read_bytes() == b"15"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000005", "step-000010"]
+    assert (root / "latest").read_text() == "step-000010\n" and aside(root) == [["step-000015"]]
+    root = line(5, 10)  # --resume none: all of them go, and latest
+    start_line(root, None)
+    assert list(root.iterdir()) == [] and aside(root) == [["step-000005", "step-000010"]]
+    other = line(20)  # a checkpoint of another run: this run's own all go
+    root = line(5, 30)
+    start_line(root, other / "step-000020")
+    assert list(root.iterdir()) == [] and aside(root) == [["step-000005", "step-000030"]]
+    root = line(5)
+    assert start_line(root, root / "step-000005") is None  # nothing past it: nothing moved
+
+    argv = [
+        "python",
+        "-m",
+        "enlace",
+        "train",
+        "r",
+        "--resume",
+        "none",
+        "--set",
+        "a=--resume",
+        "--resume=x",
+        "--until",
+        "9",
+    ]
+    assert from_newest(argv) == ["python", "-m", "enlace", "train", "r", "--set", "a=--resume", "--until", "9"]

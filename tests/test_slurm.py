@@ -160,7 +160,8 @@ def test_time_limit_requeues_and_resumes_exactly_and_max_requeues_stops_the_run(
         checkpoint={"every": 0, "keep": 2},
     )
     commit_all(user_repo, "det and capped runs")
-    remote(user_repo, login.env, "launch", "det", "--no-preflight", "--no-wait", host="cluster")
+    # --resume none: the launch's own start; each requeue resumes from the newest checkpoint (trainerchild.from_newest)
+    remote(user_repo, login.env, "launch", "det", "--no-preflight", "--no-wait", "--resume", "none", host="cluster")
     sha = subprocess.run(
         ["git", "-C", str(user_repo), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()

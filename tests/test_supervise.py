@@ -27,8 +27,9 @@ RUN = {
 }
 
 
-def _start(project, name: str, *policy: str) -> dict:
-    args = ["start", name, "--json", "--backoff", "0.5", *policy, "--", "-m", "enlace", "train", name]
+def _start(project, name: str, *policy: str, trainer: tuple[str, ...] = ()) -> dict:
+    """`enlace start` (its `policy` options) of `enlace train NAME` (and its `trainer` options)."""
+    args = ["start", name, "--json", "--backoff", "0.5", *policy, "--", "-m", "enlace", "train", name, *trainer]
     return json.loads(enlace(project, *args).stdout)  # --root ROOT goes last: to the trainer; start runs in ROOT
 
 
@@ -61,8 +62,12 @@ def _ended(project, name: str) -> dict:
 
 
 def test_a_run_killed_twice_is_restarted_and_ends_equal_to_an_uninterrupted_one(project, tmp_path):
+    """Started with --resume none over an earlier line of checkpoints (another learning rate): each restart
+    resumes from this line's newest (seen: `--resume none` on the restart's command line began at step 0 again),
+    and the earlier line is set aside, not resumed and not pruned."""
     write_run(project, "heal", **RUN)
-    _start(project, "heal", "--restarts", "3")
+    enlace(project, "train", "heal", "--until", "10", "--set", "optim.learning_rate=0.02")
+    _start(project, "heal", "--restarts", "3", trainer=("--resume", "none"))
     os.kill(_at_step(project, "heal", 7), signal.SIGKILL)
     os.kill(_at_step(project, "heal", 17, restarts=1), signal.SIGKILL)
     row = _ended(project, "heal")
@@ -70,6 +75,10 @@ def test_a_run_killed_twice_is_restarted_and_ends_equal_to_an_uninterrupted_one(
     log = (project / "runs" / "heal" / "train.log").read_text()
     assert log.count("supervisor: the trainer was killed by SIGKILL at step") == 2
     assert "restart 2 of 3" in log
+    assert "starting from step 0 (--resume none)" in log and "resumed from checkpoints/step-000005 at step 5" in log
+    assert "resumed from checkpoints/step-000015 at step 15" in log, log
+    aside = list((project / "runs" / "heal" / "checkpoints-set-aside").iterdir())
+    assert [sorted(p.name for p in d.iterdir()) for d in aside] == [["step-000005", "step-000010"]]
     enlace(project, "train", "heal", "--runs-dir", str(tmp_path / "straight"))
     a = load_checkpoint(tmp_path / "straight" / "heal" / "checkpoints" / "step-000200")
     b = load_checkpoint(project / "runs" / "heal" / "checkpoints" / "step-000200")

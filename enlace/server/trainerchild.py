@@ -21,6 +21,19 @@ from typing import Any
 TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
 
 
+def from_newest(argv: list[str]) -> list[str]:
+    """The trainer's command line for a restart or a requeue: whatever --resume the launch gave (none, a
+    checkpoint) was where that launch began; every later start resumes from the newest checkpoint, which is
+    that line's own (enlace/train/checkpoint.py start_line). Seen: --resume none restarted from step 0."""
+    out, given = [], iter(argv)
+    for arg in given:
+        if arg == "--resume":
+            next(given, None)
+        elif not arg.startswith("--resume="):
+            out.append(arg)
+    return out  # the trainer's own default is latest
+
+
 class TrainerChild:
     what = "the trainer"
     records_itself = True  # its final status and its verdicts (config error, disk full) are in run.json
@@ -33,7 +46,8 @@ class TrainerChild:
         self.proc: subprocess.Popen | None = None
 
     def start(self, restart: int, fds: tuple[int, ...]) -> subprocess.Popen:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
+        argv = from_newest(self.argv) if restart else self.argv
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
         return self.proc
 
     def tick(self) -> None:

@@ -31,10 +31,9 @@ from enlace.contract import ACTIVE, Status
 from enlace.server import lifecycle
 from enlace.server.runfiles import last_line
 from enlace.server.supervise import Policy, Supervisor
-from enlace.slurm.settings import SlurmError, time_left_s
+from enlace.server.trainerchild import from_newest
+from enlace.slurm.settings import EARLY_S, SlurmError, time_left_s
 from enlace.state import runs
-
-EARLY_S = 60  # Slurm's docs: the --signal may come up to 60 s before the time asked for
 
 
 def say(line: str) -> None:
@@ -89,12 +88,14 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
                 else f"the job's time limit is near: checkpointing; max_requeues ({max_requeues}) is spent"
             )
 
+    doc = runs.read(run_dir).get("command")  # the user's own command (submit kept it): started and healed as such
+    own = CommandRun.from_doc(doc, "run.json command") if doc else None
+    if restarts and own is None:  # a requeued trainer goes on from its newest checkpoint
+        train = from_newest(train)
     argv = [sys.executable, *train]
     if gpus > 1 or nodes > 1:
         argv = distributed_argv(sys.executable, train, gpus, nodes, raw, run_dir / "train.log")
     env = {**lifecycle.torchrun_env(run_dir), **os.environ}
-    doc = runs.read(run_dir).get("command")  # the user's own command (submit kept it): started and healed as such
-    own = CommandRun.from_doc(doc, "run.json command") if doc else None
     policy = Policy(own.supervise.restarts, own.supervise.stall_timeout, own.supervise.backoff) if own else Policy()
     limit = {signal.SIGUSR1: "limit"}
     sup = Supervisor(run_dir, argv, policy, env, signals=limit, on_stop=announce, command=own)

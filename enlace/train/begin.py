@@ -27,6 +27,7 @@ from enlace.train.checkpoint import (
     previous_complete,
     remove_stale_temps,
     resolve_resume,
+    start_line,
 )
 from enlace.train.dist import Dist
 from enlace.train.rundir import RunDir
@@ -93,6 +94,11 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
                 f"warning: resuming on other data than the checkpoint's (sha256 {then['sha256'][:12]} then, "
                 f"{data_id['sha256'][:12]} now; --allow-data-change): this run is no longer an exact resume"
             )
+    if dist.is_main and resume != "latest" and (moved := start_line(run.checkpoints, ckpt)):
+        run.log(
+            f"--resume {resume}: this run's checkpoints past it moved to {moved.relative_to(run.path)}/ "
+            f"({', '.join(sorted(p.name for p in moved.iterdir()))}): a restart resumes from this start's own"
+        )
     start = Start(
         setup,
         train_stream,

@@ -16,20 +16,25 @@ import errno
 import os
 import pickle
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from enlace.errors import CheckpointError, NoSpaceError
 from enlace.hashing import file_sha256
 from enlace.manifest import (
+    STEP_RE,
     complete_checkpoints,
     latest_checkpoint,
     manifest_problem,
+    name_latest,
     publish,
     read_manifest,
     step_dir_name,
     write_file,
 )
+
+SET_ASIDE = "checkpoints-set-aside"  # in the run dir, beside checkpoints/: what an explicit --resume moved away
 
 
 def remove_stale_temps(ckpt_root: Path) -> None:
@@ -142,6 +147,32 @@ def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
             f"complete checkpoints of this run: {have}"
         )
     return path
+
+
+def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
+    """An explicit --resume (none, or a checkpoint) starts the run's history again at `start` (None: step 0).
+    This run's step dirs past it — all of them when `start` is None or lies outside ckpt_root — move to
+    ../SET_ASIDE/<time>/ (never deleted: they are hours of training), and `latest` names `start` or nothing.
+    A restart or a requeue (which resume from the newest checkpoint) and the pruning of old checkpoints then
+    see this line only. Returns where they went, or None when nothing was there to move."""
+    inside = start is not None and start.resolve().parent == ckpt_root.resolve()
+    since = int(STEP_RE.fullmatch(start.name).group(1)) if inside else -1
+    later = (
+        [p for p in ckpt_root.iterdir() if (m := STEP_RE.fullmatch(p.name)) and int(m.group(1)) > since]
+        if ckpt_root.is_dir()
+        else []
+    )
+    moved = None
+    if later:
+        moved = ckpt_root.parent / SET_ASIDE / time.strftime("%Y%m%d-%H%M%S")
+        moved.mkdir(parents=True, exist_ok=True)
+        for path in later:
+            os.rename(path, moved / path.name)
+    if inside:
+        name_latest(ckpt_root, start)
+    else:
+        (ckpt_root / "latest").unlink(missing_ok=True)
+    return moved
 
 
 def previous_complete(ckpt_root: Path, ckpt: Path) -> Path | None:
