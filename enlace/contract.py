@@ -185,7 +185,9 @@ def ended_message(row: dict[str, Any]) -> str:
     step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
     where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
     if row["status"] == Status.FAILED:  # its own error (config, data, disk): a relaunch as it is fails again
-        again = f"fix what it says, then relaunch{f' (it resumes from {ckpt})' if ckpt else ''}"
+        # an error that names the checkpoint (corrupt, another device's) says itself where to resume from
+        resumes = f" (it resumes from {ckpt})" if ckpt and ckpt not in (row.get("error") or "") else ""
+        again = f"fix what it says, then relaunch{resumes}"
     elif ckpt:
         again = f"last complete checkpoint {ckpt} — relaunch to resume from it"
     elif row.get("command"):  # a command resumes its own way (its `resume:`), from files enlace does not know

@@ -369,6 +369,12 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
     assert ended_message({**dropped, "status": "crashed"}).endswith("no checkpoint — relaunch to start it again")
     failed = {**dropped, "status": "failed", "error": "the train split has 0 bytes", "latest_checkpoint": "step-000050"}
     assert ended_message(failed).endswith("0 bytes; fix what it says, then relaunch (it resumes from step-000050)")
+    corrupt = {
+        **failed,
+        "error": "the newest checkpoint is unusable: .../step-000050/model.pt: cannot be loaded — "
+        "resume from the previous complete checkpoint with --resume checkpoints/step-000040",
+    }
+    assert ended_message(corrupt).endswith("step-000040; fix what it says, then relaunch")  # not "from step-000050"
     assert "None" not in ended_message(dropped) and "it never started; no checkpoint" in ended_message(dropped)
 
 
