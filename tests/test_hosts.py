@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from support import REPO
 from support.remote import remote
 
@@ -183,6 +184,25 @@ def test_a_server_that_speaks_no_ssh_gives_one_clean_error(sshd, user_repo, tmp_
         out = remote(user_repo, sshd.env, "status", host=f"root@127.0.0.1:{port}", check=False)
     assert out.returncode == 4 and "Traceback" not in out.stderr and "SSH handshake failed" in out.stderr
     assert out.stderr.count("Error:") == 1
+
+
+def test_no_key_to_offer_is_said_as_such(sshd, user_repo, tmp_path, monkeypatch):
+    """Seen: with no key anywhere, a key-only host was said to ask "for more than a key (a password or a
+    one-time code)", and the login it advised failed the same way."""
+    import dataclasses
+
+    from orchestrator.errors import NotLoggedIn, UnreachableError
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.transport import SSHTransport
+
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    host = dataclasses.replace(resolve_host("testhost", user_repo), identity_files=[])
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/id_*
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # no agent
+    with pytest.raises(UnreachableError) as e:
+        SSHTransport(host).run(["true"])
+    assert not isinstance(e.value, NotLoggedIn) and "no SSH key to offer" in e.value.message, e.value.message
 
 
 def test_ssh_gets_its_own_default_keys_fido_ones_included(sshd, user_repo, tmp_path, monkeypatch):

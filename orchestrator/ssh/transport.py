@@ -194,8 +194,13 @@ class SSHTransport(Transport):
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
                 raise UnreachableError(unknown_key_message(h, where)) from None
-            if "No authentication methods available" in str(e):  # no key to offer: a password host
-                raise NotLoggedIn(h.name, ASKS_MORE) from None
+            if "No authentication methods available" in str(e):  # no key was found to offer (none tried)
+                raise UnreachableError(
+                    f"{where}: no SSH key to offer (no identity_file for this host, no key in ssh-agent, none of "
+                    "~/.ssh/id_*) — give it your key: identity_file in its hosts entry (enlace-remote hosts add "
+                    f"{h.name} --ssh ... --identity-file PATH), or IdentityFile in ~/.ssh/config; if it asks for a "
+                    f"password or a one-time code instead, log in once with: enlace-remote login {h.name}"
+                ) from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
             if e.errno == socket.EAI_AGAIN:  # the resolver is unreachable (offline): the network's, retried
