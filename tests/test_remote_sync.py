@@ -107,6 +107,27 @@ def test_unknown_host_key_refused_then_accepted(sshd, user_repo):
     remote(user_repo, sshd.env, "verify", "tiny")  # the next call works without the flag
 
 
+def test_the_unknown_key_hint_works_when_there_is_no_ssh_folder_yet(sshd, user_repo, tmp_path, monkeypatch):
+    """Seen: the printed `ssh-keyscan ... >> ~/.ssh/known_hosts` failed (No such file or directory) on a machine
+    without ~/.ssh, and --accept-new-host-key made ~/.ssh 0755 (OpenSSH's is 0700)."""
+    import dataclasses
+
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.hostkeys import unknown_key_message
+    from orchestrator.ssh.transport import SSHTransport
+
+    for key, value in sshd.env.items():
+        monkeypatch.setenv(key, value)
+    host = resolve_host("testhost", user_repo)
+    fresh = dataclasses.replace(host, known_hosts=str(tmp_path / "home" / ".ssh" / "known_hosts"))
+    hint = unknown_key_message(fresh, "testhost").split("trust it with: ")[1].split("  (or rerun")[0]
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True, timeout=60)  # as the user pastes it
+    assert f"[127.0.0.1]:{sshd.port}" in Path(fresh.known_hosts).read_text()
+    accepted = dataclasses.replace(host, known_hosts=str(tmp_path / "home2" / ".ssh" / "known_hosts"))
+    assert SSHTransport(accepted, accept_new_host_key=True).run(["true"]).exited == 0
+    assert (tmp_path / "home2" / ".ssh").stat().st_mode & 0o777 == 0o700
+
+
 def test_changed_host_key_refused_even_with_accept_new(sshd, user_repo, tmp_path):
     from support.sshd import keygen
 

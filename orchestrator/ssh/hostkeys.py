@@ -23,7 +23,7 @@ class AcceptNewHostKey:
     def missing_host_key(self, client, hostname, key) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
         path = Path(self.known_hosts)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ~/.ssh as OpenSSH makes it
         with open(path, "a") as fh:
             fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
@@ -46,8 +46,10 @@ def unknown_key_message(h: Host, where: str) -> str:
             t.close()
     except Exception:  # the fingerprint is a courtesy: the refusal stands without it
         pass
+    folder = Path(h.known_hosts).parent
+    mkdir = "" if folder.is_dir() else f"mkdir -p -m 700 {shlex.quote(str(folder))} && "  # seen: no ~/.ssh yet
     return (
         f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
-        f"fingerprint, then trust it with: ssh-keyscan -p {h.port} {h.hostname} >> "
+        f"fingerprint, then trust it with: {mkdir}ssh-keyscan -p {h.port} {h.hostname} >> "
         f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)"
     )
