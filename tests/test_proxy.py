@@ -86,3 +86,23 @@ def test_proxy_commands_for_paramiko_expand_tokens_and_name_what_they_cannot(tmp
     host.proxy_jump = "bad hop"
     with pytest.raises(UsageError, match="cannot read"):
         proxy_command(host, [])
+
+
+def test_a_jump_host_whose_key_is_unknown_is_said_at_once(sshd, user_repo, tmp_path):
+    """Seen: `SSH handshake failed (No existing session)`, retried as a network fault, exit 4 after the
+    retries; the jump host's own ssh had said `Host key verification failed.`"""
+    d = sshd.dir
+    (tmp_path / "empty_known_hosts").write_text("")
+    with open(d / "ssh_config", "a") as cfg:
+        cfg.write(
+            f"Host newhop\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n  IdentityFile {d}/client_key\n"
+            f"  UserKnownHostsFile {tmp_path}/empty_known_hosts\n  StrictHostKeyChecking yes\n"
+            f"Host behind\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n  IdentityFile {d}/client_key\n"
+            f"  UserKnownHostsFile {d}/known_hosts\n  ProxyJump newhop\n"
+        )
+    with open(d / "hosts.yaml", "a") as hosts:
+        hosts.write(f"  behind:\n    remote_dir: {tmp_path}/remote-behind\n    python: {sys.executable}\n")
+    started = time.monotonic()
+    out = remote(user_repo, sshd.env, "status", host="behind", check=False)
+    assert out.returncode == 4 and "the way there failed: Host key verification failed." in out.stderr, out.stderr
+    assert "retrying" not in out.stderr and time.monotonic() - started < 60, out.stderr  # not the network's

@@ -157,7 +157,7 @@ class SSHTransport(Transport):
             client.load_host_keys(h.known_hosts)
         policy = AcceptNewHostKey(h.known_hosts) if self.accept_new else paramiko.RejectPolicy()
         client.set_missing_host_key_policy(policy)
-        where = f"{h.name} ({h.hostname}:{h.port}{h.via})"
+        where, proxy = f"{h.name} ({h.hostname}:{h.port}{h.via})", self._proxy(paramiko)
         try:
             client.connect(
                 h.hostname,
@@ -169,7 +169,7 @@ class SSHTransport(Transport):
                 banner_timeout=h.connect_timeout,
                 auth_timeout=h.connect_timeout,
                 transport_factory=_no_prompts,
-                sock=self._proxy(paramiko),
+                sock=proxy,
             )
         except paramiko.BadHostKeyException as e:
             raise UnreachableError(
@@ -201,6 +201,9 @@ class SSHTransport(Transport):
                     f"{h.name} --ssh ... --identity-file PATH), or IdentityFile in ~/.ssh/config; if it asks for a "
                     f"password or a one-time code instead, log in once with: enlace-remote login {h.name}"
                 ) from None
+            if said := _proxy_said(proxy):  # seen: a jump host's unknown key was "No existing session", retried
+                final = "Host key verification failed" in said or "Permission denied" in said
+                raise (UnreachableError if final else Transient)(f"{where}: the way there failed: {said}") from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
             if e.errno == socket.EAI_AGAIN:  # the resolver is unreachable (offline): the network's, retried
@@ -385,6 +388,18 @@ class SSHTransport(Transport):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _proxy_said(proxy) -> str:
+    """The last line a proxy command (a jump host's `ssh -W`) wrote on stderr, once it has ended; "" if none."""
+    if proxy is None:
+        return ""
+    try:
+        proxy.process.wait(timeout=2)
+        said = proxy.process.stderr.read().decode(errors="replace").strip()
+    except Exception:  # still running, or its pipe gone: it said nothing we can use
+        return ""
+    return said.splitlines()[-1] if said else ""
 
 
 def _connect_failure(e: BaseException, timeout: float) -> str:
