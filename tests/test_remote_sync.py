@@ -184,6 +184,7 @@ def test_server_side_refusals_are_one_clear_line(sshd, user_repo, tmp_path):
     assert out.returncode == 2 and "nothing has been synced" in out.stderr and "Traceback" not in out.stderr
     out = remote(user_repo, env, "sync", host="local", check=False)
     assert out.returncode == 3 and "no usable python on the server" in out.stderr and "Traceback" not in out.stderr
+    assert "python: /nonexistent/python (hosts.yaml) is not a command here: no such file" in out.stderr, out.stderr
 
 
 def test_unwritable_remote_dir_is_explained(sshd, user_repo, tmp_path):

@@ -78,7 +78,10 @@ venv_key() {  # TREE -> the venv's key; enlace/hashing.py's venv_key computes th
 resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (status 1 if there is none)
   local tree=$RD/trees/$1 py=$2; shift 2
   if [ "$py" != venv ]; then
-    command -v "$py" >/dev/null 2>&1 || return 1
+    command -v "$py" >/dev/null 2>&1 || {
+      echo "python: $py (hosts.yaml) is not a command here: $( [ "${py#/}" != "$py" ] && echo "no such file or not executable" || echo "not on the PATH of a non-interactive ssh session")" >&2
+      return 1
+    }
     command -v "$py"; return
   fi
   # One venv per pyproject+constraints (pip args say where wheels come from, not what is installed), shared
