@@ -69,6 +69,9 @@ def test_unknown_section_and_unknown_set_key(project):
     assert "'training'" in _error(project, trainig={"batch_size": 2}).message
     e = _error(project, "training.bach_size=3")
     assert e.source == "--set" and "'batch_size'" in e.message
+    # another trainer's name for a key: spelling alone pointed `optim.lr` at 'min_lr'
+    assert "did you mean 'learning_rate'?" in _error(project, "optim.lr=-1").message
+    assert "did you mean 'd_model'?" in _error(project, "model.n_embd=64").message
 
 
 def test_unknown_key_in_profile_names_the_profile(project):

@@ -219,8 +219,24 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
     return path
 
 
+# the names other trainers use (nanoGPT, HF) for a key of ours: spelling alone led `lr` to 'min_lr'
+OTHER_NAMES = {
+    "lr": "learning_rate",
+    "wd": "weight_decay",
+    "clip": "grad_clip",
+    "max_grad_norm": "grad_clip",
+    "max_iters": "max_steps",
+    "gradient_accumulation_steps": "grad_accum",
+    "block_size": "seq_len",
+    "n_embd": "d_model",
+}
+
+
 def _closest(key: str, valid: typing.Iterable[str]) -> str:
-    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    valid = list(valid)
+    if OTHER_NAMES.get(key) in valid:
+        return f"did you mean {OTHER_NAMES[key]!r}?"
+    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     return f"did you mean {match[0]!r}?" if match else f"valid keys: {', '.join(sorted(valid))}"
 
 
