@@ -37,6 +37,7 @@ ALREADY_RUNNING = 7  # launch: the run is already running (or another launch of 
 CRASHED = 8  # the run crashed: restarts spent, or its process vanished without a final status; a dropped run too
 NO_SPACE = 9  # not enough free disk for the run's checkpoints
 TOO_SLOW = 10  # preflight: the measured steps project past preflight's own time budget
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells say it): the verb said what it left going
 
 TABLE = {
     OK: "ok (preflight: ok or tight)",
@@ -51,6 +52,7 @@ TABLE = {
     "its first start crashed)",
     NO_SPACE: "not enough free disk space for the run's checkpoints",
     TOO_SLOW: "preflight: too slow (its steps project past its time budget)",
+    INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
 # preflight verdict → exit code (ok, tight: 0)

@@ -231,7 +231,7 @@ def run_main() -> None:
         code = e.exit_code
     except KeyboardInterrupt:  # e.g. during close: no chained tracebacks, ever
         click.echo("\ninterrupted", err=True)
-        code = 130
+        code = contract.INTERRUPTED
     leave(code)  # every verb has closed its files, processes and connections by now
 
 

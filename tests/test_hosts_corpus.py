@@ -161,6 +161,20 @@ def test_a_host_whose_key_file_is_missing_is_listed_as_unusable_and_not_added(tm
     assert path.read_text() == before  # nothing written
 
 
+def test_ctrl_c_in_a_verb_exits_130_in_one_line(tmp_path, monkeypatch):
+    """Seen: Ctrl-C in preflight printed click's `Aborted!` and exited 1, the code of a failed run."""
+    import orchestrator.hosts.resolve
+
+    def interrupted(repo):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(orchestrator.hosts.resolve, "survey_hosts", interrupted)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["hosts"])
+    assert out.exit_code == 130 and out.output == "\ninterrupted\n", (out.exit_code, out.output)
+
+
 def test_a_yaml_bomb_and_a_huge_hosts_file_are_refused_at_once(tmp_path, monkeypatch):
     """Seen: nested aliases in a host's pip_args took 45.8 s of CPU, then a MemoryError; a 50 MB hosts file
     cost 65 s on every command."""

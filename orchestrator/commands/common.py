@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from enlace import contract
+
 HOST_ENV = "ENLACE_REMOTE_HOST"
 
 
@@ -83,8 +85,24 @@ class AfterDashCommand(HostOptionsCommand):
         return super().parse_args(ctx, args)
 
 
+class Interrupted(click.ClickException):
+    exit_code = contract.INTERRUPTED
+
+    def __init__(self):
+        super().__init__("interrupted")
+
+    def show(self, file=None) -> None:
+        click.echo("\ninterrupted", err=True)
+
+
 class HostOptionsGroup(click.Group):
     command_class = HostOptionsCommand
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # Ctrl-C in a verb: click said "Aborted!" and exited 1, a failed run's code
+            raise Interrupted() from None
 
 
 def with_remote(fn):

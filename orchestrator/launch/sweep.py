@@ -10,6 +10,7 @@ from collections import Counter
 
 import click
 
+from enlace import contract
 from enlace.clitypes import shown_url
 from enlace.config import command
 from enlace.contract import trainer_args
@@ -82,7 +83,7 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
         again = f"the same command with --name {name} starts the points it did not (`status --sweep {name}`)"
         said = f"any runs it started go on; {again}" if record.exists(repo, name) else "nothing was started"
         click.echo(f"\nsweep {name}: interrupted — {said}", err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(contract.INTERRUPTED) from None
 
 
 def _launch(remote, run: str, own, swept: dict, fixed: list[str], name: str, hosts: str | None, o) -> record.Sweep:
