@@ -137,7 +137,11 @@ def generate(remote: Remote, teacher: str, n_bytes: int, out: str, temperature: 
     continues; stopping this command (Ctrl-C, a lost connection) stops the server's generate too.
 
     \b
-    enlace-remote generate smoke-cpu --bytes 2000000            # then: enlace-remote launch distill-cpu"""
+    enlace-remote generate smoke-cpu --bytes 200000
+    enlace-remote launch distill-cpu --set data=distill --set run_name=distill-seq   # a student on that text
+
+    On a Slurm host it runs on the login node, on its CPU (it is no batch job): generate a few MB there, or
+    train the teacher where the GPU is."""
     validate_run_name(teacher, "RUN")
     args = ["generate", teacher, "--bytes", str(n_bytes), "--out", out, "--temperature", str(temperature)]
     args += ["--seed", str(seed), "--streams", str(streams)]
