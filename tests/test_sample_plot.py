@@ -55,6 +55,10 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
     out = enlace(project, "sample", "lr-1e3", check=False)  # a mistyped run name: the runs there are
     assert out.returncode == 2 and "no run named 'lr-1e3' here — runs on this host: lr-1e-3" in out.stderr, out.stderr
     assert "`enlace-remote fetch lr-1e3` brings it here" in out.stderr  # here, not on a server: where runs are
+    (project / "runs" / "lr-1e-3" / "preflight.json").write_text("{}")  # what a launch leaves here
+    out = enlace(project, "sample", "lr-1e-3", check=False)
+    assert out.returncode == 2 and "this run has no complete checkpoint here" in out.stderr, out.stderr
+    assert "`enlace-remote fetch lr-1e-3`" in out.stderr
     out = enlace(project, "sample", str(tmp_path / "gone" / "ckpt"), check=False)  # a path: not a run name
     assert out.returncode == 2 and "gone/ckpt: no such directory — name a run" in out.stderr, out.stderr
     from enlace.train.checkpoint import save_checkpoint

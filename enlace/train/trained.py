@@ -20,6 +20,11 @@ def find_checkpoint(target: Path) -> Path:
     if (target / "MANIFEST").is_file():
         return target
     ckpt = latest_checkpoint(target / "checkpoints")
+    if ckpt is None and any((target / name).exists() for name in ("run.json", "preflight.json", "checkpoints")):
+        raise CheckpointError(  # seen after a launch, which leaves preflight.json here: said as if no run at all
+            f"{target}: this run has no complete checkpoint here — where it trains, its first one comes at "
+            f"checkpoint.every; a run trained on a host comes here with `enlace-remote fetch {target.name}`"
+        )
     if ckpt is None:
         raise CheckpointError(f"{target}: neither a checkpoint (no MANIFEST) nor a run with a complete checkpoint")
     return ckpt
