@@ -104,10 +104,11 @@ def _launch(remote, run: str, own, swept: dict, fixed: list[str], name: str, hos
         return _on_slurm(remote, targets[0], run, name, points, fixed, o, own is not None)
     if o.max_running:
         click.echo("note: --max-running is a Slurm job array's limit; on these hosts their queues decide", err=True)
-    shipped, rooms = {}, {}
+    shipped, rooms, first = {}, {}, _overrides(fixed, points[0])
     for host in targets:
         click.echo(f"== {host.name}", err=True)
-        shipped[host.name] = ship.ship(remote.session_for(host), repo, run, o.allow_dirty, False, tuple(fixed))
+        # a point's --set (its run_name): the base run's own record, if it was ever launched, is no point's
+        shipped[host.name] = ship.ship(remote.session_for(host), repo, run, o.allow_dirty, False, first)
         rooms[host.name] = _room(remote.session_for(host), host, shipped[host.name].device, procs)
     _refuse_taken(remote, targets, points)
     placement = place(points, [h.name for h in targets], rooms)
@@ -188,7 +189,12 @@ def _finish(remote, earlier: record.Sweep, run: str, fixed: list[str], keys: lis
     for host_name in dict.fromkeys(h for _, h in pairs):
         click.echo(f"== {host_name}", err=True)
         shipped[host_name] = ship.ship(
-            remote.session_for(by_name[host_name]), remote.repo, run, o.allow_dirty, False, tuple(fixed)
+            remote.session_for(by_name[host_name]),
+            remote.repo,
+            run,
+            o.allow_dirty,
+            False,
+            _overrides(fixed, pairs[0][0]),
         )
     _check_points(remote, run, fixed, pairs, shipped, by_name)
     _start_points(remote, run, name, fixed, pairs, shipped, by_name, mine, o)
@@ -222,7 +228,7 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
     if o.notify:
         raise UsageError("--notify: a Slurm run does not notify yet (docs/sweeps.md says what does)")
     session = remote.session_for(host)
-    sha, _, _ = ship.ship(session, remote.repo, run, o.allow_dirty, False, tuple(fixed))
+    sha, _, _ = ship.ship(session, remote.repo, run, o.allow_dirty, False, _overrides(fixed, points[0]))
     _refuse_taken(remote, [host], points)
     tasks = []
     for point in points:
