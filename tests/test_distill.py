@@ -43,6 +43,13 @@ def test_distillation_resumes_exactly_and_logs_both_terms(teacher):
 @pytest.mark.slow
 def test_a_changed_teacher_is_refused_on_resume(teacher):
     write_run(teacher, "stud", **STUDENT)
+    # a student that does not fit its teacher is refused before the run (it passed check-config and verify)
+    for item, said in (
+        ("model.seq_len=4096", "4096 is longer than the teacher's seq_len"),
+        ("model.vocab_size=300", "the teacher's vocab_size 256 differs"),
+    ):
+        out = enlace(teacher, "check-config", "stud", "--set", item, check=False)
+        assert out.returncode == 2 and out.stderr.startswith(f"Error: --set: {item.split('=')[0]}: {said}"), out.stderr
     enlace(teacher, "train", "stud", "--until", "4")
     enlace(teacher, "train", "teach", "--set", "training.max_steps=7")  # the teacher trained on: a new latest
     out = enlace(teacher, "train", "stud", check=False)

@@ -13,6 +13,7 @@ from enlace.config.schema import Config
 from enlace.errors import ConfigError
 from enlace.manifest import latest_checkpoint, manifest_problem, not_the_trainers
 from enlace.names import RUN_NAME_RE
+from enlace.yamlio import read_yaml
 
 
 def check_environment(cfg: Config) -> None:
@@ -46,8 +47,32 @@ def check_environment(cfg: Config) -> None:
                 f"pip install 'enlace[{package}]' here (on a server: enlace-remote shell -- pip install {package}), "
                 f"or turn it off (--set {key}={'false' if package == 'tensorboard' else 'off'})",
             )
-    if cfg.distill.teacher:
-        teacher_checkpoint(cfg)  # a missing or incomplete teacher is a config error, before anything runs
+    if cfg.distill.teacher:  # a missing or incomplete teacher, or one the student does not fit: before anything runs
+        ckpt = teacher_checkpoint(cfg)
+        frozen = ckpt.parent.parent / "config.yaml"  # the teacher run's config, frozen at its start (no torch here)
+        model = (read_yaml(frozen, "the teacher's config").get("model") or {}) if frozen.is_file() else {}
+        if isinstance(model.get("vocab_size"), int) and isinstance(model.get("seq_len"), int):
+            check_fit(cfg, model["vocab_size"], model["seq_len"])
+
+
+def check_fit(cfg: Config, vocab_size: int, seq_len: int) -> None:
+    """The student fits its teacher: one vocabulary, and no more positions than the teacher has. Checked from
+    the teacher's frozen config before the run (check-config, verify), and from its checkpoint as it loads."""
+    s = cfg.model
+    if vocab_size != s.vocab_size:
+        raise ConfigError(
+            cfg.origin("model.vocab_size"),
+            "model.vocab_size",
+            f"the teacher's vocab_size {vocab_size} differs from the student's {s.vocab_size}",
+            "distill between models of one vocabulary",
+        )
+    if seq_len < s.seq_len:
+        raise ConfigError(
+            cfg.origin("model.seq_len"),
+            "model.seq_len",
+            f"{s.seq_len} is longer than the teacher's seq_len {seq_len}",
+            f"use model.seq_len <= {seq_len}",
+        )
 
 
 def teacher_checkpoint(cfg: Config) -> Path:

@@ -15,8 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enlace.config.machine import teacher_checkpoint
-from enlace.errors import ConfigError
+from enlace.config.machine import check_fit, teacher_checkpoint
 from enlace.train.trained import load_model
 
 if TYPE_CHECKING:
@@ -34,21 +33,7 @@ def load_teacher(cfg: Config, device: torch.device) -> tuple[torch.nn.Module, di
     """The frozen teacher on `device`, and {checkpoint, identity, params} for the log and checkpoints."""
     ckpt = teacher_checkpoint(cfg)
     model, _ = load_model(ckpt, device)
-    t, s = model.cfg, cfg.model
-    if t.vocab_size != s.vocab_size:
-        raise ConfigError(
-            cfg.origin("distill.teacher"),
-            "distill.teacher",
-            f"the teacher's vocab_size {t.vocab_size} differs from the student's {s.vocab_size}",
-            "distill between models of one vocabulary",
-        )
-    if t.seq_len < s.seq_len:
-        raise ConfigError(
-            cfg.origin("model.seq_len"),
-            "model.seq_len",
-            f"{s.seq_len} is longer than the teacher's seq_len {t.seq_len}",
-            f"use model.seq_len <= {t.seq_len}",
-        )
+    check_fit(cfg, model.cfg.vocab_size, model.cfg.seq_len)
     for p in model.parameters():
         p.requires_grad_(False)
     return model, {"checkpoint": str(ckpt), "identity": identity(ckpt), "params": model.num_params()}
