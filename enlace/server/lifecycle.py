@@ -185,7 +185,8 @@ def wait_started(
         mine = st.get("launch_id") == launch_id
         phase = st.get("phase")
         if job.get("state") in slurm.QUEUED_STATES:
-            phase = f"pending in Slurm: job {job['job_id']} {job.get('state')}, reason {job.get('reason') or '-'}"
+            why = f" ({job['reason']})" if job.get("reason") else ""  # Slurm gives none just after submission
+            phase = f"pending in Slurm: job {job['job_id']} {job.get('state')}{why}"
         if mine and phase != shown and on_phase:
             shown = phase
             on_phase(shown)
