@@ -122,6 +122,31 @@ def test_start_refuses_a_live_run_and_wait_sees_its_death(tmp_path):
     assert lifecycle.stop(run_dir, grace=1, kill=False)["was_running"] is False
 
 
+def test_a_slurm_job_pending_for_a_limit_ends_the_wait_and_says_why(tmp_path, monkeypatch):
+    """Seen: a 2-node job on a 1-node partition, `PENDING (PartitionNodeLimit)`, and launch waited for it to
+    start. (Slurm's answer stands in for a cluster here: job_info is what scontrol said.)"""
+    from enlace.slurm import settings as slurm
+
+    said = {"state": "PENDING", "reason": "Priority", "restarts": 0, "exit_code": None}
+    monkeypatch.setattr(slurm, "job_info", lambda job_id, max_age=0: dict(said))
+    run_dir, phases = tmp_path / "r", []
+    runs.update(run_dir, status=Status.STARTING, launch_id="L1", job_id="7", step=0)
+    assert lifecycle.wait_started(run_dir, "L1", timeout=0.3, on_phase=phases.append)["waited"] == "timeout"
+    said["reason"] = "PartitionNodeLimit"
+    row = lifecycle.wait_started(run_dir, "L1", timeout=30, on_phase=phases.append)
+    assert row["waited"] == "blocked" and phases[0] == "pending in Slurm: job 7 PENDING (Priority)", phases
+    assert phases[-1].startswith("pending in Slurm: job 7 PENDING (PartitionNodeLimit): its node count is outside")
+    assert phases[-1].endswith("so it may never start — `stop` cancels it"), phases
+    from types import SimpleNamespace
+
+    from orchestrator.errors import UsageError
+    from orchestrator.launch.stages import wait_first_step
+
+    session = SimpleNamespace(host=SimpleNamespace(name="hpc"), stream_json=lambda *a, **k: row)
+    with pytest.raises(UsageError, match=r"r: Slurm job 7 is pending for PartitionNodeLimit: as asked it may never"):
+        wait_first_step(session, "r", {"launch_id": "L1"}, follow=False)
+
+
 def test_a_command_has_started_once_it_ran_a_while_and_a_crashed_first_start_is_said(tmp_path):
     """A launch waits for its command to outlive settle_s (one that fails at once fails its launch), and returns
     at once when the first start crashed and the supervisor waits to restart it; a new launch starts its

@@ -170,7 +170,8 @@ def wait_started(
     run_dir: Path, launch_id: str, timeout: float, on_phase=None, poll: float = 0.1, settle_s: float = COMMAND_SETTLE_S
 ) -> dict[str, Any]:
     """Wait on the server until the launch `launch_id` has logged a step, or (a command) run `settle_s`
-    without ending, or ended, or crashed and waits to restart ("waited": "restarting"); the row at that moment.
+    without ending, or ended, or crashed and waits to restart ("waited": "restarting"), or waits in a queue
+    ("queued"; "blocked": a Slurm job pending for a limit its request is over); the row at that moment.
     A command that fails at once (its imports, a missing file) fails the launch that started it.
 
     on_phase(text) is called when the trainer's phase changes (building model, resuming, ...)."""
@@ -186,6 +187,8 @@ def wait_started(
         phase = st.get("phase")
         if job.get("state") in slurm.QUEUED_STATES:
             why = f" ({job['reason']})" if job.get("reason") else ""  # Slurm gives none just after submission
+            if job.get("reason") in slurm.WILL_NOT_START:  # seen: "waiting for it to start" on a 2-node job, 1 node
+                why += f": {slurm.WILL_NOT_START[job['reason']]}, so it may never start — `stop` cancels it"
             phase = f"pending in Slurm: job {job['job_id']} {job.get('state')}{why}"
         if mine and phase != shown and on_phase:
             shown = phase
@@ -202,6 +205,8 @@ def wait_started(
             return observe(run_dir) | {"waited": "restarting"}
         if mine and status == Status.QUEUED:  # its turn may be hours away: the launch returns, the run waits
             return observe(run_dir) | {"waited": "queued"}
+        if mine and job.get("state") in slurm.QUEUED_STATES and job.get("reason") in slurm.WILL_NOT_START:
+            return observe(run_dir) | {"waited": "blocked"}  # pending for a limit, not its turn: no 10-minute wait
         if not is_alive:  # died before it could write anything (e.g. the interpreter failed)
             return observe(run_dir) | {"status": Status.CRASHED.value, "waited": "done"}
         if time.monotonic() > deadline:

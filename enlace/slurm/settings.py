@@ -44,6 +44,16 @@ LIVE_STATES = frozenset(
     }
 )
 QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+# pending reasons that mean the job, as asked, waits for a limit to change rather than for its turn
+WILL_NOT_START = {
+    "PartitionTimeLimit": "its time is over the partition's limit",
+    "PartitionNodeLimit": "its node count is outside the partition's limits (or those nodes are down)",
+    "QOSMaxWallDurationPerJobLimit": "its time is over its QOS's limit",
+    "QOSMaxNodePerJobLimit": "its node count is over its QOS's limit",
+    "BadConstraints": "no node has what its constraints ask",
+    "InvalidAccount": "its account is not valid",
+    "InvalidQOS": "its QOS is not valid",
+}
 
 
 class SlurmError(EnlaceError):

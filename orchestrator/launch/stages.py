@@ -15,7 +15,7 @@ import click
 from enlace.contract import LOG_STAMP, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
 from enlace.errors import EnlaceError
 from enlace.preflight.report import format_report
-from orchestrator.errors import AlreadyRunning, FirstStartCrashed, from_doc
+from orchestrator.errors import AlreadyRunning, FirstStartCrashed, UsageError, from_doc
 from orchestrator.launch.slurm import on_node
 from orchestrator.ssh.session import Session
 
@@ -189,6 +189,12 @@ def wait_first_step(session: Session, run_name: str, started: dict, follow: bool
             f"  it starts by itself when its turn comes: `enlace-remote logs {run_name} -f` waits with it", err=True
         )
         return row
+    if row["waited"] == "blocked":  # its reason and what it means are the phase shown above
+        raise UsageError(
+            f"{run_name}: Slurm job {row['job_id']} is pending for {row['slurm_reason']}: as asked it may never "
+            f"start — `enlace-remote stop {run_name}` cancels it; ask for what the partition allows (the host's "
+            "time, nodes, partition or qos in hosts.yaml, or launch's --nodes/--gpus)"
+        )
     if row["waited"] == "restarting" and follow:
         click.echo(f"{run_name}: its first start crashed; following it through its restarts", err=True)
         return row
