@@ -234,3 +234,11 @@ def test_a_corpus_too_small_for_its_splits_is_said_before_a_launch(project):
         out.returncode == 3 and "the train split has 0 bytes, fewer than seq_len + 1" in json.loads(out.stdout)["error"]
     )
     assert json.loads(enlace(project, "data-files", "small", "--json").stdout)["ok"]  # the tiny corpus: both fit
+    # seen: generate's small val shard passed verify and preflight, then training refused it
+    corpus = project / "data" / "c.txt"
+    corpus.write_bytes(bytes(range(256)) * 12)  # 3,072 bytes: val_fraction 0.01 leaves a 30-token val shard
+    prepare_shards([corpus], project / "data" / "sh", shard_tokens=4096, dtype="uint8", val_fraction=0.01)
+    (project / "configs" / "data" / "sh.yaml").write_text("kind: shards\nshard_dir: data/sh\n")
+    write_run(project, "sharded", data="sh")
+    out = enlace(project, "data-files", "sharded", "--json", check=False)
+    assert out.returncode == 3 and "no val shard holds" in json.loads(out.stdout)["error"], out.stdout

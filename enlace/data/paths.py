@@ -126,6 +126,22 @@ def read_meta(shard_dir: Path) -> dict:
     return meta
 
 
+def require_shard_window(shard_dir: Path, split: str, lengths: list[int], need: int) -> None:
+    """One of a split's shards (`lengths`: their tokens) holds a batch's `need` tokens, or a DataError."""
+    if not any(n >= need for n in lengths):
+        raise DataError(
+            f"{shard_dir}: no {split} shard holds {need} tokens (batch_size * seq_len * world + 1); prepare "
+            "larger shards or a smaller batch"
+        )
+
+
+def shard_tokens(shard_dir: Path, split: str) -> list[int]:
+    """Each of a split's shards' token count, from its size (meta.json's dtype): no shard is read."""
+    meta = read_meta(shard_dir)
+    itemsize = 2 if meta["dtype"] == "uint16" else 1
+    return [(shard_dir / name).stat().st_size // itemsize for name in meta[split]]
+
+
 def shard_files(shard_dir: Path) -> list[Path]:
     """meta.json and every shard it lists; DataError naming the missing ones."""
     meta = read_meta(shard_dir)

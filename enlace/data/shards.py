@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from enlace.data.bytestream import ConcatBytes, check_state, mix_seed
-from enlace.data.paths import DataError, read_meta
+from enlace.data.paths import DataError, read_meta, require_shard_window
 from enlace.hashing import open_pieces
 
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
@@ -49,12 +49,7 @@ class ShardStream:
         self.seq_len, self.batch_size, self.split, self.seed = seq_len, batch_size, split, seed
         self.rank, self.world = rank, world
         self.chunk = batch_size * seq_len  # tokens one rank consumes per batch (+1 for the target)
-        usable = [len(s) >= self.chunk * world + 1 for s in self.shards]
-        if not any(usable):
-            raise DataError(
-                f"{shard_dir}: no {split} shard holds {self.chunk * world + 1} tokens "
-                "(batch_size * seq_len * world + 1); prepare larger shards or a smaller batch"
-            )
+        require_shard_window(shard_dir, split, [len(s) for s in self.shards], self.chunk * world + 1)
         self.epoch, self.index, self.offset = 0, 0, 0
         self._order = self._order_for(0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from enlace.config.schema import Config
 from enlace.data.bytestream import ByteStream
-from enlace.data.paths import resolve_paths, run_files, split_bounds
+from enlace.data.paths import require_shard_window, resolve_paths, run_files, shard_tokens, split_bounds
 from enlace.data.shards import ShardStream
 
 FULL_HASH_LIMIT = 1 << 30  # corpora up to 1 GiB are hashed whole; larger ones by size + head/tail samples
@@ -31,12 +31,18 @@ def data_files(cfg: Config) -> list[str]:
 
 
 def require_splits(cfg: Config, files: list[str]) -> None:
-    """verify's check that a byte corpus holds a window for each split (DataError in the stream's own words):
-    an empty file passed every check, then failed at the first step. The stream checks again as it starts."""
+    """verify's check that the data holds a batch's window for each split (DataError in the stream's own words):
+    an empty file, or a val shard shorter than a batch, passed every check, then failed as training began. The
+    stream checks again as it starts."""
     if cfg.data.kind == "bytes":
         length = sum(Path(f).stat().st_size for f in files)
         for split in ("train", "val"):
             split_bounds(length, cfg.data.val_fraction, split, cfg.model.seq_len)
+        return
+    t, shard_dir = cfg.training, cfg.root / cfg.data.shard_dir  # seen: generate's small val shard passed verify
+    for split, batch in (("train", t.batch_size), ("val", t.eval_batch_size or t.batch_size)):
+        need = batch * cfg.model.seq_len + 1  # one rank's; a launch on N GPUs needs N times that (said as it starts)
+        require_shard_window(shard_dir, split, shard_tokens(shard_dir, split), need)
 
 
 def data_identity(cfg: Config) -> dict:
