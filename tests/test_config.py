@@ -24,7 +24,7 @@ def test_every_shipped_run_config_loads(run):
     assert cfg.run_name == run  # each names itself after its file
     teacher = cfg.distill.teacher
     if teacher and not (REPO / "runs" / teacher / "checkpoints" / "latest").exists():
-        with pytest.raises(ConfigError, match=f"train the teacher first \\(enlace train {teacher}\\)"):
+        with pytest.raises(ConfigError, match=f"train the teacher first \\(enlace-remote launch {teacher} on that"):
             check_environment(cfg)  # where the run starts, a missing teacher is said
 
 

@@ -100,7 +100,8 @@ def teacher_checkpoint(cfg: Config) -> Path:
             "distill.teacher",
             f"run {ref!r} has no complete checkpoint on this machine "
             f"(looked in {cfg.root / 'runs' / ref / 'checkpoints'})",
-            f"train the teacher first (enlace train {ref}), or name a checkpoint dir",
+            f"train the teacher first (enlace-remote launch {ref} on that host, or enlace train {ref} here), or "
+            "name a checkpoint dir",
         )
     return _trainers(ckpt, where)
 
