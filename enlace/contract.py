@@ -61,7 +61,7 @@ VERDICT = {"oom": OOM, "unstable": UNSTABLE, "no_space": NO_SPACE, "too_slow": T
 
 def help_text() -> str:
     """The table for `--help` epilogs (click's \\b keeps the lines as they are)."""
-    return "\b\nExit codes:\n" + "\n".join(f"  {code:>2}  {what}" for code, what in TABLE.items())
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {what}" for code, what in TABLE.items())
 
 
 def leave(code: object) -> NoReturn:

@@ -21,7 +21,7 @@ from enlace.state import runs
 
 
 def test_exit_codes_are_one_table_used_by_every_part():
-    assert len(set(contract.TABLE)) == len(contract.TABLE) == 11
+    assert len(set(contract.TABLE)) == len(contract.TABLE) == 12
     script = (REPO / "enlace" / "remote" / "remote.sh").read_text()
     for name, value in re.findall(r"^EXIT_([A-Z_]+)=(\d+)$", script, re.M):
         assert getattr(contract, name) == int(value), name  # remote.sh spells the same values
@@ -32,7 +32,10 @@ def test_exit_codes_are_one_table_used_by_every_part():
     readme = (REPO / "docs" / "troubleshooting.md").read_text()  # the one table, as users read it
     for code, what in contract.TABLE.items():
         assert f"| {code} | {what} |" in readme, what
-    assert "\n   8  the run crashed" in contract.help_text() and "\n  10  preflight" in contract.help_text()  # aligned
+    assert (
+        "\n    8  the run crashed" in contract.help_text() and "\n   10  preflight" in contract.help_text()
+    )  # aligned
+    assert "\n  130  interrupted (Ctrl-C)" in contract.help_text()
     from enlace.errors import NoSpaceError
     from orchestrator.errors import AlreadyRunning, UsageError, VerifyError, from_doc
 
