@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -195,9 +196,14 @@ def test_what_a_killed_save_left_is_removed_and_the_checkpoints_stay(tmp_path):
 
 
 def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_from_its_own(tmp_path):
-    """--resume none or a checkpoint starts a line of history: what lies past it is moved aside (never deleted),
-    `latest` names the start, and a restart's command line resumes from the newest (enlace/server/trainerchild.py)."""
-    from enlace.server.trainerchild import from_newest
+    """--resume none or a checkpoint starts a line of history: what lies past it is moved aside (the line left
+    before that one is removed then: disk stays bounded), a checkpoint from elsewhere is linked in as this run's,
+    `latest` names the start, and a restart's command line resumes from the newest once this launch's trainer
+    has begun the line (enlace/server/trainerchild.py)."""
+    import json
+
+    from enlace.manifest import write_manifest
+    from enlace.server.trainerchild import again_argv
     from enlace.train.checkpoint import SET_ASIDE, start_line
 
     def line(*steps: int) -> Path:
@@ -205,26 +211,44 @@ def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_
         for step in steps:
             (root / f"step-{step:06d}").mkdir(parents=True)
             (root / f"step-{step:06d}" / "model.pt").write_bytes(b"%d" % step)
+            write_manifest(root / f"step-{step:06d}", step, ["model.pt"])
         (root / "latest").write_text(f"step-{steps[-1]:06d}\n")
         return root
 
     def aside(root: Path) -> list[list[str]]:
-        return [sorted(p.name for p in d.iterdir()) for d in (root.parent / SET_ASIDE).iterdir()]
+        return [sorted(p.name for p in d.iterdir()) for d in sorted((root.parent / SET_ASIDE).iterdir())]
+
+    def names(root: Path) -> list[str]:
+        return sorted(p.name for p in root.iterdir())
 
     root = line(5, 10, 15)  # --resume checkpoints/step-000010: 15 goes, latest names 10
     moved = start_line(root, root / "step-000010")
     assert moved.parent == root.parent / SET_ASIDE and (moved / "step-000015" / "model.pt").read_bytes() == b"15"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000005", "step-000010"]
-    assert (root / "latest").read_text() == "step-000010\n" and aside(root) == [["step-000015"]]
+    assert names(root) == ["latest", "step-000005", "step-000010"] and aside(root) == [["step-000015"]]
+    assert (root / "latest").read_text() == "step-000010\n"
+    assert start_line(root, root / "step-000010") is None  # nothing past it: nothing moved
+
     root = line(5, 10)  # --resume none: all of them go, and latest
     start_line(root, None)
-    assert list(root.iterdir()) == [] and aside(root) == [["step-000005", "step-000010"]]
-    other = line(20)  # a checkpoint of another run: this run's own all go
-    root = line(5, 30)
+    assert names(root) == [] and aside(root) == [["step-000005", "step-000010"]]
+
+    other, root = line(20), line(5, 30)  # a checkpoint of another run: this run's all go; it is linked in
     start_line(root, other / "step-000020")
-    assert list(root.iterdir()) == [] and aside(root) == [["step-000005", "step-000030"]]
-    root = line(5)
-    assert start_line(root, root / "step-000005") is None  # nothing past it: nothing moved
+    assert names(root) == ["latest", "step-000020"] and aside(root) == [["step-000005", "step-000030"]]
+    assert (root / "step-000020" / "model.pt").stat().st_ino == (other / "step-000020" / "model.pt").stat().st_ino
+    assert (root / "latest").read_text() == "step-000020\n"
+
+    (root / "step-000025").mkdir()  # the new line saved; back to the line set aside: the one before it is removed
+    back = next((root.parent / SET_ASIDE).iterdir()) / "step-000030"
+    time.sleep(1.1)  # a set-aside folder is named by the second
+    start_line(root, back)
+    assert names(root) == ["latest", "step-000030"] and aside(root) == [["step-000020", "step-000025"]]
+    assert (root / "step-000030" / "model.pt").read_bytes() == b"30"  # linked before its folder was removed
+
+    root = line(5, 10)  # a copy named otherwise inside checkpoints/ is a start from elsewhere (it crashed)
+    shutil.copytree(root / "step-000005", root / "best")
+    start_line(root, root / "best")
+    assert names(root) == ["best", "latest", "step-000005"] and aside(root) == [["step-000005", "step-000010"]]
 
     argv = [
         "python",
@@ -240,4 +264,19 @@ def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_
         "--until",
         "9",
     ]
-    assert from_newest(argv) == ["python", "-m", "enlace", "train", "r", "--set", "a=--resume", "--until", "9"]
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    assert again_argv(argv, run_dir, "L1") == argv  # its trainer never began the line (it failed sooner): as given
+    (run_dir / "run.json").write_text(json.dumps({"line_of": "L1"}))
+    assert again_argv(argv, run_dir, "L1") == [
+        "python",
+        "-m",
+        "enlace",
+        "train",
+        "r",
+        "--set",
+        "a=--resume",
+        "--until",
+        "9",
+    ]
+    assert again_argv(argv, run_dir, "L2") == argv and again_argv(argv, run_dir, None) == argv

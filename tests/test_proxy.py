@@ -106,3 +106,20 @@ def test_a_jump_host_whose_key_is_unknown_is_said_at_once(sshd, user_repo, tmp_p
     out = remote(user_repo, sshd.env, "status", host="behind", check=False)
     assert out.returncode == 4 and "the way there failed: Host key verification failed." in out.stderr, out.stderr
     assert "retrying" not in out.stderr and time.monotonic() - started < 60, out.stderr  # not the network's
+
+
+def test_through_several_hops_the_refusing_hops_words_are_said():
+    """`-J a,b` with hop a's key unknown: its "Host key verification failed." comes first, the outer ssh's
+    "Connection closed" last; the last line alone made a final refusal a retried network fault."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from orchestrator.ssh.transport import _proxy_said
+
+    words = "echo 'Host key verification failed.' >&2; echo 'Connection closed by UNKNOWN port 65535' >&2"
+    proxy = SimpleNamespace(process=subprocess.Popen(["sh", "-c", words], stderr=subprocess.PIPE))
+    assert _proxy_said(proxy) == "Host key verification failed."
+    proxy = SimpleNamespace(
+        process=subprocess.Popen(["sh", "-c", "echo a >&2; echo 'b: refused' >&2"], stderr=subprocess.PIPE)
+    )
+    assert _proxy_said(proxy) == "b: refused" and _proxy_said(None) == ""

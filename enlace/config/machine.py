@@ -13,7 +13,7 @@ from enlace.config.schema import Config
 from enlace.errors import ConfigError
 from enlace.manifest import latest_checkpoint, manifest_problem, not_the_trainers
 from enlace.names import RUN_NAME_RE
-from enlace.yamlio import read_yaml
+from enlace.state.runs import read
 
 
 def check_environment(cfg: Config) -> None:
@@ -49,10 +49,11 @@ def check_environment(cfg: Config) -> None:
             )
     if cfg.distill.teacher:  # a missing or incomplete teacher, or one the student does not fit: before anything runs
         ckpt = teacher_checkpoint(cfg)
-        frozen = ckpt.parent.parent / "config.yaml"  # the teacher run's config, frozen at its start (no torch here)
-        model = (read_yaml(frozen, "the teacher's config").get("model") or {}) if frozen.is_file() else {}
-        if isinstance(model.get("vocab_size"), int) and isinstance(model.get("seq_len"), int):
-            check_fit(cfg, model["vocab_size"], model["seq_len"])
+        # the teacher run's config as its last start recorded it (config.yaml is its first start's); no torch here
+        trained = read(ckpt.parent.parent).get("fingerprint") or {}
+        vocab, seq = trained.get("model.vocab_size"), trained.get("model.seq_len")
+        if isinstance(vocab, int) and isinstance(seq, int):
+            check_fit(cfg, vocab, seq)
 
 
 def check_fit(cfg: Config, vocab_size: int, seq_len: int) -> None:

@@ -92,7 +92,9 @@ class Supervisor:
         self.beat = heartbeat.Heartbeat(run_dir / heartbeat.SUPERVISOR)  # status tells a gone or frozen one
         # what it runs: enlace's trainer, or a user's own command (enlace/config/command.py), behind one interface
         self.child: TrainerChild | CommandChild = (
-            CommandChild(command, run_dir, env, say) if command else TrainerChild(argv, env, say, self.beat, poll)
+            CommandChild(command, run_dir, env, say)
+            if command
+            else TrainerChild(argv, env, say, self.beat, poll, run_dir)
         )
         self.restarts = 0
         self.wait_turn = wait_turn  # the server's queue (queue.wait_for_seat, its run and need bound); None: none

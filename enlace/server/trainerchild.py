@@ -16,22 +16,32 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from enlace.state import runs
 
 TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
 
 
 def from_newest(argv: list[str]) -> list[str]:
-    """The trainer's command line for a restart or a requeue: whatever --resume the launch gave (none, a
-    checkpoint) was where that launch began; every later start resumes from the newest checkpoint, which is
-    that line's own (enlace/train/checkpoint.py start_line). Seen: --resume none restarted from step 0."""
+    """The trainer's command line without its --resume: the trainer's default, the newest checkpoint."""
     out, given = [], iter(argv)
     for arg in given:
         if arg == "--resume":
             next(given, None)
         elif not arg.startswith("--resume="):
             out.append(arg)
-    return out  # the trainer's own default is latest
+    return out
+
+
+def again_argv(argv: list[str], run_dir: Path, launch_id: str | None) -> list[str]:
+    """The trainer's command line for a restart or a requeue. A launch's explicit --resume (none, a checkpoint)
+    is where that launch began; once its trainer has started that line (run.json's `line_of` is this launch:
+    enlace/train/checkpoint.py start_line), every later start resumes from the line's newest checkpoint.
+    Before that (it failed sooner), the --resume stands. Seen: --resume none restarted from step 0."""
+    started = bool(launch_id) and runs.read(run_dir).get("line_of") == launch_id
+    return from_newest(argv) if started else argv
 
 
 class TrainerChild:
@@ -40,13 +50,19 @@ class TrainerChild:
     resumes = ", from the newest checkpoint"  # how a restart continues, as train.log says it
 
     def __init__(
-        self, argv: list[str], env: dict[str, str], say: Callable[[str], None], beat: Callable[[], None], poll: float
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        say: Callable[[str], None],
+        beat: Callable[[], None],
+        poll: float,
+        run_dir: Path,
     ):
-        self.argv, self.env, self.say, self.beat, self.poll = argv, env, say, beat, poll
+        self.argv, self.env, self.say, self.beat, self.poll, self.run_dir = argv, env, say, beat, poll, run_dir
         self.proc: subprocess.Popen | None = None
 
     def start(self, restart: int, fds: tuple[int, ...]) -> subprocess.Popen:
-        argv = from_newest(self.argv) if restart else self.argv
+        argv = again_argv(self.argv, self.run_dir, self.env.get("ENLACE_LAUNCH_ID")) if restart else self.argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
         return self.proc
 

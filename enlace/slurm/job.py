@@ -31,7 +31,7 @@ from enlace.contract import ACTIVE, Status
 from enlace.server import lifecycle
 from enlace.server.runfiles import last_line
 from enlace.server.supervise import Policy, Supervisor
-from enlace.server.trainerchild import from_newest
+from enlace.server.trainerchild import again_argv
 from enlace.slurm.settings import EARLY_S, SlurmError, time_left_s
 from enlace.state import runs
 
@@ -90,8 +90,8 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
 
     doc = runs.read(run_dir).get("command")  # the user's own command (submit kept it): started and healed as such
     own = CommandRun.from_doc(doc, "run.json command") if doc else None
-    if restarts and own is None:  # a requeued trainer goes on from its newest checkpoint
-        train = from_newest(train)
+    if restarts and own is None:  # a requeued trainer goes on from its newest checkpoint (once its line began)
+        train = again_argv(train, run_dir, os.environ.get("ENLACE_LAUNCH_ID"))
     argv = [sys.executable, *train]
     if gpus > 1 or nodes > 1:
         argv = distributed_argv(sys.executable, train, gpus, nodes, raw, run_dir / "train.log")

@@ -52,6 +52,14 @@ class Start:
 def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[str]) -> Start:
     """Everything up to the first step (see the module's docstring)."""
     t = cfg.training
+    if dist.is_main and resume != "latest":  # first of all: a restart from here on resumes this line (latest)
+        moved = start_line(run.checkpoints, resolve_resume(run.checkpoints, resume))
+        runs.update(run.path, line_of=os.environ.get("ENLACE_LAUNCH_ID"))  # (enlace/server/trainerchild.py)
+        if moved is not None:
+            run.log(
+                f"--resume {resume}: this run's checkpoints past it moved to {moved.relative_to(run.path)}/ "
+                f"({', '.join(sorted(p.name for p in moved.iterdir()))}): a restart resumes from this start's own"
+            )
     commit = git_commit(cfg.root)
     run.freeze_config(cfg.to_dict())
     if dist.is_main:
@@ -94,11 +102,6 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
                 f"warning: resuming on other data than the checkpoint's (sha256 {then['sha256'][:12]} then, "
                 f"{data_id['sha256'][:12]} now; --allow-data-change): this run is no longer an exact resume"
             )
-    if dist.is_main and resume != "latest" and (moved := start_line(run.checkpoints, ckpt)):
-        run.log(
-            f"--resume {resume}: this run's checkpoints past it moved to {moved.relative_to(run.path)}/ "
-            f"({', '.join(sorted(p.name for p in moved.iterdir()))}): a restart resumes from this start's own"
-        )
     start = Start(
         setup,
         train_stream,

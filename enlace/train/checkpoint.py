@@ -64,7 +64,7 @@ def check_free_space(ckpt_root: Path, need_each: int, count: int = 2) -> None:
         raise NoSpaceError(
             f"{ckpt_root.resolve()}: {free / 2**20:.1f} MiB free, but {count} checkpoints need "
             f"≈{need_each * count / 2**20:.1f} MiB (≈{need_each / 2**20:.1f} MiB each) — free disk "
-            "space on the server (old runs, trees, venvs) or lower checkpoint.keep"
+            "space on the server (old runs, a run's checkpoints-set-aside/, trees, venvs) or lower checkpoint.keep"
         )
 
 
@@ -150,29 +150,49 @@ def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
 
 
 def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
-    """An explicit --resume (none, or a checkpoint) starts the run's history again at `start` (None: step 0).
-    This run's step dirs past it — all of them when `start` is None or lies outside ckpt_root — move to
-    ../SET_ASIDE/<time>/ (never deleted: they are hours of training), and `latest` names `start` or nothing.
-    A restart or a requeue (which resume from the newest checkpoint) and the pruning of old checkpoints then
-    see this line only. Returns where they went, or None when nothing was there to move."""
-    inside = start is not None and start.resolve().parent == ckpt_root.resolve()
-    since = int(STEP_RE.fullmatch(start.name).group(1)) if inside else -1
-    later = (
-        [p for p in ckpt_root.iterdir() if (m := STEP_RE.fullmatch(p.name)) and int(m.group(1)) > since]
-        if ckpt_root.is_dir()
-        else []
-    )
-    moved = None
+    """An explicit --resume (none, or a checkpoint) starts the run's history again at `start` (None: step 0),
+    before anything of this start can fail. This run's step dirs past `start` — all of them when `start` is
+    not one of them (another run's, a set-aside one, a copy named otherwise) — move to ../SET_ASIDE/<time>/;
+    such a `start` is linked in as this run's step dir of its step; `latest` names it (or nothing). A restart
+    or a requeue, which resume from `latest`, and the pruning of old checkpoints then see this line only.
+    The line set aside before is removed then (disk stays bounded: one line kept aside). Returns where the
+    checkpoints went, or None when there were none to move."""
+    own = start is not None and start.resolve().parent == ckpt_root.resolve() and STEP_RE.fullmatch(start.name)
+    since = int(own.group(1)) if own else -1
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    later = [p for p in ckpt_root.iterdir() if (m := STEP_RE.fullmatch(p.name)) and int(m.group(1)) > since]
+    linked = None
+    if start is not None and not own:  # first linked beside (a set-aside start survives the pruning below)
+        linked = ckpt_root / f".tmp-start-{os.getpid()}"
+        shutil.rmtree(linked, ignore_errors=True)
+        shutil.copytree(start, linked, copy_function=_link_or_copy)
+    aside, moved = ckpt_root.parent / SET_ASIDE, None
     if later:
-        moved = ckpt_root.parent / SET_ASIDE / time.strftime("%Y%m%d-%H%M%S")
+        earlier = sorted(aside.iterdir()) if aside.is_dir() else []
+        moved = aside / time.strftime("%Y%m%d-%H%M%S")
         moved.mkdir(parents=True, exist_ok=True)
         for path in later:
             os.rename(path, moved / path.name)
-    if inside:
-        name_latest(ckpt_root, start)
-    else:
+        for old in earlier:
+            if old != moved:
+                shutil.rmtree(old, ignore_errors=True)
+    if linked is not None:
+        start = ckpt_root / step_dir_name(read_manifest(linked)["step"])
+        os.rename(linked, start)
+    if start is None:
         (ckpt_root / "latest").unlink(missing_ok=True)
+    else:
+        name_latest(ckpt_root, start)
     return moved
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A checkpoint's file in a second place: a hard link (no bytes copied; checkpoints are never written in
+    place), or a copy across filesystems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def previous_complete(ckpt_root: Path, ckpt: Path) -> Path | None:

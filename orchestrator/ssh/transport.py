@@ -202,7 +202,7 @@ class SSHTransport(Transport):
                     f"password or a one-time code instead, log in once with: enlace-remote login {h.name}"
                 ) from None
             if said := _proxy_said(proxy):  # seen: a jump host's unknown key was "No existing session", retried
-                final = "Host key verification failed" in said or "Permission denied" in said
+                final = any(word in said for word in PROXY_FINAL)
                 raise (UnreachableError if final else Transient)(f"{where}: the way there failed: {said}") from None
             raise Transient(f"{where}: SSH handshake failed ({e})") from None
         except socket.gaierror as e:
@@ -390,16 +390,20 @@ class SSHTransport(Transport):
             self._client = None
 
 
+PROXY_FINAL = ("Host key verification failed", "Permission denied")  # a hop's refusal: no retry helps
+
+
 def _proxy_said(proxy) -> str:
-    """The last line a proxy command (a jump host's `ssh -W`) wrote on stderr, once it has ended; "" if none."""
+    """What a proxy command (a jump host's `ssh -W`) said on stderr once it ended: its line of a hop's refusal
+    (through several hops, the outer ones' words come after it), else its last line; "" if nothing."""
     if proxy is None:
         return ""
     try:
         proxy.process.wait(timeout=2)
-        said = proxy.process.stderr.read().decode(errors="replace").strip()
+        lines = proxy.process.stderr.read().decode(errors="replace").strip().splitlines()
     except Exception:  # still running, or its pipe gone: it said nothing we can use
         return ""
-    return said.splitlines()[-1] if said else ""
+    return next((ln for ln in lines if any(word in ln for word in PROXY_FINAL)), lines[-1] if lines else "")
 
 
 def _connect_failure(e: BaseException, timeout: float) -> str:
