@@ -61,7 +61,7 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
                 f"({', '.join(sorted(p.name for p in moved.iterdir()))}): a restart resumes from this start's own"
             )
     commit = git_commit(cfg.root)
-    run.freeze_config(cfg.to_dict())
+    run.freeze_config(cfg.to_dict(), new_line=resume != "latest")
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
         runs.record_self(

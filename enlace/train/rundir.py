@@ -44,9 +44,10 @@ class RunDir:
             except (OSError, ValueError, AttributeError):
                 self._echo = True
 
-    def freeze_config(self, config: dict[str, Any]) -> None:
-        """config.yaml holds the resolved config of the run's first start; never rewritten."""
-        if self.enabled and not (self.path / "config.yaml").exists():
+    def freeze_config(self, config: dict[str, Any], new_line: bool = False) -> None:
+        """config.yaml holds the resolved config of the line's first start (the run's, or an explicit --resume's:
+        a new line of its history); a resume never rewrites it."""
+        if self.enabled and (new_line or not (self.path / "config.yaml").exists()):
             atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def update_status(self, **fields: Any) -> None:
