@@ -96,7 +96,7 @@ def test_pending_then_running_logs_stop_scancel_fetch(login, user_repo, cluster,
     tiny_corpus(server_dir(login, "cluster"))
     blocker = cluster.run("sbatch", "--parsable", "-c", "2", "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
     launch = spawn(user_repo, login.env, tmp_path / "launch.err", "launch", "long", "--no-preflight")
-    wait_until(lambda: "reason Resources" in (tmp_path / "launch.err").read_text(), 180, "launch showing the reason")
+    wait_until(lambda: "PENDING (Resources)" in (tmp_path / "launch.err").read_text(), 180, "launch showing the reason")
     out = remote(user_repo, login.env, "status", "long", host="cluster").stdout
     assert "pending" in out and "PENDING (Resources)" in out, out
     follow = spawn(user_repo, login.env, tmp_path / "follow.err", "logs", "long", "-f")
