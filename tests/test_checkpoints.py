@@ -3,9 +3,9 @@ named, with the way to resume from the one before."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -196,8 +196,8 @@ def test_what_a_killed_save_left_is_removed_and_the_checkpoints_stay(tmp_path):
 
 
 def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_from_its_own(tmp_path):
-    """--resume none or a checkpoint starts a line of history: what lies past it is moved aside (the line left
-    before that one is removed then: disk stays bounded), a checkpoint from elsewhere is linked in as this run's,
+    """--resume none or a checkpoint starts a line of history: what lies past it is moved aside (never deleted:
+    one folder per line left), a checkpoint from elsewhere is linked in as this run's,
     `latest` names the start, and a restart's command line resumes from the newest once this launch's trainer
     has begun the line (enlace/server/trainerchild.py)."""
     import json
@@ -238,12 +238,11 @@ def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_
     assert (root / "step-000020" / "model.pt").stat().st_ino == (other / "step-000020" / "model.pt").stat().st_ino
     assert (root / "latest").read_text() == "step-000020\n"
 
-    (root / "step-000025").mkdir()  # the new line saved; back to the line set aside: the one before it is removed
+    (root / "step-000025").mkdir()  # the new line saved; back to the line set aside: nothing is removed
     back = next((root.parent / SET_ASIDE).iterdir()) / "step-000030"
-    time.sleep(1.1)  # a set-aside folder is named by the second
-    start_line(root, back)
-    assert names(root) == ["latest", "step-000030"] and aside(root) == [["step-000020", "step-000025"]]
-    assert (root / "step-000030" / "model.pt").read_bytes() == b"30"  # linked before its folder was removed
+    start_line(root, back)  # the same second, the same process: a folder of its own
+    assert names(root) == ["latest", "step-000030"] and (root / "step-000030" / "model.pt").read_bytes() == b"30"
+    assert aside(root) == [["step-000005", "step-000030"], ["step-000020", "step-000025"]]
 
     root = line(5, 10)  # a copy named otherwise inside checkpoints/ is a start from elsewhere (it crashed)
     shutil.copytree(root / "step-000005", root / "best")
@@ -280,3 +279,37 @@ def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_
         "9",
     ]
     assert again_argv(argv, run_dir, "L2") == argv and again_argv(argv, run_dir, None) == argv
+
+
+@pytest.mark.slow
+def test_an_explicit_resume_that_fails_moves_nothing_and_a_set_aside_line_can_be_resumed(project):
+    """Seen in a fault hunt: a --resume of a checkpoint the run cannot load (another model) had already moved
+    the run's own checkpoints aside, and a second try removed them; going back to a set-aside line by the path
+    train.log names failed (it was moved before it loaded)."""
+    import os
+
+    ckpts = _three_checkpoints(project)  # ck: step-2, 4, 6 (d_model as the tiny config has it)
+    write_run(
+        project, "wide", model={"d_model": 64}, checkpoint={"every": 2}, training={"max_steps": 2, "eval_every": 0}
+    )
+    enlace(project, "train", "wide")
+    foreign = project / "runs" / "wide" / "checkpoints" / "step-000002"
+    for _ in range(2):
+        out = enlace(project, "train", "ck", "--resume", str(foreign), check=False)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000002", "step-000004", "step-000006"]
+    assert not (ckpts.parent / "checkpoints-set-aside").exists()
+    out = enlace(project, "train", "ck", "--resume", "checkpoints/step-000002", "--until", "3")
+    assert "moved to checkpoints-set-aside/" in out.stdout and "(step-000004, step-000006)" in out.stdout, out.stdout
+    (aside,) = (ckpts.parent / "checkpoints-set-aside").iterdir()
+    out = enlace(project, "train", "ck", "--resume", f"checkpoints-set-aside/{aside.name}/step-000006")
+    assert "resumed from" in out.stdout and "at step 6" in out.stdout, out.stdout  # back on the line left
+    assert run_json(project / "runs" / "ck")["status"] == "finished"
+    # a hand `train --resume` beside a live trainer of the run is refused before anything moves
+    run_json_path = ckpts.parent / "run.json"
+    doc = json.loads(run_json_path.read_text())
+    from enlace.state.runs import proc_start
+
+    run_json_path.write_text(json.dumps({**doc, "pid": os.getppid(), "pid_start": proc_start(os.getppid())}))
+    out = enlace(project, "train", "ck", "--resume", "none", check=False)
+    assert out.returncode == 7 and "is training (pid" in out.stderr and "stop it first" in out.stderr, out.stderr

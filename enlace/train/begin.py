@@ -15,7 +15,7 @@ from enlace.config.schema import Config
 from enlace.contract import Status
 from enlace.data.prefetch import Prefetched
 from enlace.data.streams import build_stream, data_identity
-from enlace.errors import CheckpointError
+from enlace.errors import AlreadyRunning, CheckpointError
 from enlace.manifest import incomplete_checkpoints, skipped_latest
 from enlace.state import runs
 from enlace.sysinfo import git_commit, hostname
@@ -52,16 +52,10 @@ class Start:
 def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[str]) -> Start:
     """Everything up to the first step (see the module's docstring)."""
     t = cfg.training
-    if dist.is_main and resume != "latest":  # first of all: a restart from here on resumes this line (latest)
-        moved = start_line(run.checkpoints, resolve_resume(run.checkpoints, resume))
-        runs.update(run.path, line_of=os.environ.get("ENLACE_LAUNCH_ID"))  # (enlace/server/trainerchild.py)
-        if moved is not None:
-            run.log(
-                f"--resume {resume}: this run's checkpoints past it moved to {moved.relative_to(run.path)}/ "
-                f"({', '.join(sorted(p.name for p in moved.iterdir()))}): a restart resumes from this start's own"
-            )
+    if dist.is_main and resume != "latest":  # it will move checkpoints: never under a trainer of the run
+        _refuse_beside_a_live_trainer(run)
     commit = git_commit(cfg.root)
-    run.freeze_config(cfg.to_dict(), new_line=resume != "latest")
+    run.freeze_config(cfg.to_dict())
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
         runs.record_self(
@@ -102,6 +96,8 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
                 f"warning: resuming on other data than the checkpoint's (sha256 {then['sha256'][:12]} then, "
                 f"{data_id['sha256'][:12]} now; --allow-data-change): this run is no longer an exact resume"
             )
+    if dist.is_main and resume != "latest":  # loaded and accepted: from here on a restart resumes this line
+        _start_line(cfg, run, resume, ckpt)
     start = Start(
         setup,
         train_stream,
@@ -114,6 +110,32 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
     )
     _say_how_it_starts(cfg, run, start, resume)
     return start
+
+
+def _refuse_beside_a_live_trainer(run: RunDir) -> None:
+    """An explicit --resume moves the run's checkpoints: refused while another trainer of the run lives (a hand
+    `enlace train RUN --resume X` beside a supervised one)."""
+    st = runs.read(run.path)
+    if st.get("pid") not in (None, os.getpid()) and runs.proc_alive(st.get("pid"), st.get("pid_start")):
+        raise AlreadyRunning(
+            f"{run.path.name} is training (pid {st['pid']}): --resume would move its checkpoints under it — "
+            f"stop it first (enlace-remote stop {run.path.name})"
+        )
+
+
+def _start_line(cfg: Config, run: RunDir, resume: str, ckpt: Path | None) -> None:
+    """The explicit --resume's new line of the run's history (enlace/train/checkpoint.py start_line), its
+    config.yaml, and run.json's `line_of`: a restart or requeue of this launch resumes from `latest` now."""
+    moved = start_line(run.checkpoints, ckpt)
+    run.freeze_config(cfg.to_dict(), new_line=True)
+    runs.update(run.path, line_of=os.environ.get("ENLACE_LAUNCH_ID"))  # (enlace/server/trainerchild.py)
+    if moved is not None:
+        kept = sum(f.stat().st_size for f in moved.parent.rglob("*") if f.is_file())
+        run.log(
+            f"--resume {resume}: this run's checkpoints past it moved to {moved.relative_to(run.path)}/ "
+            f"({', '.join(sorted(p.name for p in moved.iterdir()))}); a restart resumes from this line's own. "
+            f"{moved.parent.relative_to(run.path)}/ holds {kept / 2**20:.1f} MiB: remove what you no longer need"
+        )
 
 
 def _load_resume(cfg: Config, resume: str, dist: Dist) -> tuple[Any, Any]:

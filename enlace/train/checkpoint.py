@@ -13,6 +13,7 @@ a fetched file never runs code.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import pickle
 import shutil
@@ -151,31 +152,34 @@ def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
 
 def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
     """An explicit --resume (none, or a checkpoint) starts the run's history again at `start` (None: step 0),
-    before anything of this start can fail. This run's step dirs past `start` — all of them when `start` is
-    not one of them (another run's, a set-aside one, a copy named otherwise) — move to ../SET_ASIDE/<time>/;
-    such a `start` is linked in as this run's step dir of its step; `latest` names it (or nothing). A restart
-    or a requeue, which resume from `latest`, and the pruning of old checkpoints then see this line only.
-    The line set aside before is removed then (disk stays bounded: one line kept aside). Returns where the
-    checkpoints went, or None when there were none to move."""
+    once that start has loaded. This run's step dirs past `start` — all of them when `start` is not one of them
+    (another run's, a set-aside one, a copy named otherwise) — move to ../SET_ASIDE/<time>-<pid>/ (never
+    deleted: they are hours of training); such a `start` is linked in as this run's step dir of its step;
+    `latest` names it (or nothing). A restart or a requeue, which resume from `latest`, and the pruning of
+    old checkpoints then see this line only. Returns where the checkpoints went, or None when there were none."""
     own = start is not None and start.resolve().parent == ckpt_root.resolve() and STEP_RE.fullmatch(start.name)
     since = int(own.group(1)) if own else -1
     ckpt_root.mkdir(parents=True, exist_ok=True)
     later = [p for p in ckpt_root.iterdir() if (m := STEP_RE.fullmatch(p.name)) and int(m.group(1)) > since]
     linked = None
-    if start is not None and not own:  # first linked beside (a set-aside start survives the pruning below)
+    if start is not None and not own:  # linked beside first: nothing moves unless it is in place
         linked = ckpt_root / f".tmp-start-{os.getpid()}"
         shutil.rmtree(linked, ignore_errors=True)
-        shutil.copytree(start, linked, copy_function=_link_or_copy)
-    aside, moved = ckpt_root.parent / SET_ASIDE, None
+        try:
+            shutil.copytree(start, linked, copy_function=_link_or_copy)
+        except OSError as e:
+            shutil.rmtree(linked, ignore_errors=True)
+            if e.errno != errno.ENOSPC:
+                raise
+            raise NoSpaceError(
+                f"No space left on device while copying {start} into {ckpt_root.resolve()} (another filesystem: "
+                "it cannot be linked) — free disk space, or resume from a checkpoint on this filesystem"
+            ) from None
+    moved = None
     if later:
-        earlier = sorted(aside.iterdir()) if aside.is_dir() else []
-        moved = aside / time.strftime("%Y%m%d-%H%M%S")
-        moved.mkdir(parents=True, exist_ok=True)
+        moved = _new_folder(ckpt_root.parent / SET_ASIDE, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         for path in later:
             os.rename(path, moved / path.name)
-        for old in earlier:
-            if old != moved:
-                shutil.rmtree(old, ignore_errors=True)
     if linked is not None:
         start = ckpt_root / step_dir_name(read_manifest(linked)["step"])
         os.rename(linked, start)
@@ -184,6 +188,19 @@ def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
     else:
         name_latest(ckpt_root, start)
     return moved
+
+
+def _new_folder(parent: Path, name: str) -> Path:
+    """parent/name made now, or name-2, name-3, ...: never a folder that holds another line."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        folder = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def _link_or_copy(src: str, dst: str) -> None:
