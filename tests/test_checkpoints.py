@@ -299,6 +299,12 @@ def test_an_explicit_resume_that_fails_moves_nothing_and_a_set_aside_line_can_be
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000002", "step-000004", "step-000006"]
     assert not (ckpts.parent / "checkpoints-set-aside").exists()
+    before = json.loads((ckpts.parent / "run.json").read_text())
+    bad = ("--set", "data.kind=shards", "--set", "data.shard_dir=data/nowhere")  # fails as it opens the data
+    out = enlace(project, "train", "ck", "--resume", "none", *bad, check=False)
+    assert out.returncode == 2 and not (ckpts.parent / "checkpoints-set-aside").exists(), out.stderr
+    after = json.loads((ckpts.parent / "run.json").read_text())  # the line's record: the next launch inherits it
+    assert (after["overrides"], after["fingerprint"]) == (before["overrides"], before["fingerprint"])
     out = enlace(project, "train", "ck", "--resume", "checkpoints/step-000002", "--until", "3")
     assert "moved to checkpoints-set-aside/" in out.stdout and "(step-000004, step-000006)" in out.stdout, out.stdout
     (aside,) = (ckpts.parent / "checkpoints-set-aside").iterdir()
@@ -312,4 +318,4 @@ def test_an_explicit_resume_that_fails_moves_nothing_and_a_set_aside_line_can_be
 
     run_json_path.write_text(json.dumps({**doc, "pid": os.getppid(), "pid_start": proc_start(os.getppid())}))
     out = enlace(project, "train", "ck", "--resume", "none", check=False)
-    assert out.returncode == 7 and "is training (pid" in out.stderr and "stop it first" in out.stderr, out.stderr
+    assert out.returncode == 7 and "is live (its trainer" in out.stderr and "stop it first" in out.stderr, out.stderr

@@ -185,6 +185,12 @@ def test_a_config_its_checkpoints_cannot_resume_is_refused_before_anything_start
     assert "enlace-remote launch tiny --resume none" in out.stderr
     assert status_row(user_repo, sshd.env, "testhost", "tiny")["status"] == "stopped"  # nothing was started
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2")
+    # back to the line set aside, trained with n_layer 2: the checkpoint named must fit, not the line left (seen:
+    # verify refused it against the n_layer 3 line)
+    (aside,) = (server_dir(sshd, "testhost") / "runs" / "tiny" / "checkpoints-set-aside").iterdir()
+    back = ("--resume", f"checkpoints-set-aside/{aside.name}/step-000002", "--set", "model.n_layer=2", "--until", "3")
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", *back)
+    assert "resumed from checkpoints/step-000002; step 3/30" in out.stderr, out.stderr  # linked in as this run's
 
 
 @pytest.mark.parametrize("host", ["testhost", "local"])

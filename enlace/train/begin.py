@@ -71,8 +71,8 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
             exit_code=None,
             error=None,
             launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
-            overrides=list(cfg.overrides),
-            fingerprint=cfg.fingerprint_fields(),  # what its checkpoints will need (config.resume_problem)
+            # what its checkpoints will need (config.resume_problem): an explicit --resume's once its line began
+            **(_line_fields(cfg) if resume == "latest" else {}),
             data=None,
         )
 
@@ -112,14 +112,23 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
     return start
 
 
+def _line_fields(cfg: Config) -> dict[str, Any]:
+    """What run.json keeps of the config the run's line trains with: its --set items (a plain launch inherits
+    them) and the values its checkpoints need (verify's resume check). A start that fails before its explicit
+    --resume began a line leaves them as they were (seen: the next launch inherited the failed start's --set)."""
+    return {"overrides": list(cfg.overrides), "fingerprint": cfg.fingerprint_fields()}
+
+
 def _refuse_beside_a_live_trainer(run: RunDir) -> None:
-    """An explicit --resume moves the run's checkpoints: refused while another trainer of the run lives (a hand
-    `enlace train RUN --resume X` beside a supervised one)."""
-    st = runs.read(run.path)
-    if st.get("pid") not in (None, os.getpid()) and runs.proc_alive(st.get("pid"), st.get("pid_start")):
+    """An explicit --resume moves the run's checkpoints: refused while the run is live under another launch (a
+    hand `enlace train RUN --resume X` beside a supervised run, even one waiting to restart or queued)."""
+    st, mine = runs.read(run.path), os.environ.get("ENLACE_LAUNCH_ID")
+    if mine and st.get("launch_id") == mine:  # this launch's own start, restart or requeue
+        return
+    if runs.alive(st, run.path):  # a trainer, or its supervisor (waiting to restart, queued) or Slurm job
         raise AlreadyRunning(
-            f"{run.path.name} is training (pid {st['pid']}): --resume would move its checkpoints under it — "
-            f"stop it first (enlace-remote stop {run.path.name})"
+            f"{run.path.name} is live (its trainer, supervisor or job): --resume would move its checkpoints "
+            f"under it — stop it first (enlace-remote stop {run.path.name})"
         )
 
 
@@ -128,7 +137,7 @@ def _start_line(cfg: Config, run: RunDir, resume: str, ckpt: Path | None) -> Non
     config.yaml, and run.json's `line_of`: a restart or requeue of this launch resumes from `latest` now."""
     moved = start_line(run.checkpoints, ckpt)
     run.freeze_config(cfg.to_dict(), new_line=True)
-    runs.update(run.path, line_of=os.environ.get("ENLACE_LAUNCH_ID"))  # (enlace/server/trainerchild.py)
+    runs.update(run.path, line_of=os.environ.get("ENLACE_LAUNCH_ID"), **_line_fields(cfg))  # (trainerchild.py)
     if moved is not None:
         kept = sum(f.stat().st_size for f in moved.parent.rglob("*") if f.is_file())
         run.log(

@@ -255,6 +255,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
         overrides=overrides,
         allow_dirty=o.allow_dirty,
         fresh=o.resume == "none",
+        elsewhere=o.resume not in ("latest", "none"),
         allow_data_change=o.allow_data_change,
         data=local_data_of(remote, run, overrides) if o.push_data else None,
         preflight=not o.no_preflight,

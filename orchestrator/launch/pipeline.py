@@ -56,6 +56,7 @@ class Plan:
     overrides: tuple[str, ...] = ()
     allow_dirty: bool = False
     fresh: bool = False  # --resume none
+    elsewhere: bool = False  # --resume PATH: the trainer checks that checkpoint against the config, not verify
     allow_data_change: bool = False  # --allow-data-change (the trainer's, in train_args; --push-data asks it too)
     data: Any = None  # --push-data: the run's local data files (orchestrator/transfer/datapush.py)
     preflight: bool = True
@@ -166,6 +167,7 @@ def _ship(launch: Launch):
             True,
             plan.overrides,
             fresh=plan.fresh,
+            elsewhere=plan.elsewhere,
             data=plan.data,
             allow_data_change=plan.allow_data_change,
             extra=own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [],

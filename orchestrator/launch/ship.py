@@ -135,6 +135,7 @@ def ship(
     data=None,
     extra: list[str] = (),
     allow_data_change: bool = False,
+    elsewhere: bool = False,
 ) -> Shipped:
     """Stage 1 of launch (and preflight): sync, push `data` (launch --push-data: RUN's data files,
     orchestrator/transfer/datapush.py), verify on one host. Raises if anything is missing there;
@@ -145,5 +146,7 @@ def ship(
     if data is not None and data.files:
         guard = None if fresh or allow_data_change else trained_data_guard(session, repo, run, overrides)
         push(session, repo, data, before_send=guard)
-    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, extra=extra)
+    # --resume PATH: the checkpoint named, not the run's line, must fit the config (seen: going back to a set-aside
+    # line trained with another learning rate was refused against the current line's)
+    doc = verify(session, rep.commit, run, for_launch, overrides, fresh or elsewhere, extra=extra)
     return Shipped(rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"))
