@@ -114,12 +114,12 @@ def test_through_several_hops_the_refusing_hops_words_are_said():
     import subprocess
     from types import SimpleNamespace
 
-    from orchestrator.ssh.transport import _proxy_said
+    from orchestrator.ssh.refused import proxy_said
 
     words = "echo 'Host key verification failed.' >&2; echo 'Connection closed by UNKNOWN port 65535' >&2"
     proxy = SimpleNamespace(process=subprocess.Popen(["sh", "-c", words], stderr=subprocess.PIPE))
-    assert _proxy_said(proxy) == "Host key verification failed."
+    assert proxy_said(proxy) == "Host key verification failed."
     proxy = SimpleNamespace(
         process=subprocess.Popen(["sh", "-c", "echo a >&2; echo 'b: refused' >&2"], stderr=subprocess.PIPE)
     )
-    assert _proxy_said(proxy) == "b: refused" and _proxy_said(None) == ""
+    assert proxy_said(proxy) == "b: refused" and proxy_said(None) == ""

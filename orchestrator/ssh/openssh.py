@@ -33,8 +33,9 @@ from orchestrator.hosts.resolve import Host
 from orchestrator.ssh.duplex import Duplex, SystemSSHDuplex
 from orchestrator.ssh.hostkeys import unknown_key_message
 from orchestrator.ssh.pump import OnData, pump
+from orchestrator.ssh.refused import ASKS_MORE
 from orchestrator.ssh.sshexit import remote_command, ssh_failed
-from orchestrator.ssh.transport import ASKS_MORE, Result, SSHTransport
+from orchestrator.ssh.transport import Result, SSHTransport
 
 CONTROL_DIR_ENV = "ENLACE_CONTROL_DIR"
 AUTO_PERSIST = "10m"  # a master a `connection: shared` host opened itself: gone 10 minutes after its last use

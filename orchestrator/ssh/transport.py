@@ -13,14 +13,13 @@ talk to both ways (orchestrator/ssh/duplex.py: a channel of the same connection,
 
 Transient faults — a refused or timed-out connect, a handshake or auth *timeout* on a lossy network,
 a killed session — raise `Transient`; `run` retries them with bounded backoff (saying so on stderr),
-a rejected key or password never. git uses the system `ssh` with the same host, port,
+a rejected key or password never (orchestrator/ssh/refused.py says each failure of a connect). git uses the system `ssh` with the same host, port,
 identity and strict checking.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import re
 import select
 import shlex
@@ -33,13 +32,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.errors import CommandFailed, NotLoggedIn, Transient, UnreachableError, UsageError, short
+from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError, short
 from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file, user_hosts_file
 from orchestrator.ssh import portable
-from orchestrator.ssh.ciphers import SSH_CIPHERS, gcm_first
+from orchestrator.ssh.ciphers import SSH_CIPHERS
 from orchestrator.ssh.duplex import ChannelDuplex, SystemSSHDuplex
-from orchestrator.ssh.hostkeys import AcceptNewHostKey, fingerprint, unknown_key_message
+from orchestrator.ssh.hostkeys import AcceptNewHostKey
 from orchestrator.ssh.pump import OnData
+from orchestrator.ssh.refused import no_prompts, why_not
 from orchestrator.ssh.retry import WINDOW_S, retrying
 from orchestrator.sshlib import load_paramiko
 
@@ -63,25 +63,6 @@ class Result:
 
 class DeadlinePassed(Exception):
     """A command ran past its timeout (not a connection fault: it is not retried)."""
-
-
-ASKS_MORE = "the host asks for more than a key (a password or a one-time code) and there is no open login"
-
-
-class _SecondFactor(Exception):
-    """The server took our key and asks for more: paramiko would print its prompt on our stdout and read
-    stdin (auth_interactive_dumb); a verb never prompts, `login` does (orchestrator/ssh/openssh.py)."""
-
-
-def _no_prompts(sock, **kwargs):
-    """paramiko's Transport (AES-GCM first) that refuses to prompt for a second factor."""
-    transport = gcm_first(sock, **kwargs)
-
-    def refuse(*args, **kwargs):
-        raise _SecondFactor
-
-    transport.auth_interactive_dumb = refuse
-    return transport
 
 
 class Transport:
@@ -168,49 +149,14 @@ class SSHTransport(Transport):
                 timeout=h.connect_timeout,
                 banner_timeout=h.connect_timeout,
                 auth_timeout=h.connect_timeout,
-                transport_factory=_no_prompts,
+                transport_factory=no_prompts,
                 sock=proxy,
             )
-        except paramiko.BadHostKeyException as e:
-            raise UnreachableError(
-                f"{where}: the host key has CHANGED (the server now offers {e.key.get_name()} {fingerprint(e.key)}, "
-                f"known_hosts has {fingerprint(e.expected_key)}) — refusing to connect: this may be an attack. If the "
-                f"server was really reinstalled, remove the old key with: ssh-keygen -R "
-                f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}"
-            ) from None
-        except (_SecondFactor, paramiko.PasswordRequiredException):  # a code, or a key's passphrase: login asks
-            raise NotLoggedIn(h.name, ASKS_MORE) from None
-        except paramiko.BadAuthenticationType as e:
-            if {"keyboard-interactive", "password"} & set(e.allowed_types):
-                raise NotLoggedIn(h.name, ASKS_MORE) from None
-            raise UnreachableError(f"{where}: authentication rejected ({e})") from None
-        except paramiko.AuthenticationException as e:
-            if "timeout" in str(e).lower() or "EOF" in str(e):  # the network, not the credentials
-                raise Transient(f"{where}: the SSH handshake did not complete ({e})") from None
-            raise UnreachableError(
-                f"{where}: authentication rejected ({e}); keys tried: "
-                f"{', '.join(h.identity_files) or 'ssh-agent / ~/.ssh/id_*'}"
-            ) from None
-        except paramiko.SSHException as e:
-            if "not found in known_hosts" in str(e):
-                raise UnreachableError(unknown_key_message(h, where)) from None
-            if "No authentication methods available" in str(e):  # no key was found to offer (none tried)
-                raise UnreachableError(
-                    f"{where}: no SSH key to offer (no identity_file for this host, no key in ssh-agent, none of "
-                    "~/.ssh/id_*) — give it your key: identity_file in its hosts entry (enlace-remote hosts add "
-                    f"{h.name} --ssh ... --identity-file PATH), or IdentityFile in ~/.ssh/config; if it asks for a "
-                    f"password or a one-time code instead, log in once with: enlace-remote login {h.name}"
-                ) from None
-            if said := _proxy_said(proxy):  # seen: a jump host's unknown key was "No existing session", retried
-                final = any(word in said for word in PROXY_FINAL)
-                raise (UnreachableError if final else Transient)(f"{where}: the way there failed: {said}") from None
-            raise Transient(f"{where}: SSH handshake failed ({e})") from None
-        except socket.gaierror as e:
-            if e.errno == socket.EAI_AGAIN:  # the resolver is unreachable (offline): the network's, retried
-                raise Transient(f"{where}: cannot resolve {h.hostname!r} now ({e.strerror})") from None
-            raise self.unresolved(e.strerror) from None
-        except (TimeoutError, OSError, EOFError) as e:
-            raise Transient(f"{where}: cannot connect: {_connect_failure(e, h.connect_timeout)}") from None
+        except Exception as e:  # a failure said in the user's words, retried only when the network's
+            error = why_not(e, h, where, proxy, self.unresolved)
+            if error is None:
+                raise
+            raise error from None
         transport = client.get_transport()
         if isinstance(transport.sock, socket.socket):  # not a proxy's pipe
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # paramiko leaves Nagle on
@@ -388,30 +334,3 @@ class SSHTransport(Transport):
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-PROXY_FINAL = ("Host key verification failed", "Permission denied")  # a hop's refusal: no retry helps
-
-
-def _proxy_said(proxy) -> str:
-    """What a proxy command (a jump host's `ssh -W`) said on stderr once it ended: its line of a hop's refusal
-    (through several hops, the outer ones' words come after it), else its last line; "" if nothing."""
-    if proxy is None:
-        return ""
-    try:
-        proxy.process.wait(timeout=2)
-        lines = proxy.process.stderr.read().decode(errors="replace").strip().splitlines()
-    except Exception:  # still running, or its pipe gone: it said nothing we can use
-        return ""
-    return next((ln for ln in lines if any(word in ln for word in PROXY_FINAL)), lines[-1] if lines else "")
-
-
-def _connect_failure(e: BaseException, timeout: float) -> str:
-    """Why a connection could not be made, in the user's terms: a refusal is not a timeout."""
-    if isinstance(e, (socket.timeout, TimeoutError)):
-        return f"timed out after {timeout:g}s (the host's connect_timeout): is it up, and reachable from here?"
-    tried = getattr(e, "errors", None)  # paramiko's NoValidConnectionsError: one error per address tried
-    codes = {getattr(x, "errno", None) for x in tried.values()} if tried else {getattr(e, "errno", None)}
-    if errno.ECONNREFUSED in codes:
-        return "connection refused: nothing listens on that port (is sshd running there? is the port right?)"
-    return getattr(e, "strerror", None) or str(e) or type(e).__name__  # EOFError (a banner cut off): its name
