@@ -58,7 +58,7 @@ def check_environment(cfg: Config) -> None:
 
 def check_fit(cfg: Config, vocab_size: int, seq_len: int) -> None:
     """The student fits its teacher: one vocabulary, and no more positions than the teacher has. Checked from
-    the teacher's frozen config before the run (check-config, verify), and from its checkpoint as it loads."""
+    the teacher run's run.json before the run (check-config, verify), and from its checkpoint as it loads."""
     s = cfg.model
     if vocab_size != s.vocab_size:
         raise ConfigError(

@@ -20,7 +20,7 @@ from enlace.errors import EnlaceError
 
 DATA_DIR = "data"
 STDLIB = "{stdlib}"
-SHARD_DTYPES = ("uint8", "uint16")
+SHARD_DTYPES = {"uint8": 1, "uint16": 2}  # a shard's token type: its bytes per token
 
 
 class DataError(EnlaceError):
@@ -138,8 +138,7 @@ def require_shard_window(shard_dir: Path, split: str, lengths: list[int], need: 
 def shard_tokens(shard_dir: Path, split: str) -> list[int]:
     """Each of a split's shards' token count, from its size (meta.json's dtype): no shard is read."""
     meta = read_meta(shard_dir)
-    itemsize = 2 if meta["dtype"] == "uint16" else 1
-    return [(shard_dir / name).stat().st_size // itemsize for name in meta[split]]
+    return [(shard_dir / name).stat().st_size // SHARD_DTYPES[meta["dtype"]] for name in meta[split]]
 
 
 def shard_files(shard_dir: Path) -> list[Path]:
