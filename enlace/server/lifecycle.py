@@ -184,10 +184,11 @@ def wait_started(
         job = job_of(st)
         status = status_of(st, is_alive, job.get("state"))
         mine = st.get("launch_id") == launch_id
-        phase = st.get("phase")
-        if job.get("state") in slurm.QUEUED_STATES:
+        phase, pending = st.get("phase"), job.get("state") in slurm.QUEUED_STATES
+        blocked = pending and job.get("reason") in slurm.WILL_NOT_START  # seen: a 2-node job waited on 1 node
+        if pending:
             why = f" ({job['reason']})" if job.get("reason") else ""  # Slurm gives none just after submission
-            if job.get("reason") in slurm.WILL_NOT_START:  # seen: "waiting for it to start" on a 2-node job, 1 node
+            if blocked:
                 why += f": {slurm.WILL_NOT_START[job['reason']]}, so it may never start — `stop` cancels it"
             phase = f"pending in Slurm: job {job['job_id']} {job.get('state')}{why}"
         if mine and phase != shown and on_phase:
@@ -205,8 +206,8 @@ def wait_started(
             return observe(run_dir) | {"waited": "restarting"}
         if mine and status == Status.QUEUED:  # its turn may be hours away: the launch returns, the run waits
             return observe(run_dir) | {"waited": "queued"}
-        if mine and job.get("state") in slurm.QUEUED_STATES and job.get("reason") in slurm.WILL_NOT_START:
-            return observe(run_dir) | {"waited": "blocked"}  # pending for a limit, not its turn: no 10-minute wait
+        if mine and blocked:  # pending for a limit, not its turn: no 10-minute wait
+            return observe(run_dir) | {"waited": "blocked"}
         if not is_alive:  # died before it could write anything (e.g. the interpreter failed)
             return observe(run_dir) | {"status": Status.CRASHED.value, "waited": "done"}
         if time.monotonic() > deadline:
