@@ -23,6 +23,7 @@ from orchestrator.commands import tools as cli_tools
 from orchestrator.commands.common import (
     HOST_ENV,
     HostOptionsGroup,
+    Interrupted,
     Remote,
     allow_dirty_option,
     with_remote,
@@ -230,8 +231,8 @@ def run_main() -> None:
         click.echo(f"Error: {e.format_message()}", err=True)
         code = e.exit_code
     except KeyboardInterrupt:  # e.g. during close: no chained tracebacks, ever
-        click.echo("\ninterrupted", err=True)
-        code = contract.INTERRUPTED
+        Interrupted().show()
+        code = Interrupted.exit_code
     leave(code)  # every verb has closed its files, processes and connections by now
 
 
