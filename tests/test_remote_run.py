@@ -255,6 +255,10 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     assert "resumed from checkpoints/step-000030" in out.stderr
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
+    # --resume PATH starts a finished run there (seen: "is finished … nothing to train", and nothing trained)
+    back = ("--resume", "checkpoints/step-000035", "--until", "37")
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", *back, host="local")
+    assert "is finished" not in out.stderr and "resumed from checkpoints/step-000035" in out.stderr, out.stderr
     # --resume none starts a finished run over (it was said to be finished, "nothing to train")
     out = remote(
         user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2", host="local"

@@ -178,7 +178,9 @@ def _ship(launch: Launch):
 
 def _decide(launch: Launch):
     plan = launch.plan
-    worth = stages.worth_launching(launch.first, launch.run_name, plan.overrides, bool(plan.command), plan.fresh)
+    # --resume none or PATH starts where it says, finished or not (seen: a finished run ignored --resume PATH)
+    again = plan.fresh or plan.elsewhere
+    worth = stages.worth_launching(launch.first, launch.run_name, plan.overrides, bool(plan.command), again)
     return None if worth else STOP
 
 

@@ -50,7 +50,7 @@ def remote_preflight(
 def worth_launching(session: Session, run_name: str, overrides=(), command: bool = False, fresh: bool = False) -> bool:
     """Before any preflight: a live run is refused at once (its preflight would compete with it); a
     finished run is said to be finished, with how to extend it (False: nothing to launch) — unless `fresh`
-    (--resume none: it starts over)."""
+    (--resume none or PATH: it starts where that says)."""
     rows = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name]
     if not rows:
         return True
@@ -70,7 +70,7 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
         return True
     if row["alive"] and not Status(row["status"]).is_terminal:  # a failed run still exiting is not running
         raise AlreadyRunning(_running_message(session, row))
-    if command or fresh:  # a command that ended runs again (no max_steps to be finished at); afresh: over
+    if command or fresh:  # a command that ended runs again (no max_steps to be finished at); --resume: from there
         return True
     # extended: a max_steps past where it stands (a recorded --set of the same max_steps is no extension)
     asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "training.max_steps"]
