@@ -82,7 +82,12 @@ def test_launch_of_a_run_named_as_its_file_keeps_the_set_items_it_was_launched_w
 
     (tmp_path / "configs" / "runs").mkdir(parents=True)
     (tmp_path / "configs" / "runs" / "corpus-cpu.yaml").write_text("data: tiny\n")
-    session = SimpleNamespace(host=SimpleNamespace(name="gpu1"))
+    from enlace.errors import EnlaceError
+
+    def cannot_say(*argv):  # nothing synced on the host yet: what this machine remembers stands
+        raise EnlaceError("no synced tree")
+
+    session = SimpleNamespace(host=SimpleNamespace(name="gpu1"), enlace_json=cannot_say)
     assert choose.launch_target(session, tmp_path, "corpus-cpu", ("training.max_steps=40",))[1] == (
         "training.max_steps=40",
     )  # never launched with --set items: the file and this launch's own
@@ -95,3 +100,13 @@ def test_launch_of_a_run_named_as_its_file_keeps_the_set_items_it_was_launched_w
     choose.remember_run(tmp_path, "gpu1", "mytry", "corpus-cpu", ("optim.warmup_steps=5", "run_name=mytry"))
     fresh = choose.launch_target(session, tmp_path, "mytry", (), fresh=True)  # a run named apart: its name stays
     assert fresh == ("corpus-cpu", ("run_name=mytry",)), fresh
+
+    # a launch whose trainer refused its --set (another model over the run's checkpoints) is remembered here, but
+    # the run's line kept its own: the host's run.json wins, so a plain `launch mytry` resumes the good line
+    choose.remember_run(tmp_path, "gpu1", "mytry", "corpus-cpu", ("model.n_layer=3", "run_name=mytry"))
+    line = {"run_file": "corpus-cpu", "overrides": ["optim.warmup_steps=5", "run_name=mytry"]}
+    session.enlace_json = lambda *argv: [line] if argv[1:3] == ("runs", "mytry") else []
+    assert choose.launch_target(session, tmp_path, "mytry", ()) == ("corpus-cpu", tuple(line["overrides"]))
+    # a run of your own command records no run file there: what this machine remembers stands
+    line = {"run_file": None, "overrides": []}
+    assert choose.launch_target(session, tmp_path, "mytry", ())[1] == ("model.n_layer=3", "run_name=mytry")

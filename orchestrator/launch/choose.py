@@ -28,7 +28,7 @@ def _read(path: Path) -> dict:
 
 def remember_run(repo: Path, host: str, run: RunName, run_file: RunFile, overrides: tuple[str, ...] = ()) -> None:
     """The run launched last on `host` from this repo (what bare verbs act on), and what each run launched
-    from here was launched from (`launch NAME` resumes it without asking the server)."""
+    from here was launched from (`launch NAME` resumes it from these when the host cannot say its own)."""
     path = _last_runs_file(repo)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = _read(path)
@@ -70,6 +70,16 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
     )
 
 
+def _server_row(session, name: str) -> dict | None:
+    """The host's row for run `name` (its run file and its line's --set items), {} for none, None when the
+    host cannot say (nothing synced there yet)."""
+    try:
+        rows = session.enlace_json("latest", "runs", validate_run_name(name, "RUN"), "--json")
+    except EnlaceError:
+        return None
+    return rows[0] if rows else {}
+
+
 def launch_target(
     session, repo: Path, name: str, overrides: tuple[str, ...], fresh: bool = False
 ) -> tuple[RunFile, tuple[str, ...]]:
@@ -88,11 +98,15 @@ def launch_target(
     if row is None:  # not launched from here: a typo of a run file is said before any connection
         if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
             return validate_run_file(name), overrides
-        try:
-            rows = session.enlace_json("latest", "runs", validate_run_name(name, "RUN"), "--json")
-        except EnlaceError:  # no such run there (or nothing synced yet): the missing file is the error to show
+        row = _server_row(session, name)
+        if row is None:  # no such run there (or nothing synced yet): the missing file is the error to show
             return validate_run_file(name), overrides
-        row = rows[0] if rows else {}
+    elif not fresh:
+        # what this machine remembers is what the last launch asked for; a launch whose trainer refused it
+        # (another model over the run's checkpoints) left the run's own line, and its --set, as they were:
+        # the server's run.json holds the line's (a run of your own command records none: ours stands)
+        there = _server_row(session, name)
+        row = there if there and there.get("run_file") else row
     if not row.get("run_file") or not (runs_dir / f"{row['run_file']}.yaml").is_file():
         return validate_run_file(name), overrides
     recorded = [] if fresh else row.get("overrides") or []
