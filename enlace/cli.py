@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
-from enlace.clitypes import root_option, set_option
+from enlace.clitypes import resume_option, root_option, set_option
 from enlace.server import cli as cli_server
 from enlace.server import filescli as cli_files
 from enlace.slurm import cli as cli_slurm
@@ -135,13 +135,7 @@ def check_config(
 @click.argument("run")
 @set_option
 @root_option
-@click.option(
-    "--resume",
-    default="latest",
-    show_default=True,
-    metavar="latest|none|PATH",
-    help="Checkpoint to resume from: the run's newest complete one, none (start afresh), or a dir.",
-)
+@resume_option
 @click.option(
     "--until",
     type=click.IntRange(min=1),
@@ -325,6 +319,7 @@ def parse_size(text: str | None) -> int | None:
 )
 @set_option
 @root_option
+@resume_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (also written to preflight.json).")
 @click.option(
     "--memory-limit",
@@ -350,6 +345,7 @@ def preflight_cmd(
     steps: int,
     overrides: tuple[str, ...],
     root: Path | None,
+    resume: str,
     as_json: bool,
     memory_limit: str | None,
     max_batch: bool,
@@ -361,7 +357,7 @@ def preflight_cmd(
     of the configured shape (no corpus needed): 3 warm-up steps, --steps measured steps, one eval
     pass and one checkpoint save. Verdict: ok / tight (exit 0), oom (exit 5), unstable (exit 6), too_slow
     (exit 10: its steps ran or projected past --budget-s; the report says what the run would take).
-    Writes runs/RUN_NAME/preflight.json."""
+    The run's time is projected from where `train --resume` would start. Writes runs/RUN_NAME/preflight.json."""
     from enlace.config.machine import check_environment
     from enlace.config.recorded import load_run_config
     from enlace.preflight.maxbatch import find_max_batch, start_probe_server
@@ -370,14 +366,14 @@ def preflight_cmd(
     from enlace.train.rundir import atomic_write
 
     limit = parse_size(memory_limit)
-    cfg = load_run_config(run, overrides, root)
+    cfg = load_run_config(run, overrides, root, fresh=resume == "none")
     check_environment(cfg)
     quiet = os.environ.get("RANK", "0") != "0"
     say = (lambda msg: None) if quiet else (lambda msg: click.echo(f"  {msg}", err=True))
     if max_batch:
         start_probe_server(cfg)
     say(f"preflight {cfg.run_name}: building the model as train does, synthetic batches")
-    report = preflight(cfg, steps, limit, say, budget_s=budget_s)
+    report = preflight(cfg, steps, limit, say, budget_s=budget_s, resume=resume)
     if max_batch and report["verdict"] != "too_slow":
         report["max_batch"] = find_max_batch(cfg, run, list(overrides), limit, report, say)
         if report["verdict"] == "oom" and report["max_batch"]["batch_size"]:

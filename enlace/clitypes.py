@@ -65,6 +65,14 @@ root_option = click.option(
     help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
 )
 
+resume_option = click.option(
+    "--resume",
+    default="latest",
+    show_default=True,
+    metavar="latest|none|PATH",
+    help="Checkpoint to resume from: the run's newest complete one, none (start afresh), or a dir.",
+)
+
 
 def gc_options(fn):
     """`gc`'s options, the same on both command lines (enlace-remote gc passes them to enlace gc)."""

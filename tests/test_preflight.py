@@ -142,15 +142,23 @@ def test_the_projected_figure_and_its_words_agree_at_a_rounding_edge(project):
         project, "edge", training={"max_steps": 1, "eval_every": 0}, optim={"warmup_steps": 0}, checkpoint={"every": 0}
     )
     m = {"step_times": [0.63], "eval_batch_s": 0.0, "save_s": 0.33, "memory": {}, "ckpt_bytes": 1, "skipped": []}
-    tp = _projection(load_config("edge", root=project), m, 1)["throughput"]
+    tp = _projection(load_config("edge", root=project), m, 1, 0)["throughput"]
     assert tp["projected_s"] == 1.0 and tp["projected"] == duration(1.0) == "0m01s"
 
 
 def test_preflight_of_a_resumed_run_projects_the_remaining_steps(project):
     write_run(project, "half", training={"max_steps": 40, "eval_every": 0}, checkpoint={"every": 10})
+    from enlace.config.schema import load_config
+    from enlace.preflight.measure import _resumes_at
+
     enlace(project, "train", "half", "--until", "30")
-    rep = json.loads(enlace(project, "preflight", "half", "--json", "--steps", "2").stdout)
-    assert rep["throughput"]["resumes_at"] == 30 and rep["throughput"]["remaining_steps"] == 10
+    cfg = load_config("half", root=project)
+    assert (_resumes_at(cfg), _resumes_at(cfg, "none")) == (30, 0)  # --resume none: all 40 to go (it said 10)
+    # projected from where `train --resume PATH` starts (the launch passes its --resume on to preflight)
+    rep = json.loads(
+        enlace(project, "preflight", "half", "--json", "--steps", "2", "--resume", "checkpoints/step-000020").stdout
+    )
+    assert rep["throughput"]["resumes_at"] == 20 and rep["throughput"]["remaining_steps"] == 20
     assert rep["disk"]["ok"] and rep["disk"]["checkpoint_mib"] > 0
 
 

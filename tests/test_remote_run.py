@@ -257,13 +257,17 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
     # --resume PATH starts a finished run there (seen: "is finished … nothing to train", and nothing trained)
     back = ("--resume", "checkpoints/step-000035", "--until", "37")
-    out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", *back, host="local")
+    out = remote(user_repo, sshd.env, "launch", "tiny", *back, host="local")
     assert "is finished" not in out.stderr and "resumed from checkpoints/step-000035" in out.stderr, out.stderr
+    # preflight projected the steps left from there (it said 0 left: from the finished run's latest, step 40)
+    throughput = json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["throughput"]
+    assert (throughput["resumes_at"], throughput["remaining_steps"]) == (35, 5), throughput
     # --resume none starts a finished run over (it was said to be finished, "nothing to train")
     out = remote(
         user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2", host="local"
     )
     assert "is finished" not in out.stderr and "resumed from" not in out.stderr, out.stderr
+    assert "tiny: starting from step 0 (--resume none)" in out.stderr, out.stderr  # not "no complete checkpoint"
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 2
 

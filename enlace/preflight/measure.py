@@ -25,10 +25,10 @@ import torch
 from enlace.config.schema import Config
 from enlace.data.prefetch import Prefetched
 from enlace.data.synthetic import SyntheticStream
-from enlace.manifest import latest_checkpoint, read_manifest
+from enlace.manifest import read_manifest
 from enlace.sysinfo import cpu_name, mib, peak_rss_bytes, reset_peak_rss, total_memory_bytes
 from enlace.train import engine
-from enlace.train.checkpoint import save_checkpoint
+from enlace.train.checkpoint import resolve_resume, save_checkpoint
 from enlace.train.dist import Dist
 from enlace.units import duration
 
@@ -152,10 +152,13 @@ def preflight(
     progress: Callable[[str], None] = lambda s: None,
     warmup: int = WARMUP_STEPS,
     budget_s: float | None = DEFAULT_BUDGET_S,
+    resume: str = "latest",
 ) -> dict[str, Any]:
     """Measure `cfg`; returns the report (see README's preflight section for the fields): build the
-    model, measure steps/eval/save, reduce across ranks, project the run's time, give the verdict."""
+    model, measure steps/eval/save, reduce across ranks, project the run's time from where `train --resume
+    RESUME` would start, give the verdict."""
     t = cfg.training
+    start = _resumes_at(cfg, resume)  # a bad --resume PATH is refused before anything is built, as train does
     report: dict[str, Any] = {
         "run_name": cfg.run_name,
         "profile": cfg.profile_shown(),
@@ -180,7 +183,7 @@ def preflight(
         with time_budget(budget_s if dist.world == 1 else None, started):
             m = _measure(cfg, setup, warmup, steps, MemoryWatch(dev, memory_limit), progress, budget_s, started)
     except TooSlow as e:
-        report.update(_too_slow(cfg, e, budget_s, dist.world))
+        report.update(_too_slow(cfg, e, budget_s, dist.world, start))
         return report
     except OutOfMemory as e:
         report.update(verdict="oom", oom_phase=e.phase, oom_detail=e.detail, memory=_memory(dev, memory_limit))
@@ -192,7 +195,7 @@ def preflight(
         return report
     m["memory"] = _memory(dev, memory_limit)
     report.update(_across_ranks(dist, m))
-    report.update(_projection(cfg, m, dist.world))
+    report.update(_projection(cfg, m, dist.world, start))
     report.update(_verdict(cfg, report, m))
     return report
 
@@ -276,10 +279,10 @@ def _measure_with(cfg, setup, data, warmup, steps, watch, progress, budget_s, st
     return m
 
 
-def _too_slow(cfg: Config, e: TooSlow, budget_s: float, world: int) -> dict[str, Any]:
-    """The too_slow verdict: what was measured, what the run would take, what to do."""
+def _too_slow(cfg: Config, e: TooSlow, budget_s: float, world: int, start: int) -> dict[str, Any]:
+    """The too_slow verdict: what was measured, what the run would take from step `start`, what to do."""
     t = cfg.training
-    run_s = e.step_s * max(0, t.max_steps - _resumes_at(cfg)) if e.step_s else None
+    run_s = e.step_s * max(0, t.max_steps - start) if e.step_s else None
     if e.step_s:
         what = (
             f"one step takes ≈{e.step_s:.1f} s here, so the run's {t.max_steps} steps would take ≈{duration(run_s)}; "
@@ -313,12 +316,11 @@ def _across_ranks(dist: Dist, m: dict[str, Any]) -> dict[str, Any]:
     return {"world": dist.world, "per_rank": per_rank}
 
 
-def _projection(cfg: Config, m: dict[str, Any], world: int) -> dict[str, Any]:
-    """Throughput, the time the rest of the run will take, memory, disk and fp16 figures."""
+def _projection(cfg: Config, m: dict[str, Any], world: int, done: int) -> dict[str, Any]:
+    """Throughput, the time the rest of the run (from step `done`) will take, memory, disk and fp16 figures."""
     t, step_times = cfg.training, m["step_times"]
     median, p90 = statistics.median(step_times), sorted(step_times)[max(0, math.ceil(0.9 * len(step_times)) - 1)]
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.seq_len * world  # global
-    done = _resumes_at(cfg)  # a resumed run only has the rest to go
     todo = max(0, t.max_steps - done)
     n_evals = (todo // t.eval_every if t.eval_every else 0) + 1
     n_saves = (todo // cfg.checkpoint.every if cfg.checkpoint.every else 0) + 1
@@ -379,10 +381,10 @@ def _verdict(cfg: Config, report: dict[str, Any], m: dict[str, Any]) -> dict[str
     return {"verdict": "ok", "suggestion": ""}
 
 
-def _resumes_at(cfg: Config) -> int:
-    """The step `train` would resume from (its newest complete checkpoint), 0 for a fresh run."""
-
-    ckpt = latest_checkpoint(cfg.run_dir / "checkpoints")
+def _resumes_at(cfg: Config, resume: str = "latest") -> int:
+    """The step `train --resume RESUME` would start from (for latest: the newest complete checkpoint; none:
+    0), so that a resumed run is projected for the rest it has to go."""
+    ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
     return read_manifest(ckpt)["step"] if ckpt else 0
 
 

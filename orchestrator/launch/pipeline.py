@@ -186,7 +186,8 @@ def _decide(launch: Launch):
 
 def _preflight(launch: Launch):
     plan = launch.plan
-    extra = ["--steps", "5", *ship.set_args(plan.overrides)]
+    resume = plan.train_args[plan.train_args.index("--resume") :][:2] if "--resume" in plan.train_args else []
+    extra = ["--steps", "5", *resume, *ship.set_args(plan.overrides)]  # projected from where the trainer starts
     device = launch.device if len(plan.targets) == 1 else None  # across hosts: no queue (see SSHBackend)
     if plan.gpus and device is not None:  # a need the host can never meet (--gpus all on a CPU host), said before
         # it measures: the queue's refusal is what is asked for here, not its answer (the room it has)
@@ -215,7 +216,7 @@ def _start(launch: Launch):
 
 
 def _wait(launch: Launch):
-    stages.wait_first_step(launch.first, launch.run_name, launch.started, launch.plan.follow)
+    stages.wait_first_step(launch.first, launch.run_name, launch.started, launch.plan.follow, fresh=launch.plan.fresh)
 
 
 def _follow(launch: Launch):

@@ -168,9 +168,11 @@ def tail_under(error: str, log: str, lines: int = 20) -> str:
     return "\n".join(line for line in log.strip().splitlines()[-lines:] if not said(line))
 
 
-def wait_first_step(session: Session, run_name: str, started: dict, follow: bool, wait_s: float = 600) -> dict:
+def wait_first_step(
+    session: Session, run_name: str, started: dict, follow: bool, wait_s: float = 600, fresh: bool = False
+) -> dict:
     """Wait (on the server, one call) until the trainer we started logged a step or ended; show its
-    phases meanwhile. A run that ended badly fails here with its error and log tail; one whose first start
+    phases meanwhile (`fresh`: it was asked to start afresh, --resume none). A run that ended badly fails here with its error and log tail; one whose first start
     crashed, too (exit 8), unless `follow`: then the log is followed through its restarts."""
     row = session.stream_json(
         "latest",
@@ -219,6 +221,8 @@ def wait_first_step(session: Session, run_name: str, started: dict, follow: bool
     how = (
         f"resumed from checkpoints/{row['resumed_from']}"
         if row["resumed_from"]
+        else "starting from step 0 (--resume none)"
+        if fresh
         else "no complete checkpoint: starting from step 0"
     )
     click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
