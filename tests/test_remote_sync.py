@@ -180,8 +180,11 @@ def test_server_side_refusals_are_one_clear_line(sshd, user_repo, tmp_path):
     hosts = tmp_path / "odd-hosts.yaml"
     hosts.write_text(f"hosts:\n  local: {{remote_dir: {tmp_path}/fresh, python: /nonexistent/python}}\n")
     env = {**sshd.env, "ENLACE_HOSTS_FILE": str(hosts)}
-    out = remote(user_repo, env, "status", host="local", check=False)
-    assert out.returncode == 2 and "nothing has been synced" in out.stderr and "Traceback" not in out.stderr
+    out = remote(user_repo, env, "status", host="local", check=False)  # a newcomer's first look: no runs yet
+    assert (out.returncode, out.stdout.strip()) == (0, "no runs on this host"), out.stderr
+    out = remote(user_repo, env, "logs", "tiny", host="local", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "nothing was launched or synced to" in out.stderr and "enlace-remote launch RUN ships" in out.stderr
     out = remote(user_repo, env, "sync", host="local", check=False)
     assert out.returncode == 3 and "no usable python on the server" in out.stderr and "Traceback" not in out.stderr
     assert "python: /nonexistent/python (hosts.yaml) is not a command here: no such file" in out.stderr, out.stderr

@@ -214,7 +214,7 @@ def test_remote_sh_writes_json_with_any_remote_dir(tmp_path):
     doc = json.loads(out.stdout)
     assert (
         out.returncode == contract.USAGE
-        and "nothing has been synced" in doc["error"]
+        and "nothing was launched or synced" in doc["error"]
         and doc["kind"] == "not_synced"
         and '"' in doc["error"]
     )

@@ -54,6 +54,7 @@ enlace_home() {  # TREE -> the directory whose enlace/ package runs there: the t
   elif [ -n "$SERVER" ] && [ -f "$RD/server/$SERVER/enlace/__init__.py" ]; then echo "$RD/server/$SERVER"
   else return 1; fi
 }
+NOT_SYNCED="nothing was launched or synced to $RD yet: enlace-remote launch RUN ships this repository there and starts RUN (enlace-remote sync ships it alone)"
 NO_HOME="this tree has no enlace/ and enlace's server half is not installed here: run enlace-remote sync (it installs it)"
 newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer),
   local t newest=""  # by bash builtins alone: every driver command that names no commit asks for it
@@ -157,7 +158,7 @@ case $VERB in
   checkout)
     sha=$1
     if [ "$sha" = latest ]; then
-      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first" $EXIT_USAGE not_synced
+      sha=$(newest_tree) || die "$NOT_SYNCED" $EXIT_USAGE not_synced
     fi
     check_sha "$sha"
     tree=$RD/trees/$sha
@@ -193,7 +194,7 @@ case $VERB in
   enlace)
     sha=$1
     if [ "$sha" = latest ]; then
-      sha=$(newest_tree) || die "nothing has been synced to $RD yet: run enlace-remote sync first" $EXIT_USAGE not_synced
+      sha=$(newest_tree) || die "$NOT_SYNCED" $EXIT_USAGE not_synced
     fi
     check_sha "$sha"; py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
     home=$(enlace_home "$RD/trees/$sha") || die "$NO_HOME"

@@ -295,9 +295,8 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
         rows = table.status_everywhere(list_hosts(remote.repo), remote.session_for)
         click.echo(json.dumps(rows, indent=1) if as_json else table.format_status(rows, hosts=True))
         return
-    args = ["runs", *([validate_run_name(run_name, "RUN_NAME")] if run_name else []), "--json"]
-    rows = remote.session.enlace_json("latest", *args)
-    text = table.format_status(rows, full=bool(run_name)) if rows else "no runs on this host"
+    rows = table.runs_here(remote.session, validate_run_name(run_name, "RUN_NAME") if run_name else None)
+    text = table.format_status(rows, full=bool(run_name)) if rows else table.NO_RUNS
     click.echo(json.dumps(rows, indent=1) if as_json else text)
 
 

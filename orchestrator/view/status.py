@@ -130,6 +130,20 @@ def slurm_cell(row: dict) -> str:
     return text
 
 
+NO_RUNS = "no runs on this host"
+
+
+def runs_here(session, run_name: str | None) -> list[dict]:
+    """The host's rows (RUN_NAME's alone when named); a host nothing was launched on yet has none (its
+    status said "run enlace-remote sync first", exit 2: a newcomer's first `status` was an error)."""
+    try:
+        return session.enlace_json("latest", "runs", *([run_name] if run_name else []), "--json")
+    except EnlaceError as e:
+        if run_name or getattr(e, "kind", None) != ErrorKind.NOT_SYNCED:
+            raise
+        return []
+
+
 def status_everywhere(hosts: list, session_for) -> list[dict]:
     """Every run on every host, the hosts asked in parallel; a host that does not answer is one row saying
     so (never an abort). Takes as long as the slowest host."""
