@@ -245,7 +245,9 @@ def test_the_printed_script_runs_as_printed_on_the_login_node(login, user_repo, 
     the login node as printed (from any directory), its job trains (a bare `python` died on Debian)."""
     tiny_corpus(server_dir(login, "cluster"))
     remote(user_repo, login.env, "sync", host="cluster")
-    script = remote(user_repo, login.env, "launch", "long", "--slurm", "--print", host="cluster").stdout
+    script = remote(
+        user_repo, login.env, "launch", "long", "--slurm", "--print", "--resume", "none", host="cluster"
+    ).stdout
     assert f"{server_dir(login, 'cluster')}/trees/" in script and "exec python " not in script
     (tmp_path / "job.sh").write_text(script)
     elsewhere = tmp_path / "elsewhere"
@@ -262,6 +264,9 @@ def test_the_printed_script_runs_as_printed_on_the_login_node(login, user_repo, 
     try:
         wait_until(lambda: run_json(login, "long").get("step", 0) > 0, 180, "the printed job's first step")
         assert "step " in train_log(login, "long")  # its output went to the run's train.log
+        # its job id names its launch: a requeue of this --resume none goes on from its line, not from step 0
+        state = run_json(login, "long")
+        assert state["launch_id"] == state["line_of"] == f"slurm-{job}", state
     finally:
         cluster.run("scancel", job, check=False)
 

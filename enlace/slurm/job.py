@@ -103,8 +103,13 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
         signal.signal(s, sup.on_signal)
     node = socket.gethostname()
     say(f"job {job_id} on {node}" + (f", start {restarts + 1} (requeued {restarts}×)" if restarts else ""))
-    runs.new_attempt(
-        run_dir, phase=f"starting on {node} (Slurm job {job_id})", job_id=job_id, requeues=restarts, node=node
+    runs.new_attempt(  # the launch it serves (a script submitted by hand: its job's id) is this job's own
+        run_dir,
+        phase=f"starting on {node} (Slurm job {job_id})",
+        job_id=job_id,
+        requeues=restarts,
+        node=node,
+        launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
     )
     left = time_left_s(raw)
     if left is not None and left <= grace + EARLY_S:  # Slurm may have sent USR1 while it was ignored

@@ -201,6 +201,9 @@ def job_script(
                 else []
             ),
             f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={path}",
+            # submitted by hand, no launch names the job: its id does, the same across its requeues (a requeue
+            # of `--resume none` goes on from the line it began, not from step 0: trainerchild.again_argv)
+            *(['export ENLACE_LAUNCH_ID="slurm-$SLURM_JOB_ID"'] if log_here else []),
             f"cd {tree}",
             "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
             f"exec {python} -m enlace slurm-job {shlex.join(job_args)}",
