@@ -16,6 +16,7 @@ from enlace.errors import CheckpointError
 from enlace.hashing import file_sha256, open_pieces
 
 MANIFEST = "MANIFEST"
+SET_ASIDE = "checkpoints-set-aside"  # in the run dir, beside checkpoints/: what an explicit --resume moved away
 STEP_RE = re.compile(r"step-(\d{6,})")
 FORMAT_VERSION = 1
 

@@ -40,10 +40,18 @@ def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
     assert f"would remove {trees / commits[1]}" in dry.stdout and sorted(p.name for p in trees.iterdir()) == sorted(
         commits
     )
+    aside = server_dir(sshd, "testhost") / "runs" / "long" / "checkpoints-set-aside" / "20261207-090000-42"
+    (aside / "step-000002").mkdir(parents=True)  # a line an explicit --resume left (as start_line names them)
+    (aside / "step-000002" / "model.pt").write_bytes(b"\0" * 3 * 2**20)
     out = remote(user_repo, sshd.env, "gc")
     assert sorted(p.name for p in trees.iterdir()) == sorted([commits[0], commits[2]]), out.stdout + out.stderr
     assert "run long (running)" in out.stderr and "freed" in out.stderr
     assert (server_dir(sshd, "testhost") / "runs" / "long" / "run.json").exists()  # runs/ untouched
+    # the set-aside line stays, and is shown with its size (it filled disks unseen: gc said nothing of it)
+    assert (
+        "kept 1 line(s) an explicit --resume set aside, 3.0 MiB" in out.stderr and f"  {aside} (3.0 MiB)" in out.stderr
+    )
+    assert (aside / "step-000002" / "model.pt").stat().st_size == 3 * 2**20
     remote(user_repo, sshd.env, "stop", "long")
 
 

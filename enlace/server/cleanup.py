@@ -5,7 +5,9 @@
                                  (~/.cache/enlace/venvs/<hash>-cpu|cuda; python: venv): gc removes the link
 
 Kept: the tree of every run that is alive or can still be resumed (any status but finished), the
-`keep` most recently synced trees, and the venvs those trees use. data/ and runs/ are never touched.
+`keep` most recently synced trees, and the venvs those trees use. data/ and runs/ are never touched: the
+report lists each run's checkpoints-set-aside/ folders with their size (lines an explicit --resume left,
+which only their owner can judge), for a hand to delete.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from enlace.contract import Status
 from enlace.errors import EnlaceError
 from enlace.hashing import venv_key
+from enlace.manifest import SET_ASIDE
 from enlace.state import runs
 
 
@@ -66,6 +69,9 @@ def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
         "kept": {t.name: needed[t.name] for t in kept},
         # a venv link's target is shared by the account's other remote_dirs: only the link goes
         "remove": [{"path": str(p), "bytes": 0 if p.is_symlink() else _size(p)} for p in remove],
+        "set_aside": [
+            {"path": str(p), "bytes": _size(p)} for p in sorted((remote_dir / "runs").glob(f"*/{SET_ASIDE}/*"))
+        ],
     }
 
 

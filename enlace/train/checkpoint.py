@@ -24,6 +24,7 @@ from typing import Any
 from enlace.errors import CheckpointError, NoSpaceError
 from enlace.hashing import file_sha256
 from enlace.manifest import (
+    SET_ASIDE,
     STEP_RE,
     complete_checkpoints,
     latest_checkpoint,
@@ -34,8 +35,6 @@ from enlace.manifest import (
     step_dir_name,
     write_file,
 )
-
-SET_ASIDE = "checkpoints-set-aside"  # in the run dir, beside checkpoints/: what an explicit --resume moved away
 
 
 def remove_stale_temps(ckpt_root: Path) -> None:

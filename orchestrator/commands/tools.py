@@ -113,6 +113,15 @@ def gc(remote: Remote, keep: int, dry_run: bool) -> None:
         click.echo(f"kept trees/{sha[:12]}: {why}", err=True)
     total = sum(e["bytes"] for e in rep["remove"]) / 2**20
     click.echo(f"{'would free' if dry_run else 'freed'} {total:.1f} MiB on {remote.host.name}", err=True)
+    if rep.get("set_aside"):  # never gc's to remove: only their owner knows whether a line is still wanted
+        aside = sum(e["bytes"] for e in rep["set_aside"]) / 2**20
+        click.echo(
+            f"kept {len(rep['set_aside'])} line(s) an explicit --resume set aside, {aside:.1f} MiB (delete by hand "
+            "what you will not go back to):",
+            err=True,
+        )
+        for entry in rep["set_aside"]:
+            click.echo(f"  {entry['path']} ({entry['bytes'] / 2**20:.1f} MiB)", err=True)
 
 
 @click.command(cls=HostOptionsCommand)
