@@ -65,12 +65,14 @@ root_option = click.option(
     help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
 )
 
-resume_option = click.option(
-    "--resume",
-    default="latest",
-    show_default=True,
-    metavar="latest|none|PATH",
-    help="Checkpoint to resume from: the run's newest complete one, none (start afresh), or a dir.",
+
+def resume_option_saying(help_text: str):
+    """--resume latest|none|PATH, with what it does in this command."""
+    return click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH", help=help_text)
+
+
+resume_option = resume_option_saying(
+    "Checkpoint to resume from: the run's newest complete one, none (start afresh), or a dir."
 )
 
 

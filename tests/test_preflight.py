@@ -146,6 +146,24 @@ def test_the_projected_figure_and_its_words_agree_at_a_rounding_edge(project):
     assert tp["projected_s"] == 1.0 and tp["projected"] == duration(1.0) == "0m01s"
 
 
+def test_too_slow_for_a_resumed_run_names_the_steps_left(project):
+    """The too_slow words and figure count from where --resume starts (they said "the run's 20 steps would
+    take ≈5m00s" for the 5 steps left after step 15)."""
+    from enlace.config.schema import load_config
+    from enlace.preflight.measure import TooSlow, _too_slow
+
+    write_run(project, "slow", training={"max_steps": 20})
+    cfg = load_config("slow", root=project)
+    resumed = _too_slow(cfg, TooSlow(300, 60.0, 3), 300, 1, start=15)
+    assert (
+        resumed["too_slow"]["run_s"] == 300.0
+        and "the run's 5 steps left (from step 15) would take ≈5m00s" in resumed["suggestion"]
+    ), resumed
+    assert (
+        "the run's 20 steps would take ≈20m00s" in _too_slow(cfg, TooSlow(300, 60.0, 3), 300, 1, start=0)["suggestion"]
+    )
+
+
 def test_preflight_of_a_resumed_run_projects_the_remaining_steps(project):
     write_run(project, "half", training={"max_steps": 40, "eval_every": 0}, checkpoint={"every": 10})
     from enlace.config.schema import load_config

@@ -262,6 +262,10 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     # preflight projected the steps left from there (it said 0 left: from the finished run's latest, step 40)
     throughput = json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["throughput"]
     assert (throughput["resumes_at"], throughput["remaining_steps"]) == (35, 5), throughput
+    remote(user_repo, sshd.env, "preflight", "tiny", "--resume", "none", host="local")  # the driver's own, too
+    throughput = json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["throughput"]
+    # from step 0, and as train --resume none: the file's 30 steps, without the run's recorded max_steps=40
+    assert (throughput["resumes_at"], throughput["remaining_steps"]) == (0, 30), throughput
     # --resume none starts a finished run over (it was said to be finished, "nothing to train")
     out = remote(
         user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2", host="local"

@@ -82,10 +82,13 @@ def test_launch_of_a_run_named_as_its_file_keeps_the_set_items_it_was_launched_w
 
     (tmp_path / "configs" / "runs").mkdir(parents=True)
     (tmp_path / "configs" / "runs" / "corpus-cpu.yaml").write_text("data: tiny\n")
+    from enlace.contract import ErrorKind
     from enlace.errors import EnlaceError
 
     def cannot_say(*argv):  # nothing synced on the host yet: what this machine remembers stands
-        raise EnlaceError("no synced tree")
+        error = EnlaceError("nothing was launched or synced there yet")
+        error.kind = ErrorKind.NOT_SYNCED
+        raise error
 
     session = SimpleNamespace(host=SimpleNamespace(name="gpu1"), enlace_json=cannot_say)
     assert choose.launch_target(session, tmp_path, "corpus-cpu", ("training.max_steps=40",))[1] == (
@@ -110,3 +113,7 @@ def test_launch_of_a_run_named_as_its_file_keeps_the_set_items_it_was_launched_w
     # a run of your own command records no run file there: what this machine remembers stands
     line = {"run_file": None, "overrides": []}
     assert choose.launch_target(session, tmp_path, "mytry", ())[1] == ("model.n_layer=3", "run_name=mytry")
+    # a host that does not answer is said as such (taken for "no such run", the remembered --set stood again)
+    session.enlace_json = lambda *argv: (_ for _ in ()).throw(EnlaceError("on gpu1: connection reset"))
+    with pytest.raises(EnlaceError, match="connection reset"):
+        choose.launch_target(session, tmp_path, "mytry", ())

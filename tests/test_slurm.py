@@ -249,26 +249,37 @@ def test_the_printed_script_runs_as_printed_on_the_login_node(login, user_repo, 
         user_repo, login.env, "launch", "long", "--slurm", "--print", "--resume", "none", host="cluster"
     ).stdout
     assert f"{server_dir(login, 'cluster')}/trees/" in script and "exec python " not in script
+    assert "# It starts the run at --resume none (a new line" in script  # submitted again later: over again
     (tmp_path / "job.sh").write_text(script)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    submitted = subprocess.run(
-        ["sbatch", str(tmp_path / "job.sh")],
-        cwd=elsewhere,
-        env={**os.environ, **cluster.env},
-        capture_output=True,
-        text=True,
-    )
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.split()[-1]
+
+    def sbatch() -> str:
+        submitted = subprocess.run(
+            ["sbatch", str(tmp_path / "job.sh")],
+            cwd=elsewhere,
+            env={**os.environ, **cluster.env},
+            capture_output=True,
+            text=True,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.split()[-1]
+
+    job, again = sbatch(), None
     try:
         wait_until(lambda: run_json(login, "long").get("step", 0) > 0, 180, "the printed job's first step")
         assert "step " in train_log(login, "long")  # its output went to the run's train.log
         # its job id names its launch: a requeue of this --resume none goes on from its line, not from step 0
         state = run_json(login, "long")
         assert state["launch_id"] == state["line_of"] == f"slurm-{job}", state
+        # submitted twice: the second job is refused while the first trains (it would have set the first's
+        # checkpoints aside under it), and the run stays the first job's
+        again = sbatch()
+        wait_until(lambda: f"is live under Slurm job {job}: this job ({again})" in train_log(login, "long"), 180)
+        state = run_json(login, "long")
+        assert (state["job_id"], state["launch_id"], state["status"]) == (job, f"slurm-{job}", "running"), state
     finally:
-        cluster.run("scancel", job, check=False)
+        cluster.run("scancel", job, *([again] if again else []), check=False)
 
 
 def test_bare_verbs_act_on_the_run_name_and_launch_name_extends_it_on_slurm(login, user_repo):

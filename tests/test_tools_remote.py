@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from support.remote import env_with_a_dead_host, head, remote, server_dir, tiny_corpus
@@ -48,9 +50,8 @@ def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
     assert "run long (running)" in out.stderr and "freed" in out.stderr
     assert (server_dir(sshd, "testhost") / "runs" / "long" / "run.json").exists()  # runs/ untouched
     # the set-aside line stays, and is shown with its size (it filled disks unseen: gc said nothing of it)
-    assert (
-        "kept 1 line(s) an explicit --resume set aside, 3.0 MiB" in out.stderr and f"  {aside} (3.0 MiB)" in out.stderr
-    )
+    assert "kept 1 line(s) an explicit --resume set aside, 3.0 MiB freed by deleting" in out.stderr, out.stderr
+    assert f"  {aside} (3.0 MiB)" in out.stderr
     assert (aside / "step-000002" / "model.pt").stat().st_size == 3 * 2**20
     remote(user_repo, sshd.env, "stop", "long")
 
@@ -92,6 +93,23 @@ def test_sample_plot_and_shell_against_the_server(sshd, user_repo):
         out = remote(user_repo, sshd.env, "shell", "--", "echo $ENLACE_RUN_DIR;", "enlace runs", host=host)
         first, *rest = out.stdout.splitlines()
         assert first.endswith("/runs/tiny") and any(line.startswith("tiny ") for line in rest), out.stdout
+
+
+def test_gc_counts_what_deleting_a_set_aside_line_frees(tmp_path):
+    """A fault hunt's cases: a symlink there was walked through (`-> /` counted 36 GB, and took 39 s), a plain
+    file counted 0, a hard-linked checkpoint (linked in from elsewhere) counted though deleting it frees nothing."""
+    from enlace.server.cleanup import plan
+
+    aside = tmp_path / "runs" / "r" / "checkpoints-set-aside"
+    (aside / "line" / "step-000002").mkdir(parents=True)
+    (aside / "line" / "step-000002" / "model.pt").write_bytes(b"1" * 1000)
+    (aside / "line" / "step-000002" / "trainer.pt").write_bytes(b"2" * 300)
+    os.link(aside / "line" / "step-000002" / "trainer.pt", tmp_path / "elsewhere.pt")
+    (aside / "old-line.tar").write_bytes(b"3" * 500)
+    (aside / "oops").symlink_to("/")
+    (tmp_path / "trees").mkdir()
+    listed = {Path(e["path"]).name: e["bytes"] for e in plan(tmp_path, keep=0)["set_aside"]}
+    assert listed == {"line": 1000, "old-line.tar": 500, "oops": 0}, listed
 
 
 def test_gc_plans_around_a_checkout_in_progress(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import signal
 import statistics
@@ -158,7 +159,9 @@ def preflight(
     model, measure steps/eval/save, reduce across ranks, project the run's time from where `train --resume
     RESUME` would start, give the verdict."""
     t = cfg.training
-    start = _resumes_at(cfg, resume)  # a bad --resume PATH is refused before anything is built, as train does
+    # where `train --resume` starts (a bad PATH refused as train refuses it); rank 0's alone: it reports, and
+    # under torchrun across hosts the checkpoint may be on its host only (train loads it on rank 0)
+    start = _resumes_at(cfg, resume) if os.environ.get("RANK", "0") == "0" else 0
     report: dict[str, Any] = {
         "run_name": cfg.run_name,
         "profile": cfg.profile_shown(),
@@ -285,7 +288,9 @@ def _too_slow(cfg: Config, e: TooSlow, budget_s: float, world: int, start: int) 
     run_s = e.step_s * max(0, t.max_steps - start) if e.step_s else None
     if e.step_s:
         what = (
-            f"one step takes ≈{e.step_s:.1f} s here, so the run's {t.max_steps} steps would take ≈{duration(run_s)}; "
+            f"one step takes ≈{e.step_s:.1f} s here, so the run's "
+            + (f"{t.max_steps - start} steps left (from step {start})" if start else f"{t.max_steps} steps")
+            + f" would take ≈{duration(run_s)}; "
             f"preflight stopped after {e.elapsed_s:.0f} s of its {budget_s:.0f} s budget"
         )
     else:

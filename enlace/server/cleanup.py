@@ -41,6 +41,19 @@ def _size(path: Path) -> int:
     return total
 
 
+def _freed(path: Path) -> int:
+    """Bytes that deleting `path` alone frees: files with no other hard link (a line's checkpoint linked in
+    from elsewhere frees nothing), never what a symlink points at."""
+    whole = path.is_symlink() or not path.is_dir()
+    paths = [path] if whole else (Path(d) / f for d, _, files in os.walk(path) for f in files)
+    total = 0
+    for p in paths:
+        with contextlib.suppress(OSError):  # a file that vanished meanwhile
+            st = os.lstat(p)
+            total += st.st_size if st.st_nlink == 1 and not p.is_symlink() else 0
+    return total
+
+
 def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
     """What gc would remove and why the rest stays."""
     trees = sorted(  # not a .tmp- checkout: it is ready only an instant before its rename to trees/<sha>
@@ -70,7 +83,7 @@ def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
         # a venv link's target is shared by the account's other remote_dirs: only the link goes
         "remove": [{"path": str(p), "bytes": 0 if p.is_symlink() else _size(p)} for p in remove],
         "set_aside": [
-            {"path": str(p), "bytes": _size(p)} for p in sorted((remote_dir / "runs").glob(f"*/{SET_ASIDE}/*"))
+            {"path": str(p), "bytes": _freed(p)} for p in sorted((remote_dir / "runs").glob(f"*/{SET_ASIDE}/*"))
         ],
     }
 

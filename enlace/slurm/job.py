@@ -28,6 +28,7 @@ from pathlib import Path
 
 from enlace.config.command import CommandRun
 from enlace.contract import ACTIVE, Status
+from enlace.errors import AlreadyRunning
 from enlace.server import lifecycle
 from enlace.server.runfiles import last_line
 from enlace.server.supervise import Policy, Supervisor
@@ -88,7 +89,13 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
                 else f"the job's time limit is near: checkpointing; max_requeues ({max_requeues}) is spent"
             )
 
-    doc = runs.read(run_dir).get("command")  # the user's own command (submit kept it): started and healed as such
+    st = runs.read(run_dir)
+    if st.get("job_id") not in (None, job_id) and runs.alive(st, run_dir):  # (a script submitted twice by hand)
+        raise AlreadyRunning(
+            f"{run_dir.name} is live under Slurm job {st['job_id']}: this job ({job_id}) would train beside it — "
+            f"stop that one first (enlace-remote stop {run_dir.name}, or scancel {st['job_id']})"
+        )
+    doc = st.get("command")  # the user's own command (submit kept it): started and healed as such
     own = CommandRun.from_doc(doc, "run.json command") if doc else None
     if restarts and own is None:  # a requeued trainer goes on from its newest checkpoint (once its line began)
         train = again_argv(train, run_dir, os.environ.get("ENLACE_LAUNCH_ID"))

@@ -9,7 +9,15 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import Seconds, grace_option, notify_option, set_option, stop_request, supervisor_options
+from enlace.clitypes import (
+    Seconds,
+    grace_option,
+    notify_option,
+    resume_option_saying,
+    set_option,
+    stop_request,
+    supervisor_options,
+)
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
@@ -40,6 +48,7 @@ from orchestrator.commands.sweep import sweep_option
 )
 @allow_dirty_option
 @set_option
+@resume_option_saying("Project the run's time from where `launch --resume` would start it (none: step 0).")
 @with_remote
 def preflight(
     remote: Remote,
@@ -49,6 +58,7 @@ def preflight(
     budget_s: float,
     allow_dirty: bool,
     overrides: tuple[str, ...],
+    resume: str,
 ) -> None:
     """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
 
@@ -60,7 +70,7 @@ def preflight(
     ship.check_run_config(remote.repo, run)
     sha, run_name, device = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
     extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
-    extra += ship.set_args(overrides)
+    extra += ship.set_args(overrides) + (["--resume", resume] if resume != "latest" else [])
     try:
         report = stages.remote_preflight(remote.session, sha, run, remote.repo, run_name, extra, device)
     except EnlaceError as e:
@@ -129,13 +139,9 @@ def preflight(
 @click.option("--no-wait", is_flag=True, help="Return once the run is started (or submitted to Slurm).")
 @notify_option("POST a JSON note here when the run ends (default: the host's `notify`).")
 @supervisor_options(backoff=False)
-@click.option(
-    "--resume",
-    default="latest",
-    show_default=True,
-    metavar="latest|none|PATH",
-    help="Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
-    "dir such as checkpoints/step-000040 (when the newest one is corrupt).",
+@resume_option_saying(
+    "Passed to enlace train: the newest complete checkpoint, none (start afresh), or a checkpoint "
+    "dir such as checkpoints/step-000040 (when the newest one is corrupt)."
 )
 @click.option(
     "--allow-data-change",
@@ -374,6 +380,7 @@ def fetch(
     nor SFTP needed); each file is hashed as it arrives. --sweep: each run of the sweep (--best: its best)."""
     from orchestrator.launch import choose
     from orchestrator.transfer.fetch import fetch as do_fetch
+    from orchestrator.transfer.fetch import summary
 
     if sweep_name is not None:
         return sweeps.fetch_all(remote, sweep_name, best, which == "all")
@@ -382,15 +389,7 @@ def fetch(
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     rep = do_fetch(remote.session, run_name, dest or remote.repo / "runs" / run_name, which == "all")
-    mib = rep["bytes"] / 2**20
-    rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
-    click.echo(
-        f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
-        f"{len(rep['skipped'])} already here; "
-        + (f"{rep['outputs']} output file(s) verified; " if rep.get("outputs") else "")
-        + f"{mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, "
-        f"{rep['method']}) → {rep['dest']}"
-    )
+    click.echo(summary(run_name, rep))
 
 
 COMMANDS = (preflight, launch, status, stop, logs, fetch)

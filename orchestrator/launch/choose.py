@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.names import RunFile, RunName, validate_run_file, validate_run_name
 from orchestrator.errors import UsageError
@@ -72,11 +73,16 @@ def choose_run(repo: Path, host, run: str | None, last_first: bool = False) -> s
 
 def _server_row(session, name: str) -> dict | None:
     """The host's row for run `name` (its run file and its line's --set items), {} for none, None when the
-    host cannot say (nothing synced there yet)."""
+    host cannot say (nothing synced there yet). A host that does not answer is said as such: a dropped
+    connection taken for "no such run" let what this machine remembers stand."""
     try:
         rows = session.enlace_json("latest", "runs", validate_run_name(name, "RUN"), "--json")
-    except EnlaceError:
-        return None
+    except EnlaceError as e:
+        if getattr(e, "kind", None) == ErrorKind.NOT_SYNCED:
+            return None
+        if getattr(e, "kind", None) == ErrorKind.NO_SUCH_RUN:
+            return {}
+        raise
     return rows[0] if rows else {}
 
 
@@ -99,7 +105,7 @@ def launch_target(
         if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
             return validate_run_file(name), overrides
         row = _server_row(session, name)
-        if row is None:  # no such run there (or nothing synced yet): the missing file is the error to show
+        if row is None:  # nothing synced there yet (no such run: {}): the missing file is the error to show
             return validate_run_file(name), overrides
     elif not fresh:
         # what this machine remembers is what the last launch asked for; a launch whose trainer refused it

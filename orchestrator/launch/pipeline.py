@@ -17,6 +17,7 @@ Stopping, a run's state and its log are the server's verbs on either backend (th
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,9 +200,10 @@ def _preflight(launch: Launch):
     except EnlaceError as e:
         if e.kind != ErrorKind.QUEUE_BUSY:
             raise
+        again = shlex.join(["--host", launch.first.host.name, plan.run_file, *extra[2:]])  # this run, as launched
         click.echo(
             f"preflight skipped: {e.message} — it would measure beside another run; the run queues unmeasured "
-            f"(`enlace-remote preflight {plan.run_file}` measures it once the host has room)",
+            f"(`enlace-remote preflight {again}` measures it once the host has room)",
             err=True,
         )
         return None

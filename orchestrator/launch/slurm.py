@@ -68,6 +68,12 @@ def print_script(spec: SlurmSpec, host, repo, commit: str, run: str, run_name: s
         "sbatch THIS_FILE. Its output is the run's train.log. Near the time limit the trainer checkpoints\n"
         "and the job requeues itself (up to max_requeues)."
     )
+    if "--resume" in train_args:  # a script kept and submitted again later would start over each time
+        where = train_args[train_args.index("--resume") + 1]
+        header += (
+            f"\nIt starts the run at --resume {where} (a new line; its requeues go on from that line).\n"
+            "Submitted again later, it starts there again: to continue the run, print it without --resume."
+        )
     env = {"ENLACE_COMMIT": commit, "PYTHONUNBUFFERED": "1"}
     return job_script(spec, run_name, tree, python, env, job, header, log_here=True)
 

@@ -335,3 +335,15 @@ def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
         )
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(origin) + "\n")
+
+
+def summary(run_name: str, rep: dict) -> str:
+    """fetch's one line: what came, what was here, the bytes and their rate, where it all is."""
+    mib = rep["bytes"] / 2**20
+    rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
+    return (
+        f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
+        f"{len(rep['skipped'])} already here; "
+        + (f"{rep['outputs']} output file(s) verified; " if rep.get("outputs") else "")
+        + f"{mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, {rep['method']}) → {rep['dest']}"
+    )
