@@ -74,6 +74,17 @@ def test_unknown_section_and_unknown_set_key(project):
     assert "did you mean 'd_model'?" in _error(project, "model.n_embd=64").message
 
 
+def test_a_mistyped_command_key_is_said_to_be_your_own_commands(project):
+    """`comand:` made the file enlace's trainer's, whose keys were listed (without `command`, `data` twice)."""
+    e = _error(project, comand=["python", "train.py"])
+    assert "comand: unknown key — did you mean 'command'? (a run file of your own command" in e.message, e.message
+    e = _error(project, zzzz=1)
+    assert e.message.endswith(
+        "valid keys: checkpoint, data, distill, logging, model, optim, profile, run_name, runtime, training"
+    )
+    assert "did you mean 'data'?" in _error(project, dat="tiny").message  # the trainer's own key, when nearer
+
+
 def test_unknown_key_in_profile_names_the_profile(project):
     (project / "configs" / "profiles" / "cpu.yaml").write_text("runtime: {precison: fp32}\n")
     e = _error(project)

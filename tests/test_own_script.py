@@ -72,6 +72,12 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     for rel in ("out/result.txt", "out/sub/more.bin"):
         assert (tmp_path / "got" / rel).read_bytes() == (run_dir / rel).read_bytes(), rel
 
+    # launched again by name, a run file's run keeps the --set it was launched with (it ran the bare command)
+    remote(script_repo, env, "launch", "hello", "--set", "args.lines=2", "--follow")
+    out = remote(script_repo, env, "launch", "hello", "--follow")
+    assert "from configs/runs/hello.yaml --set args.lines=2" in out.stderr, out.stderr
+    assert _row(script_repo, env, "hello")["command"][-1] == "--lines=2"
+
     remote(script_repo, env, "launch", "forever", "--no-wait")
     wait_until(lambda: "script line 3" in (server_dir(sshd, "testhost") / "runs/forever/train.log").read_text())
     out = remote(script_repo, env, "stop", "forever")
@@ -102,7 +108,7 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     assert _row(script_repo, env, "adhoc")["status"] == "finished"
     assert (server_dir(sshd, "testhost") / "runs/adhoc/train.log").read_text().count("script line 1") == 2
     out = remote(script_repo, env, "fetch", "adhoc", "--dest", str(tmp_path / "adhoc"))  # no outputs: its log
-    assert "no outputs (set `outputs:` in its run file)" in out.stderr, out.stderr
+    assert "no outputs (a run file's `outputs:` names them; `enlace-remote init` writes one)" in out.stderr
     assert (tmp_path / "adhoc" / "train.log").read_bytes().count(b"script line 1") == 2
 
     out = remote(script_repo, env, "init", "brace", "--", "python", "-c", "print('{')", check=False)

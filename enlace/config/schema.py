@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -25,6 +24,8 @@ from typing import Any, Literal
 import yaml
 
 from enlace.config import cards
+from enlace.config import command as command_keys
+from enlace.config.keys import check_top, closest
 from enlace.config.rules import check_combinations  # the rules need Config: imported here
 from enlace.contract import run_name_of
 from enlace.errors import ConfigError
@@ -121,7 +122,9 @@ SECTIONS: dict[str, type] = {
 }
 # Which sections each kind of file may set (a data file holds DataConfig's keys at its top level).
 PROFILE_SECTIONS = ("runtime", "training", "checkpoint")
-RUN_TOP_KEYS = ("run_name", "data", "profile", *SECTIONS)
+RUN_TOP_KEYS = tuple(dict.fromkeys(("run_name", "data", "profile", *SECTIONS)))  # ("data" is a section too)
+# a run file of your own command has these instead: a mistyped `comand:` makes the file the trainer's
+OWN_COMMAND_KEYS = tuple(k for k in command_keys.KEYS if k not in RUN_TOP_KEYS)
 
 
 @dataclass
@@ -219,27 +222,6 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
     return path
 
 
-# the names other trainers use (nanoGPT, HF) for a key of ours: spelling alone led `lr` to 'min_lr'
-OTHER_NAMES = {
-    "lr": "learning_rate",
-    "wd": "weight_decay",
-    "clip": "grad_clip",
-    "max_grad_norm": "grad_clip",
-    "max_iters": "max_steps",
-    "gradient_accumulation_steps": "grad_accum",
-    "block_size": "seq_len",
-    "n_embd": "d_model",
-}
-
-
-def _closest(key: str, valid: typing.Iterable[str]) -> str:
-    valid = list(valid)
-    if OTHER_NAMES.get(key) in valid:
-        return f"did you mean {OTHER_NAMES[key]!r}?"
-    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    return f"did you mean {match[0]!r}?" if match else f"valid keys: {', '.join(sorted(valid))}"
-
-
 def _flatten_section(layer: dict[str, Any], section: str, source: str, out: dict, origin: dict) -> None:
     """Copy `layer`'s keys into out[section.key], checking they exist in the dataclass."""
     cls = SECTIONS[section]
@@ -248,15 +230,9 @@ def _flatten_section(layer: dict[str, Any], section: str, source: str, out: dict
         raise ConfigError(source, section, "expected a mapping of keys", f"valid keys: {', '.join(valid)}")
     for k, v in layer.items():
         if k not in valid:
-            raise ConfigError(source, f"{section}.{k}", "unknown key", _closest(str(k), valid))
+            raise ConfigError(source, f"{section}.{k}", "unknown key", closest(str(k), valid))
         out[f"{section}.{k}"] = v
         origin[f"{section}.{k}"] = source
-
-
-def _check_top(layer: dict[str, Any], allowed: typing.Sequence[str], source: str) -> None:
-    for k in layer:
-        if k not in allowed:
-            raise ConfigError(source, str(k), "unknown key", _closest(str(k), allowed))
 
 
 # type → (accepted Python types, how an error names it); bools are never accepted as numbers
@@ -328,7 +304,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     run_path = _resolve_file(root, "runs", run, "RUN", "")
     run_src = str(run_path.relative_to(root) if run_path.is_relative_to(root) else run_path)
     run_layer = read_yaml(run_path, "run")
-    _check_top(run_layer, RUN_TOP_KEYS, run_src)
+    check_top(run_layer, RUN_TOP_KEYS, run_src, OWN_COMMAND_KEYS)
 
     def pick(key: str, default: str | None) -> tuple[Any, str]:
         if key in sets:
@@ -357,7 +333,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     origin: dict[str, str] = {}
     _flatten_section(read_yaml(data_path, "data"), "data", rel(data_path), flat, origin)
     profile_layer = read_yaml(profile_path, "profile")
-    _check_top(profile_layer, PROFILE_SECTIONS, rel(profile_path))
+    check_top(profile_layer, PROFILE_SECTIONS, rel(profile_path))
     for section, values in profile_layer.items():
         _flatten_section(values, section, rel(profile_path), flat, origin)
     for section in SECTIONS:
@@ -369,7 +345,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
             keys = ", ".join(f.name for f in dataclasses.fields(SECTIONS[section]))
             raise ConfigError("--set", key, "is a section, not a key", f"set one of its keys ({section}.KEY=V): {keys}")
         if section not in SECTIONS:
-            raise ConfigError("--set", key, "unknown key", _closest(section, [*SECTIONS, "run_name", "profile"]))
+            raise ConfigError("--set", key, "unknown key", closest(section, [*SECTIONS, "run_name", "profile"]))
         _flatten_section({leaf: value}, section, "--set", flat, origin)
 
     cfg = Config(

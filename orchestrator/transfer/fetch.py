@@ -68,7 +68,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
             none = (
                 f"its outputs ({', '.join(globs)}) match no file"
                 if globs
-                else "no outputs (set `outputs:` in its run file)"
+                else "no outputs (a run file's `outputs:` names them; `enlace-remote init` writes one)"
             )
             click.echo(
                 f"{run_name}: {none} and no enlace.job checkpoint: fetching its log and run files only", err=True

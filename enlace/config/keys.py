@@ -1,0 +1,46 @@
+"""Which key a wrong one meant: other trainers' names for ours (nanoGPT, HF), the closest valid key, and the
+check of a file's top-level keys. Config errors name the fix, not just the fault."""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from typing import Any
+
+from enlace.errors import ConfigError
+
+# the names other trainers use (nanoGPT, HF) for a key of ours: spelling alone led `lr` to 'min_lr'
+OTHER_NAMES = {
+    "lr": "learning_rate",
+    "wd": "weight_decay",
+    "clip": "grad_clip",
+    "max_grad_norm": "grad_clip",
+    "max_iters": "max_steps",
+    "gradient_accumulation_steps": "grad_accum",
+    "block_size": "seq_len",
+    "n_embd": "d_model",
+}
+
+
+def closest(key: str, valid: typing.Iterable[str]) -> str:
+    valid = list(valid)
+    if OTHER_NAMES.get(key) in valid:
+        return f"did you mean {OTHER_NAMES[key]!r}?"
+    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return f"did you mean {match[0]!r}?" if match else f"valid keys: {', '.join(sorted(valid))}"
+
+
+def check_top(
+    layer: dict[str, Any], allowed: typing.Sequence[str], source: str, elsewhere: typing.Sequence[str] = ()
+) -> None:
+    """Every key of `layer` is `allowed`; a key nearer one of `elsewhere` (a run file of your own command's)
+    is said to be that."""
+    for k in layer:
+        if k not in allowed:
+            near = difflib.get_close_matches(str(k), [*allowed, *elsewhere], n=1, cutoff=0.5)
+            fix = (
+                f"did you mean {near[0]!r}? (a run file of your own command: docs/own-script.md)"
+                if near and near[0] in elsewhere
+                else closest(str(k), allowed)
+            )
+            raise ConfigError(source, str(k), "unknown key", fix)
