@@ -40,7 +40,9 @@ def _check_overrides(ctx: click.Context, param: click.Parameter, values: tuple[s
     for value in values:
         key, eq, new = value.partition("=")
         if not eq or not key.strip():
-            raise click.BadParameter(f"{value!r}: expected SECTION.KEY=VALUE, e.g. training.max_steps=50")
+            raise click.BadParameter(
+                f"{value!r}: expected SECTION.KEY=VALUE, e.g. training.max_steps=50 (for your own command: args.NAME=VALUE)"
+            )
         if key.strip() == "run_name" and not RUN_NAME_RE.fullmatch(new):
             raise click.BadParameter(f"run_name={new!r} is not a valid name: {RUN_NAME_RULE}")
     return values

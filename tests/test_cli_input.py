@@ -44,6 +44,43 @@ def test_a_repository_of_your_own_without_a_run_file_is_pointed_at_init(tmp_path
     assert isinstance(result.exception, SystemExit)
 
 
+def test_init_warns_when_git_ignores_the_run_file_it_wrote(tmp_path, monkeypatch):
+    """A bare `runs/` in .gitignore matches configs/runs/ too: init's `next: git add …` failed as printed."""
+    other = tmp_path / "other"
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    (other / ".gitignore").write_text("runs/\n")
+    result = _cli(["init", "mine", "--", "python", "train.py"], other, tmp_path, monkeypatch)
+    assert result.exit_code == 0 and (other / "configs" / "runs" / "mine.yaml").is_file(), result.output
+    assert "warning: git ignores configs/runs/mine.yaml (.gitignore:1:runs/: the rule that matches it)" in result.output
+    assert "(/runs/)" in result.output
+    (other / ".gitignore").write_text("/runs/\n")  # anchored: no warning
+    result = _cli(["init", "mine2", "--", "python", "train.py"], other, tmp_path, monkeypatch)
+    assert result.exit_code == 0 and "warning" not in result.output, result.output
+
+
+def test_an_uncommitted_new_run_file_is_not_offered_allow_dirty(tmp_path, monkeypatch):
+    """After `init`, launch said "or pass --allow-dirty": that shipped HEAD without the run file, and verify
+    failed naming 17 other run files."""
+    from support.repocopy import commit_all
+
+    from orchestrator.errors import VerifyError
+    from orchestrator.transfer.gitsync import local_checks
+
+    other = tmp_path / "other"
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    (other / "train.py").write_text("print(1)\n")
+    commit_all(other, "a script")
+    (other / "configs" / "runs").mkdir(parents=True)
+    (other / "configs" / "runs" / "mine.yaml").write_text("command: [python, train.py]\n")
+    with pytest.raises(VerifyError) as e:
+        local_checks(other, allow_dirty=False, check_ignored=False)
+    assert "commit them: configs/runs/mine.yaml is not in HEAD" in e.value.message and "or pass" not in e.value.message
+    commit_all(other, "the run file")
+    (other / "train.py").write_text("print(2)\n")  # a change to a tracked file: --allow-dirty is a way
+    with pytest.raises(VerifyError, match="or pass --allow-dirty to ship HEAD without them"):
+        local_checks(other, allow_dirty=False, check_ignored=False)
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [

@@ -83,6 +83,11 @@ def test_a_mistyped_command_key_is_said_to_be_your_own_commands(project):
         "valid keys: checkpoint, data, distill, logging, model, optim, profile, run_name, runtime, training"
     )
     assert "did you mean 'data'?" in _error(project, dat="tiny").message  # the trainer's own key, when nearer
+    # a grid given to launch (or train): one value there; several are a sweep
+    e = _error(project, "optim.learning_rate=1e-3,3e-3")
+    assert e.message.endswith(
+        "a grid of values is a sweep: enlace-remote sweep RUN --set optim.learning_rate=1e-3,3e-3"
+    )
 
 
 def test_unknown_key_in_profile_names_the_profile(project):

@@ -261,7 +261,9 @@ def _coerce(value: Any, hint: Any, source: str, key: str) -> Any:
     if hint in SCALARS:
         accepted, words = SCALARS[hint]
         if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
-            raise ConfigError(source, key, f"expected {words}, got {value!r}")
+            grid = source == "--set" and isinstance(value, str) and "," in value  # launch's --set is one value
+            fix = f"a grid of values is a sweep: enlace-remote sweep RUN --set {key}={value}" if grid else ""
+            raise ConfigError(source, key, f"expected {words}, got {value!r}", fix)
         if hint is float and not math.isfinite(value):
             raise ConfigError(source, key, f"must be a finite number, got {value!r}")
         return float(value) if hint is float else value

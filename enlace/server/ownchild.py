@@ -195,8 +195,9 @@ class CommandChild:
         said = self.last_words() or "(it wrote nothing)"
         return (  # its own words first: a table's detail line shows the first hundred characters
             f"{said} — the command exited {code} {took:.0f} s after this launch started it: a usage error (argparse's, for "
-            "an unknown or missing argument), so it is not restarted (a sweep's mistyped --set args.NAME: sweep again "
-            "under another --name; a --set adds to the command, never removes)"
+            "an unknown or missing argument), so it is not restarted — fix its arguments (a --set only adds to the "
+            "command: the run file's `command:`, or the command given anew with `launch --name NAME -- …`; a sweep's: "
+            "sweep again under another --name)"
         )
 
     def record_cannot_start(self, why: str) -> None:

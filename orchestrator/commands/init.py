@@ -41,6 +41,7 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
     from enlace.config import command
     from enlace.names import validate_run_name
     from orchestrator.errors import UsageError
+    from orchestrator.launch.own import ignore_rule
     from orchestrator.transfer.gitsync import repo_root
 
     validate_run_name(name, "NAME")
@@ -55,6 +56,14 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(RUN_FILE.format(name=name, command=command))
     click.echo(f"wrote {path.relative_to(repo)}: {shlex.join(argv)}", err=True)
+    rule = ignore_rule(repo, str(path.relative_to(repo)))
+    if rule:  # `git add` would refuse it (a bare `runs/` matches configs/runs/ too)
+        click.echo(
+            f"warning: git ignores {path.relative_to(repo)} ({rule}: the rule that matches it), so `git add` refuses "
+            "it and sync would not send it — anchor a root-only rule with a leading slash (/runs/), or add "
+            "`!configs/runs/`, then:",
+            err=True,
+        )
     click.echo(
         f"next: git add {path.relative_to(repo)} && git commit -m 'enlace run {name}', then "
         f"enlace-remote --host HOST launch {name}",

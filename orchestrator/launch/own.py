@@ -113,6 +113,16 @@ def say_no_preflight(own: CommandRun) -> None:
     )
 
 
+def ignore_rule(repo: Path, path: str) -> str | None:
+    """The .gitignore rule (`FILE:LINE:PATTERN`) that ignores `path` in `repo`, or None."""
+    import subprocess
+
+    ignored = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--", path], capture_output=True, text=True
+    )
+    return ignored.stdout.strip().partition("\t")[0] if ignored.returncode == 0 else None
+
+
 def check_tracked(repo: Path, own: CommandRun) -> None:
     """The command's scripts must travel with git: present, tracked and not ignored here. An ignored one is
     refused quoting the ignore rule, before anything is synced (the server would not have it)."""
@@ -122,11 +132,8 @@ def check_tracked(repo: Path, own: CommandRun) -> None:
         path = repo / script
         if not path.is_file():
             continue  # maybe made by an earlier step of the command: the server's verify says if it is missing
-        ignored = subprocess.run(
-            ["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--", script], capture_output=True, text=True
-        )
-        if ignored.returncode == 0:
-            source, _, _ = ignored.stdout.strip().partition("\t")
+        source = ignore_rule(repo, script)
+        if source:
             raise VerifyError(
                 f"{script} is git-ignored ({source}: the rule that matches it), so sync would not send it and the "
                 f"server could not run {own.run_name} — track it: remove that rule (or add `!{script}`), then "

@@ -86,9 +86,16 @@ def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> S
     dirty = [line for line in status if line and not (own and line.startswith(own))]
     if dirty and not allow_dirty:
         listing = "\n".join(f"  {d}" for d in dirty[:30]) + ("\n  ..." if len(dirty) > 30 else "")
+        # a run file not in HEAD (a new `init`): the server reads it from the commit, --allow-dirty cannot ship it
+        unborn = [line[3:] for line in dirty if line[:2] in ("??", "A ", "AM") and line[3:].startswith("configs/")]
         raise VerifyError(
             f"the working tree has uncommitted changes; they would NOT ship:\n{listing}\n"
-            "commit them, or pass --allow-dirty to ship HEAD without them"
+            + (
+                f"commit them: {', '.join(unborn[:3])} is not in HEAD, and the server reads the commit (--allow-dirty "
+                "would ship HEAD without it)"
+                if unborn
+                else "commit them, or pass --allow-dirty to ship HEAD without them"
+            )
         )
     if check_ignored:
         bad = ignored_shipped_files(repo)
