@@ -162,6 +162,38 @@ def test_stop_never_overwrites_a_final_status_nor_signals_twice(tmp_path):
             proc.wait()
 
 
+def test_stop_kill_of_a_process_that_ignores_sigterm_says_killed_not_its_last_phase(tmp_path):
+    """`stop --kill` past the grace: stopped, and the phase says killed (status showed `└ running the command`
+    under `stopped`). A real process that ignores SIGTERM stands for the run's."""
+    import subprocess
+    import sys
+
+    from enlace.contract import Status
+    from enlace.server import lifecycle
+    from enlace.state import runs
+
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"  # its handler is in place
+        run_dir = tmp_path / "deaf"
+        st = {"status": Status.RUNNING, "phase": "running the command"}
+        runs.update(run_dir, **st, pid=proc.pid, pid_start=runs.proc_start(proc.pid))
+        report = lifecycle.stop(run_dir, grace=0.3, kill=True)
+        assert proc.wait(timeout=60) == -9 and report["was_running"], report
+        row = runs.read(run_dir)
+        assert (row["status"], row["phase"], row["error"]) == (
+            "stopped",
+            "killed by stop --kill",
+            "killed by stop --kill",
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.slow
 def test_five_double_stops_in_a_row_end_stopped_with_the_checkpoint_named(project):
     """Two `enlace stop` 0.3 s apart, five times over: each time the run ends `stopped` (never `stopping`

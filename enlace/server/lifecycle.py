@@ -267,7 +267,13 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(st["pid"], signal.SIGKILL)
         _wait(lambda: proc_alive(pid, start_time), 60)
-        update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="killed by stop --kill")
+        update(
+            run_dir,
+            status=Status.STOPPED,
+            exit_code=128 + signal.SIGKILL,
+            error="killed by stop --kill",
+            phase="killed by stop --kill",
+        )
     if row["supervisor"] and proc_alive(*launcher):  # a frozen supervisor would linger (stopped) forever
         with contextlib.suppress(ProcessLookupError):
             os.kill(launcher[0], signal.SIGKILL)
@@ -296,7 +302,13 @@ def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str,
     if killed:
         slurm.cancel(job_id)
         _wait(live, 120)
-        update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error="cancelled by stop --kill")
+        update(
+            run_dir,
+            status=Status.STOPPED,
+            exit_code=128 + signal.SIGKILL,
+            error="cancelled by stop --kill",
+            phase="cancelled by stop --kill",
+        )
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
 
 
