@@ -59,6 +59,9 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     env = sshd.env
     out = remote(script_repo, env, "launch", "hello")
     assert "preflight measures enlace's own trainer" in out.stderr, out.stderr
+    # verify's lines for a command: its files as the repository names them, no trainer checkpoint check
+    assert "[ ok ] the command's files present — configs/runs/hello.yaml, scripts/hello.py" in out.stderr, out.stderr
+    assert "its checkpoints can resume it" not in out.stderr
     logs = remote(script_repo, env, "logs", "hello", "-f").stdout
     assert all(f"script line {i}" in logs for i in range(5)), logs
     row = _row(script_repo, env, "hello")

@@ -125,9 +125,9 @@ def main() -> int:
         add(
             "the command's files present" if cfg.get("kind") == "command" else "referenced configs present",
             not absent,
-            "missing: " + ", ".join(absent) if absent else ", ".join(cfg["files"].values()),
+            "missing: " + ", ".join(absent) if absent else ", ".join(os.path.relpath(f) for f in cfg["files"].values()),
         )
-    if for_launch and cfg.get("ok") and not fresh:
+    if for_launch and cfg.get("ok") and not fresh and cfg.get("kind") != "command":  # (a command resumes its own way)
         problem = cfg.get("resume_problem")
         add("its checkpoints can resume it", not problem, problem or "")
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
