@@ -15,6 +15,15 @@ def duration(seconds: float | None) -> str:
     )
 
 
+def loss_figure(value: float | None, places: int = 4) -> str:
+    """A loss as a table shows it: `places` decimals where they keep its digits, else scientific notation (a
+    val loss of 3e-11 read 0.0000, tied with others in a ranked table; a diverged one 26 digits); "-" for none."""
+    if value is None:
+        return "-"
+    tiny = value != 0 and abs(value) < 10 ** -(places - 1)
+    return f"{value:.{places - 1}e}" if tiny or abs(value) >= 1e6 else f"{value:.{places}f}"
+
+
 DETAIL_WIDTH = 100  # a table's detail line (a run's error, a skipped checkpoint) is cut here
 
 

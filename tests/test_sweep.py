@@ -106,6 +106,10 @@ def test_a_sweep_of_a_script_that_logs_a_val_loss_is_ranked_by_it():
     assert text[1].split()[-1] == "LOSS" and text[2].split()[-1] == "0.2000"
     started = {k: {**r, "val_loss": None, "command": ["python", "t.py"]} for k, r in found.items()}
     assert table.format_table(sweep, table.rows_of(sweep, started)).splitlines()[1].endswith("VAL LOSS")  # at once
+    # a loss too small or too large for 4 decimals keeps its digits (3e-11 read 0.0000, tied in a ranked table)
+    found[("h", "m-lr0")]["val_loss"], found[("h", "m-lr1")]["val_loss"] = 3e-11, 1.97e25
+    text = table.format_table(sweep, table.rows_of(sweep, found)).splitlines()
+    assert text[0].endswith("best m-lr0 (val loss 3.000e-11)") and text[3].split()[-1] == "1.970e+25", text
 
 
 def test_a_failed_or_crashed_run_says_why_under_its_row_in_one_cut_line():

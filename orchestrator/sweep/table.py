@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from enlace.contract import metric_words, sweep_metric
-from enlace.units import DETAIL_WIDTH, one_line
+from enlace.units import DETAIL_WIDTH, loss_figure, one_line
 from orchestrator.sweep.record import Sweep
 
 
@@ -43,7 +43,7 @@ def format_table(sweep: Sweep, rows: list[dict]) -> str:
     table = [head]
     for r in rows:
         step = f"{r.get('step') or 0}/{r['max_steps']}" if r.get("max_steps") else str(r.get("step") or "-")
-        figure = f"{r[metric]:.4f}" if r.get(metric) is not None else "-"
+        figure = loss_figure(r.get(metric))
         table.append(
             (
                 "*" if r.get("best") else "",
@@ -63,5 +63,5 @@ def format_table(sweep: Sweep, rows: list[dict]) -> str:
             more = f" (enlace-remote --host {r['host']} status {r['run_name']}: all of it)"
             lines.append(f"    └ {one_line('error: ' + r['error'], DETAIL_WIDTH, more)}")
     best = next((r for r in rows if r.get("best")), None)
-    tail = f"; best {best['run_name']} ({metric_words(metric)} {best[metric]:.4f})" if best else ""
+    tail = f"; best {best['run_name']} ({metric_words(metric)} {loss_figure(best[metric])})" if best else ""
     return "\n".join([f"sweep {sweep.name}: {sweep.run_file}, {progress(rows)}{tail}", *lines])

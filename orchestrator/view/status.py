@@ -7,7 +7,7 @@ import time
 
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
-from enlace.units import DETAIL_WIDTH, duration, one_line
+from enlace.units import DETAIL_WIDTH, duration, loss_figure, one_line
 
 HOLDING = ("starting", "running", "stopping")  # a run in one of these holds the GPUs its row names
 
@@ -51,9 +51,9 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 + (", unsupervised" if r.get("supervisor") else "")
                 + (f" (restarted {r['restarts']}×)" if r.get("restarts") else ""),
                 f"{r['step']}/{r['max_steps'] or '-'}" if r["step"] or not r.get("command") else "-",
-                f"{r['loss']:.4f}" if r["loss"] is not None else "-",
+                loss_figure(r["loss"]),
                 f"{r['val_bpb']:.3f}" if r.get("val_bpb") is not None else "-",
-                *((f"{r['val_loss']:.4f}" if r.get("val_loss") is not None else "-",) if val_loss else ()),
+                *((loss_figure(r.get("val_loss")),) if val_loss else ()),
                 f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
                 _elapsed(r),
                 duration(r["eta_s"]),
