@@ -52,10 +52,16 @@ def test_init_warns_when_git_ignores_the_run_file_it_wrote(tmp_path, monkeypatch
     result = _cli(["init", "mine", "--", "python", "train.py"], other, tmp_path, monkeypatch)
     assert result.exit_code == 0 and (other / "configs" / "runs" / "mine.yaml").is_file(), result.output
     assert "warning: git ignores configs/runs/mine.yaml (.gitignore:1:runs/: the rule that matches it)" in result.output
-    assert "(/runs/)" in result.output
+    assert "anchor it to the root (/runs/)" in result.output
     (other / ".gitignore").write_text("/runs/\n")  # anchored: no warning
     result = _cli(["init", "mine2", "--", "python", "train.py"], other, tmp_path, monkeypatch)
     assert result.exit_code == 0 and "warning" not in result.output, result.output
+    (other / ".gitignore").write_text("*.yaml\n!configs/runs/*.yaml\n")  # re-included by a `!` rule: no warning
+    result = _cli(["init", "mine3", "--", "python", "train.py"], other, tmp_path, monkeypatch)
+    assert result.exit_code == 0 and "warning" not in result.output, result.output
+    (other / ".gitignore").write_text("configs/\n")  # another rule: no anchoring advice that would not work
+    result = _cli(["init", "mine4", "--", "python", "train.py"], other, tmp_path, monkeypatch)
+    assert "(.gitignore:1:configs/: the rule that matches it)" in result.output and "remove or narrow" in result.output
 
 
 def test_an_uncommitted_new_run_file_is_not_offered_allow_dirty(tmp_path, monkeypatch):

@@ -83,6 +83,13 @@ def test_a_mistyped_command_key_is_said_to_be_your_own_commands(project):
         "valid keys: checkpoint, data, distill, logging, model, optim, profile, run_name, runtime, training"
     )
     assert "did you mean 'data'?" in _error(project, dat="tiny").message  # the trainer's own key, when nearer
+    # a section's key at the top level says where it goes (a fault hunt: `devices:` and `steps:` were pointed at
+    # your own command's `device:` and `outputs:`, and `device:` at itself)
+    for key, home in (("devices", "runtime.device"), ("device", "runtime.device"), ("steps", "training.max_steps")):
+        e = _error(project, model={"n_layer": 2}, **{key: 1})
+        assert f"did you mean '{home}'? (it goes under its section" in e.message, e.message
+    e = _error(project, model={"n_layer": 2}, outputz=["a"])  # a trainer's file: not pointed at `outputs:`
+    assert "own command" not in e.message, e.message
     # a grid given to launch (or train): one value there; several are a sweep
     e = _error(project, "optim.learning_rate=1e-3,3e-3")
     assert e.message.endswith(

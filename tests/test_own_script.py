@@ -80,6 +80,11 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     out = remote(script_repo, env, "launch", "hello", "--follow")
     assert "from configs/runs/hello.yaml --set args.lines=2" in out.stderr, out.stderr
     assert _row(script_repo, env, "hello")["command"][-1] == "--lines=2"
+    # a --set the script refuses (argparse's exit 2) is not remembered: the next `launch hello` would repeat it
+    bad = remote(script_repo, env, "launch", "hello", "--set", "args.bogus=1", check=False)
+    assert bad.returncode == 2 and "unrecognized arguments: --bogus=1" in bad.stderr, bad.stderr
+    out = remote(script_repo, env, "launch", "hello", "--follow")
+    assert "from configs/runs/hello.yaml --set args.lines=2 --set run_name=hello\n" in out.stderr, out.stderr
 
     remote(script_repo, env, "launch", "forever", "--no-wait")
     wait_until(lambda: "script line 3" in (server_dir(sshd, "testhost") / "runs/forever/train.log").read_text())

@@ -85,6 +85,7 @@ DRIVER_MAY_IMPORT = {
     "enlace.config",
     "enlace.config.schema",  # data push/ls resolve a run's data paths here as the trainer does (yaml, stdlib)
     "enlace.config.rules",
+    "enlace.config.keys",  # which key a wrong one meant (standard library): schema's errors
     "enlace.config.cards",  # profile: auto, read with nvidia-smi (standard library)
     "enlace.config.command",  # a run of the user's own command: launch and data push read its run file (stdlib)
     "enlace.remote",  # remote.sh and the package's key and tar (standard library)

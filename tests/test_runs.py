@@ -341,6 +341,13 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
     queued |= {"phase": "stopped while queued: it never started"}
     assert format_status([queued]).count("stopped while queued") == 1  # enlace's trainer's run: its own line
     own = format_status([{**queued, "command": ["python", "t.py"]}])  # a command's: on its command line, once
+    killed = {
+        **queued,
+        "command": ["python", "t.py"],
+        "phase": "killed by stop --kill",
+        "error": "killed by stop --kill",
+    }
+    assert format_status([killed]).count("killed by stop --kill") == 1, format_status([killed])  # (it said it twice)
     backoff = {
         **queued,
         "status": "starting",

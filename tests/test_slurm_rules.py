@@ -141,6 +141,11 @@ def test_slurm_print_writes_the_launch_script_without_touching_a_host(user_repo)
     assert not (user_repo / ".enlace").exists()  # nothing was synced or started
     bad = remote(user_repo, {}, "launch", "tiny", "--slurm", host="local", check=False)
     assert bad.returncode == 2 and "not a Slurm host" in bad.stderr and "--slurm --print" in bad.stderr
+    # a run file of your own command: refused (it printed the trainer's script, `-m enlace train mine`)
+    (user_repo / "configs" / "runs" / "mine.yaml").write_text("command: [python, train.py]\n")
+    mine = remote(user_repo, {}, "launch", "mine", "--slurm", "--print", host="local", check=False)
+    assert mine.returncode == 2 and "--print: prints enlace's trainer's batch script" in mine.stderr, mine.stderr
+    assert mine.stdout == ""
 
 
 def test_a_repeated_sigterm_is_one_stop_request_and_a_second_ctrl_c_exits():

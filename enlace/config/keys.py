@@ -19,6 +19,7 @@ OTHER_NAMES = {
     "gradient_accumulation_steps": "grad_accum",
     "block_size": "seq_len",
     "n_embd": "d_model",
+    "steps": "max_steps",
 }
 
 
@@ -31,16 +32,26 @@ def closest(key: str, valid: typing.Iterable[str]) -> str:
 
 
 def check_top(
-    layer: dict[str, Any], allowed: typing.Sequence[str], source: str, elsewhere: typing.Sequence[str] = ()
+    layer: dict[str, Any],
+    allowed: typing.Sequence[str],
+    source: str,
+    elsewhere: typing.Sequence[str] = (),
+    homes: dict[str, str] | None = None,
 ) -> None:
-    """Every key of `layer` is `allowed`; a key nearer one of `elsewhere` (a run file of your own command's)
-    is said to be that."""
+    """Every key of `layer` is `allowed`. Else the fix: a section's key written here (`homes`: name → its
+    "section.name") says where it goes; a near miss of one of `elsewhere` (a run file of your own command's
+    keys) says so; else the closest allowed key."""
     for k in layer:
-        if k not in allowed:
-            near = difflib.get_close_matches(str(k), [*allowed, *elsewhere], n=1, cutoff=0.5)
-            fix = (
-                f"did you mean {near[0]!r}? (a run file of your own command: docs/own-script.md)"
-                if near and near[0] in elsewhere
-                else closest(str(k), allowed)
-            )
-            raise ConfigError(source, str(k), "unknown key", fix)
+        if k in allowed:
+            continue
+        key, homes = str(k), homes or {}
+        home = homes.get(OTHER_NAMES.get(key, key)) or homes.get(key.removesuffix("s"))  # devices → runtime.device
+        own = difflib.get_close_matches(key, elsewhere, n=1, cutoff=0.75)
+        if home:
+            section, _, name = home.partition(".")
+            fix = f"did you mean {home!r}? (it goes under its section: `{section}: {{{name}: …}}`)"
+        elif own and not difflib.get_close_matches(key, allowed, n=1, cutoff=0.75):
+            fix = f"did you mean {own[0]!r}? (a run file of your own command: docs/own-script.md)"
+        else:
+            fix = closest(key, allowed)
+        raise ConfigError(source, key, "unknown key", fix)

@@ -125,6 +125,9 @@ PROFILE_SECTIONS = ("runtime", "training", "checkpoint")
 RUN_TOP_KEYS = tuple(dict.fromkeys(("run_name", "data", "profile", *SECTIONS)))  # ("data" is a section too)
 # a run file of your own command has these instead: a mistyped `comand:` makes the file the trainer's
 OWN_COMMAND_KEYS = tuple(k for k in command_keys.KEYS if k not in RUN_TOP_KEYS)
+_FIELDS = [(f.name, f"{section}.{f.name}") for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+# a section's key written at the top level (`device: cpu`): where it goes, for the names only one section has
+FIELD_HOME = {name: home for name, home in _FIELDS if [n for n, _ in _FIELDS].count(name) == 1}
 
 
 @dataclass
@@ -306,7 +309,9 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     run_path = _resolve_file(root, "runs", run, "RUN", "")
     run_src = str(run_path.relative_to(root) if run_path.is_relative_to(root) else run_path)
     run_layer = read_yaml(run_path, "run")
-    check_top(run_layer, RUN_TOP_KEYS, run_src, OWN_COMMAND_KEYS)
+    # a file with the trainer's sections mistyped only `command:` if anything of your own command's
+    trainer_like = any((k in SECTIONS and k != "data") or k == "profile" for k in run_layer)
+    check_top(run_layer, RUN_TOP_KEYS, run_src, ("command",) if trainer_like else OWN_COMMAND_KEYS, FIELD_HOME)
 
     def pick(key: str, default: str | None) -> tuple[Any, str]:
         if key in sets:

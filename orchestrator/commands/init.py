@@ -58,10 +58,15 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
     click.echo(f"wrote {path.relative_to(repo)}: {shlex.join(argv)}", err=True)
     rule = ignore_rule(repo, str(path.relative_to(repo)))
     if rule:  # `git add` would refuse it (a bare `runs/` matches configs/runs/ too)
+        pattern = rule.split(":", 2)[-1]
+        fix = (
+            f"anchor it to the root (/{pattern})"  # the usual one: a bare runs/ meant enlace's own runs/ only
+            if pattern.strip("/") == "runs"
+            else "remove or narrow that rule (git re-includes no file under an ignored folder)"
+        )
         click.echo(
             f"warning: git ignores {path.relative_to(repo)} ({rule}: the rule that matches it), so `git add` refuses "
-            "it and sync would not send it — anchor a root-only rule with a leading slash (/runs/), or add "
-            "`!configs/runs/`, then:",
+            f"it and sync would not send it — {fix}, then:",
             err=True,
         )
     click.echo(

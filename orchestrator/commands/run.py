@@ -221,8 +221,10 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
     from orchestrator.launch.slurm import nproc_of, slurm_options
 
     name, overrides = run, o.overrides
-    if o.print_only:  # touches nothing: the run file as named
+    if o.print_only:  # touches nothing: the run file as named (of enlace's trainer: a command's is refused)
         run = ship.check_run_config(remote.repo, name)
+        if (mine := own.command_of(remote.repo, run, None, None, overrides)) is not None:
+            own.refuse_trainer_options(o, mine)
     else:  # a run file, or an existing run's name (resumed, or extended with --set training.max_steps=M)
         run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides, o.resume == "none")
         run = ship.check_run_config(remote.repo, run)

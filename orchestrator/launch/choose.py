@@ -27,14 +27,37 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def remember_run(repo: Path, host: str, run: RunName, run_file: RunFile, overrides: tuple[str, ...] = ()) -> None:
+def remember_run(
+    repo: Path, host: str, run: RunName, run_file: RunFile, overrides: tuple[str, ...] = ()
+) -> dict | None:
     """The run launched last on `host` from this repo (what bare verbs act on), and what each run launched
-    from here was launched from (`launch NAME` resumes it from these when the host cannot say its own)."""
+    from here was launched from (`launch NAME` resumes it from these when the host cannot say its own).
+    Returns what was remembered of `run` before (for forget_launch)."""
+    table = _read(_last_runs_file(repo))
+    table[host] = run  # (host names never start with "_": the key below is no host)
+    launched = table.setdefault("_launched", {}).setdefault(host, {})
+    before = launched.get(run)
+    launched[run] = {"run_file": run_file, "overrides": list(overrides)}
+    _write(repo, table)
+    return before
+
+
+def forget_launch(repo: Path, host: str, run: RunName, before: dict | None) -> None:
+    """A launch whose first start failed (its --set refused by the script, a config the trainer refused):
+    what the run was launched from before it stands again, so that a plain `launch NAME` does not repeat the
+    refused --set (the run itself stays the one bare verbs act on)."""
+    table = _read(_last_runs_file(repo))
+    launched = table.setdefault("_launched", {}).setdefault(host, {})
+    if before is None:
+        launched.pop(run, None)
+    else:
+        launched[run] = before
+    _write(repo, table)
+
+
+def _write(repo: Path, table: dict) -> None:
     path = _last_runs_file(repo)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = _read(path)
-    table[host] = run  # (host names never start with "_": the key below is no host)
-    table.setdefault("_launched", {}).setdefault(host, {})[run] = {"run_file": run_file, "overrides": list(overrides)}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(table, indent=1) + "\n")
     tmp.replace(path)

@@ -114,13 +114,15 @@ def say_no_preflight(own: CommandRun) -> None:
 
 
 def ignore_rule(repo: Path, path: str) -> str | None:
-    """The .gitignore rule (`FILE:LINE:PATTERN`) that ignores `path` in `repo`, or None."""
+    """The .gitignore rule (`FILE:LINE:PATTERN`) that ignores `path` in `repo`, or None (a `!` rule that
+    matches it last re-includes it: check-ignore -v names that one too)."""
     import subprocess
 
     ignored = subprocess.run(
         ["git", "-C", str(repo), "check-ignore", "-v", "--no-index", "--", path], capture_output=True, text=True
     )
-    return ignored.stdout.strip().partition("\t")[0] if ignored.returncode == 0 else None
+    source = ignored.stdout.strip().partition("\t")[0] if ignored.returncode == 0 else ""
+    return source if source and not source.split(":", 2)[-1].startswith("!") else None
 
 
 def check_tracked(repo: Path, own: CommandRun) -> None:

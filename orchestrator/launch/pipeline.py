@@ -87,6 +87,7 @@ class Launch:
     run_name: RunName | None = None  # what the server calls the run (ship learns it from verify)
     device: str | None = None  # its runtime.device (from verify): what it queues for on the host
     started: dict | None = None
+    remembered: list[tuple[str, dict | None]] = field(default_factory=list)  # (host, what was remembered before)
 
     @property
     def first(self):
@@ -126,7 +127,8 @@ class SSHBackend(Backend):
             session = launch.session_for(host)
             doc = stages.start_detached(session, launch.sha, launch.run_name, command, [*plan.policy, *queue, *ends])
             started = started or doc
-            choose.remember_run(launch.repo, host.name, launch.run_name, plan.run_file, plan.overrides)
+            before = choose.remember_run(launch.repo, host.name, launch.run_name, plan.run_file, plan.overrides)
+            launch.remembered.append((host.name, before))
         return started
 
 
@@ -142,7 +144,8 @@ class SlurmBackend(Backend):
         pyargs = trainer_args(plan.run_file, plan.train_args) if not plan.command else []
         own = own_launch.spec_args(plan.command) if plan.command else []
         started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc or 1, pyargs, own)
-        choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name, plan.run_file, plan.overrides)
+        before = choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name, plan.run_file, plan.overrides)
+        launch.remembered.append((plan.targets[0].name, before))
         return started
 
 
@@ -218,7 +221,14 @@ def _start(launch: Launch):
 
 
 def _wait(launch: Launch):
-    stages.wait_first_step(launch.first, launch.run_name, launch.started, launch.plan.follow, fresh=launch.plan.fresh)
+    try:
+        stages.wait_first_step(
+            launch.first, launch.run_name, launch.started, launch.plan.follow, fresh=launch.plan.fresh
+        )
+    except EnlaceError as e:  # its first start ended badly: what it was launched with is not what the run is
+        for host, before in launch.remembered if getattr(e, "run_ended", False) else ():
+            choose.forget_launch(launch.repo, host, launch.run_name, before)
+        raise
 
 
 def _follow(launch: Launch):

@@ -214,7 +214,9 @@ def wait_first_step(
     if row["status"] not in ("running", "finished", "stopped"):
         error = ended_message(row)
         tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
-        raise from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
+        ended = from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
+        ended.run_ended = True  # (not a wait that timed out, nor a start its supervisor retries)
+        raise ended
     if row.get("command"):
         click.echo(f"{run_name}: {row['status']}: {shlex.join(row['command'])}", err=True)
         return row

@@ -104,7 +104,8 @@ def _details(row: dict, full: bool) -> list[str]:
         found.append(
             f"was queued; its waiter is gone (a reboot, a kill): enlace-remote launch {row['run_name']} queues it again"
         )
-    if row.get("error") and row["status"] in ("failed", "stopped", "crashed"):
+    said = row.get("command") and row.get("phase") == row.get("error")  # (the command's line says it: stop --kill)
+    if row.get("error") and row["status"] in ("failed", "stopped", "crashed") and not said:
         found.append(f"error: {row['error']}")
     if row.get("checkpoint_warning"):
         found.append(f"warning: {row['checkpoint_warning']}")
