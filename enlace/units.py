@@ -20,7 +20,7 @@ def loss_figure(value: float | None, places: int = 4) -> str:
     val loss of 3e-11 read 0.0000, tied with others in a ranked table; a diverged one 26 digits); "-" for none."""
     if value is None:
         return "-"
-    tiny = value != 0 and abs(value) < 10 ** -(places - 1)
+    tiny = value != 0 and abs(value) < 10 ** -(places - 2)  # below 0.01 four decimals keep two digits or fewer
     return f"{value:.{places - 1}e}" if tiny or abs(value) >= 1e6 else f"{value:.{places}f}"
 
 

@@ -110,12 +110,14 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     assert "stopped (stopped while waiting to restart)" in out.stdout, out.stdout
 
     adhoc = ["python", "scripts/hello.py", "--out", "{run_dir}/out", "--lines", "2"]
-    remote(script_repo, env, "launch", "--name", "adhoc", "--follow", "--", *adhoc)
-    out = remote(script_repo, env, "launch", "adhoc", "--follow")  # no run file: the command it ran, again
-    assert "adhoc: launching again the command it ran: python scripts/hello.py" in out.stderr, out.stderr
-    assert _row(script_repo, env, "adhoc")["status"] == "finished"
-    assert (server_dir(sshd, "testhost") / "runs/adhoc/train.log").read_text().count("script line 1") == 2
-    out = remote(script_repo, env, "fetch", "adhoc", "--dest", str(tmp_path / "adhoc"))  # no outputs: its log
+    remote(script_repo, env, "launch", "--name", "hello2", "--follow", "--", *adhoc)
+    out = remote(
+        script_repo, env, "launch", "hello2", "--follow"
+    )  # no run file: the command it ran, again (hello2 is no typo of hello: launched from here)
+    assert "hello2: launching again the command it ran: python scripts/hello.py" in out.stderr, out.stderr
+    assert _row(script_repo, env, "hello2")["status"] == "finished"
+    assert (server_dir(sshd, "testhost") / "runs/hello2/train.log").read_text().count("script line 1") == 2
+    out = remote(script_repo, env, "fetch", "hello2", "--dest", str(tmp_path / "adhoc"))  # no outputs: its log
     assert "no outputs (a run file's `outputs:` names them; `enlace-remote init` writes one)" in out.stderr
     assert (tmp_path / "adhoc" / "train.log").read_bytes().count(b"script line 1") == 2
 

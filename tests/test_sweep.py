@@ -110,6 +110,15 @@ def test_a_sweep_of_a_script_that_logs_a_val_loss_is_ranked_by_it():
     found[("h", "m-lr0")]["val_loss"], found[("h", "m-lr1")]["val_loss"] = 3e-11, 1.97e25
     text = table.format_table(sweep, table.rows_of(sweep, found)).splitlines()
     assert text[0].endswith("best m-lr0 (val loss 3.000e-11)") and text[3].split()[-1] == "1.970e+25", text
+    from enlace.units import loss_figure
+
+    assert [loss_figure(v) for v in (0.00118, 0.00123, 0.0123, 2.5, None)] == [
+        "1.180e-03",
+        "1.230e-03",
+        "0.0123",
+        "2.5000",
+        "-",
+    ]
 
 
 def test_a_failed_or_crashed_run_says_why_under_its_row_in_one_cut_line():

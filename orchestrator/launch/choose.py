@@ -42,6 +42,11 @@ def remember_run(
     return before
 
 
+def launched_here(repo: Path, host: str, name: str) -> dict | None:
+    """What run `name` was launched from, from this repo on `host` ({"run_file", "overrides"}), or None."""
+    return _read(_last_runs_file(repo)).get("_launched", {}).get(host, {}).get(name)
+
+
 def forget_launch(repo: Path, host: str, run: RunName, before: dict | None) -> None:
     """A launch whose first start failed (its --set refused by the script, a config the trainer refused):
     what the run was launched from before it stands again, so that a plain `launch NAME` does not repeat the
@@ -119,7 +124,7 @@ def launch_target(
     import difflib
 
     runs_dir = repo / "configs" / "runs"
-    row = _read(_last_runs_file(repo)).get("_launched", {}).get(session.host.name, {}).get(name)
+    row = launched_here(repo, session.host.name, name)
     if (runs_dir / f"{name}.yaml").is_file() and not (row and row.get("overrides") and not fresh):
         return validate_run_file(name), overrides
     # a run named as its file, launched with --set items: they hold for it (verify checked the file without

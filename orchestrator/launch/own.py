@@ -54,11 +54,15 @@ def recorded(session, repo: Path, name: str | None, overrides=()) -> CommandRun 
     (enlace's trainer's path then says what is missing)."""
     import difflib
 
+    from orchestrator.launch.choose import launched_here
+
     runs_dir = repo / "configs" / "runs"
     if not name or (runs_dir / f"{name}.yaml").is_file():
         return None
-    if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
-        return None  # a typo of a run file: said before any connection (launch's own check)
+    near = difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6)
+    if near and launched_here(repo, session.host.name, name) is None:
+        return None  # a typo of a run file: said before any connection (launch's own check; toy2 launched from here
+        # with `--name toy2 -- …` beside a toy.yaml was taken for one)
     try:
         rows = session.enlace_json("latest", "runs", name)
     except EnlaceError:  # nothing synced there yet, no such run: the trainer's path names the missing file
