@@ -146,7 +146,7 @@ def _two_slots_and_a_third(sshd, user_repo) -> None:
     third = remote(user_repo, sshd.env, "launch", "long", "--restarts", "0", "--set", "run_name=c3", "--no-wait")
     assert "preflight skipped: on testhost: 1 CPU slot not free now (CPU slot 0: run c" in third.stderr
     # the command it gives measures this run, as launched (it named the run file alone: another run's figures)
-    assert "`enlace-remote preflight --host testhost long --set run_name=c3` measures it" in third.stderr, third.stderr
+    assert "`enlace-remote --host testhost preflight long --set run_name=c3` measures it" in third.stderr, third.stderr
     wait_until(lambda: rows(user_repo, sshd.env)["c3"]["status"] == "queued", 120, "c3 queued")
     state = rows(user_repo, sshd.env)
     assert {state["c1"]["status"], state["c2"]["status"]} <= {"starting", "running"}

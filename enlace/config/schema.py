@@ -11,6 +11,7 @@ Unknown keys are refused with the closest valid key; wrong types and bad combina
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -126,8 +127,9 @@ RUN_TOP_KEYS = tuple(dict.fromkeys(("run_name", "data", "profile", *SECTIONS))) 
 # a run file of your own command has these instead: a mistyped `comand:` makes the file the trainer's
 OWN_COMMAND_KEYS = tuple(k for k in command_keys.KEYS if k not in RUN_TOP_KEYS)
 _FIELDS = [(f.name, f"{section}.{f.name}") for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+_SECTIONS_OF = collections.Counter(name for name, _ in _FIELDS)
 # a section's key written at the top level (`device: cpu`): where it goes, for the names only one section has
-FIELD_HOME = {name: home for name, home in _FIELDS if [n for n, _ in _FIELDS].count(name) == 1}
+FIELD_HOME = {name: home for name, home in _FIELDS if _SECTIONS_OF[name] == 1}
 
 
 @dataclass

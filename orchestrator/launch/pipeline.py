@@ -203,10 +203,10 @@ def _preflight(launch: Launch):
     except EnlaceError as e:
         if e.kind != ErrorKind.QUEUE_BUSY:
             raise
-        again = shlex.join(["--host", launch.first.host.name, plan.run_file, *extra[2:]])  # this run, as launched
+        again = shlex.join(["--host", launch.first.host.name, "preflight", plan.run_file, *extra[2:]])  # as launched
         click.echo(
             f"preflight skipped: {e.message} — it would measure beside another run; the run queues unmeasured "
-            f"(`enlace-remote preflight {again}` measures it once the host has room)",
+            f"(`enlace-remote {again}` measures it once the host has room)",
             err=True,
         )
         return None
