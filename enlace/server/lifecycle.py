@@ -267,18 +267,17 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(st["pid"], signal.SIGKILL)
         _wait(lambda: proc_alive(pid, start_time), 60)
-        update(
-            run_dir,
-            status=Status.STOPPED,
-            exit_code=128 + signal.SIGKILL,
-            error="killed by stop --kill",
-            phase="killed by stop --kill",
-        )
+        _record_killed(run_dir, "killed by stop --kill")
     if row["supervisor"] and proc_alive(*launcher):  # a frozen supervisor would linger (stopped) forever
         with contextlib.suppress(ProcessLookupError):
             os.kill(launcher[0], signal.SIGKILL)
         _wait(lambda: proc_alive(*launcher), 10)  # its end, before the report reads it (it said "still running")
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
+
+
+def _record_killed(run_dir: Path, words: str) -> None:
+    """A stop --kill's end: stopped, its error and its phase the same words (the phase showed what it was doing)."""
+    update(run_dir, status=Status.STOPPED, exit_code=128 + signal.SIGKILL, error=words, phase=words)
 
 
 def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str, Any]:
@@ -302,13 +301,7 @@ def _stop_job(run_dir: Path, job_id: str, grace: float, kill: bool) -> dict[str,
     if killed:
         slurm.cancel(job_id)
         _wait(live, 120)
-        update(
-            run_dir,
-            status=Status.STOPPED,
-            exit_code=128 + signal.SIGKILL,
-            error="cancelled by stop --kill",
-            phase="cancelled by stop --kill",
-        )
+        _record_killed(run_dir, "cancelled by stop --kill")
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
 
 
