@@ -16,6 +16,7 @@ from enlace.config import command
 from enlace.config.command import CommandRun
 from enlace.errors import EnlaceError
 from orchestrator.errors import UsageError, VerifyError
+from orchestrator.launch.choose import launched_here
 
 # launch's options that only enlace's trainer takes, and what to do instead
 TRAINER_ONLY = {
@@ -53,8 +54,6 @@ def recorded(session, repo: Path, name: str | None, overrides=()) -> CommandRun 
     recorded for the run, launched again as it was (with launch's --set applied). None when there is none
     (enlace's trainer's path then says what is missing)."""
     import difflib
-
-    from orchestrator.launch.choose import launched_here
 
     runs_dir = repo / "configs" / "runs"
     if not name or (runs_dir / f"{name}.yaml").is_file():
