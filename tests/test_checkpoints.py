@@ -244,6 +244,20 @@ def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_
     assert names(root) == ["latest", "step-000030"] and (root / "step-000030" / "model.pt").read_bytes() == b"30"
     assert aside(root) == [["step-000005", "step-000030"], ["step-000020", "step-000025"]]
 
+    root = line(5, 10, 15)  # metrics.jsonl keeps the line's records (steps up to the start), the rest aside
+    records = [{"step": 0, "kind": "eval"}, {"step": 5}, {"step": 10}, {"step": 12, "kind": "start"}, {"step": 15}]
+    text = "".join(json.dumps(r) + "\n" for r in records) + '{"step": 16, "lo'  # a write a kill cut short
+    (root.parent / "metrics.jsonl").write_text(text)
+    moved = start_line(root, root / "step-000010")
+    assert (moved / "metrics.jsonl").read_text() == text  # as it was, beside the line's checkpoints
+    assert [json.loads(r)["step"] for r in (root.parent / "metrics.jsonl").read_text().splitlines()] == [0, 5, 10]
+    (root.parent / "metrics.jsonl").write_text(text)  # records past the start, no checkpoint: a folder for them
+    only = start_line(root, root / "step-000010")
+    assert only != moved and sorted(p.name for p in only.iterdir()) == ["metrics.jsonl"]
+    assert start_line(root, root / "step-000010") is None  # nothing past the start any more: nothing moves
+    start_line(root, None)  # --resume none: every record goes
+    assert (root.parent / "metrics.jsonl").read_text() == ""
+
     root = line(5, 10)  # a copy named otherwise inside checkpoints/ is a start from elsewhere (it crashed)
     shutil.copytree(root / "step-000005", root / "best")
     start_line(root, root / "best")
@@ -281,6 +295,25 @@ def test_an_explicit_resume_sets_the_later_checkpoints_aside_and_restarts_go_on_
     assert again_argv(argv, run_dir, "L2") == argv and again_argv(argv, run_dir, None) == argv
 
 
+def test_resume_takes_a_step_dir_as_listed_and_says_a_missing_one(tmp_path):
+    """A newcomer's walk: `--resume step-000020`, copied from the refusal's list, was refused again ("no MANIFEST"),
+    as was a path that does not exist; the list now names them as --resume takes them."""
+    from enlace.errors import CheckpointError
+    from enlace.manifest import write_manifest
+    from enlace.train.checkpoint import resolve_resume
+
+    root = tmp_path / "run" / "checkpoints"
+    (root / "step-000020").mkdir(parents=True)
+    (root / "step-000020" / "model.pt").write_bytes(b"20")
+    write_manifest(root / "step-000020", 20, ["model.pt"])
+    assert (
+        resolve_resume(root, "step-000020") == resolve_resume(root, "checkpoints/step-000020") == root / "step-000020"
+    )
+    with pytest.raises(CheckpointError) as e:
+        resolve_resume(root, "checkpoints/step-99")
+    assert "(no such directory) — complete checkpoints of this run: checkpoints/step-000020" in e.value.message
+
+
 @pytest.mark.slow
 def test_an_explicit_resume_that_fails_moves_nothing_and_a_set_aside_line_can_be_resumed(project):
     """Seen in a fault hunt: a --resume of a checkpoint the run cannot load (another model) had already moved
@@ -308,6 +341,11 @@ def test_an_explicit_resume_that_fails_moves_nothing_and_a_set_aside_line_can_be
     out = enlace(project, "train", "ck", "--resume", "checkpoints/step-000002", "--until", "3")
     assert "moved to checkpoints-set-aside/" in out.stdout and "(step-000004, step-000006)" in out.stdout, out.stdout
     (aside,) = (ckpts.parent / "checkpoints-set-aside").iterdir()
+    # metrics.jsonl is this line's: the records up to step 2, then its own (plot showed the line left's evals
+    # and resumes); the file as it was lies beside the line's checkpoints
+    steps = [json.loads(line)["step"] for line in (ckpts.parent / "metrics.jsonl").read_text().splitlines()]
+    left = [json.loads(line)["step"] for line in (aside / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 3 and steps[steps.index(3) - 1] <= 2 and max(left) == 6, (steps, left)
     out = enlace(project, "train", "ck", "--resume", f"checkpoints-set-aside/{aside.name}/step-000006")
     assert "resumed from" in out.stdout and "at step 6" in out.stdout, out.stdout  # back on the line left
     assert run_json(project / "runs" / "ck")["status"] == "finished"

@@ -78,7 +78,7 @@ def test_a_run_killed_twice_is_restarted_and_ends_equal_to_an_uninterrupted_one(
     # each restart resumed this line's newest checkpoint (which one depends on where the kill fell)
     assert log.count("starting from step 0 (--resume none)") == 1 and log.count("resumed from checkpoints/") == 2, log
     aside = list((project / "runs" / "heal" / "checkpoints-set-aside").iterdir())
-    assert [sorted(p.name for p in d.iterdir()) for d in aside] == [["step-000005", "step-000010"]]
+    assert [sorted(p.name for p in d.iterdir()) for d in aside] == [["metrics.jsonl", "step-000005", "step-000010"]]
     frozen = (project / "runs" / "heal" / "config.yaml").read_text()
     assert "learning_rate: 0.02" not in frozen  # config.yaml is this line's, not the line set aside
     enlace(project, "train", "heal", "--runs-dir", str(tmp_path / "straight"))

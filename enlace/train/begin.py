@@ -136,14 +136,17 @@ def _start_line(cfg: Config, run: RunDir, resume: str, ckpt: Path | None) -> Non
     """The explicit --resume's new line of the run's history (enlace/train/checkpoint.py start_line), its
     config.yaml, and run.json's `line_of`: a restart or requeue of this launch resumes from `latest` now."""
     moved = start_line(run.checkpoints, ckpt)
+    run.reopen_metrics()  # metrics.jsonl now holds this line's records only
     run.freeze_config(cfg.to_dict(), new_line=True)
     runs.update(run.path, line_of=os.environ.get("ENLACE_LAUNCH_ID"), **_line_fields(cfg))  # (trainerchild.py)
     if moved is not None:
         kept = sum(f.stat().st_size for f in moved.parent.rglob("*") if f.is_file())
+        steps = ", ".join(sorted(p.name for p in moved.iterdir() if p.is_dir())) or "no checkpoint"
         run.log(
             f"--resume {resume}: this run's checkpoints past it moved to {moved.relative_to(run.path)}/ "
-            f"({', '.join(sorted(p.name for p in moved.iterdir()))}); a restart resumes from this line's own. "
-            f"{moved.parent.relative_to(run.path)}/ holds {kept / 2**20:.1f} MiB: remove what you no longer need"
+            f"({steps}), with metrics.jsonl as it was (this line's keeps the records up to its start); a restart "
+            f"resumes from this line's own. {moved.parent.relative_to(run.path)}/ holds {kept / 2**20:.1f} MiB: "
+            "remove what you no longer need"
         )
 
 

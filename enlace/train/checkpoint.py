@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import os
 import pickle
 import shutil
@@ -131,17 +132,21 @@ def load_checkpoint(ckpt: Path, map_location: Any = "cpu") -> dict[str, Any]:
 
 def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
     """--resume latest|none|PATH → the checkpoint dir to load (or None for a fresh start). A relative
-    PATH is looked up in the run directory first (checkpoints/step-000040), then the current one."""
+    PATH is looked up in the run directory first (checkpoints/step-000040), then in checkpoints/ (step-000040),
+    then the current one."""
     if resume == "none":
         return None
     if resume == "latest":
         return latest_checkpoint(ckpt_root)
     path = Path(resume)
-    if not path.is_absolute() and (ckpt_root.parent / path).is_dir():
-        path = ckpt_root.parent / path
-    problem = manifest_problem(path)
+    for base in (ckpt_root.parent, ckpt_root):  # checkpoints/step-000040, or step-000040 as lists name it
+        if not path.is_absolute() and (base / path).is_dir():
+            path = base / path
+            break
+    problem = "no such directory" if not path.is_dir() else manifest_problem(path)
     if problem:
-        have = ", ".join(p.name for p in complete_checkpoints(ckpt_root)) or "none"
+        # as --resume takes them (a bare step-000020 from the list was refused the same way)
+        have = ", ".join(f"checkpoints/{p.name}" for p in complete_checkpoints(ckpt_root)) or "none"
         raise CheckpointError(
             f"--resume {resume}: not a complete checkpoint ({problem.split(': ', 1)[-1]}) — "
             f"complete checkpoints of this run: {have}"
@@ -186,7 +191,36 @@ def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
         (ckpt_root / "latest").unlink(missing_ok=True)
     else:
         name_latest(ckpt_root, start)
+    return _metrics_of_line(ckpt_root.parent, since, moved)
+
+
+def _metrics_of_line(run_dir: Path, since: int, moved: Path | None) -> Path | None:
+    """metrics.jsonl keeps the records of the line's own history, the steps up to `since` (-1: none); the file
+    as it was goes beside the checkpoints set aside (plot and the board showed the line left, its evals and its
+    resumes). Returns that folder (made here when only records go). The trainer reopens its handle after."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return moved
+    kept = [line for line in lines if -1 < _step_of(line) <= since]
+    if len(kept) == len(lines):
+        return moved
+    moved = moved or _new_folder(run_dir / SET_ASIDE, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    shutil.copy2(path, moved / "metrics.jsonl")
+    tmp = path.with_name(f".metrics-{os.getpid()}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
     return moved
+
+
+def _step_of(line: str) -> int:
+    """A metrics record's step; -1 for a line that is none (a write cut short by a kill)."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return -1
+    return step if isinstance(step, int) else -1
 
 
 def _new_folder(parent: Path, name: str) -> Path:

@@ -97,6 +97,12 @@ class RunDir:
         self._sinks = sinks.configured(cfg, runs.read(self.path).get("wandb_id"), remember, self.log)
         self._sinks.start(step, cfg.to_dict())
 
+    def reopen_metrics(self) -> None:
+        """After metrics.jsonl was replaced (an explicit --resume's new line): append to the file there now."""
+        if self.enabled:
+            self._metrics.close()
+            self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
+
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
             self._metrics.write(json.dumps(record) + "\n")
