@@ -31,4 +31,7 @@ def one_line(text: str, width: int | None, more: str = "") -> str:
     """`text` (an error, a traceback's end) as one line for a table's detail row: its whitespace runs made one
     space, cut at `width` characters with `more` (where to read the rest) after the cut; None: never cut."""
     text = " ".join(text.split())
-    return text if width is None or len(text) <= width else text[: width - 1] + f"…{more}"
+    if width is None or len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, width - 1)  # between words: "at step 1…" read as a step the run never had (10)
+    return text[: cut if cut > width // 2 else width - 1] + f"…{more}"

@@ -140,6 +140,13 @@ def test_a_failed_or_crashed_run_says_why_under_its_row_in_one_cut_line():
         "    └ error: t.py: error: unrecognized arguments: --learning_rate=0.1 — the command exited 2"
     )
     assert text[4].endswith("… (enlace-remote --host h status f-lr0: all of it)") and len(text[4]) < 160
+    from enlace.units import one_line
+
+    assert (
+        one_line("the trainer was killed by SIGKILL at step 10 of 40", 44)
+        == "the trainer was killed by SIGKILL at step…"
+    )
+    assert one_line("x" * 60, 10, " more") == "x" * 9 + "… more"  # no space to cut at: at the width
     assert text[5].split()[0] == "f-lr1" and text[6] == "    └ error: gave up after 3 restarts: x"
     assert len(text) == 7  # a finished run shows no error of an earlier attempt
 

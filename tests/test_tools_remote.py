@@ -50,7 +50,7 @@ def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
     assert "run long (running)" in out.stderr and "freed" in out.stderr
     assert (server_dir(sshd, "testhost") / "runs" / "long" / "run.json").exists()  # runs/ untouched
     # the set-aside line stays, and is shown with its size (it filled disks unseen: gc said nothing of it)
-    assert "kept 1 line(s) an explicit --resume set aside, 3.0 MiB freed by deleting" in out.stderr, out.stderr
+    assert "kept 1 line(s) an explicit --resume set aside (3.0 MiB; gc never deletes them" in out.stderr, out.stderr
     assert f"  {aside} (3.0 MiB)" in out.stderr
     assert (aside / "step-000002" / "model.pt").stat().st_size == 3 * 2**20
     remote(user_repo, sshd.env, "stop", "long")

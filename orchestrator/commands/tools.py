@@ -116,8 +116,8 @@ def gc(remote: Remote, keep: int, dry_run: bool) -> None:
     if rep.get("set_aside"):  # never gc's to remove: only their owner knows whether a line is still wanted
         aside = sum(e["bytes"] for e in rep["set_aside"]) / 2**20
         click.echo(
-            f"kept {len(rep['set_aside'])} line(s) an explicit --resume set aside, {aside:.1f} MiB freed by deleting "
-            "them (by hand: what you will not go back to):",
+            f"kept {len(rep['set_aside'])} line(s) an explicit --resume set aside ({aside:.1f} MiB; gc never deletes "
+            "them — delete by hand what you will not go back to):",
             err=True,
         )
         for entry in rep["set_aside"]:
