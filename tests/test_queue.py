@@ -285,3 +285,5 @@ def test_a_stop_of_a_run_queued_again_says_it_never_started_and_keeps_its_checkp
     said = "stopped (stopped while queued: it never started)"
     assert not_running_words(rep) == f"{said}; latest checkpoint step-000080"
     assert not_running_words({**rep, "latest_checkpoint": None}) == said
+    dropped = {**rep, "status": "dropped", "latest_checkpoint": None, "phase": "position 1, waiting for 1 CPU slot"}
+    assert not_running_words(dropped) == "dropped (was queued; its waiter is gone)"  # not its queue's stale words

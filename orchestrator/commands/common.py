@@ -132,7 +132,9 @@ def stepped(rep: dict) -> bool:
 def not_running_words(rep: dict) -> str:
     """Where a run that was not running stands (a stop's report): its step, or its phase (a command that logs no
     steps: what it did), and its latest checkpoint where one is known."""
-    where = f"{rep['status']} at step {rep['step']}" if stepped(rep) else f"{rep['status']} ({rep['phase']})"
+    # a dropped run's phase is still its queue's words ("position 1, waiting for …"): it waits for nothing now
+    phase = "was queued; its waiter is gone" if rep["status"] == "dropped" else rep["phase"]
+    where = f"{rep['status']} at step {rep['step']}" if stepped(rep) else f"{rep['status']} ({phase})"
     if stepped(rep) or rep["latest_checkpoint"]:
         return f"{where}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
     return where
