@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 import click
 
 from enlace import contract
-from enlace.clitypes import resume_option, root_option, set_option
+from enlace.clitypes import parse_size, resume_option, root_option, set_option
 from enlace.server import cli as cli_server
 from enlace.server import filescli as cli_files
 from enlace.slurm import cli as cli_slurm
@@ -74,8 +73,19 @@ def _exit_when_stdin_closes(hooks: list) -> None:
 @root_option
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved config (or the error) as JSON.")
 @click.option("--command-spec", default=None, metavar="JSON", help="Check a command given on launch's command line.")
+@click.option(
+    "--resume-at",
+    default=None,
+    metavar="PATH",
+    help="Also check that this checkpoint (as --resume takes it) is complete.",
+)
 def check_config(
-    run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool, command_spec: str | None
+    run: str,
+    overrides: tuple[str, ...],
+    root: Path | None,
+    as_json: bool,
+    command_spec: str | None,
+    resume_at: str | None,
 ) -> None:
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2); with --json the error document
     says whether it is the config itself or what this machine lacks (`machine`: the teacher, a GPU's bf16).
@@ -85,6 +95,7 @@ def check_config(
     from enlace.config.machine import check_environment
     from enlace.config.recorded import load_run_config, resume_problem
     from enlace.errors import ConfigError
+    from enlace.train.checkpoint import resume_problem_at
 
     def refuse(e: ConfigError, machine: bool) -> None:
         if not as_json:
@@ -119,6 +130,7 @@ def check_config(
                     "warnings": cfg.warnings,
                     "fingerprint": cfg.fingerprint(),
                     "resume_problem": resume_problem(cfg, overrides),
+                    "resume_at_problem": resume_at and resume_problem_at(cfg.run_dir / "checkpoints", resume_at),
                     "config": cfg.to_dict(),
                 },
                 indent=1,
@@ -280,32 +292,6 @@ def verify_resume_cmd(
             f"runs kept in {report['work_dir']}"
         )
     sys.exit(0 if report["ok"] else 1)
-
-
-def parse_size(text: str | None) -> int | None:
-    """'2GiB', '512MiB', '1.5G', '1000000' → bytes."""
-    if text is None:
-        return None
-    units = {
-        "": 1,
-        "k": 2**10,
-        "kib": 2**10,
-        "m": 2**20,
-        "mib": 2**20,
-        "g": 2**30,
-        "gib": 2**30,
-        "t": 2**40,
-        "tib": 2**40,
-        "kb": 10**3,
-        "mb": 10**6,
-        "gb": 10**9,
-    }
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    value = float(m.group(1)) if m else 0.0
-    if not m or unit not in units or value <= 0:
-        raise click.BadParameter(f"{text!r} is not a size; write e.g. 2GiB, 512MiB or a number of bytes")
-    return int(value * units[unit])
 
 
 @main.command("preflight")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import click
@@ -214,3 +215,29 @@ def stop_request(run_name: str, grace: float | None, kill: bool) -> tuple[list[s
     grace itself, at most MAX_GRACE_S; a dead connection is found by ssh's keepalives, not by this)."""
     args = ["stop", run_name, "--json", *(["--grace", str(grace)] if grace is not None else []), *(["--kill"] * kill)]
     return args, (grace if grace is not None else MAX_GRACE_S) + 60
+
+
+def parse_size(text: str | None) -> int | None:
+    """'2GiB', '512MiB', '1.5G', '1000000' → bytes."""
+    if text is None:
+        return None
+    units = {
+        "": 1,
+        "k": 2**10,
+        "kib": 2**10,
+        "m": 2**20,
+        "mib": 2**20,
+        "g": 2**30,
+        "gib": 2**30,
+        "t": 2**40,
+        "tib": 2**40,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+    }
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    value = float(m.group(1)) if m else 0.0
+    if not m or unit not in units or value <= 0:
+        raise click.BadParameter(f"{text!r} is not a size; write e.g. 2GiB, 512MiB or a number of bytes")
+    return int(value * units[unit])

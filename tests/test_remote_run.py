@@ -255,6 +255,24 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     assert "resumed from checkpoints/step-000030" in out.stderr
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
+    # a --resume PATH that is no complete checkpoint is refused by verify: no trainer starts (a typo of the path
+    # started one that failed, and the finished run read `failed`)
+    out = remote(
+        user_repo,
+        sshd.env,
+        "launch",
+        "tiny",
+        "--no-preflight",
+        "--resume",
+        "checkpoints/step-99",
+        host="local",
+        check=False,
+    )
+    assert out.returncode == 3 and "[FAIL] --resume checkpoints/step-99 is a complete checkpoint" in out.stderr, (
+        out.stderr
+    )
+    assert "(no such directory) — complete checkpoints of this run: checkpoints/step-0000" in out.stderr
+    assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["status"] == "finished"
     # --resume PATH starts a finished run there (seen: "is finished … nothing to train", and nothing trained)
     back = ("--resume", "checkpoints/step-000035", "--until", "37")
     out = remote(user_repo, sshd.env, "launch", "tiny", *back, host="local")

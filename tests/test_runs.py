@@ -150,6 +150,22 @@ def test_a_slurm_job_pending_for_a_limit_ends_the_wait_and_says_why(tmp_path, mo
         wait_first_step(session, "r", {"launch_id": "L1"}, follow=False)
 
 
+def test_a_resumed_run_has_started_once_it_logged_a_step_past_its_checkpoint(tmp_path):
+    """A resumed trainer enters `running` at its checkpoint's step (run.json step 2): launch's wait returned
+    there and said "step 2/30", where the first step this start logs is 3 (a test saw it under load)."""
+    sleeper = subprocess.Popen(["sleep", "30"])  # stands in for the trainer: alive
+    try:
+        run_dir = tmp_path / "r"
+        pid = {"pid": sleeper.pid, "pid_start": runs.proc_start(sleeper.pid)}
+        runs.update(run_dir, status=Status.RUNNING, launch_id="L1", step=2, start_step=2, **pid)
+        assert lifecycle.wait_started(run_dir, "L1", timeout=0.3)["waited"] == "timeout"
+        runs.update(run_dir, step=3)
+        assert lifecycle.wait_started(run_dir, "L1", timeout=30)["waited"] == "done"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_a_command_has_started_once_it_ran_a_while_and_a_crashed_first_start_is_said(tmp_path):
     """A launch waits for its command to outlive settle_s (one that fails at once fails its launch), and returns
     at once when the first start crashed and the supervisor waits to restart it; a new launch starts its

@@ -73,15 +73,19 @@ def import_detail(stderr: str) -> str:
     return last
 
 
+def _after(argv: list[str], flag: str) -> list[str]:
+    """The values given after each `flag` in argv."""
+    return [a for i, a in enumerate(argv) if i > 0 and argv[i - 1] == flag]
+
+
 def main() -> int:
     sha, run_ref, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     for_launch = "--for-launch" in rest
     fresh = "--fresh" in rest  # launch --resume none: nothing is resumed
-    sets = [a for i, a in enumerate(rest) if i > 0 and rest[i - 1] == "--set"]
-    set_args = [a for s in sets for a in ("--set", s)]
-    # launch's `-- ARGV`: the command itself, checked by check-config instead of a run file
-    spec = [a for i, a in enumerate(rest) if i > 0 and rest[i - 1] == "--command-spec"]
+    set_args = [a for s in _after(rest, "--set") for a in ("--set", s)]
+    spec = _after(rest, "--command-spec")  # launch's `-- ARGV`: the command, checked instead of a run file
     set_args += ["--command-spec", spec[0]] if spec else []
+    at = _after(rest, "--resume-at")  # launch --resume PATH: complete here (a typo started a trainer that failed)
     checks: list[dict] = []
     add = lambda name, ok, detail="": checks.append({"name": name, "ok": bool(ok), "detail": detail})
 
@@ -111,7 +115,8 @@ def main() -> int:
         f"for m in {deps!r}:\n"
         "    if importlib.util.find_spec(m) is None: raise ModuleNotFoundError(f\"No module named '{m}'\")",
     )
-    cc_p = start("-m", "enlace", "check-config", run_ref, "--json", *set_args)  # both checks run side by side
+    at_args = ["--resume-at", at[0]] if at else []
+    cc_p = start("-m", "enlace", "check-config", run_ref, "--json", *set_args, *at_args)  # both run side by side
     imp, cc = finish(imp_p), finish(cc_p)
     what = "import enlace.data" if OWN_TREE else f"enlace's server half and its packages ({HOME})"
     add(what, imp.returncode == 0, import_detail(imp.stderr) if imp.returncode else "")
@@ -127,6 +132,9 @@ def main() -> int:
             not absent,
             "missing: " + ", ".join(absent) if absent else ", ".join(os.path.relpath(f) for f in cfg["files"].values()),
         )
+    if at and cfg.get("ok"):
+        problem = cfg.get("resume_at_problem")
+        add(f"--resume {at[0]} is a complete checkpoint", not problem, problem or "")
     if for_launch and cfg.get("ok") and not fresh and cfg.get("kind") != "command":  # (a command resumes its own way)
         problem = cfg.get("resume_problem")
         add("its checkpoints can resume it", not problem, problem or "")

@@ -199,7 +199,8 @@ def wait_started(
         ran = time.time() - float(st.get("attempt_started_at") or time.time())
         lives = job.get("job_id") or proc_alive(st.get("pid"), st.get("pid_start"))
         settled = bool(st.get("command")) and ran >= settle_s and bool(lives)
-        started = status == Status.RUNNING and (st.get("step", 0) > 0 or settled)
+        logged = (st.get("step") or 0) > (st.get("start_step") or 0)  # a step of this start, not its checkpoint's
+        started = status == Status.RUNNING and (logged or settled)
         if mine and (status not in ACTIVE or started):
             return observe(run_dir) | {"waited": "done"}
         if mine and status in ACTIVE and (st.get("backoff_until") or st.get("restarts")):  # its first start crashed

@@ -37,7 +37,10 @@ from enlace.state import runs
 
 # what a new launch or start of a command clears: a trainer's or an earlier attempt's figures would show
 # as this one's, and an old step would start the stall clock before the command logged anything
-STALE = {k: None for k in ("loss", "val_loss", "val_bpb", "max_steps", "tokens", "tokens_per_s", "resumed_from")}
+STALE = {
+    k: None
+    for k in ("loss", "val_loss", "val_bpb", "max_steps", "tokens", "tokens_per_s", "resumed_from", "start_step")
+}
 STALE["step"] = 0  # no step yet (the stall clock starts at the first one enlace.job logs)
 
 

@@ -154,6 +154,16 @@ def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
     return path
 
 
+def resume_problem_at(ckpt_root: Path, resume: str) -> str | None:
+    """Why `train --resume RESUME` would refuse its checkpoint (not a complete one, no such path), or None:
+    verify asks before a launch starts a trainer (a typo of the path failed the run)."""
+    try:
+        resolve_resume(ckpt_root, resume)
+    except CheckpointError as e:
+        return e.message
+    return None
+
+
 def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
     """An explicit --resume (none, or a checkpoint) starts the run's history again at `start` (None: step 0),
     once that start has loaded. This run's step dirs past `start` — all of them when `start` is not one of them

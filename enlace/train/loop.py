@@ -185,6 +185,7 @@ def _enter_training(cfg: Config, run: RunDir, start: Start) -> None:
         step=step,
         resumed_from=resumed,
         started_at=time.time(),
+        start_step=step,  # launch's wait ends at a step past it (a resumed run entered at its checkpoint's step)
         trained_before_s=before,
         start_trained_s=0.0,
     )

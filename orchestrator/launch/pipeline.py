@@ -174,10 +174,17 @@ def _ship(launch: Launch):
             elsewhere=plan.elsewhere,
             data=plan.data,
             allow_data_change=plan.allow_data_change,
-            extra=own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [],
+            extra=(own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [])
+            + (["--resume-at", _resume_of(plan)[1]] if plan.elsewhere and host is plan.targets[0] else []),
         )
     if plan.command:
         own_launch.say_no_preflight(plan.command)
+
+
+def _resume_of(plan: Plan) -> list[str]:
+    """launch's `--resume X` as passed to the trainer ([] for latest)."""
+    args = plan.train_args
+    return args[args.index("--resume") :][:2] if "--resume" in args else []
 
 
 def _decide(launch: Launch):
@@ -190,8 +197,7 @@ def _decide(launch: Launch):
 
 def _preflight(launch: Launch):
     plan = launch.plan
-    resume = plan.train_args[plan.train_args.index("--resume") :][:2] if "--resume" in plan.train_args else []
-    extra = ["--steps", "5", *resume, *ship.set_args(plan.overrides)]  # projected from where the trainer starts
+    extra = ["--steps", "5", *_resume_of(plan), *ship.set_args(plan.overrides)]  # from where the trainer starts
     device = launch.device if len(plan.targets) == 1 else None  # across hosts: no queue (see SSHBackend)
     if plan.gpus and device is not None:  # a need the host can never meet (--gpus all on a CPU host), said before
         # it measures: the queue's refusal is what is asked for here, not its answer (the room it has)
