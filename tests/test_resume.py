@@ -114,7 +114,11 @@ def test_keep_bounds_checkpoints_and_resume_flag(project):
     out = enlace(project, "train", "keep", "--resume", str(project / "runs" / "keep" / "checkpoints" / "step-000005"))
     assert "resumed from checkpoints/step-000005 at step 5" in out.stdout
     bad = enlace(project, "train", "keep", "--resume", str(project / "nowhere"), check=False)
-    assert bad.returncode == 2 and "step-000005, step-000006" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "(no such directory) — complete checkpoints of this run: checkpoints/step-000005, checkpoints/step-000006"
+        in bad.stderr
+    )
 
 
 def test_deterministic_with_compile_refused_at_load(project):

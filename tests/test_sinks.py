@@ -28,11 +28,14 @@ def test_tensorboard_has_one_scalar_per_logged_step_across_a_stop_and_an_older_r
         logging={"tensorboard": True},
     )
     enlace(project, "train", "tb", "--until", "6")  # stops at 6
-    # resumed from an older checkpoint: steps 5 and 6 are logged a second time in metrics.jsonl
+    # resumed from an older checkpoint: a new line, whose metrics.jsonl keeps steps 1-4 (the line left's 5 and 6
+    # are set aside with its checkpoints); TensorBoard's event files hold both, each step's latest shown
     enlace(project, "train", "tb", "--resume", "checkpoints/step-000004")
     run = project / "runs" / "tb"
     logged = metrics(run, "train")
-    assert [m["step"] for m in logged] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+    assert [m["step"] for m in logged] == [1, 2, 3, 4, 5, 6, 7, 8]
+    (aside,) = (run / "checkpoints-set-aside").iterdir()
+    assert [m["step"] for m in metrics(aside, "train")] == [1, 2, 3, 4, 5, 6]
     acc = _scalars(run)
     assert set(TRAIN_TAGS) <= set(acc.Tags()["scalars"])
     last = {m["step"]: m for m in logged}  # the run as it stands: each step's latest record
