@@ -160,6 +160,9 @@ def _two_slots_and_a_third(sshd, user_repo) -> None:
     run_dir = sshd.dir.parent / "remote-testhost" / "runs" / "c3"
     os.kill(runs.read(run_dir)["launcher_pid"], signal.SIGKILL)  # the waiter, as a reboot takes it
     wait_until(lambda: rows(user_repo, sshd.env)["c3"]["status"] == "dropped", 60, "c3 dropped")
+    fetched = remote(user_repo, sshd.env, "fetch", "c3", check=False)  # (it said: wait for a checkpoint)
+    assert fetched.returncode == 2 and "c3 has not started (dropped): nothing to fetch yet" in fetched.stderr
+    assert "launch c3` queues it again" in fetched.stderr, fetched.stderr
     table = remote(user_repo, sshd.env, "status").stdout
     assert "was queued; its waiter is gone (a reboot, a kill): enlace-remote launch c3 queues it again" in table
     out = remote(user_repo, sshd.env, "launch", *LONG, "--set", "run_name=c3")

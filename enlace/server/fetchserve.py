@@ -107,7 +107,9 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         offered[rel] = {"bytes": size}
     latest = latest_checkpoint(run_dir / "checkpoints")
     command = runs.read(run_dir).get("command")
+    status = runs.observe(run_dir)["status"] if not listed["checkpoints"] else None  # what an empty offer means
     offer = {
+        "status": status,
         "run_name": run_dir.name,
         "run_dir": str(run_dir.resolve()),
         "checkpoints": listed["checkpoints"],
