@@ -53,7 +53,10 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
     assert out.returncode == 2 and "MANIFEST" in out.stderr
     (project / "runs" / "lr-1e-3").mkdir(parents=True)
     out = enlace(project, "sample", "lr-1e3", check=False)  # a mistyped run name: the runs there are
-    assert out.returncode == 2 and "no run named 'lr-1e3' here — runs on this host: lr-1e-3" in out.stderr, out.stderr
+    assert (
+        out.returncode == 2
+        and "no run named 'lr-1e3' here — did you mean 'lr-1e-3'? runs on this host: lr-1e-3" in out.stderr
+    ), out.stderr
     assert "`enlace-remote fetch lr-1e3` brings it here" in out.stderr  # here, not on a server: where runs are
     (project / "runs" / "lr-1e-3" / "preflight.json").write_text("{}")  # what a launch leaves here
     out = enlace(project, "sample", "lr-1e-3", check=False)

@@ -4,6 +4,7 @@ is offered, enlace/server/fetchserve.py's. None of them imports torch, so each a
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import time
@@ -60,7 +61,9 @@ def run_dir_of(runs_root: Path, name: str) -> Path:
             if runs_root.is_dir()
             else []
         )
-        raise NoSuchRun(f"no run named {name!r} here — runs on this host: {', '.join(have) or 'none'}")
+        near = difflib.get_close_matches(name, have, n=1, cutoff=0.6)  # (the list grows with every run kept)
+        said = f"did you mean {near[0]!r}? " if near else ""
+        raise NoSuchRun(f"no run named {name!r} here — {said}runs on this host: {', '.join(have) or 'none'}")
     return d
 
 
