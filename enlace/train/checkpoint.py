@@ -36,6 +36,7 @@ from enlace.manifest import (
     step_dir_name,
     write_file,
 )
+from enlace.state.runs import atomic_write
 
 
 def remove_stale_temps(ckpt_root: Path) -> None:
@@ -191,7 +192,7 @@ def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
             ) from None
     moved = None
     if later:
-        moved = _new_folder(ckpt_root.parent / SET_ASIDE, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        moved = _aside_folder(ckpt_root.parent)
         for path in later:
             os.rename(path, moved / path.name)
     if linked is not None:
@@ -216,11 +217,9 @@ def _metrics_of_line(run_dir: Path, since: int, moved: Path | None) -> Path | No
     kept = [line for line in lines if -1 < _step_of(line) <= since]
     if len(kept) == len(lines):
         return moved
-    moved = moved or _new_folder(run_dir / SET_ASIDE, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    moved = moved or _aside_folder(run_dir)
     shutil.copy2(path, moved / "metrics.jsonl")
-    tmp = path.with_name(f".metrics-{os.getpid()}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(kept))
     return moved
 
 
@@ -233,8 +232,10 @@ def _step_of(line: str) -> int:
     return step if isinstance(step, int) else -1
 
 
-def _new_folder(parent: Path, name: str) -> Path:
-    """parent/name made now, or name-2, name-3, ...: never a folder that holds another line."""
+def _aside_folder(run_dir: Path) -> Path:
+    """run_dir/SET_ASIDE/<time>-<pid> made now, or <time>-<pid>-2, -3, ...: never a folder that holds another
+    line (two starts in one second, in one process, each get their own)."""
+    parent, name = run_dir / SET_ASIDE, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     parent.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):
         folder = parent / (name if n == 1 else f"{name}-{n}")

@@ -58,8 +58,11 @@ def recorded(session, repo: Path, name: str | None, overrides=()) -> CommandRun 
     runs_dir = repo / "configs" / "runs"
     if not name or (runs_dir / f"{name}.yaml").is_file():
         return None
+    here = launched_here(repo, session.host.name, name)
+    if here and (runs_dir / f"{here['run_file']}.yaml").is_file():
+        return None  # launched here from a run file (`--set run_name=NAME`): launch_target resolves it, one ask less
     near = difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6)
-    if near and launched_here(repo, session.host.name, name) is None:
+    if near and here is None:
         return None  # a typo of a run file: said before any connection (launch's own check; toy2 launched from here
         # with `--name toy2 -- …` beside a toy.yaml was taken for one)
     try:

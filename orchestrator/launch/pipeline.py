@@ -56,8 +56,7 @@ class Plan:
     train_args: list[str]  # passed to `enlace train` (--until, --resume, --set ...)
     overrides: tuple[str, ...] = ()
     allow_dirty: bool = False
-    fresh: bool = False  # --resume none
-    elsewhere: bool = False  # --resume PATH: the trainer checks that checkpoint against the config, not verify
+    resume: str = "latest"  # launch's --resume (also in train_args): latest, none or a checkpoint's PATH
     allow_data_change: bool = False  # --allow-data-change (the trainer's, in train_args; --push-data asks it too)
     data: Any = None  # --push-data: the run's local data files (orchestrator/transfer/datapush.py)
     preflight: bool = True
@@ -73,6 +72,14 @@ class Plan:
     command: CommandRun | None = None  # the user's own command (orchestrator/launch/own.py), not enlace's trainer
     command_file: bool = False  # it comes from a run file (else from launch's `-- ARGV`)
     on_start: Callable[[], None] | None = None  # once the run has started (before wait and follow)
+
+    @property
+    def fresh(self) -> bool:  # --resume none
+        return self.resume == "none"
+
+    @property
+    def elsewhere(self) -> bool:  # --resume PATH: the trainer checks that checkpoint against the config, not verify
+        return self.resume not in ("latest", "none")
 
 
 @dataclass
@@ -175,16 +182,10 @@ def _ship(launch: Launch):
             data=plan.data,
             allow_data_change=plan.allow_data_change,
             extra=(own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [])
-            + (["--resume-at", _resume_of(plan)[1]] if plan.elsewhere and host is plan.targets[0] else []),
+            + (["--resume-at", plan.resume] if plan.elsewhere and host is plan.targets[0] else []),
         )
     if plan.command:
         own_launch.say_no_preflight(plan.command)
-
-
-def _resume_of(plan: Plan) -> list[str]:
-    """launch's `--resume X` as passed to the trainer ([] for latest)."""
-    args = plan.train_args
-    return args[args.index("--resume") :][:2] if "--resume" in args else []
 
 
 def _decide(launch: Launch):
@@ -197,7 +198,8 @@ def _decide(launch: Launch):
 
 def _preflight(launch: Launch):
     plan = launch.plan
-    extra = ["--steps", "5", *_resume_of(plan), *ship.set_args(plan.overrides)]  # from where the trainer starts
+    resume = ["--resume", plan.resume] if plan.resume != "latest" else []  # projected from where the trainer starts
+    extra = ["--steps", "5", *resume, *ship.set_args(plan.overrides)]
     device = launch.device if len(plan.targets) == 1 else None  # across hosts: no queue (see SSHBackend)
     if plan.gpus and device is not None:  # a need the host can never meet (--gpus all on a CPU host), said before
         # it measures: the queue's refusal is what is asked for here, not its answer (the room it has)
