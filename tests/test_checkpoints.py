@@ -348,6 +348,10 @@ def test_an_explicit_resume_that_fails_moves_nothing_and_a_set_aside_line_can_be
     assert max(steps) == 3 and steps[steps.index(3) - 1] <= 2 and max(left) == 6, (steps, left)
     out = enlace(project, "train", "ck", "--resume", f"checkpoints-set-aside/{aside.name}/step-000006")
     assert "resumed from" in out.stdout and "at step 6" in out.stdout, out.stdout  # back on the line left
+    # ... with its history, which its folder kept (a newcomer's walk: plot drew one point, at step 6)
+    restored = (ckpts.parent / "metrics.jsonl").read_text().splitlines()
+    history = [line for line in (aside / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 6]
+    assert len(history) > 3 and restored[: len(history)] == history, (restored, history)
     assert run_json(project / "runs" / "ck")["status"] == "finished"
     # a hand `train --resume` beside a live trainer of the run is refused before anything moves
     run_json_path = ckpts.parent / "run.json"

@@ -173,6 +173,8 @@ def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
     `latest` names it (or nothing). A restart or a requeue, which resume from `latest`, and the pruning of
     old checkpoints then see this line only. Returns where the checkpoints went, or None when there were none."""
     own = start is not None and start.resolve().parent == ckpt_root.resolve() and STEP_RE.fullmatch(start.name)
+    aside = start is not None and not own and start.resolve().parent.parent == (ckpt_root.parent / SET_ASIDE).resolve()
+    came_from = start.resolve().parent if aside else None  # a line of this run's, set aside
     since = int(own.group(1)) if own else -1
     ckpt_root.mkdir(parents=True, exist_ok=True)
     later = [p for p in ckpt_root.iterdir() if (m := STEP_RE.fullmatch(p.name)) and int(m.group(1)) > since]
@@ -202,24 +204,36 @@ def start_line(ckpt_root: Path, start: Path | None) -> Path | None:
         (ckpt_root / "latest").unlink(missing_ok=True)
     else:
         name_latest(ckpt_root, start)
-    return _metrics_of_line(ckpt_root.parent, since, moved)
+    # a set-aside line gone back to brings its own history (its folder keeps the metrics.jsonl it had)
+    history = came_from / "metrics.jsonl" if came_from is not None else ckpt_root.parent / "metrics.jsonl"
+    upto = since if came_from is None else read_manifest(start)["step"]
+    return _metrics_of_line(ckpt_root.parent, _records(history, upto), moved)
 
 
-def _metrics_of_line(run_dir: Path, since: int, moved: Path | None) -> Path | None:
-    """metrics.jsonl keeps the records of the line's own history, the steps up to `since` (-1: none); the file
-    as it was goes beside the checkpoints set aside (plot and the board showed the line left, its evals and its
-    resumes). Returns that folder (made here when only records go). The trainer reopens its handle after."""
-    path = run_dir / "metrics.jsonl"
+def _records(path: Path, upto: int) -> str:
+    """The metrics records in `path` of the steps up to `upto` (-1: none)."""
     try:
         lines = path.read_text().splitlines(keepends=True)
     except FileNotFoundError:
+        return ""
+    return "".join(line for line in lines if -1 < _step_of(line) <= upto)
+
+
+def _metrics_of_line(run_dir: Path, kept: str, moved: Path | None) -> Path | None:
+    """metrics.jsonl becomes the line's own history, `kept`; the file as it was goes beside the checkpoints set
+    aside (plot and the board showed the line left, its evals and its resumes). Returns that folder (made here
+    when only records go). The trainer reopens its handle after."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        before = path.read_text()
+    except FileNotFoundError:
+        before = ""
+    if before == kept:
         return moved
-    kept = [line for line in lines if -1 < _step_of(line) <= since]
-    if len(kept) == len(lines):
-        return moved
-    moved = moved or _aside_folder(run_dir)
-    shutil.copy2(path, moved / "metrics.jsonl")
-    atomic_write(path, "".join(kept))
+    if before:
+        moved = moved or _aside_folder(run_dir)
+        shutil.copy2(path, moved / "metrics.jsonl")
+    atomic_write(path, kept)
     return moved
 
 
