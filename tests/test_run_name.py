@@ -41,6 +41,9 @@ def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_ex
     assert "run: mytry" in logs.stderr and f"checkpoint step-{step:06d} saved" in logs.stdout
     remote(user_repo, sshd.env, "fetch")
     assert (user_repo / "runs" / "mytry" / "run.json").is_file()
+    measured = remote(user_repo, sshd.env, "preflight", "mytry", "--steps", "2")  # a run's name, as launch takes it
+    assert "from configs/runs/long.yaml" in measured.stderr and "--set training.log_every=5" in measured.stderr
+    assert json.loads((user_repo / "runs" / "mytry" / "preflight.json").read_text())["run_name"] == "mytry"
     sample = remote(user_repo, sshd.env, "sample", "--bytes", "20", "--prompt", "def ")
     assert "run: mytry" in sample.stderr
 

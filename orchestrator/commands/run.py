@@ -60,14 +60,16 @@ def preflight(
     overrides: tuple[str, ...],
     resume: str,
 ) -> None:
-    """Sync, verify, run `enlace preflight RUN` on the server; show the verdict.
+    """Sync, verify, run `enlace preflight RUN` on the server; show the verdict. RUN is what launch takes: a run
+    file, or a run's name (measured with the file and --set items it was launched with).
 
     Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable, 10 too
     slow (its steps ran past --budget-s: the report says what the whole run would take). It measures on a GPU
     (or the CPU slot) the host's queue has free, holding it meanwhile; exit 1 when none is free now."""
-    from orchestrator.launch import ship, stages
+    from orchestrator.launch import choose, ship, stages
 
-    ship.check_run_config(remote.repo, run)
+    run, overrides = choose.launch_target(remote.session, remote.repo, run, overrides, resume == "none")  # as launch
+    run = ship.check_run_config(remote.repo, run)
     sha, run_name, device = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
     extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
     extra += ship.set_args(overrides) + (["--resume", resume] if resume != "latest" else [])
