@@ -50,8 +50,8 @@ def test_gc_keeps_the_live_runs_tree_and_the_newest(sshd, user_repo):
     assert "run long (running)" in out.stderr and "freed" in out.stderr
     assert (server_dir(sshd, "testhost") / "runs" / "long" / "run.json").exists()  # runs/ untouched
     # the set-aside line stays, and is shown with its size (it filled disks unseen: gc said nothing of it)
-    assert "kept 1 line(s) an explicit --resume set aside (3.0 MiB; gc never deletes them" in out.stderr, out.stderr
-    assert f"  {aside} (3.0 MiB)" in out.stderr
+    assert "kept 1 line(s) an explicit --resume set aside (deleting them all frees 3.0 MiB; gc never" in out.stderr
+    assert f"  {aside} (frees 3.0 MiB alone)" in out.stderr
     assert (aside / "step-000002" / "model.pt").stat().st_size == 3 * 2**20
     remote(user_repo, sshd.env, "stop", "long")
 
@@ -108,8 +108,17 @@ def test_gc_counts_what_deleting_a_set_aside_line_frees(tmp_path):
     (aside / "old-line.tar").write_bytes(b"3" * 500)
     (aside / "oops").symlink_to("/")
     (tmp_path / "trees").mkdir()
-    listed = {Path(e["path"]).name: e["bytes"] for e in plan(tmp_path, keep=0)["set_aside"]}
+    rep = plan(tmp_path, keep=0)
+    listed = {Path(e["path"]).name: e["bytes"] for e in rep["set_aside"]}
     assert listed == {"line": 1000, "old-line.tar": 500, "oops": 0}, listed
+    assert rep["set_aside_bytes"] == 1500  # trainer.pt's other link is outside: deleting them all frees it not
+    # a checkpoint hard-linked into two lines (one went back to the other's step): neither alone frees it, both do
+    (aside / "later" / "step-000002").mkdir(parents=True)
+    os.link(aside / "line" / "step-000002" / "model.pt", aside / "later" / "step-000002" / "model.pt")
+    rep = plan(tmp_path, keep=0)
+    listed = {Path(e["path"]).name: e["bytes"] for e in rep["set_aside"]}
+    assert listed == {"later": 0, "line": 0, "old-line.tar": 500, "oops": 0}, listed
+    assert rep["set_aside_bytes"] == 1500, rep["set_aside_bytes"]  # model.pt's two links counted once
 
 
 def test_gc_plans_around_a_checkout_in_progress(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +42,30 @@ def _size(path: Path) -> int:
     return total
 
 
-def _freed(path: Path) -> int:
-    """Bytes that deleting `path` alone frees: files with no other hard link (a line's checkpoint linked in
-    from elsewhere frees nothing), never what a symlink points at."""
+def _files(path: Path):
+    """The lstat of each file that deleting `path` unlinks: `path` itself when it is a file or a symlink
+    (never what a symlink points at), else every file under it."""
     whole = path.is_symlink() or not path.is_dir()
-    paths = [path] if whole else (Path(d) / f for d, _, files in os.walk(path) for f in files)
-    total = 0
-    for p in paths:
+    for p in [path] if whole else (Path(d) / f for d, _, files in os.walk(path) for f in files):
         with contextlib.suppress(OSError):  # a file that vanished meanwhile
-            st = os.lstat(p)
-            total += st.st_size if st.st_nlink == 1 and not p.is_symlink() else 0
-    return total
+            yield os.lstat(p)
+
+
+def _freed(paths: list[Path]) -> tuple[list[int], int]:
+    """Bytes that deleting each of `paths` alone frees (files with no other hard link: a line's checkpoint
+    linked in from elsewhere frees nothing), and what deleting all of them frees (a file whose every link
+    lies among them counts once: a checkpoint linked into two set-aside lines)."""
+    alone, links = [], {}
+    for path in paths:
+        freed = 0
+        for st in _files(path):
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            freed += st.st_size if st.st_nlink == 1 else 0
+            seen = links.setdefault((st.st_dev, st.st_ino), [st.st_size, st.st_nlink, 0])
+            seen[2] += 1
+        alone.append(freed)
+    return alone, sum(size for size, nlink, seen in links.values() if seen >= nlink)
 
 
 def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
@@ -82,9 +96,18 @@ def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
         "kept": {t.name: needed[t.name] for t in kept},
         # a venv link's target is shared by the account's other remote_dirs: only the link goes
         "remove": [{"path": str(p), "bytes": 0 if p.is_symlink() else _size(p)} for p in remove],
-        "set_aside": [
-            {"path": str(p), "bytes": _freed(p)} for p in sorted((remote_dir / "runs").glob(f"*/{SET_ASIDE}/*"))
-        ],
+        **_set_aside(remote_dir),
+    }
+
+
+def _set_aside(remote_dir: Path) -> dict[str, Any]:
+    """The lines explicit --resume set aside, each with what deleting it alone frees, and what deleting all
+    of them frees (`set_aside_bytes`)."""
+    lines = sorted((remote_dir / "runs").glob(f"*/{SET_ASIDE}/*"))
+    alone, together = _freed(lines)
+    return {
+        "set_aside": [{"path": str(p), "bytes": n} for p, n in zip(lines, alone, strict=True)],
+        "set_aside_bytes": together,
     }
 
 

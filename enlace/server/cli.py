@@ -359,7 +359,9 @@ def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
     for e in rep["remove"]:
         click.echo(f"{'would remove' if dry_run else 'removed'} {e['path']} ({e['bytes'] / 2**20:.1f} MiB)")
     for e in rep["set_aside"]:  # never gc's: only their owner knows whether a line is still wanted
-        click.echo(f"kept (set aside by an explicit --resume) {e['path']} ({e['bytes'] / 2**20:.1f} MiB)")
+        click.echo(f"kept (set aside by an explicit --resume) {e['path']} (frees {e['bytes'] / 2**20:.1f} MiB alone)")
+    if rep["set_aside"]:
+        click.echo(f"deleting every set-aside line frees {rep['set_aside_bytes'] / 2**20:.1f} MiB")
 
 
 COMMANDS = (

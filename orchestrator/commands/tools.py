@@ -105,7 +105,8 @@ def plot(
 @with_remote
 def gc(remote: Remote, keep: int, dry_run: bool) -> None:
     """Free the server's disk: remove trees/<sha> and venvs/<hash> that no live or resumable run uses
-    (the newest --keep trees stay too). Never touches data/ or runs/."""
+    (the newest --keep trees stay too). Never touches data/ or runs/: it lists the lines an explicit --resume
+    set aside (runs/RUN/checkpoints-set-aside/*) with what deleting each frees, for you to judge."""
     rep = remote.session.enlace_json("latest", "gc", "--keep", str(keep), *(["--dry-run"] if dry_run else []))
     for entry in rep["remove"]:
         click.echo(f"{'would remove' if dry_run else 'removed'} {entry['path']} ({entry['bytes'] / 2**20:.1f} MiB)")
@@ -114,14 +115,14 @@ def gc(remote: Remote, keep: int, dry_run: bool) -> None:
     total = sum(e["bytes"] for e in rep["remove"]) / 2**20
     click.echo(f"{'would free' if dry_run else 'freed'} {total:.1f} MiB on {remote.host.name}", err=True)
     if rep.get("set_aside"):  # never gc's to remove: only their owner knows whether a line is still wanted
-        aside = sum(e["bytes"] for e in rep["set_aside"]) / 2**20
+        aside = rep.get("set_aside_bytes", sum(e["bytes"] for e in rep["set_aside"])) / 2**20
         click.echo(
-            f"kept {len(rep['set_aside'])} line(s) an explicit --resume set aside ({aside:.1f} MiB; gc never deletes "
-            "them — delete by hand what you will not go back to):",
+            f"kept {len(rep['set_aside'])} line(s) an explicit --resume set aside (deleting them all frees "
+            f"{aside:.1f} MiB; gc never deletes them — delete by hand what you will not go back to):",
             err=True,
         )
-        for entry in rep["set_aside"]:
-            click.echo(f"  {entry['path']} ({entry['bytes'] / 2**20:.1f} MiB)", err=True)
+        for entry in rep["set_aside"]:  # a checkpoint hard-linked into two lines is freed by deleting both
+            click.echo(f"  {entry['path']} (frees {entry['bytes'] / 2**20:.1f} MiB alone)", err=True)
 
 
 @click.command(cls=HostOptionsCommand)
