@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
-from enlace.clitypes import parse_size, resume_option, root_option, set_option
+from enlace.clitypes import fresh_option, parse_size, resume_option, root_option, set_option
 from enlace.server import cli as cli_server
 from enlace.server import filescli as cli_files
 from enlace.slurm import cli as cli_slurm
@@ -79,6 +79,7 @@ def _exit_when_stdin_closes(hooks: list) -> None:
     metavar="PATH",
     help="Also check that this checkpoint (as --resume takes it) is complete.",
 )
+@fresh_option
 def check_config(
     run: str,
     overrides: tuple[str, ...],
@@ -86,6 +87,7 @@ def check_config(
     as_json: bool,
     command_spec: str | None,
     resume_at: str | None,
+    fresh: bool,
 ) -> None:
     """Resolve RUN's config and print it, or say exactly what is wrong (exit 2); with --json the error document
     says whether it is the config itself or what this machine lacks (`machine`: the teacher, a GPU's bf16).
@@ -111,7 +113,7 @@ def check_config(
         own = command.from_spec(command_spec, run) if command_spec else command.load(run, root, overrides)
         if own is not None:  # its run file and scripts (verify checks they arrived); no trainer config
             return click.echo(json.dumps(command.check_answer(own, run, root) if as_json else own.to_doc(), indent=1))
-        cfg = load_run_config(run, overrides, root)
+        cfg = load_run_config(run, overrides, root, fresh=fresh)
     except ConfigError as e:  # the config itself is wrong
         refuse(e, machine=False)
     try:

@@ -68,6 +68,12 @@ root_option = click.option(
     help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
 )
 
+fresh_option = click.option(
+    "--fresh",
+    is_flag=True,
+    help="Leave out the --set items the run's launches recorded in run.json, as a launch with --resume none does.",
+)
+
 
 def resume_option_saying(help_text: str):
     """--resume latest|none|PATH, with what it does in this command."""

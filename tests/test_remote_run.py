@@ -256,7 +256,7 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
     # a --resume PATH that is no complete checkpoint is refused by verify: no trainer starts (a typo of the path
-    # started one that failed, and the finished run read `failed`)
+    # started one that failed, and the finished run read `failed`); exit 2, as train and preflight refuse it
     out = remote(
         user_repo,
         sshd.env,
@@ -268,7 +268,7 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
         host="local",
         check=False,
     )
-    assert out.returncode == 3 and "[FAIL] --resume checkpoints/step-99 is a complete checkpoint" in out.stderr, (
+    assert out.returncode == 2 and "[FAIL] --resume checkpoints/step-99 is a complete checkpoint" in out.stderr, (
         out.stderr
     )
     assert "(no such directory) — complete checkpoints of this run: checkpoints/step-0000" in out.stderr

@@ -154,6 +154,10 @@ def test_an_extended_run_resumes_with_a_plain_train_and_keeps_its_schedule(proje
     assert problem.endswith(
         "enlace-remote launch ext --set training.max_steps=10 --set model.n_layer=3 --resume none"
     ), problem
+    # what verify checks for `launch ext --resume none`: the config without the recorded --set, and no word
+    # that they apply (verify said they did, then the launch started without them, as documented)
+    afresh = json.loads(enlace(project, "check-config", "ext", "--json", "--fresh").stdout)
+    assert afresh["config"]["training"]["max_steps"] == 6 and afresh["warnings"] == [], afresh["warnings"]
 
 
 @pytest.mark.slow

@@ -78,6 +78,15 @@ def _after(argv: list[str], flag: str) -> list[str]:
     return [a for i, a in enumerate(argv) if i > 0 and argv[i - 1] == flag]
 
 
+def _exit_code(checks: list[dict], usage: set[str | None]) -> int:
+    """0, or 2 where only `usage` checks failed (a config error is exit 2 whichever verb finds it: a wrong key,
+    a bad value, a --resume PATH that is no complete checkpoint, as train and preflight refuse it), else 3
+    (something is missing)."""
+    if all(c["ok"] for c in checks):
+        return 0
+    return USAGE if all(c["ok"] or c["name"] in usage for c in checks) else VERIFY
+
+
 def main() -> int:
     sha, run_ref, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     for_launch = "--for-launch" in rest
@@ -116,6 +125,7 @@ def main() -> int:
         "    if importlib.util.find_spec(m) is None: raise ModuleNotFoundError(f\"No module named '{m}'\")",
     )
     at_args = ["--resume-at", at[0]] if at else []
+    set_args += ["--fresh"] if fresh else []  # --resume none: the run's recorded --set items apply no more
     cc_p = start("-m", "enlace", "check-config", run_ref, "--json", *set_args, *at_args)  # both run side by side
     imp, cc = finish(imp_p), finish(cc_p)
     what = "import enlace.data" if OWN_TREE else f"enlace's server half and its packages ({HOME})"
@@ -132,9 +142,10 @@ def main() -> int:
             not absent,
             "missing: " + ", ".join(absent) if absent else ", ".join(os.path.relpath(f) for f in cfg["files"].values()),
         )
+    resume_at_check = f"--resume {at[0]} is a complete checkpoint" if at else None
     if at and cfg.get("ok"):
         problem = cfg.get("resume_at_problem")
-        add(f"--resume {at[0]} is a complete checkpoint", not problem, problem or "")
+        add(resume_at_check, not problem, problem or "")
     if for_launch and cfg.get("ok") and not fresh and cfg.get("kind") != "command":  # (a command resumes its own way)
         problem = cfg.get("resume_problem")
         add("its checkpoints can resume it", not problem, problem or "")
@@ -147,10 +158,8 @@ def main() -> int:
         add("data the run reads exists", data.get("ok"), data.get("error") or f"{len(data['files'])} files")
     ok = all(c["ok"] for c in checks)
     warnings = cfg.get("warnings") or []  # valid but probably not meant: the driver shows them
-    # a config error is exit 2 whichever verb finds it (a wrong key, a bad value); anything missing is 3
-    # check-config's own failure (not what the machine lacks) and nothing else: exit 2, as a config error is
-    config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")
-    code = 0 if ok else USAGE if config_error and sum(not c["ok"] for c in checks) == 1 else VERIFY
+    config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")  # not what the machine lacks
+    code = _exit_code(checks, {f"enlace check-config {run_ref}" if config_error else None, resume_at_check})
     device = ((cfg.get("config") or {}).get("runtime") or {}).get("device")  # what the run queues for
     doc = {"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings}
     doc["device"] = device

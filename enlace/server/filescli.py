@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
-from enlace.clitypes import root_option, set_option
+from enlace.clitypes import fresh_option, root_option, set_option
 from enlace.names import find_root
 
 
@@ -54,15 +54,16 @@ def data_receive_cmd(root: Path | None, as_json: bool) -> None:
 @click.argument("run")
 @set_option
 @root_option
+@fresh_option
 @click.option("--json", "as_json", is_flag=True)
-def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, as_json: bool) -> None:
+def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, as_json: bool) -> None:
     """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
     from enlace.config import command
     from enlace.errors import EnlaceError
 
     own = command.load(run, root, overrides)
     try:
-        files = _command_data_files(own, find_root(root)) if own else _trainer_data_files(run, overrides, root)
+        files = _command_data_files(own, find_root(root)) if own else _trainer_data_files(run, overrides, root, fresh)
     except EnlaceError as e:
         click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
         sys.exit(contract.VERIFY)
@@ -77,11 +78,11 @@ def _command_data_files(own, root: Path) -> list[str]:
     return [str(p) for p in resolve_paths(list(own.data), root)]
 
 
-def _trainer_data_files(run: str, overrides: tuple[str, ...], root: Path | None) -> list[str]:
+def _trainer_data_files(run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool) -> list[str]:
     from enlace.config.recorded import load_run_config
     from enlace.data.streams import data_files, require_splits
 
-    cfg = load_run_config(run, overrides, root)
+    cfg = load_run_config(run, overrides, root, fresh=fresh)
     files = data_files(cfg)
     require_splits(cfg, files)
     return files
