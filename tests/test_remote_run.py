@@ -252,7 +252,7 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     out = remote(
         user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--set", "training.max_steps=40", host="local"
     )
-    assert "resumed from checkpoints/step-000030" in out.stderr
+    assert "resumed from checkpoints/step-000030" in out.stderr and "the line it left" not in out.stderr
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 40
     # a --resume PATH that is no complete checkpoint is refused by verify: no trainer starts (a typo of the path
@@ -277,6 +277,8 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     back = ("--resume", "checkpoints/step-000035", "--until", "37")
     out = remote(user_repo, sshd.env, "launch", "tiny", *back, host="local")
     assert "is finished" not in out.stderr and "resumed from checkpoints/step-000035" in out.stderr, out.stderr
+    kept = "  the line it left (checkpoints past its start, metrics.jsonl) is kept in runs/tiny/checkpoints-set-aside/"
+    assert kept in out.stderr, out.stderr  # said where the checkpoints past step 35 went (train.log alone said it)
     # preflight projected the steps left from there (it said 0 left: from the finished run's latest, step 40)
     throughput = json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["throughput"]
     assert (throughput["resumes_at"], throughput["remaining_steps"]) == (35, 5), throughput
@@ -290,6 +292,7 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     )
     assert "is finished" not in out.stderr and "resumed from" not in out.stderr, out.stderr
     assert "tiny: starting from step 0 (--resume none)" in out.stderr, out.stderr  # not "no complete checkpoint"
+    assert kept in out.stderr and out.stderr.count(kept) == 1, out.stderr
     remote(user_repo, sshd.env, "logs", "tiny", "-f", host="local")
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["step"] == 2
 

@@ -9,7 +9,7 @@ when it started), so a reused pid or an unrelated process never counts as the ru
 run.json (written only here, under a lock, replaced atomically):
     status, pid + pid_start (the trainer, rank 0), launcher_pid + launcher_start (what `start`
     spawned: the trainer or torchrun), launch_id, phase, step, max_steps, loss, val_bpb, tokens,
-    tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from;
+    tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from, set_aside;
     under Slurm also job_id, node, requeues, requeue_limit_reached: liveness is then the job's
     state (the login node cannot see a compute node's processes), from enlace/slurm/settings.py.
 Stdlib and psutil only: the driver's server verbs answer without importing torch.
@@ -239,6 +239,7 @@ def observe(run_dir: Path) -> dict[str, Any]:
         "command": (st.get("command") or {}).get("command"),  # a run of the user's own command: its argv as given
         "command_spec": st.get("command"),  # ... and all it was launched with (`launch NAME` launches it again)
         "resumed_from": st.get("resumed_from"),
+        "set_aside": st.get("set_aside"),  # {launch_id, path}: where the line's explicit --resume moved the one left
         "latest_checkpoint": latest.name if latest else None,
         "checkpoint_warning": skipped_latest(run_dir / "checkpoints", latest),
         "data_warning": st.get("data_warning"),  # a forced data push changed what it reads

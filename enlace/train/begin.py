@@ -138,7 +138,9 @@ def _start_line(cfg: Config, run: RunDir, resume: str, ckpt: Path | None) -> Non
     moved = start_line(run.checkpoints, ckpt)
     run.reopen_metrics()  # metrics.jsonl now holds this line's records only
     run.freeze_config(cfg.to_dict(), new_line=True)
-    runs.update(run.path, line_of=os.environ.get("ENLACE_LAUNCH_ID"), **_line_fields(cfg))  # (trainerchild.py)
+    launch_id = os.environ.get("ENLACE_LAUNCH_ID")  # (trainerchild.py)
+    aside = {"launch_id": launch_id, "path": str(moved.relative_to(run.path.parent.parent))} if moved else None
+    runs.update(run.path, line_of=launch_id, set_aside=aside, **_line_fields(cfg))  # aside: launch's summary says it
     if moved is not None:
         kept = sum(f.stat().st_size for f in moved.parent.rglob("*") if f.is_file())
         steps = ", ".join(sorted(p.name for p in moved.iterdir() if p.is_dir())) or "no checkpoint"
