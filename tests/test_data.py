@@ -242,3 +242,22 @@ def test_a_corpus_too_small_for_its_splits_is_said_before_a_launch(project):
     write_run(project, "sharded", data="sh")
     out = enlace(project, "data-files", "sharded", "--json", check=False)
     assert out.returncode == 3 and "no val shard holds" in json.loads(out.stdout)["error"], out.stdout
+
+
+def test_data_that_matches_nothing_names_its_key_and_the_push_that_brings_it(project):
+    """On a server (ENLACE_ROOT set) the error names the run file's own key and the data push for this run file:
+    a run file of your own command was told `data.paths` (it has `data:`) and `data push RUN`."""
+    import json
+
+    from support.cli import enlace
+
+    server = {"ENLACE_ROOT": str(project)}
+    (project / "configs" / "runs" / "mine.yaml").write_text("command: [python, train.py]\ndata: [data/mine/*.bin]\n")
+    out = json.loads(enlace(project, "data-files", "mine", "--json", check=False, env=server).stdout)
+    assert out["error"].startswith("data: 'data/mine/*.bin' matches no file"), out
+    assert "enlace-remote data push mine)" in out["error"], out
+    write_run(project, "small")
+    none = ["--set", 'data.paths=["data/absent/*.txt"]']
+    out = json.loads(enlace(project, "data-files", "small", *none, "--json", check=False, env=server).stdout)
+    assert out["error"].startswith("data.paths: 'data/absent/*.txt' matches no file"), out
+    assert "enlace-remote data push small)" in out["error"], out

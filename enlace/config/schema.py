@@ -169,6 +169,11 @@ class Config:
     def run_dir(self) -> Path:
         return (self.runs_root or self.root / "runs") / self.run_name
 
+    @property
+    def run_file(self) -> str:
+        """The run file as launch takes it (configs/runs/NAME.yaml: NAME); RUN for a config built in code."""
+        return Path(self.files["run"]).stem if "run" in self.files else "RUN"
+
     def fingerprint_fields(self) -> dict[str, Any]:
         """The values a checkpoint must share with the run that resumes it (flat, dotted)."""
         d = self.to_dict()

@@ -27,13 +27,20 @@ class DataError(EnlaceError):
     exit_code = 2
 
 
-def resolve_paths(patterns: list[str], root: Path) -> list[Path]:
+def resolve_paths(patterns: list[str], root: Path, key: str = "data.paths", run: str = "RUN") -> list[Path]:
     """Expand globs (relative to `root`; "{stdlib}" = Python's stdlib dir) into existing files: the trainer's
-    files, in the byte stream's order."""
-    return [Path(m) for m in match_files(patterns, root)]
+    files, in the byte stream's order. `key` and `run` name the patterns' place and their run file in the error
+    a pattern that matches nothing gets (a run file of your own command lists them under `data:`)."""
+    return [Path(m) for m in match_files(patterns, root, key=key, run=run)]
 
 
-def match_files(patterns: list[str], root: Path, stats: dict[str, FileStat] | None = None) -> list[str]:
+def match_files(
+    patterns: list[str],
+    root: Path,
+    stats: dict[str, FileStat] | None = None,
+    key: str = "data.paths",
+    run: str = "RUN",
+) -> list[str]:
     """resolve_paths' files as glob names them (strings: a data push lists tens of thousands). Each pattern's
     matches in pathlib's order, by parts (case-folded where the OS folds case): the stream's file order, which a
     checkpoint's data state counts bytes in; a file a pattern before matched is not listed again. `stats` keeps
@@ -53,9 +60,9 @@ def match_files(patterns: list[str], root: Path, stats: dict[str, FileStat] | No
         matches = sorted((m for m, _ in found), key=lambda m: os.path.normcase(m).replace(os.sep, "\0"))
         if not matches:
             # realpath: on the server data/ is a link to <remote_dir>/data, which is where the files go
-            push = " (from your machine: enlace-remote data push RUN)" if os.environ.get("ENLACE_ROOT") else ""
+            push = f" (from your machine: enlace-remote data push {run})" if os.environ.get("ENLACE_ROOT") else ""
             raise DataError(  # ENLACE_ROOT: on a server, where a push brings it (on your machine: it is the push)
-                f"data.paths: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
+                f"{key}: {pattern!r} matches no file (looked for {os.path.realpath(expanded)}) — "
                 f"put the corpus there{push}, or fix the pattern"
             )
         if n == 0 and len(patterns) == 1:
@@ -171,10 +178,11 @@ def split_bounds(length: int, val_fraction: float, split: str, seq_len: int, ran
     return lo, hi
 
 
-def run_files(data_cfg, root: Path) -> list[Path]:
-    """Every file a run with this DataConfig reads; DataError when one is missing."""
+def run_files(data_cfg, root: Path, run: str = "RUN") -> list[Path]:
+    """Every file a run with this DataConfig reads (`run`: its run file, named in the error); DataError when
+    one is missing."""
     if data_cfg.kind == "bytes":
-        return resolve_paths(data_cfg.paths, root)
+        return resolve_paths(data_cfg.paths, root, run=run)
     return shard_files(root / data_cfg.shard_dir)
 
 

@@ -20,14 +20,14 @@ def build_stream(cfg: Config, split: str, batch_size: int, rank: int = 0, world:
     """The configured stream for `split` ("train" or "val"), sharded for `rank` of `world`."""
     d, seed = cfg.data, cfg.runtime.seed
     if d.kind == "bytes":
-        files = resolve_paths(d.paths, cfg.root)
+        files = resolve_paths(d.paths, cfg.root, run=cfg.run_file)
         return ByteStream(files, cfg.model.seq_len, batch_size, split, d.val_fraction, seed, rank, world)
     return ShardStream(cfg.root / d.shard_dir, cfg.model.seq_len, batch_size, split, seed, rank, world)
 
 
 def data_files(cfg: Config) -> list[str]:
     """Every file the run reads (for `verify --for-launch`); raises DataError if one is missing."""
-    return [str(p) for p in run_files(cfg.data, cfg.root)]
+    return [str(p) for p in run_files(cfg.data, cfg.root, cfg.run_file)]
 
 
 def require_splits(cfg: Config, files: list[str]) -> None:

@@ -63,19 +63,21 @@ def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, fres
 
     own = command.load(run, root, overrides)
     try:
-        files = _command_data_files(own, find_root(root)) if own else _trainer_data_files(run, overrides, root, fresh)
+        files = (
+            _command_data_files(own, find_root(root), run) if own else _trainer_data_files(run, overrides, root, fresh)
+        )
     except EnlaceError as e:
         click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
         sys.exit(contract.VERIFY)
     click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
 
 
-def _command_data_files(own, root: Path) -> list[str]:
+def _command_data_files(own, root: Path, run: str) -> list[str]:
     """What a command run's `data:` globs match in the tree (DataError naming the first that matches none)."""
     from enlace.data.paths import link_shared_data, resolve_paths
 
     link_shared_data(root)  # a repository that tracks files under data/: the pushed ones appear beside them
-    return [str(p) for p in resolve_paths(list(own.data), root)]
+    return [str(p) for p in resolve_paths(list(own.data), root, key="data", run=run)]
 
 
 def _trainer_data_files(run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool) -> list[str]:

@@ -61,7 +61,7 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
         runs.record_self(
             run.path,
             run_name=cfg.run_name,
-            run_file=Path(cfg.files["run"]).stem,  # what `launch RUN_NAME` resumes it from
+            run_file=cfg.run_file,  # what `launch RUN_NAME` resumes it from
             status=Status.STARTING,
             phase="building the model",
             commit=commit,
