@@ -131,6 +131,21 @@ STOPPABLE = frozenset(
     {Status.QUEUED, Status.STARTING, Status.RUNNING}
 )  # what `stop` moves to STOPPING (compare-and-set)
 UNLESS_STOPPING = frozenset(Status) - {Status.STOPPING}  # the trainer's own starting/running never undoes a stop
+NOT_STARTED = frozenset({Status.PENDING, Status.QUEUED, Status.DROPPED})  # no checkpoint comes until it starts
+
+
+def not_started(run_name: str, status: str, nothing: str, driver: str = "enlace-remote") -> str | None:
+    """What to say of a run that has not started (queued, pending, dropped) when asked for what only a started
+    run has (`nothing`: "nothing to fetch yet"); None for any other status. `driver`: the command line to name."""
+    if status not in NOT_STARTED:
+        return None
+    then = (
+        f"`{driver} launch {run_name}` queues it again"  # its waiter is gone: nothing will start it
+        if status == Status.DROPPED
+        else f"it starts when its turn comes (`{driver} logs {run_name} -f` waits with it)"
+    )
+    return f"{run_name} has not started ({status}): {nothing} — {then}"
+
 
 # What ranks a sweep's runs, lower is better: enlace's trainer's val bits/byte, else the val loss a script of
 # your own logs (enlace.job.log(step, kind="eval", val_loss=...)). The table, the board and the notes use it.

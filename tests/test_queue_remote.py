@@ -163,6 +163,11 @@ def _two_slots_and_a_third(sshd, user_repo) -> None:
     fetched = remote(user_repo, sshd.env, "fetch", "c3", check=False)  # (it said: wait for a checkpoint)
     assert fetched.returncode == 2 and "c3 has not started (dropped): nothing to fetch yet" in fetched.stderr
     assert "launch c3` queues it again" in fetched.stderr, fetched.stderr
+    sampled = remote(user_repo, sshd.env, "sample", "c3", check=False)  # (it said to fetch it)
+    assert sampled.returncode == 2 and "c3 has not started (dropped): no checkpoint yet" in sampled.stderr, (
+        sampled.stderr
+    )
+    assert "launch c3` queues it again" in sampled.stderr and "fetch" not in sampled.stderr, sampled.stderr
     table = remote(user_repo, sshd.env, "status").stdout
     assert "was queued; its waiter is gone (a reboot, a kill): enlace-remote launch c3 queues it again" in table
     out = remote(user_repo, sshd.env, "launch", *LONG, "--set", "run_name=c3")

@@ -9,8 +9,10 @@ from typing import Any
 import torch
 
 from enlace.config.schema import ModelConfig
+from enlace.contract import not_started
 from enlace.errors import CheckpointError
 from enlace.manifest import latest_checkpoint, not_the_trainers
+from enlace.state import runs
 from enlace.train.checkpoint import load_checkpoint
 from enlace.train.model import ByteGPT
 
@@ -20,6 +22,10 @@ def find_checkpoint(target: Path) -> Path:
     if (target / "MANIFEST").is_file():
         return target
     ckpt = latest_checkpoint(target / "checkpoints")
+    if ckpt is None and (target / "run.json").is_file():  # queued, pending, dropped: said so (it said to fetch)
+        said = not_started(target.name, runs.observe(target)["status"], "no checkpoint yet")
+        if said:
+            raise CheckpointError(said)
     if ckpt is None and any((target / name).exists() for name in ("run.json", "preflight.json", "checkpoints")):
         raise CheckpointError(  # seen after a launch, which leaves preflight.json here: said as if no run at all
             f"{target}: this run has no complete checkpoint here — where it trains, its first one comes at "

@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from enlace.contract import FRAME
+from enlace.contract import FRAME, NOT_STARTED, not_started
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256, write_all
 from orchestrator.errors import UsageError
@@ -58,9 +58,6 @@ def _already_here(final: Path, files: dict) -> bool:
         return False
 
 
-NEVER_STARTED = ("queued", "dropped", "pending")  # no checkpoint is coming until it is launched (or starts)
-
-
 def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict[str, Any]:
     """Fetch RUN's newest (or every) complete checkpoint and its run files into `dest`."""
     root = dest.resolve()
@@ -76,14 +73,9 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
             click.echo(
                 f"{run_name}: {none} and no enlace.job checkpoint: fetching its log and run files only", err=True
             )
-        elif not offer["checkpoints"] and not offer.get("outputs") and offer.get("status") in NEVER_STARTED:
+        elif not offer["checkpoints"] and not offer.get("outputs") and offer.get("status") in NOT_STARTED:
             there = f"enlace-remote --host {session.host.name}"
-            then = (
-                f"`{there} launch {run_name}` queues it again"  # its waiter is gone: nothing will start it
-                if offer["status"] == "dropped"
-                else f"it starts when its turn comes (`{there} logs {run_name} -f` waits with it)"
-            )
-            raise UsageError(f"{run_name} has not started ({offer['status']}): nothing to fetch yet — {then}")
+            raise UsageError(not_started(run_name, offer["status"], "nothing to fetch yet", there))
         elif not offer["checkpoints"] and not offer.get("outputs"):
             raise UsageError(
                 f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
