@@ -275,14 +275,18 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
     assert run_json(server_dir(sshd, "local") / "runs" / "tiny")["status"] == "finished"
     # --resume PATH starts a finished run there (seen: "is finished … nothing to train", and nothing trained)
     back = ("--resume", "checkpoints/step-000035", "--until", "37")
+    (user_repo / ".enlace" / "last-runs.json").unlink()  # as from another clone: the host's run.json alone knows
     out = remote(user_repo, sshd.env, "launch", "tiny", *back, host="local")
+    # verify checked the config the trainer takes: with the run's recorded --set (it checked --resume none's)
+    assert "[warn] this run's own --set training.max_steps=40 (recorded in run.json" in out.stderr, out.stderr
     assert "is finished" not in out.stderr and "resumed from checkpoints/step-000035" in out.stderr, out.stderr
     kept = "  the line it left (checkpoints past its start, metrics.jsonl) is kept in runs/tiny/checkpoints-set-aside/"
     assert kept in out.stderr, out.stderr  # said where the checkpoints past step 35 went (train.log alone said it)
     # preflight projected the steps left from there (it said 0 left: from the finished run's latest, step 40)
     throughput = json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["throughput"]
     assert (throughput["resumes_at"], throughput["remaining_steps"]) == (35, 5), throughput
-    remote(user_repo, sshd.env, "preflight", "tiny", "--resume", "none", host="local")  # the driver's own, too
+    out = remote(user_repo, sshd.env, "preflight", "tiny", "--resume", "none", host="local")  # the driver's own too
+    assert "recorded in run.json" not in out.stderr, out.stderr  # verify said they applied; preflight left them out
     throughput = json.loads((user_repo / "runs" / "tiny" / "preflight.json").read_text())["throughput"]
     # from step 0, and as train --resume none: the file's 30 steps, without the run's recorded max_steps=40
     assert (throughput["resumes_at"], throughput["remaining_steps"]) == (0, 30), throughput

@@ -119,6 +119,15 @@ def test_gc_counts_what_deleting_a_set_aside_line_frees(tmp_path):
     listed = {Path(e["path"]).name: e["bytes"] for e in rep["set_aside"]}
     assert listed == {"later": 0, "line": 0, "old-line.tar": 500, "oops": 0}, listed
     assert rep["set_aside_bytes"] == 1500, rep["set_aside_bytes"]  # model.pt's two links counted once
+    # a hand's "best" copy linked within one line: deleting that line alone frees it (it read 0 alone)
+    (aside / "own" / "best").mkdir(parents=True)
+    (aside / "own" / "step.pt").write_bytes(b"4" * 200)
+    os.link(aside / "own" / "step.pt", aside / "own" / "best" / "step.pt")
+    (tmp_path / "runs" / "alias").symlink_to(tmp_path / "runs" / "r")  # a run dir linked by hand: walked once
+    rep = plan(tmp_path, keep=0)
+    listed = {Path(e["path"]).name: e["bytes"] for e in rep["set_aside"]}
+    assert listed == {"later": 0, "line": 0, "old-line.tar": 500, "oops": 0, "own": 200}, listed
+    assert rep["set_aside_bytes"] == 1700, rep["set_aside_bytes"]
 
 
 def test_gc_plans_around_a_checkout_in_progress(tmp_path):

@@ -90,7 +90,8 @@ def _exit_code(checks: list[dict], usage: set[str | None]) -> int:
 def main() -> int:
     sha, run_ref, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     for_launch = "--for-launch" in rest
-    fresh = "--fresh" in rest  # launch --resume none: nothing is resumed
+    fresh = "--fresh" in rest  # launch --resume none: nothing is resumed, the recorded --set items are left out
+    elsewhere = "--resume-elsewhere" in rest  # --resume PATH: the run's line is not what resumes (the PATH is)
     set_args = [a for s in _after(rest, "--set") for a in ("--set", s)]
     spec = _after(rest, "--command-spec")  # launch's `-- ARGV`: the command, checked instead of a run file
     set_args += ["--command-spec", spec[0]] if spec else []
@@ -146,7 +147,8 @@ def main() -> int:
     if at and cfg.get("ok"):
         problem = cfg.get("resume_at_problem")
         add(resume_at_check, not problem, problem or "")
-    if for_launch and cfg.get("ok") and not fresh and cfg.get("kind") != "command":  # (a command resumes its own way)
+    resumes_line = not (fresh or elsewhere) and cfg.get("kind") != "command"  # (a command resumes its own way)
+    if for_launch and cfg.get("ok") and resumes_line:
         problem = cfg.get("resume_problem")
         add("its checkpoints can resume it", not problem, problem or "")
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data

@@ -6,8 +6,8 @@
 
 Kept: the tree of every run that is alive or can still be resumed (any status but finished), the
 `keep` most recently synced trees, and the venvs those trees use. data/ and runs/ are never touched: the
-report lists each run's checkpoints-set-aside/ folders with their size (lines an explicit --resume left,
-which only their owner can judge), for a hand to delete.
+report lists each run's checkpoints-set-aside/ folders (lines an explicit --resume left, which only their owner
+can judge) with what deleting each frees and what deleting all of them frees, for a hand to delete.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import stat
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +53,20 @@ def _files(path: Path):
 
 
 def _freed(paths: list[Path]) -> tuple[list[int], int]:
-    """Bytes that deleting each of `paths` alone frees (files with no other hard link: a line's checkpoint
-    linked in from elsewhere frees nothing), and what deleting all of them frees (a file whose every link
-    lies among them counts once: a checkpoint linked into two set-aside lines)."""
-    alone, links = [], {}
+    """Bytes that deleting each of `paths` alone frees, and what deleting all of them frees: a file counts where
+    every hard link to it lies within what is deleted (a checkpoint linked in from elsewhere frees nothing; one
+    linked into two set-aside lines is freed by deleting both, and counted once)."""
+    alone, everywhere = [], Counter()
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for path in paths:
-        freed = 0
+        here = Counter()
         for st in _files(path):
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            freed += st.st_size if st.st_nlink == 1 else 0
-            seen = links.setdefault((st.st_dev, st.st_ino), [st.st_size, st.st_nlink, 0])
-            seen[2] += 1
-        alone.append(freed)
-    return alone, sum(size for size, nlink, seen in links.values() if seen >= nlink)
+            if not stat.S_ISLNK(st.st_mode):
+                here[st.st_dev, st.st_ino] += 1
+                sizes[st.st_dev, st.st_ino] = st.st_size, st.st_nlink
+        alone.append(sum(sizes[key][0] for key, seen in here.items() if seen >= sizes[key][1]))
+        everywhere.update(here)
+    return alone, sum(sizes[key][0] for key, seen in everywhere.items() if seen >= sizes[key][1])
 
 
 def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
@@ -103,7 +104,8 @@ def plan(remote_dir: Path, keep: int) -> dict[str, Any]:
 def _set_aside(remote_dir: Path) -> dict[str, Any]:
     """The lines explicit --resume set aside, each with what deleting it alone frees, and what deleting all
     of them frees (`set_aside_bytes`)."""
-    lines = sorted((remote_dir / "runs").glob(f"*/{SET_ASIDE}/*"))
+    runs_dir = remote_dir / "runs"  # a run dir that is a link to another is not walked twice
+    lines = sorted(p for p in runs_dir.glob(f"*/{SET_ASIDE}/*") if not p.parent.parent.is_symlink())
     alone, together = _freed(lines)
     return {
         "set_aside": [{"path": str(p), "bytes": n} for p, n in zip(lines, alone, strict=True)],

@@ -349,7 +349,8 @@ def logs_cmd(
 @click.option("--json", "as_json", is_flag=True)
 def gc_cmd(keep: int, dry_run: bool, root: Path | None, as_json: bool) -> None:
     """Remove trees/<sha> and venvs/<hash> no run needs (kept: trees of live or resumable runs, the newest
-    --keep, and their venvs). Never touches data/ or runs/. Runs in a tree on the server."""
+    --keep, and their venvs). Never touches data/ or runs/: it lists the lines an explicit --resume set aside
+    (runs/RUN/checkpoints-set-aside/*) with what deleting each frees. Runs in a tree on the server."""
     from enlace.server.cleanup import collect, remote_dir_of
 
     rep = collect(remote_dir_of(find_root(root)), keep, dry_run)

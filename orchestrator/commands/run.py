@@ -70,7 +70,7 @@ def preflight(
 
     run, overrides = choose.launch_target(remote.session, remote.repo, run, overrides, resume == "none")  # as launch
     run = ship.check_run_config(remote.repo, run)
-    sha, run_name, device = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides)
+    sha, run_name, device = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides, resume == "none")
     extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
     extra += ship.set_args(overrides) + (["--resume", resume] if resume != "latest" else [])
     try:
