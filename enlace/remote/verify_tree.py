@@ -78,12 +78,17 @@ def _after(argv: list[str], flag: str) -> list[str]:
     return [a for i, a in enumerate(argv) if i > 0 and argv[i - 1] == flag]
 
 
-def _exit_code(checks: list[dict], usage: set[str | None]) -> int:
-    """0, or 2 where only `usage` checks failed (a config error is exit 2 whichever verb finds it: a wrong key,
-    a bad value, a --resume PATH that is no complete checkpoint, as train and preflight refuse it), else 3
-    (something is missing)."""
+RESUMES = "its checkpoints can resume it"
+
+
+def _exit_code(checks: list[dict], cfg: dict, run_ref: str, resume_at_check: str | None) -> int:
+    """0, or 2 where only config or checkpoint errors failed (exit 2 whichever verb finds them: a wrong key, a
+    bad value, a config the run's checkpoints cannot resume, a --resume PATH that is no complete checkpoint, as
+    train and preflight refuse them), else 3 (something is missing, what the machine lacks included)."""
     if all(c["ok"] for c in checks):
         return 0
+    config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")
+    usage = {f"enlace check-config {run_ref}" if config_error else None, resume_at_check, RESUMES}
     return USAGE if all(c["ok"] or c["name"] in usage for c in checks) else VERIFY
 
 
@@ -150,7 +155,7 @@ def main() -> int:
     resumes_line = not (fresh or elsewhere) and cfg.get("kind") != "command"  # (a command resumes its own way)
     if for_launch and cfg.get("ok") and resumes_line:
         problem = cfg.get("resume_problem")
-        add("its checkpoints can resume it", not problem, problem or "")
+        add(RESUMES, not problem, problem or "")
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
         df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args)
         try:
@@ -160,8 +165,7 @@ def main() -> int:
         add("data the run reads exists", data.get("ok"), data.get("error") or f"{len(data['files'])} files")
     ok = all(c["ok"] for c in checks)
     warnings = cfg.get("warnings") or []  # valid but probably not meant: the driver shows them
-    config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")  # not what the machine lacks
-    code = _exit_code(checks, {f"enlace check-config {run_ref}" if config_error else None, resume_at_check})
+    code = _exit_code(checks, cfg, run_ref, resume_at_check)
     device = ((cfg.get("config") or {}).get("runtime") or {}).get("device")  # what the run queues for
     doc = {"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings}
     doc["device"] = device
