@@ -66,6 +66,12 @@ def _schema_problem(m: Any) -> str | None:
     return None
 
 
+def identity(ckpt: Path) -> str:
+    """A checkpoint's identity: the sha256 of its MANIFEST (which holds the sha256 of every file). Two lines of a
+    run each have a step-N: their identities tell them apart (a teacher's, an export's source)."""
+    return file_sha256(ckpt / MANIFEST).hexdigest()
+
+
 def read_manifest(ckpt: Path) -> dict[str, Any]:
     """`ckpt`'s MANIFEST, schema-checked; raises CheckpointError saying exactly what is wrong."""
     try:

@@ -133,3 +133,25 @@ def test_the_docs_example_runs_as_written(trained, tmp_path):
     out = subprocess.run([sys.executable, "-c", both], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("def ") and out.stdout.count("def ") >= 2, out.stdout
+
+
+def test_an_in_run_export_is_of_the_checkpoint_not_of_its_step_name(project):
+    """Seen: after `--resume none` the new line's step-000004 got the old line's export back (matched by
+    step name alone), weights that then lay only in checkpoints-set-aside/."""
+    write_run(project, "lines", training={"max_steps": 4, "eval_every": 0}, checkpoint={"every": 4})
+    enlace(project, "train", "lines")
+    first = json.loads(enlace(project, "export", "lines", "--in-run", "--format", "safetensors", "--json").stdout)
+    again = json.loads(enlace(project, "export", "lines", "--in-run", "--format", "safetensors", "--json").stdout)
+    assert again["name"] == first["name"] and first["name"].startswith("safetensors-step-000004-")  # kept
+    enlace(project, "train", "lines", "--resume", "none", "--set", "runtime.seed=7")  # other weights
+    second = json.loads(enlace(project, "export", "lines", "--in-run", "--format", "safetensors", "--json").stdout)
+    assert second["name"] != first["name"] and second["checkpoint"] == "step-000004", second
+    exports = project / "runs" / "lines" / "exports"
+    new, old = (exports / second["name"] / "model.safetensors"), (exports / first["name"] / "model.safetensors")
+    assert new.read_bytes() != old.read_bytes()  # the new line's weights
+    ckpt = project / "runs" / "lines" / "checkpoints" / "step-000004"
+    from safetensors.torch import load_file
+
+    assert torch.equal(
+        load_file(new)["tok_emb.weight"], torch.load(ckpt / "model.pt", weights_only=True)["tok_emb.weight"]
+    )

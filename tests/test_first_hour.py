@@ -127,7 +127,7 @@ def test_readme_gpu_server_section_works_for_a_new_user(tmp_path, user_repo, fre
         # docs/export.md's laptop route: exported on the server, in the run's directory, and brought home
         as_laptop(["enlace-remote", "export", "tiny"])
         home_export = repo / "exports" / "tiny-hf"
-        kept = server_run / "exports" / "hf-step-000030"
+        (kept,) = (server_run / "exports").glob("hf-step-000030-*")  # with the checkpoint's identity
         assert (home_export / "model.safetensors").read_bytes() == (kept / "model.safetensors").read_bytes()
         assert (home_export / "model.safetensors").stat().st_uid == _uid(laptop_user)
         # README's own-corpus flow on this CPU server, as its comment says: corpus-cpu (shortened for the test)

@@ -187,8 +187,9 @@ def generate_cmd(
 @click.option(
     "--in-run",
     is_flag=True,
-    help="Instead of --out: into the run's own directory, exports/FORMAT-step-N (what `enlace-remote export` "
-    "fetches home; gc never removes a run directory). An export already there is kept.",
+    help="Instead of --out: into the run's own directory, exports/FORMAT-step-N-ID (ID: the start of the "
+    "checkpoint's MANIFEST sha256; what `enlace-remote export` fetches home; gc never removes a run directory). "
+    "An export of the same checkpoint already there is kept.",
 )
 @click.option("--json", "as_json", is_flag=True, help="The export's name, files and checkpoint as JSON.")
 @root_option
@@ -200,6 +201,7 @@ def export_cmd(target: str, fmt: str, out: Path | None, in_run: bool, as_json: b
     \b
     enlace export smoke-cpu --out exports/smoke-cpu
     # then, with transformers: AutoModelForCausalLM.from_pretrained("exports/smoke-cpu")"""
+    from enlace.manifest import identity
     from enlace.tools.export import export
     from enlace.train.trained import find_checkpoint
 
@@ -209,8 +211,8 @@ def export_cmd(target: str, fmt: str, out: Path | None, in_run: bool, as_json: b
     run_dir = ckpt.parent.parent
     run_json = run_dir / "run.json"
     state = json.loads(run_json.read_text()) if run_json.is_file() else {}
-    if in_run:
-        out = run_dir / "exports" / f"{fmt}-{ckpt.name}"
+    if in_run:  # the checkpoint's identity too: a new line (--resume none) has a step-N of its own
+        out = run_dir / "exports" / f"{fmt}-{ckpt.name}-{identity(ckpt)[:12]}"
     if in_run and (out / "MANIFEST").is_file():  # made before from the same checkpoint: complete, kept
         files = sorted(p.name for p in out.iterdir() if p.name != "MANIFEST")
     else:

@@ -11,22 +11,16 @@ its MANIFEST — goes into every checkpoint; resuming with another teacher is re
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from enlace.config.machine import check_fit, teacher_checkpoint
+from enlace.manifest import identity
 from enlace.train.trained import load_model
 
 if TYPE_CHECKING:
     import torch
 
     from enlace.config.schema import Config
-
-
-def identity(ckpt: Path) -> str:
-    """A checkpoint's identity: the sha256 of its MANIFEST (which holds the sha256 of every file)."""
-    return hashlib.sha256((ckpt / "MANIFEST").read_bytes()).hexdigest()
 
 
 def load_teacher(cfg: Config, device: torch.device) -> tuple[torch.nn.Module, dict]:
