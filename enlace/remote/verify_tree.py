@@ -79,16 +79,31 @@ def _after(argv: list[str], flag: str) -> list[str]:
 
 
 RESUMES = "its checkpoints can resume it"
+SAME_DATA = "its data is what its checkpoints were trained on"
+
+
+def _data_checks(run_ref: str, set_args: list[str], against_checkpoint: bool) -> list[tuple[str, bool, str]]:
+    """(name, ok, detail) of the data the run reads: that it exists, and (`against_checkpoint`: a launch that
+    resumes the run's line) that it is what the line last trained on."""
+    df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args, *["--against-checkpoint"] * against_checkpoint)
+    try:
+        data = json.loads(df.stdout)
+    except json.JSONDecodeError:
+        data = {"ok": False, "error": (df.stderr.strip().splitlines() or ["no output"])[-1], "files": []}
+    checks = [("data the run reads exists", bool(data.get("ok")), data.get("error") or f"{len(data['files'])} files")]
+    if data.get("ok") and against_checkpoint:
+        checks.append((SAME_DATA, not data.get("changed"), data.get("changed") or ""))
+    return checks
 
 
 def _exit_code(checks: list[dict], cfg: dict, run_ref: str, resume_at_check: str | None) -> int:
     """0, or 2 where only config or checkpoint errors failed (exit 2 whichever verb finds them: a wrong key, a
-    bad value, a config the run's checkpoints cannot resume, a --resume PATH that is no complete checkpoint, as
-    train and preflight refuse them), else 3 (something is missing, what the machine lacks included)."""
+    bad value, a config the run's checkpoints cannot resume or data they were not trained on, a --resume PATH that
+    is no complete checkpoint, as train and preflight refuse them), else 3 (something is missing, what the machine lacks included)."""
     if all(c["ok"] for c in checks):
         return 0
     config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")
-    usage = {f"enlace check-config {run_ref}" if config_error else None, resume_at_check, RESUMES}
+    usage = {f"enlace check-config {run_ref}" if config_error else None, resume_at_check, RESUMES, SAME_DATA}
     return USAGE if all(c["ok"] or c["name"] in usage for c in checks) else VERIFY
 
 
@@ -157,12 +172,8 @@ def main() -> int:
         problem = cfg.get("resume_problem")
         add(RESUMES, not problem, problem or "")
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
-        df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args)
-        try:
-            data = json.loads(df.stdout)
-        except json.JSONDecodeError:
-            data = {"ok": False, "error": (df.stderr.strip().splitlines() or ["no output"])[-1], "files": []}
-        add("data the run reads exists", data.get("ok"), data.get("error") or f"{len(data['files'])} files")
+        for check in _data_checks(run_ref, set_args, resumes_line and "--allow-data-change" not in rest):
+            add(*check)
     ok = all(c["ok"] for c in checks)
     warnings = cfg.get("warnings") or []  # valid but probably not meant: the driver shows them
     code = _exit_code(checks, cfg, run_ref, resume_at_check)

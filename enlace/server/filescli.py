@@ -55,21 +55,30 @@ def data_receive_cmd(root: Path | None, as_json: bool) -> None:
 @set_option
 @root_option
 @fresh_option
+@click.option(
+    "--against-checkpoint",
+    is_flag=True,
+    help="Also say (`changed`) whether the data differs from what the run's line last trained on: its resume "
+    "would refuse it.",
+)
 @click.option("--json", "as_json", is_flag=True)
-def data_files_cmd(run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, as_json: bool) -> None:
+def data_files_cmd(
+    run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, against_checkpoint: bool, as_json: bool
+) -> None:
     """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
     from enlace.config import command
     from enlace.errors import EnlaceError
 
-    own = command.load(run, root, overrides)
+    own, changed = command.load(run, root, overrides), None
     try:
-        files = (
-            _command_data_files(own, find_root(root), run) if own else _trainer_data_files(run, overrides, root, fresh)
-        )
+        if own:
+            files = _command_data_files(own, find_root(root), run)
+        else:
+            files, changed = _trainer_data_files(run, overrides, root, fresh, against_checkpoint)
     except EnlaceError as e:
         click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
         sys.exit(contract.VERIFY)
-    click.echo(json.dumps({"ok": True, "files": files}) if as_json else "\n".join(files))
+    click.echo(json.dumps({"ok": True, "files": files, "changed": changed}) if as_json else "\n".join(files))
 
 
 def _command_data_files(own, root: Path, run: str) -> list[str]:
@@ -80,14 +89,40 @@ def _command_data_files(own, root: Path, run: str) -> list[str]:
     return [str(p) for p in resolve_paths(list(own.data), root, key="data", run=run)]
 
 
-def _trainer_data_files(run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool) -> list[str]:
+def _trainer_data_files(
+    run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, against_checkpoint: bool
+) -> tuple[list[str], str | None]:
+    """The files the trainer's run reads, and (`against_checkpoint`) how they differ from what its line last
+    trained on (None: the same, or nothing to compare)."""
     from enlace.config.recorded import load_run_config
     from enlace.data.streams import data_files, require_splits
 
     cfg = load_run_config(run, overrides, root, fresh=fresh)
     files = data_files(cfg)
     require_splits(cfg, files)
-    return files
+    return files, _data_change(cfg) if against_checkpoint else None
+
+
+def _data_change(cfg) -> str | None:
+    """Before a launch that resumes the run's line: the data's identity now against the one run.json recorded at
+    the line's last start (what its checkpoints were trained on), in the words the trainer refuses it with. A
+    finished run's data replaced by a push passed verify, queued, and failed as it started."""
+    from enlace.data.streams import data_identity
+    from enlace.manifest import latest_checkpoint
+    from enlace.state import runs
+
+    then = runs.read(cfg.run_dir).get("data") or {}
+    if not then.get("sha256") or latest_checkpoint(cfg.run_dir / "checkpoints") is None:
+        return None
+    now = data_identity(cfg)
+    if (then["sha256"], then.get("bytes")) == (now["sha256"], now["bytes"]):
+        return None
+    return (
+        f"the data differs from what {cfg.run_name}'s checkpoints were trained on ({then.get('files')} files, "
+        f"{then.get('bytes')} bytes then; {now['files']} files, {now['bytes']} bytes now): its resume would refuse "
+        "it — put the same data back, resume on this data anyway with launch --allow-data-change (not exact), or "
+        "start afresh with --resume none"
+    )
 
 
 COMMANDS = (fetch_serve_cmd, data_receive_cmd, data_files_cmd)

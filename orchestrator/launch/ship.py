@@ -95,13 +95,14 @@ def verify(
     quiet: bool = False,
     extra: list[str] = (),
     elsewhere: bool = False,
+    allow_data_change: bool = False,
 ) -> dict:
     """The server-side checklist for RUN in trees/SHA; prints it (`quiet`: only what failed or warns), raises
     VerifyError naming what is missing. `fresh` (--resume none): the config without the run's recorded --set
     items, and no resume check; `elsewhere` (--resume PATH): the recorded items apply, as train takes them, and
     the run's line is not checked (the checkpoint named is, by the trainer)."""
     args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
-    args += ["--resume-elsewhere"] if elsewhere and not fresh else []
+    args += (["--resume-elsewhere"] if elsewhere and not fresh else []) + ["--allow-data-change"] * allow_data_change
     args += [*set_args(overrides), *extra]  # extra: launch's `-- ARGV` as --command-spec
     doc = session.call_json("verify", *args, ok_codes=(0, contract.USAGE, contract.VERIFY))
     if "checks" not in doc:
@@ -152,5 +153,5 @@ def ship(
         push(session, repo, data, before_send=guard)
     # --resume PATH: the checkpoint named, not the run's line, must fit the config (seen: going back to a set-aside
     # line trained with another learning rate was refused against the current line's)
-    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, extra=extra, elsewhere=elsewhere)
+    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, False, extra, elsewhere, allow_data_change)
     return Shipped(rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"))
