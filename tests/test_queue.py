@@ -203,8 +203,10 @@ def test_a_need_the_server_cannot_meet_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # a server without nvidia-smi
     empty = needs.Settings(1, 0.1, tmp_path / "q2")
     assert needs.need_for("auto", None, empty) == needs.Need("cpu", 1)
-    with pytest.raises(needs.QueueError, match=r"needs a GPU .* reports none"):
+    with pytest.raises(needs.QueueError, match=r"needs a GPU .* reports none") as refused:
         needs.need_for("cuda", None, empty)
+    # the fix given runs at a CPU's pace: fp32 too (device=cpu alone kept the GPU config's fp16, ≈20x slower)
+    assert "--set runtime.device=cpu --set runtime.precision=fp32" in str(refused.value), refused.value
     for device in ("auto", "cpu"):  # torchrun's "gpu" count on a CPU run crashed it at every restart
         with pytest.raises(
             needs.QueueError, match=r"--gpus all starts one process per GPU, and this run is on the CPU"

@@ -40,6 +40,10 @@ def test_preflight_launch_logs_fetch_and_resume_locally(sshd, user_repo, tmp_pat
         assert (local / name).read_bytes() == (server_run / name).read_bytes()
     assert "already here" in remote(user_repo, sshd.env, "fetch", "tiny", host=host).stdout
     assert "0 checkpoint(s) fetched" in remote(user_repo, sshd.env, "fetch", "tiny", host=host).stdout
+    model = local / "checkpoints" / "step-000030" / "model.pt"
+    model.write_bytes(model.read_bytes()[:-10])  # a copy cut short here: fetched again (it was "already here")
+    assert "1 checkpoint(s) fetched (step-000030)" in remote(user_repo, sshd.env, "fetch", "tiny", host=host).stdout
+    assert model.read_bytes() == (server_run / "checkpoints" / "step-000030" / "model.pt").read_bytes()
 
     # The fetched checkpoint loads with weights_only=True and a local `enlace train` resumes from it.
     tiny_corpus(user_repo)

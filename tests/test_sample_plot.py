@@ -62,6 +62,11 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
     out = enlace(project, "sample", "lr-1e-3", check=False)
     assert out.returncode == 2 and "this run has no complete checkpoint here" in out.stderr, out.stderr
     assert "`enlace-remote fetch lr-1e-3`" in out.stderr
+    # on the server it trains on (ENLACE_ROOT, as remote.sh sets it): no fetch is offered (a walk was told to fetch)
+    (project / "runs" / "lr-1e-3" / "run.json").write_text('{"status": "stopped", "step": 3}')
+    out = enlace(project, "sample", "lr-1e-3", check=False, env={"ENLACE_ROOT": str(project)})
+    assert out.returncode == 2 and "lr-1e-3 has no complete checkpoint yet: its first comes at" in out.stderr
+    assert "fetch" not in out.stderr, out.stderr
     out = enlace(project, "sample", str(tmp_path / "gone" / "ckpt"), check=False)  # a path: not a run name
     assert out.returncode == 2 and "gone/ckpt: no such directory — name a run" in out.stderr, out.stderr
     from enlace.train.checkpoint import save_checkpoint

@@ -87,8 +87,9 @@ def need_for(device: str, procs: str | None, settings: Settings) -> Need:
     if need.kind == "gpu" and not found:
         raise QueueError(
             "the run needs a GPU (its device: cuda) and nvidia-smi here reports none — run it where there is one, "
-            "or on the CPU (enlace's trainer: --set runtime.device=cpu; a run file of your own command: device: "
-            "cpu in it, committed)"
+            "or on the CPU (enlace's trainer: a CPU config such as smoke-cpu, or --set runtime.device=cpu --set "
+            "runtime.precision=fp32, fp16 on a CPU being ≈20x slower; a run file of your own command: device: cpu "
+            "in it, committed)"
         )
     if need.count is not None and need.count > total:
         has = f"{total} GPU{'s' if total != 1 else ''}" if need.kind == "gpu" else f"cpu_slots: {total}"

@@ -112,7 +112,11 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
         if not path.is_file():
             raise CheckpointError(f"{ckpt}: {name} is listed in MANIFEST but missing")
         if file_sha256(path).hexdigest() != entry["sha256"]:
-            raise CheckpointError(f"{ckpt}: {name} does not match its sha256 in MANIFEST (corrupt copy?)")
+            run = ckpt.parent.parent.name if ckpt.parent.name == "checkpoints" else "RUN"
+            raise CheckpointError(
+                f"{ckpt}: {name} does not match its sha256 in MANIFEST (corrupt copy?) — a copy fetched from a "
+                f"host: delete {ckpt} and `enlace-remote fetch {run}` brings it again, verified"
+            )
     return manifest
 
 

@@ -3,6 +3,7 @@ loaded with its own config in eval mode. Sampling, distillation's teacher, gener
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ def find_checkpoint(target: Path) -> Path:
         said = not_started(target.name, runs.observe(target)["status"], "no checkpoint yet")
         if said:
             raise CheckpointError(said)
+    if ckpt is None and os.environ.get("ENLACE_ROOT") and (target / "run.json").is_file():  # where it trains
+        raise CheckpointError(  # (it said to fetch the run to the server it trains on)
+            f"{target.name} has no complete checkpoint yet: its first comes at checkpoint.every steps (status "
+            f"shows its step; `enlace-remote stop {target.name}` saves one as it stops)"
+        )
     if ckpt is None and any((target / name).exists() for name in ("run.json", "preflight.json", "checkpoints")):
         raise CheckpointError(  # seen after a launch, which leaves preflight.json here: said as if no run at all
             f"{target}: this run has no complete checkpoint here — where it trains, its first one comes at "

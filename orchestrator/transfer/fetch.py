@@ -51,10 +51,13 @@ def _safe(name: str, pattern: re.Pattern, what: str) -> str:
 
 
 def _already_here(final: Path, files: dict) -> bool:
-    """Fetched and verified before: the local MANIFEST lists exactly the server's files."""
+    """Fetched and verified before: the local MANIFEST lists exactly the server's files, and each is here at its
+    size (a file lost or cut short since is fetched again; its bytes are checked where it is loaded)."""
     try:
-        return json.loads((final / "MANIFEST").read_text())["files"] == files
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        if json.loads((final / "MANIFEST").read_text())["files"] != files:
+            return False
+        return all((final / name).stat().st_size == entry["bytes"] for name, entry in files.items())
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return False
 
 
