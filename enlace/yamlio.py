@@ -147,7 +147,10 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(str(path), "", f"not valid YAML{where}", "fix the syntax") from None
+        line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
+        tab = "\t" in line[: len(line) - len(line.lstrip())]  # YAML indents with spaces only
+        fix = "indent with spaces: YAML refuses a tab there" if tab else "fix the syntax"
+        raise ConfigError(str(path), "", f"not valid YAML{where}", fix) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

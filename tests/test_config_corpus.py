@@ -89,6 +89,8 @@ CASES = [
 RAW = [  # whole files that are not valid configs at all
     ("duplicate-section", b"data: tiny\nprofile: cpu\nmodel: {d_model: 32}\nmodel: {n_head: 2}\n", "model", "twice"),
     ("not-utf8", b"data: tiny\nprofile: cpu\nrun_name: caf\xe9\n", "", "UTF-8"),
+    ("tab-indent", b"data: tiny\nprofile: cpu\nmodel:\n\tn_layer: 2\n", "line 4", "indent with spaces"),
+    ("bad-syntax", b"data: tiny\nprofile: cpu\nmodel: {n_layer: 2\n", "not valid YAML", "fix the syntax"),
 ]
 
 
@@ -160,3 +162,10 @@ def test_a_run_config_linked_outside_the_project_or_to_a_device_is_refused(tmp_p
     with pytest.raises(ConfigError, match="not a regular file") as e:
         load_config("zero", root=root)
     assert "one of:" not in str(e.value)
+
+
+def test_a_key_a_set_item_made_needed_blames_the_set_item(project):
+    """`--set data.kind=shards` without a shard_dir blamed "defaults" (where shard_dir's empty value comes from)."""
+    write_run(project, "kinds")
+    res = _invoke("check-config", "kinds", "--root", str(project), "--set", "data.kind=shards")
+    assert res.exit_code == 2 and "Error: --set: data.shard_dir: kind: shards needs shard_dir" in res.output, res.output

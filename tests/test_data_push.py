@@ -167,6 +167,10 @@ def test_push_is_exact_incremental_and_resumes_after_a_kill(sshd, user_repo):
 
     ls = remote(user_repo, sshd.env, "data", "ls", "big").stdout
     assert "here: 301 files" in ls and "testhost: 301 of 301 files match, up to date" in ls, ls
+    (data_dir / "big" / "only-there.txt").write_bytes(b"a file this machine lacks\n")
+    ls = remote(user_repo, sshd.env, "data", "ls", "big").stdout  # named, as docs/data.md says (it was a count)
+    assert "1 more there that this machine lacks" in ls and "  there, not here: big/only-there.txt" in ls, ls
+    (data_dir / "big" / "only-there.txt").unlink()
 
     # A push killed mid-file: the old huge.bin stays whole in data/, the new bytes wait outside it
     new_huge = os.urandom(101 * 2**20)

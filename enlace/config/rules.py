@@ -45,8 +45,9 @@ def check_combinations(cfg: Config) -> None:
         )
 
 
-def _refuse(cfg: Config, key: str, problem: str, fix: str = "") -> None:
-    raise ConfigError(cfg.origin(key), key, problem, fix)
+def _refuse(cfg: Config, key: str, problem: str, fix: str = "", blame: str | None = None) -> None:
+    """ConfigError naming the file that set `key` — or that set `blame`, the key that made `key` needed."""
+    raise ConfigError(cfg.origin(blame or key), key, problem, fix)
 
 
 AT_LEAST_ONE = (
@@ -144,12 +145,12 @@ def _check_data(cfg: Config) -> None:
         problem = f"{m.vocab_size} is below 256, but kind: bytes data has 256 symbols"
         _refuse(cfg, "model.vocab_size", problem, "use vocab_size: 256 (byte-level)")
     if d.kind == "bytes" and not d.paths:
-        _refuse(cfg, "data.paths", "kind: bytes needs paths", "list files or globs")
+        _refuse(cfg, "data.paths", "kind: bytes needs paths", "list files or globs", blame="data.kind")
     if d.kind == "bytes" and not 0.0 < d.val_fraction < 1.0:
         _refuse(cfg, "data.val_fraction", f"must be between 0 and 1, got {d.val_fraction}")
     if d.kind == "shards" and not d.shard_dir:
         fix = "point it at a directory written by `enlace prepare`"
-        _refuse(cfg, "data.shard_dir", "kind: shards needs shard_dir", fix)
+        _refuse(cfg, "data.shard_dir", "kind: shards needs shard_dir", fix, blame="data.kind")  # (it blamed defaults)
 
 
 def _check_size(cfg: Config) -> None:

@@ -168,6 +168,8 @@ def ls(
         click.echo(f"{session.host.name}: {plan.same} of {len(local.files)} files match, {state}{more}")
         for rel, _, _, _ in plan.send[:20]:
             click.echo(f"  missing or different: {rel}")
+        for rel, _ in sorted(extra)[:20]:  # (push --delete removes them)
+            click.echo(f"  there, not here: {rel}")
 
     _each_host(remote, _targets(remote, hosts), work)
 
