@@ -103,6 +103,9 @@ def test_launch_of_a_run_named_as_its_file_keeps_the_set_items_it_was_launched_w
     # --resume none starts afresh without them (configs.md): the file and this launch's own items only
     fresh = choose.launch_target(session, tmp_path, "corpus-cpu", ("training.max_steps=30",), fresh=True)
     assert fresh == ("corpus-cpu", ("training.max_steps=30",)), fresh
+    # another run from the same file: the file and its own items (it copied corpus-cpu's warmup_steps=5)
+    other = choose.launch_target(session, tmp_path, "corpus-cpu", ("run_name=b",))
+    assert other == ("corpus-cpu", ("run_name=b",)), other
     choose.remember_run(tmp_path, "gpu1", "mytry", "corpus-cpu", ("optim.warmup_steps=5", "run_name=mytry"))
     fresh = choose.launch_target(session, tmp_path, "mytry", (), fresh=True)  # a run named apart: its name stays
     assert fresh == ("corpus-cpu", ("run_name=mytry",)), fresh

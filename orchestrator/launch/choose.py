@@ -125,7 +125,9 @@ def launch_target(
 
     runs_dir = repo / "configs" / "runs"
     row = launched_here(repo, session.host.name, name)
-    if (runs_dir / f"{name}.yaml").is_file() and not (row and row.get("overrides") and not fresh):
+    renamed = [o.partition("=")[2].strip() for o in overrides if o.partition("=")[0].strip() == "run_name"]
+    another = bool(renamed) and renamed[-1] != name  # `launch FILE --set run_name=B`: a run of its own, not FILE's
+    if (runs_dir / f"{name}.yaml").is_file() and (another or not (row and row.get("overrides") and not fresh)):
         return validate_run_file(name), overrides
     # a run named as its file, launched with --set items: they hold for it (verify checked the file without
     # them, and refused an extension the trainer would have taken with them)
