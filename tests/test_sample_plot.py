@@ -133,6 +133,9 @@ def test_plot_draws_a_scripts_val_loss_where_no_run_has_a_val_bpb(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     drawn = plot([run], tmp_path / "m.png", ["loss", "val_bpb"])
     assert drawn["runs"][0]["points"] == {"loss": 3, "val_loss": 2}
+    # the default panels: lr and tokens/s, which this script does not log, are left out (they were drawn empty)
+    drawn = plot([run], tmp_path / "m.png", ["loss", "val_bpb", "lr", "tokens_per_s"])
+    assert drawn["metrics"] == ["loss", "val_loss"], drawn
     with (run / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({"kind": "eval", "step": 3, "val_bpb": 2.0}) + "\n")
     assert plot([run], tmp_path / "m.png", ["val_bpb"])["runs"][0]["points"] == {"val_bpb": 1}

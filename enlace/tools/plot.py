@@ -2,7 +2,7 @@
 
 Panels: training loss (raw and an EMA), val bpb at each eval (a script's val loss, where it logs no val
 bpb), learning rate, tokens/s — all against
-step. Where the run started again (a resume, also after a Slurm requeue) or stopped, a dotted vertical
+step; a panel no run logged anything for is left out, said on stderr. Where the run started again (a resume, also after a Slurm requeue) or stopped, a dotted vertical
 line marks the step. Several runs are overlaid in one colour each, with a legend. The title names the run(s),
 commit and parameter count. The data: metrics.jsonl (one record per logged step, eval, start and
 end) and run.json.
@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+import click
 
 from enlace.contract import ACTIVE
 from enlace.errors import EnlaceError
@@ -104,8 +106,13 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
     own = not any(r["series"]["val_bpb"] for r in runs) and any(r["series"]["val_loss"] for r in runs)
     if own:  # scripts of your own: their val loss, and a loss whose unit enlace does not know
         metrics = [("val_loss" if m == "val_bpb" else m) for m in metrics]
+    # a panel no run has a point for is left out, said (a script's sweep drew empty lr and tokens/s panels)
+    empty = [m for m in metrics if not any(r["series"][m] for r in runs)]
+    if empty and len(empty) < len(metrics):
+        metrics = [m for m in metrics if m not in empty]
+        click.echo(f"left out, as no run logged them: {', '.join(PANELS[m][2] for m in empty)}", err=True)
     fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 2.6 * len(metrics)), sharex=True, squeeze=False)
-    drawn: dict[str, Any] = {"runs": [], "out": str(out)}
+    drawn: dict[str, Any] = {"runs": [], "out": str(out), "metrics": metrics}
     for i, run in enumerate(runs):
         colour = f"C{i}"
         for ax, metric in zip(axes[:, 0], metrics):
