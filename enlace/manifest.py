@@ -1,6 +1,11 @@
 """A checkpoint directory's MANIFEST: its one schema, reading and writing it, and which directories under
 checkpoints/ are complete (the newest, the one `latest` names). Both halves use it: the trainer writes, the
 server verbs list and serve, the driver's fetch reads what the server offers. Standard library only: no torch.
+
+    {"version": 1, "step": N, "files": {NAME: {"sha256", "bytes"}}, "data": {"files", "bytes", "sha256", "sampled"}}
+
+`data` (the trainer's checkpoints since 2026-12-07): the identity of the data it was trained on, as its
+trainer.pt holds it; verify compares it with the data before a launch resumes the run.
 """
 
 from __future__ import annotations
@@ -70,6 +75,15 @@ def identity(ckpt: Path) -> str:
     """A checkpoint's identity: the sha256 of its MANIFEST (which holds the sha256 of every file). Two lines of a
     run each have a step-N: their identities tell them apart (a teacher's, an export's source)."""
     return file_sha256(ckpt / MANIFEST).hexdigest()
+
+
+EXPORT_NAME = re.compile(r"(hf|safetensors)-step-\d{6,}-[0-9a-f]{12}")  # what the driver's fetch of one accepts
+
+
+def export_name(fmt: str, ckpt: Path) -> str:
+    """The folder of checkpoint `ckpt`'s export in its run's exports/: FORMAT-step-N-ID, ID its identity's start
+    (a new line's step-N after --resume none is another checkpoint, and gets its own)."""
+    return f"{fmt}-{ckpt.name}-{identity(ckpt)[:12]}"
 
 
 def read_manifest(ckpt: Path) -> dict[str, Any]:
@@ -161,14 +175,15 @@ def skipped_latest(ckpt_root: Path, fallback: Path | None) -> str | None:
     return f"{name} is incomplete ({reason}): {where}; {int(m.group(1)) - start} steps will be trained again"
 
 
-def write_manifest(directory: Path, step: int, names: list[str]) -> None:
+def write_manifest(directory: Path, step: int, names: list[str], data: dict[str, Any] | None = None) -> None:
     """MANIFEST (each file's sha256 and size) into `directory`, fsynced: what makes a checkpoint, or an export
-    kept in a run directory, complete and verifiable by whoever copies it."""
+    kept in a run directory, complete and verifiable by whoever copies it. `data`: the identity of the data the
+    trainer's checkpoint was trained on (as trainer.pt holds it), readable without torch (verify's data check)."""
     entries = {
         name: {"sha256": file_sha256(directory / name).hexdigest(), "bytes": (directory / name).stat().st_size}
         for name in names
     }
-    manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
+    manifest = {"version": FORMAT_VERSION, "step": step, "files": entries, **({"data": data} if data else {})}
     write_file(directory / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
     fsync_dir(directory)
 
@@ -181,12 +196,14 @@ def name_latest(ckpt_root: Path, ckpt: Path) -> None:
     fsync_dir(ckpt_root)
 
 
-def publish(ckpt_root: Path, tmp: Path, step: int, keep: int, names: list[str] | None = None) -> Path:
+def publish(
+    ckpt_root: Path, tmp: Path, step: int, keep: int, names: list[str] | None = None, data: dict | None = None
+) -> Path:
     """Make `tmp` (its files written) checkpoint `step` under ckpt_root: its MANIFEST written, renamed in whole,
     `latest` naming it, the complete ones beyond `keep` pruned. Only now does it count (the trainer's saves
-    and enlace.job's both end here). `names`: its files (default: every file in tmp)."""
+    and enlace.job's both end here). `names`: its files (default: every file in tmp); `data`: write_manifest's."""
     names = names if names is not None else sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST)
-    write_manifest(tmp, step, names)
+    write_manifest(tmp, step, names, data)
     final = ckpt_root / step_dir_name(step)
     if final.exists():  # saving the same step again (e.g. --until N, then a stop at N)
         old = ckpt_root / f".old-{final.name}-{os.getpid()}"

@@ -211,7 +211,8 @@ def sync(remote: Remote, allow_dirty: bool) -> None:
 @with_remote
 def verify(remote: Remote, run: str, for_launch: bool, overrides: tuple[str, ...]) -> None:
     """Check on the server that HEAD's tree has everything RUN needs (a checklist): exit 2 for a config error
-    (a wrong key or value), 3 for anything missing."""
+    (a wrong key or value, a config its checkpoints cannot resume), 3 for anything missing. With --for-launch,
+    data that differs from what the newest checkpoint was trained on is a warning (launch refuses it)."""
     from orchestrator.launch.ship import check_run_config
     from orchestrator.launch.ship import verify as do_verify
     from orchestrator.transfer.gitsync import local_checks

@@ -57,6 +57,13 @@ def _three_checkpoints(project, name="ck"):
 @pytest.mark.slow
 def test_broken_manifests_are_named_and_a_lost_history_is_said(project):
     ckpts = _three_checkpoints(project)
+    # each MANIFEST names the data its checkpoint was trained on, as trainer.pt does (verify reads it without torch)
+    import torch
+
+    from enlace.manifest import read_manifest
+
+    trainer = torch.load(ckpts / "step-000006" / "trainer.pt", weights_only=True)
+    assert read_manifest(ckpts / "step-000006")["data"] == trainer["data"] and trainer["data"]["sha256"]
     (ckpts / "step-000006" / "MANIFEST").write_text("{}")
     (ckpts / "step-000004" / "MANIFEST").write_text("{not json")
     from enlace.errors import CheckpointError

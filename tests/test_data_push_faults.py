@@ -91,13 +91,22 @@ def test_a_push_into_data_a_live_run_reads_is_refused_unless_forced(sshd, user_r
     assert "--allow-data-change" in remote(user_repo, sshd.env, "status").stdout
     assert "data push --force" in (rd / "runs" / "long" / "train.log").read_text()
     remote(user_repo, sshd.env, "stop", "long")
-    # its resume is refused at verify, before anything starts (it was launched, queued and failed as it started)
+    # its resume is refused before anything starts (it was launched, queued and failed as it started), against
+    # what its newest checkpoint's MANIFEST says it was trained on
     out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", check=False)
-    assert out.returncode == 2 and "[FAIL] its data is what its checkpoints were trained on" in out.stderr, out.stderr
+    assert out.returncode == 2 and "long on testhost: the data differs from what long's checkpoint step-" in out.stderr
     assert "launch --allow-data-change (not exact), or start afresh with --resume none" in out.stderr, out.stderr
     assert runs.read(rd / "runs" / "long")["status"] == "stopped"  # nothing started
+    changed = first.read_bytes()
+    first.write_bytes(changed.removesuffix(b"\n# changed here\n"))  # the same data back: it resumes
+    remote(user_repo, sshd.env, "data", "push", "long")
+    out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight")
+    assert "resumed from checkpoints/step-" in out.stderr and "data differs" not in out.stderr, out.stderr
+    remote(user_repo, sshd.env, "stop", "long")
+    first.write_bytes(changed)
+    remote(user_repo, sshd.env, "data", "push", "long")
     out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", "--allow-data-change")
-    assert "resumed from checkpoints/step-" in out.stderr and "its data is what" not in out.stderr, out.stderr
+    assert "resumed from checkpoints/step-" in out.stderr and "data differs" not in out.stderr, out.stderr
     remote(user_repo, sshd.env, "stop", "long")
 
 

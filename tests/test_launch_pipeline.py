@@ -32,6 +32,25 @@ def test_a_stage_that_says_stop_ends_the_launch(monkeypatch):
     assert ran == ["ship", "decide"]
 
 
+def test_data_its_checkpoint_was_not_trained_on_is_refused_only_where_the_run_would_train(monkeypatch):
+    """verify says how the data differs from the newest checkpoint's; decide refuses it only when the run would
+    train (it was refused at verify: a finished run's launch said 'data differs', not 'finished')."""
+    from types import SimpleNamespace
+
+    from orchestrator.errors import UsageError
+
+    host = SimpleNamespace(name="gpu")
+    plan = Plan(run_file="tiny", targets=[host], train_args=[])
+    launch = pipeline.Launch(plan, lambda h: None, None, SSHBackend(), run_name="tiny", data_changed="the data differs")
+    for worth, then in ((False, pipeline.STOP), (True, UsageError)):
+        monkeypatch.setattr(pipeline.stages, "worth_launching", lambda *a, worth=worth: worth)
+        if then is pipeline.STOP:
+            assert pipeline._decide(launch) is pipeline.STOP  # "finished: nothing to train", exit 0
+        else:
+            with pytest.raises(UsageError, match="tiny on gpu: the data differs"):
+                pipeline._decide(launch)
+
+
 @pytest.fixture
 def planned(user_repo, tmp_path, monkeypatch):
     """Run `enlace-remote ARGS` in the user's repo with pipeline.run replaced by a recorder: the plan it built."""

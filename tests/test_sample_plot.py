@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from support.cli import enlace
@@ -63,10 +64,17 @@ def test_sample_refuses_what_is_not_a_checkpoint(project, tmp_path):
     assert out.returncode == 2 and "this run has no complete checkpoint here" in out.stderr, out.stderr
     assert "`enlace-remote fetch lr-1e-3`" in out.stderr
     # on the server it trains on (ENLACE_ROOT, as remote.sh sets it): no fetch is offered (a walk was told to fetch)
-    (project / "runs" / "lr-1e-3" / "run.json").write_text('{"status": "stopped", "step": 3}')
+    from enlace.state.runs import proc_start
+
+    alive = {"status": "running", "step": 3, "pid": os.getpid(), "pid_start": proc_start(os.getpid())}
+    (project / "runs" / "lr-1e-3" / "run.json").write_text(json.dumps(alive))
     out = enlace(project, "sample", "lr-1e-3", check=False, env={"ENLACE_ROOT": str(project)})
     assert out.returncode == 2 and "lr-1e-3 has no complete checkpoint yet: its first comes at" in out.stderr
     assert "fetch" not in out.stderr, out.stderr
+    (project / "runs" / "lr-1e-3" / "run.json").write_text('{"status": "running", "step": 60}')  # killed -9
+    out = enlace(project, "sample", "lr-1e-3", check=False, env={"ENLACE_ROOT": str(project)})
+    assert "lr-1e-3 ended (crashed at step 60) before its first checkpoint" in out.stderr, out.stderr
+    assert "launch lr-1e-3` trains it again from step 0" in out.stderr and "stop" not in out.stderr, out.stderr
     out = enlace(project, "sample", str(tmp_path / "gone" / "ckpt"), check=False)  # a path: not a run name
     assert out.returncode == 2 and "gone/ckpt: no such directory — name a run" in out.stderr, out.stderr
     from enlace.train.checkpoint import save_checkpoint

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,19 @@ def start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def finish(p: subprocess.Popen) -> subprocess.CompletedProcess:
-    out, err = p.communicate(timeout=120)
+def finish(p: subprocess.Popen, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Its output once it ends; one that runs past `timeout` seconds is killed and said (not a traceback)."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        err += f"\n{shlex.join(p.args[1:])}: no answer within {timeout:.0f}s (a slow disk?): it was stopped"
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return finish(start(*args))
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return finish(start(*args), timeout)
 
 
 DEPENDENCIES = ("torch", "numpy", "yaml", "click", "psutil")
@@ -79,31 +86,31 @@ def _after(argv: list[str], flag: str) -> list[str]:
 
 
 RESUMES = "its checkpoints can resume it"
-SAME_DATA = "its data is what its checkpoints were trained on"
 
 
-def _data_checks(run_ref: str, set_args: list[str], against_checkpoint: bool) -> list[tuple[str, bool, str]]:
-    """(name, ok, detail) of the data the run reads: that it exists, and (`against_checkpoint`: a launch that
-    resumes the run's line) that it is what the line last trained on."""
-    df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args, *["--against-checkpoint"] * against_checkpoint)
+def _data_check(run_ref: str, set_args: list[str], against_checkpoint: bool) -> tuple[tuple[str, bool, str], str]:
+    """The check that the data the run reads exists (name, ok, detail), and (`against_checkpoint`: a launch that
+    would resume the run's line) how it differs from what the line's newest checkpoint was trained on ("" for
+    not at all): not a failure here — launch refuses it once it knows the run would train (a finished run's
+    launch says it is finished, a live one's that it runs)."""
+    more = ["--against-checkpoint"] if against_checkpoint else []
+    df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args, *more, timeout=600)  # it may hash GBs
     try:
         data = json.loads(df.stdout)
     except json.JSONDecodeError:
         data = {"ok": False, "error": (df.stderr.strip().splitlines() or ["no output"])[-1], "files": []}
-    checks = [("data the run reads exists", bool(data.get("ok")), data.get("error") or f"{len(data['files'])} files")]
-    if data.get("ok") and against_checkpoint:
-        checks.append((SAME_DATA, not data.get("changed"), data.get("changed") or ""))
-    return checks
+    detail = data.get("error") or f"{len(data['files'])} files"
+    return ("data the run reads exists", bool(data.get("ok")), detail), data.get("changed") or ""
 
 
 def _exit_code(checks: list[dict], cfg: dict, run_ref: str, resume_at_check: str | None) -> int:
     """0, or 2 where only config or checkpoint errors failed (exit 2 whichever verb finds them: a wrong key, a
-    bad value, a config the run's checkpoints cannot resume or data they were not trained on, a --resume PATH that
-    is no complete checkpoint, as train and preflight refuse them), else 3 (something is missing, what the machine lacks included)."""
+    bad value, a config the run's checkpoints cannot resume, a --resume PATH that is no complete checkpoint, as
+    train and preflight refuse them), else 3 (something is missing, what the machine lacks included)."""
     if all(c["ok"] for c in checks):
         return 0
     config_error = cfg.get("exit_code") == USAGE and not cfg.get("machine")
-    usage = {f"enlace check-config {run_ref}" if config_error else None, resume_at_check, RESUMES, SAME_DATA}
+    usage = {f"enlace check-config {run_ref}" if config_error else None, resume_at_check, RESUMES}
     return USAGE if all(c["ok"] or c["name"] in usage for c in checks) else VERIFY
 
 
@@ -171,15 +178,16 @@ def main() -> int:
     if for_launch and cfg.get("ok") and resumes_line:
         problem = cfg.get("resume_problem")
         add(RESUMES, not problem, problem or "")
+    changed = ""  # the data differs from the newest checkpoint's (launch refuses it where the run would train)
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
-        for check in _data_checks(run_ref, set_args, resumes_line and "--allow-data-change" not in rest):
-            add(*check)
+        check, changed = _data_check(run_ref, set_args, resumes_line and "--allow-data-change" not in rest)
+        add(*check)
     ok = all(c["ok"] for c in checks)
-    warnings = cfg.get("warnings") or []  # valid but probably not meant: the driver shows them
+    warnings = (cfg.get("warnings") or []) + [changed] * bool(changed)  # valid but probably not meant: shown
     code = _exit_code(checks, cfg, run_ref, resume_at_check)
     device = ((cfg.get("config") or {}).get("runtime") or {}).get("device")  # what the run queues for
     doc = {"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings}
-    doc["device"] = device
+    doc["device"], doc["data_changed"] = device, changed or None
     print(json.dumps({**doc, "exit_code": code}))
     return code
 

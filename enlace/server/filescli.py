@@ -104,24 +104,24 @@ def _trainer_data_files(
 
 
 def _data_change(cfg) -> str | None:
-    """Before a launch that resumes the run's line: the data's identity now against the one run.json recorded at
-    the line's last start (what its checkpoints were trained on), in the words the trainer refuses it with. A
-    finished run's data replaced by a push passed verify, queued, and failed as it started."""
+    """Before a launch that resumes the run's line: the data's identity now against the one its newest complete
+    checkpoint's MANIFEST records (what the trainer compares it with, from trainer.pt), in the words the trainer
+    refuses it with. None: the same, or nothing to compare (no checkpoint, one saved before MANIFEST held it)."""
     from enlace.data.streams import data_identity
-    from enlace.manifest import latest_checkpoint
-    from enlace.state import runs
+    from enlace.manifest import latest_checkpoint, read_manifest
 
-    then = runs.read(cfg.run_dir).get("data") or {}
-    if not then.get("sha256") or latest_checkpoint(cfg.run_dir / "checkpoints") is None:
+    ckpt = latest_checkpoint(cfg.run_dir / "checkpoints")
+    then = (read_manifest(ckpt).get("data") or {}) if ckpt else {}
+    if not then.get("sha256"):
         return None
     now = data_identity(cfg)
     if (then["sha256"], then.get("bytes")) == (now["sha256"], now["bytes"]):
         return None
     return (
-        f"the data differs from what {cfg.run_name}'s checkpoints were trained on ({then.get('files')} files, "
-        f"{then.get('bytes')} bytes then; {now['files']} files, {now['bytes']} bytes now): its resume would refuse "
-        "it — put the same data back, resume on this data anyway with launch --allow-data-change (not exact), or "
-        "start afresh with --resume none"
+        f"the data differs from what {cfg.run_name}'s checkpoint {ckpt.name} was trained on ({then.get('files')} "
+        f"files, {then.get('bytes')} bytes then; {now['files']} files, {now['bytes']} bytes now): its resume would "
+        "refuse it — put the same data back, resume on this data anyway with launch --allow-data-change (not "
+        "exact), or start afresh with --resume none"
     )
 
 

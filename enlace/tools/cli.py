@@ -201,7 +201,7 @@ def export_cmd(target: str, fmt: str, out: Path | None, in_run: bool, as_json: b
     \b
     enlace export smoke-cpu --out exports/smoke-cpu
     # then, with transformers: AutoModelForCausalLM.from_pretrained("exports/smoke-cpu")"""
-    from enlace.manifest import identity
+    from enlace.manifest import export_name
     from enlace.tools.export import export
     from enlace.train.trained import find_checkpoint
 
@@ -212,7 +212,7 @@ def export_cmd(target: str, fmt: str, out: Path | None, in_run: bool, as_json: b
     run_json = run_dir / "run.json"
     state = json.loads(run_json.read_text()) if run_json.is_file() else {}
     if in_run:  # the checkpoint's identity too: a new line (--resume none) has a step-N of its own
-        out = run_dir / "exports" / f"{fmt}-{ckpt.name}-{identity(ckpt)[:12]}"
+        out = run_dir / "exports" / export_name(fmt, ckpt)
     if in_run and (out / "MANIFEST").is_file():  # made before from the same checkpoint: complete, kept
         files = sorted(p.name for p in out.iterdir() if p.name != "MANIFEST")
     else:

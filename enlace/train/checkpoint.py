@@ -70,13 +70,14 @@ def check_free_space(ckpt_root: Path, need_each: int, count: int = 2) -> None:
         )
 
 
-def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int) -> Path:
-    """Write `files` (name → object for torch.save) as checkpoint `step`; returns its directory.
-    A full disk removes the partial copy and raises NoSpaceError naming the step and the sizes."""
+def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int, data: dict | None = None) -> Path:
+    """Write `files` (name → object for torch.save) as checkpoint `step`; returns its directory. `data`: the
+    identity of the data it was trained on, also in its MANIFEST. A full disk removes the partial copy and raises
+    NoSpaceError naming the step and the sizes."""
     final = ckpt_root / step_dir_name(step)
     tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
     try:
-        return _save(ckpt_root, step, final, tmp, files, keep)
+        return _save(ckpt_root, step, tmp, files, keep, data)
     except (OSError, RuntimeError) as e:
         # torch.save reports a full disk as RuntimeError ("unexpected pos ..."): judge by the free space left
         full = getattr(e, "errno", None) == errno.ENOSPC or shutil.disk_usage(ckpt_root).free < (1 << 20)
@@ -94,14 +95,14 @@ def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int
         ) from None
 
 
-def _save(ckpt_root: Path, step: int, final: Path, tmp: Path, files: dict[str, Any], keep: int) -> Path:
+def _save(ckpt_root: Path, step: int, tmp: Path, files: dict[str, Any], keep: int, data: dict | None) -> Path:
     import torch  # here, not at the top: the server's status/fetch verbs must not pay for torch
 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, obj in files.items():
         write_file(tmp / name, lambda fh, obj=obj: torch.save(obj, fh))
-    return publish(ckpt_root, tmp, step, keep, list(files))
+    return publish(ckpt_root, tmp, step, keep, list(files), data)
 
 
 def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
@@ -112,7 +113,8 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
         if not path.is_file():
             raise CheckpointError(f"{ckpt}: {name} is listed in MANIFEST but missing")
         if file_sha256(path).hexdigest() != entry["sha256"]:
-            run = ckpt.parent.parent.name if ckpt.parent.name == "checkpoints" else "RUN"
+            where = ckpt.resolve()  # (a relative checkpoints/step-N named no run)
+            run = where.parent.parent.name if where.parent.name == "checkpoints" else "RUN"
             raise CheckpointError(
                 f"{ckpt}: {name} does not match its sha256 in MANIFEST (corrupt copy?) — a copy fetched from a "
                 f"host: delete {ckpt} and `enlace-remote fetch {run}` brings it again, verified"

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from enlace.config.schema import ModelConfig
-from enlace.contract import not_started
+from enlace.contract import Status, not_started
 from enlace.errors import CheckpointError
 from enlace.manifest import latest_checkpoint, not_the_trainers
 from enlace.state import runs
@@ -23,15 +23,8 @@ def find_checkpoint(target: Path) -> Path:
     if (target / "MANIFEST").is_file():
         return target
     ckpt = latest_checkpoint(target / "checkpoints")
-    if ckpt is None and (target / "run.json").is_file():  # queued, pending, dropped: said so (it said to fetch)
-        said = not_started(target.name, runs.observe(target)["status"], "no checkpoint yet")
-        if said:
-            raise CheckpointError(said)
-    if ckpt is None and os.environ.get("ENLACE_ROOT") and (target / "run.json").is_file():  # where it trains
-        raise CheckpointError(  # (it said to fetch the run to the server it trains on)
-            f"{target.name} has no complete checkpoint yet: its first comes at checkpoint.every steps (status "
-            f"shows its step; `enlace-remote stop {target.name}` saves one as it stops)"
-        )
+    if ckpt is None and (target / "run.json").is_file():
+        _no_checkpoint_yet(target, runs.observe(target))
     if ckpt is None and any((target / name).exists() for name in ("run.json", "preflight.json", "checkpoints")):
         raise CheckpointError(  # seen after a launch, which leaves preflight.json here: said as if no run at all
             f"{target}: this run has no complete checkpoint here — where it trains, its first one comes at "
@@ -40,6 +33,27 @@ def find_checkpoint(target: Path) -> Path:
     if ckpt is None:
         raise CheckpointError(f"{target}: neither a checkpoint (no MANIFEST) nor a run with a complete checkpoint")
     return ckpt
+
+
+def _no_checkpoint_yet(target: Path, row: dict[str, Any]) -> None:
+    """Raise what to say of a run that has no checkpoint: one that has not started (queued, pending, dropped),
+    or, on the server it trains on (ENLACE_ROOT), one training towards its first, or one that ended before it.
+    Elsewhere (a run fetched here) nothing: the caller says to fetch it."""
+    name, status = target.name, row["status"]
+    said = not_started(name, status, "no checkpoint yet")  # (it said to fetch it)
+    if said:
+        raise CheckpointError(said)
+    if not os.environ.get("ENLACE_ROOT"):
+        return
+    if Status(status).is_terminal:  # (it said a checkpoint would come, and that stop would save one)
+        raise CheckpointError(
+            f"{name} ended ({status} at step {row.get('step') or 0}) before its first checkpoint: nothing to load — "
+            f"`enlace-remote launch {name}` trains it again from step 0"
+        )
+    raise CheckpointError(  # (it said to fetch the run to the server it trains on)
+        f"{name} has no complete checkpoint yet: its first comes at checkpoint.every steps (status shows its step; "
+        f"`enlace-remote stop {name}` saves one as it stops)"
+    )
 
 
 def load_model(ckpt: Path, device: torch.device) -> tuple[ByteGPT, dict[str, Any]]:

@@ -68,9 +68,9 @@ def preflight(
     (or the CPU slot) the host's queue has free, holding it meanwhile; exit 1 when none is free now."""
     from orchestrator.launch import choose, ship, stages
 
-    run, overrides = choose.launch_target(remote.session, remote.repo, run, overrides, resume == "none")  # as launch
+    run, overrides = choose.launch_target(remote.session, remote.repo, run, overrides, fresh := resume == "none")
     run = ship.check_run_config(remote.repo, run)
-    sha, run_name, device = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides, resume == "none")
+    sha, run_name, device, _ = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides, fresh)
     extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
     extra += ship.set_args(overrides) + (["--resume", resume] if resume != "latest" else [])
     try:

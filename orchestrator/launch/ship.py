@@ -127,6 +127,7 @@ class Shipped(NamedTuple):
     commit: str
     run_name: str
     device: str | None  # the run's runtime.device, as the server's config check resolved it (the queue's need)
+    data_changed: str | None = None  # how the data differs from the newest checkpoint's (a resume would refuse it)
 
 
 def ship(
@@ -154,4 +155,6 @@ def ship(
     # --resume PATH: the checkpoint named, not the run's line, must fit the config (seen: going back to a set-aside
     # line trained with another learning rate was refused against the current line's)
     doc = verify(session, rep.commit, run, for_launch, overrides, fresh, False, extra, elsewhere, allow_data_change)
-    return Shipped(rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"))
+    return Shipped(
+        rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"), doc.get("data_changed")
+    )

@@ -140,7 +140,7 @@ def _start_points(remote, run: str, name: str, fixed, pairs: list, shipped: dict
     """Each (point, host name)'s run started detached in its host's queue, and remembered here."""
     share = Counter(host_name for _, host_name in pairs)
     for point, host_name in pairs:
-        host, (sha, _, device) = by_name[host_name], shipped[host_name]
+        host, (sha, _, device, _) = by_name[host_name], shipped[host_name]
         overrides = _overrides(fixed, point)
         pyargs, policy = _start_args(run, mine.get(point.run_name), overrides, host, device, o)
         policy += stages.run_end_args(host, o.notify, name, share[host_name])
@@ -228,7 +228,7 @@ def _on_slurm(remote, host, run: str, name: str, points: list, fixed: list[str],
     if o.notify:
         raise UsageError("--notify: a Slurm run does not notify yet (docs/sweeps.md says what does)")
     session = remote.session_for(host)
-    sha, _, _ = ship.ship(session, remote.repo, run, o.allow_dirty, False, _overrides(fixed, points[0]))
+    sha, *_ = ship.ship(session, remote.repo, run, o.allow_dirty, False, _overrides(fixed, points[0]))
     _refuse_taken(remote, [host], points)
     tasks = []
     for point in points:

@@ -29,13 +29,13 @@ import click
 from enlace.contract import FRAME, NOT_STARTED, not_started
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256, write_all
+from enlace.manifest import EXPORT_NAME
 from orchestrator.errors import UsageError
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.outputs import STAGING, TRAILING, in_dir, install_outputs, regular_in, want_outputs
 from orchestrator.transfer.wire import Progress, Reader, ServerEnded, retrying
 
 CKPT_NAME = re.compile(r"step-\d{6,}")
-EXPORT_NAME = re.compile(r"(hf|safetensors)-step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
 
