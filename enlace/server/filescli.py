@@ -58,8 +58,8 @@ def data_receive_cmd(root: Path | None, as_json: bool) -> None:
 @click.option(
     "--against-checkpoint",
     is_flag=True,
-    help="Also say (`changed`) whether the data differs from what the run's line last trained on: its resume "
-    "would refuse it.",
+    help="Also say (`changed`) how the data differs from what the run's newest checkpoint was trained on (its "
+    "MANIFEST's record): its resume would refuse it.",
 )
 @click.option("--json", "as_json", is_flag=True)
 def data_files_cmd(
@@ -92,8 +92,8 @@ def _command_data_files(own, root: Path, run: str) -> list[str]:
 def _trainer_data_files(
     run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, against_checkpoint: bool
 ) -> tuple[list[str], str | None]:
-    """The files the trainer's run reads, and (`against_checkpoint`) how they differ from what its line last
-    trained on (None: the same, or nothing to compare)."""
+    """The files the trainer's run reads, and (`against_checkpoint`) how they differ from what its newest
+    checkpoint was trained on (None: the same, or nothing to compare)."""
     from enlace.config.recorded import load_run_config
     from enlace.data.streams import data_files, require_splits
 
