@@ -26,6 +26,13 @@ class AlreadyRunning(EnlaceError):
     kind = contract.ErrorKind.ALREADY_RUNNING
 
 
+class BadOut(EnlaceError):
+    """--out names a place a verb will not write (it exists, it is a link, another run of the verb holds it): a
+    usage error, as the driver's."""
+
+    exit_code = contract.USAGE
+
+
 class ConfigError(EnlaceError):
     """A config file, key or value is wrong. Message names the file, the key and the fix."""
 

@@ -91,7 +91,10 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
     try:
         m = json.loads((ckpt / MANIFEST).read_bytes())
     except FileNotFoundError:
-        raise CheckpointError(f"{ckpt}: no MANIFEST — an incomplete checkpoint is never loaded") from None
+        gone = "no such directory" if not ckpt.exists() else "no MANIFEST"  # (a removed one read "no MANIFEST")
+        raise CheckpointError(f"{ckpt}: {gone} — an incomplete checkpoint is never loaded") from None
+    except NotADirectoryError:  # checkpoints/latest is a file naming the newest: it was a NotADirectoryError
+        raise CheckpointError(f"{ckpt}: a file, not a checkpoint directory — name checkpoints/step-N") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{ckpt}: MANIFEST is not valid JSON (a corrupt copy?) — it is never loaded") from None
     problem = _schema_problem(m)

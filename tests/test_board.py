@@ -61,6 +61,11 @@ def test_the_board_answers_only_with_its_token_and_only_on_loopback(tmp_path):
         assert _get(base + "/api/runs", {**token, "Origin": "http://evil.example"})[0] == 403
         assert _get(base + "/api/runs", {**token, "Host": f"localhost:{port}"})[0] == 200
         assert _get(base + "/api/run?host=nope&run=x", {"X-Enlace-Token": server.token})[0] == 404
+        # a second board on its port (one left running, a forwarded port): one line, not a traceback
+        from orchestrator.errors import UsageError
+
+        with pytest.raises(UsageError, match=f"cannot serve the board on 127.0.0.1:{port}: .* pick another --port"):
+            BoardServer(Board(tmp_path, [], session_for=None), port=port)
     finally:
         server.shutdown()
         server.server_close()

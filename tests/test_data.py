@@ -242,6 +242,14 @@ def test_a_corpus_too_small_for_its_splits_is_said_before_a_launch(project):
     write_run(project, "sharded", data="sh")
     out = enlace(project, "data-files", "sharded", "--json", check=False)
     assert out.returncode == 3 and "no val shard holds" in json.loads(out.stdout)["error"], out.stdout
+    assert "or generate more --bytes" in json.loads(out.stdout)["error"]  # generate's shards: more text
+    # shards not written yet, an interrupted generate's text beside them: both ways to write them are named
+    (project / "data" / "gen.partial").mkdir()
+    (project / "configs" / "data" / "gen.yaml").write_text("kind: shards\nshard_dir: data/gen\n")
+    write_run(project, "fromgen", data="gen")
+    error = json.loads(enlace(project, "data-files", "fromgen", "--json", check=False).stdout)["error"]
+    assert "has no meta.json (gen.partial/ holds an interrupted generate: run it again to finish)" in error, error
+    assert "`enlace-remote generate TEACHER --bytes N --out DIR` (a teacher's text)" in error, error
 
 
 def test_data_that_matches_nothing_names_its_key_and_the_push_that_brings_it(project):

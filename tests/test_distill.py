@@ -59,19 +59,27 @@ def test_a_changed_teacher_is_refused_on_resume(teacher):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["missing", "incomplete"])
+@pytest.mark.parametrize("case", ["missing", "mistyped", "latest", "incomplete"])
 def test_missing_or_incomplete_teacher_is_one_line_exit_2(teacher, case):
+    """A mistyped name was told to train a run of that name; `checkpoints/latest` (a file) was a NotADirectoryError."""
+    said = {
+        "missing": "has no complete checkpoint",
+        "mistyped": "no run 'teacj' here — did you mean 'teach'?",
+        "latest": "(a file, not a checkpoint directory — name checkpoints/step-N) — name the run (teach: its newest",
+        "incomplete": "has no complete checkpoint",
+    }[case]
     if case == "incomplete":
         for ckpt in (teacher / "runs" / "teach" / "checkpoints").glob("step-*"):
             (ckpt / "MANIFEST").unlink()
         write_run(teacher, "stud", **STUDENT)
     else:
-        write_run(teacher, "stud", **{**STUDENT, "distill": {"teacher": "nobody"}})
+        ref = {"missing": "nobody", "mistyped": "teacj", "latest": "runs/teach/checkpoints/latest"}[case]
+        write_run(teacher, "stud", **{**STUDENT, "distill": {"teacher": ref}})
     for verb in ("check-config", "train"):
         out = enlace(teacher, verb, "stud", check=False)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and "distill.teacher" in lines[0], out.stderr
-        assert "configs/runs/stud.yaml" in lines[0] and "has no complete checkpoint" in lines[0]
+        assert "configs/runs/stud.yaml" in lines[0] and said in lines[0], lines[0]
 
 
 def test_a_scripts_own_checkpoint_is_no_teacher_and_check_config_says_so(project):
@@ -115,6 +123,27 @@ def test_generate_writes_shards_a_run_trains_on_and_is_seeded(teacher):
         )
     a, b = (sorted((teacher / "data" / n).iterdir()) for n in ("gen-a", "gen-b"))
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]  # same seed, same bytes
+    # a stopped generate's text is kept for the same arguments only: others are refused, the text stays (another
+    # --bytes threw it away in silence), and a second generate at the same OUT is refused while one writes
+    partial = teacher / "data" / "gen-c.partial"
+    partial.mkdir()
+    (partial / "stream-0000.bin").write_bytes(b"minutes of a teacher's text")
+    held = {"teacher": "0" * 64, "bytes": 60000, "streams": 1, "temperature": 1.0, "seed": 7}
+    (partial / "generate.json").write_text(json.dumps(held))
+    again = ["generate", "teach", "--bytes", "50000", "--out", str(teacher / "data" / "gen-c"), "--streams", "1"]
+    out = enlace(teacher, *again, "--seed", "7", check=False)
+    assert out.returncode == 2 and "holds an interrupted generate of other arguments (teacher 000000000000 then" in (
+        out.stderr
+    ), out.stderr
+    assert "bytes 60000 then, 50000 now" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert (partial / "stream-0000.bin").read_bytes() == b"minutes of a teacher's text"
+    import fcntl
+
+    with open(teacher / "data" / ".gen-d.generate-lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a generate at data/gen-d holds it
+        out = enlace(teacher, *again[:5], str(teacher / "data" / "gen-d"), check=False)
+        assert out.returncode == 7 and "another generate is writing" in out.stderr, out.stderr  # as a live run's
+    assert not (teacher / "data" / "gen-d.partial").exists()
     (teacher / "configs" / "data" / "gen.yaml").write_text("kind: shards\nshard_dir: data/gen-a\n")
     write_run(teacher, "ongen", data="gen", training={"max_steps": 4, "eval_every": 0, "batch_size": 2})
     enlace(teacher, "train", "ongen")

@@ -4,6 +4,7 @@ driver never. check-config imports it before every launch, so torch stays out of
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 from pathlib import Path
@@ -76,6 +77,10 @@ def check_fit(cfg: Config, vocab_size: int, seq_len: int) -> None:
         )
 
 
+def _runs_with_checkpoints(runs: Path) -> list[str]:
+    return sorted(p.parent.name for p in runs.glob("*/checkpoints")) if runs.is_dir() else []
+
+
 def teacher_checkpoint(cfg: Config) -> Path:
     """The teacher's complete checkpoint; a ConfigError naming the file, the key and the fix if there is none."""
     ref = cfg.distill.teacher
@@ -84,17 +89,25 @@ def teacher_checkpoint(cfg: Config) -> Path:
         path = Path(ref) if Path(ref).is_absolute() else cfg.root / ref
         problem = manifest_problem(path)
         if problem:
+            latest = path.name == "latest" and path.parent.name == "checkpoints"  # the file naming the newest
+            run = path.parent.parent.name if latest else path.name if (path / "checkpoints").is_dir() else ""
             raise ConfigError(
                 where,
                 "distill.teacher",
                 f"{ref} is not a complete checkpoint ({problem.split(': ', 1)[-1]})",
-                "name a checkpoint dir with a MANIFEST, or a run name",
+                f"name the run ({run}: its newest checkpoint)"
+                if run
+                else "name a checkpoint dir with a MANIFEST, or a run name",
             )
         return _trainers(path, where)
 
     if not RUN_NAME_RE.fullmatch(ref):
         raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
     ckpt = latest_checkpoint(cfg.root / "runs" / ref / "checkpoints")
+    runs = cfg.root / "runs"
+    near = [] if (runs / ref).is_dir() else difflib.get_close_matches(ref, _runs_with_checkpoints(runs), n=1)
+    if ckpt is None and near:  # a mistyped teacher (it was told to train a run of that name)
+        raise ConfigError(where, "distill.teacher", f"no run {ref!r} here — did you mean {near[0]!r}?")
     if ckpt is None:
         raise ConfigError(
             where,

@@ -126,7 +126,12 @@ def real_path(path: str, resolved: dict[str, str]) -> str:
 def read_meta(shard_dir: Path) -> dict:
     meta_path = shard_dir / "meta.json"
     if not meta_path.is_file():
-        raise DataError(f"data.shard_dir: {shard_dir} has no meta.json — write it with `enlace prepare DATA --out DIR`")
+        partial = shard_dir.with_name(shard_dir.name + ".partial")  # an interrupted generate's text
+        held = f" ({partial.name}/ holds an interrupted generate: run it again to finish)" if partial.is_dir() else ""
+        raise DataError(
+            f"data.shard_dir: {shard_dir} has no meta.json{held} — write it with `enlace prepare DATA --out DIR` "
+            "(a byte corpus) or `enlace-remote generate TEACHER --bytes N --out DIR` (a teacher's text)"
+        )
     meta = json.loads(meta_path.read_text())
     if meta.get("version") != 1 or meta.get("dtype") not in SHARD_DTYPES:
         raise DataError(f"{meta_path}: unsupported shard format {meta.get('version')}/{meta.get('dtype')}")
@@ -138,7 +143,7 @@ def require_shard_window(shard_dir: Path, split: str, lengths: list[int], need: 
     if not any(n >= need for n in lengths):
         raise DataError(
             f"{shard_dir}: no {split} shard holds {need} tokens (batch_size * seq_len * world + 1); prepare "
-            "larger shards or a smaller batch"
+            "larger shards (or generate more --bytes: the val split is 5 % of them), or a smaller batch"
         )
 
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from enlace import contract
-from enlace.errors import EnlaceError
+from enlace.errors import BadOut, EnlaceError
 from enlace.manifest import MANIFEST, read_manifest, write_manifest
 from enlace.train.trained import load_model
 
@@ -115,12 +114,6 @@ def gpt2_config(model: dict[str, Any]) -> dict[str, Any]:
         "eos_token_id": None,
         "torch_dtype": "float32",
     }
-
-
-class BadOut(EnlaceError):
-    """--out names a place export will not write (it exists, it is a link): a usage error, as the driver's."""
-
-    exit_code = contract.USAGE
 
 
 def export(ckpt: Path, fmt: str, out: Path, run_state: dict[str, Any]) -> list[str]:

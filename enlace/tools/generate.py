@@ -12,6 +12,8 @@ twice; it is not the byte sequence an uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from enlace.data.shards import prepare_shards
-from enlace.errors import EnlaceError
+from enlace.errors import AlreadyRunning, BadOut
 from enlace.manifest import read_manifest
 from enlace.tools.sample import generate_streams
 from enlace.train.trained import load_model
@@ -48,7 +50,38 @@ def generate_shards(
     prepare_shards' meta plus what this call did (bytes drawn now, bytes found from an earlier call)."""
 
     if out.exists():
-        raise EnlaceError(f"{out} exists — generate writes a new shard directory; remove it or pick another --out")
+        raise BadOut(f"{out} exists — generate writes a new shard directory; remove it or pick another --out")
+    with _alone(out):
+        return _generate(ckpt, out, n_bytes, streams, temperature, seed, device, say)
+
+
+@contextlib.contextmanager
+def _alone(out: Path):
+    """Held while this generate writes OUT (a lock file beside it): a second one at the same OUT is refused (two
+    wrote into one OUT.partial: stream 0's first bytes twice, and a traceback)."""
+    lock = out.with_name(f".{out.name}.generate-lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fh = open(lock, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise AlreadyRunning(
+                f"another generate is writing {out} now — wait for it, or pick another --out"
+            ) from None
+        if os.path.exists(lock) and os.stat(lock).st_ino == os.fstat(fh.fileno()).st_ino:
+            break  # (not a lock file the generate before removed as this one opened it)
+        fh.close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        fh.close()
+
+
+def _generate(ckpt: Path, out: Path, n_bytes: int, streams: int, temperature: float, seed: int, device, say):
     model, trainer = load_model(ckpt, device)
     each = -(-n_bytes // streams)
     want = {
@@ -60,7 +93,17 @@ def generate_shards(
     }
     partial = out.with_name(out.name + ".partial")
     found = 0
-    if (partial / "generate.json").is_file() and json.loads((partial / "generate.json").read_text()) == want:
+    held = json.loads((partial / "generate.json").read_text()) if (partial / "generate.json").is_file() else None
+    if held is not None and held != want:  # (it was thrown away without a word: minutes of a teacher's text)
+        shown = lambda k, v: str(v)[:12] if k == "teacher" else repr(v)
+        differ = ", ".join(
+            f"{k} {shown(k, held.get(k))} then, {shown(k, v)} now" for k, v in want.items() if held.get(k) != v
+        )
+        raise BadOut(
+            f"{partial} holds an interrupted generate of other arguments ({differ}): give the same ones to continue "
+            f"it, or remove {partial} to start this one"
+        )
+    if held == want:
         found = _done(partial, streams)
         for k in range(streams):  # streams cut mid-chunk: back to the length all of them reached
             with open(partial / f"stream-{k:04d}.bin", "r+b") as fh:

@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from enlace.contract import RUN_NAME_RE
 from enlace.errors import EnlaceError
+from orchestrator.errors import UsageError
 from orchestrator.view.board import Board
 
 TOKEN_HEADER = "X-Enlace-Token"
@@ -34,7 +35,12 @@ class BoardServer(ThreadingHTTPServer):
     def __init__(self, board: Board, port: int = 0, token: str | None = None):
         self.board, self.token = board, token or secrets.token_urlsafe(24)
         self.page = resources.files("orchestrator.view").joinpath("board.html").read_bytes()
-        super().__init__(("127.0.0.1", port), Handler)
+        try:
+            super().__init__(("127.0.0.1", port), Handler)
+        except OSError as e:  # in use (a board left running, a forwarded port), or not ours to take: one line
+            raise UsageError(
+                f"cannot serve the board on 127.0.0.1:{port}: {e.strerror} — pick another --port (0: any free one)"
+            ) from None
 
     @property
     def url(self) -> str:
