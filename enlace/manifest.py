@@ -2,10 +2,12 @@
 checkpoints/ are complete (the newest, the one `latest` names). Both halves use it: the trainer writes, the
 server verbs list and serve, the driver's fetch reads what the server offers. Standard library only: no torch.
 
-    {"version": 1, "step": N, "files": {NAME: {"sha256", "bytes"}}, "data": {"files", "bytes", "sha256", "sampled"}}
+    {"version": 1, "step": N, "files": {NAME: {"sha256", "bytes"}},
+     "data": {"files", "bytes", "sha256", "sampled"}, "teacher": SHA256}
 
-`data` (the trainer's checkpoints since 2026-12-07): the identity of the data it was trained on, as its
-trainer.pt holds it; verify compares it with the data before a launch resumes the run.
+`data` and `teacher` (the trainer's checkpoints since 2026-12-07; `teacher` a distilled run's): the identity
+of the data it was trained on and of its teacher checkpoint, as its trainer.pt holds them; verify compares them
+with the server's before a launch resumes the run (RECORDED: the keys).
 """
 
 from __future__ import annotations
@@ -178,15 +180,19 @@ def skipped_latest(ckpt_root: Path, fallback: Path | None) -> str | None:
     return f"{name} is incomplete ({reason}): {where}; {int(m.group(1)) - start} steps will be trained again"
 
 
-def write_manifest(directory: Path, step: int, names: list[str], data: dict[str, Any] | None = None) -> None:
+RECORDED = ("data", "teacher")  # what a trainer's checkpoint was made from, readable without torch
+
+
+def write_manifest(directory: Path, step: int, names: list[str], record: dict[str, Any] | None = None) -> None:
     """MANIFEST (each file's sha256 and size) into `directory`, fsynced: what makes a checkpoint, or an export
-    kept in a run directory, complete and verifiable by whoever copies it. `data`: the identity of the data the
-    trainer's checkpoint was trained on (as trainer.pt holds it), readable without torch (verify's data check)."""
+    kept in a run directory, complete and verifiable by whoever copies it. `record`: what the trainer's
+    checkpoint was made from (RECORDED's keys, as trainer.pt holds them; verify's resume check reads them)."""
     entries = {
         name: {"sha256": file_sha256(directory / name).hexdigest(), "bytes": (directory / name).stat().st_size}
         for name in names
     }
-    manifest = {"version": FORMAT_VERSION, "step": step, "files": entries, **({"data": data} if data else {})}
+    manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
+    manifest.update({k: v for k, v in (record or {}).items() if k in RECORDED and v})
     write_file(directory / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
     fsync_dir(directory)
 
@@ -200,13 +206,13 @@ def name_latest(ckpt_root: Path, ckpt: Path) -> None:
 
 
 def publish(
-    ckpt_root: Path, tmp: Path, step: int, keep: int, names: list[str] | None = None, data: dict | None = None
+    ckpt_root: Path, tmp: Path, step: int, keep: int, names: list[str] | None = None, record: dict | None = None
 ) -> Path:
     """Make `tmp` (its files written) checkpoint `step` under ckpt_root: its MANIFEST written, renamed in whole,
     `latest` naming it, the complete ones beyond `keep` pruned. Only now does it count (the trainer's saves
-    and enlace.job's both end here). `names`: its files (default: every file in tmp); `data`: write_manifest's."""
+    and enlace.job's both end here). `names`: its files (default: every file in tmp); `record`: write_manifest's."""
     names = names if names is not None else sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST)
-    write_manifest(tmp, step, names, data)
+    write_manifest(tmp, step, names, record)
     final = ckpt_root / step_dir_name(step)
     if final.exists():  # saving the same step again (e.g. --until N, then a stop at N)
         old = ckpt_root / f".old-{final.name}-{os.getpid()}"

@@ -103,6 +103,18 @@ def test_verify_names_a_missing_teacher_before_launch(sshd, user_repo):
     tiny_corpus(server_dir(sshd, "local"))
     out = remote(user_repo, sshd.env, "launch", "stud", host="local", check=False)
     assert out.returncode == 3 and "distill.teacher" in out.stderr and "enlace train tiny" in out.stderr
+    # its teacher trained further: the student's resume is refused before its preflight and start (it failed as it
+    # started, after the preflight, and a finished student read `failed`)
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "2", "--follow", host="local")
+    remote(user_repo, sshd.env, "launch", "stud", "--no-preflight", "--until", "4", "--follow", host="local")
+    remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--until", "4", "--follow", host="local")
+    out = remote(user_repo, sshd.env, "launch", "stud", host="local", check=False)
+    assert out.returncode == 2 and "stud on local: the teacher changed: stud's checkpoint step-000004" in out.stderr
+    assert "launch --allow-teacher-change" in out.stderr and "preflight" not in out.stdout, out.stderr
+    assert run_json(server_dir(sshd, "local") / "runs" / "stud")["status"] == "stopped"  # nothing started
+    out = remote(user_repo, sshd.env, "launch", "stud", "--no-preflight", "--allow-teacher-change", host="local")
+    assert "resumed from checkpoints/step-000004" in out.stderr, out.stderr
+    remote(user_repo, sshd.env, "stop", "stud", host="local")
 
 
 @pytest.mark.slow

@@ -41,7 +41,9 @@ def test_data_its_checkpoint_was_not_trained_on_is_refused_only_where_the_run_wo
 
     host = SimpleNamespace(name="gpu")
     plan = Plan(run_file="tiny", targets=[host], train_args=[])
-    launch = pipeline.Launch(plan, lambda h: None, None, SSHBackend(), run_name="tiny", data_changed="the data differs")
+    launch = pipeline.Launch(
+        plan, lambda h: None, None, SSHBackend(), run_name="tiny", resume_refused="the data differs"
+    )
     for worth, then in ((False, pipeline.STOP), (True, UsageError)):
         monkeypatch.setattr(pipeline.stages, "worth_launching", lambda *a, worth=worth: worth)
         if then is pipeline.STOP:

@@ -88,12 +88,14 @@ def _after(argv: list[str], flag: str) -> list[str]:
 RESUMES = "its checkpoints can resume it"
 
 
-def _data_check(run_ref: str, set_args: list[str], against_checkpoint: bool) -> tuple[tuple[str, bool, str], str]:
+def _data_check(
+    run_ref: str, set_args: list[str], against_checkpoint: bool, allow_teacher: list[str]
+) -> tuple[tuple[str, bool, str], str]:
     """The check that the data the run reads exists (name, ok, detail), and (`against_checkpoint`: a launch that
-    would resume the run's line) how it differs from what the line's newest checkpoint was trained on ("" for
-    not at all): not a failure here — launch refuses it once it knows the run would train (a finished run's
-    launch says it is finished, a live one's that it runs)."""
-    more = ["--against-checkpoint"] if against_checkpoint else []
+    would resume the run's line) what its trainer would refuse of the newest checkpoint's making, the data or a
+    teacher ("" for nothing): not a failure here — launch refuses it once it knows the run would train (a
+    finished run's launch says it is finished, a live one's that it runs)."""
+    more = ["--against-checkpoint", *allow_teacher] if against_checkpoint else []
     df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args, *more, timeout=600)  # it may hash GBs
     try:
         data = json.loads(df.stdout)
@@ -178,16 +180,17 @@ def main() -> int:
     if for_launch and cfg.get("ok") and resumes_line:
         problem = cfg.get("resume_problem")
         add(RESUMES, not problem, problem or "")
-    changed = ""  # the data differs from the newest checkpoint's (launch refuses it where the run would train)
+    changed = ""  # what the trainer would refuse of the newest checkpoint's making (launch: where the run would train)
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
-        check, changed = _data_check(run_ref, set_args, resumes_line and "--allow-data-change" not in rest)
+        teacher = [a for a in rest if a == "--allow-teacher-change"]
+        check, changed = _data_check(run_ref, set_args, resumes_line and "--allow-data-change" not in rest, teacher)
         add(*check)
     ok = all(c["ok"] for c in checks)
     warnings = (cfg.get("warnings") or []) + [changed] * bool(changed)  # valid but probably not meant: shown
     code = _exit_code(checks, cfg, run_ref, resume_at_check)
     device = ((cfg.get("config") or {}).get("runtime") or {}).get("device")  # what the run queues for
     doc = {"ok": ok, "checks": checks, "run_name": cfg.get("run_name"), "commit": sha, "warnings": warnings}
-    doc["device"], doc["data_changed"] = device, changed or None
+    doc["device"], doc["resume_refused"] = device, changed or None
     print(json.dumps({**doc, "exit_code": code}))
     return code
 

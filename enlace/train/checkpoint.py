@@ -70,14 +70,14 @@ def check_free_space(ckpt_root: Path, need_each: int, count: int = 2) -> None:
         )
 
 
-def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int, data: dict | None = None) -> Path:
-    """Write `files` (name → object for torch.save) as checkpoint `step`; returns its directory. `data`: the
-    identity of the data it was trained on, also in its MANIFEST. A full disk removes the partial copy and raises
+def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int, record: dict | None = None) -> Path:
+    """Write `files` (name → object for torch.save) as checkpoint `step`; returns its directory. `record`: what it
+    was made from, also in its MANIFEST (manifest.RECORDED). A full disk removes the partial copy and raises
     NoSpaceError naming the step and the sizes."""
     final = ckpt_root / step_dir_name(step)
     tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
     try:
-        return _save(ckpt_root, step, tmp, files, keep, data)
+        return _save(ckpt_root, step, tmp, files, keep, record)
     except (OSError, RuntimeError) as e:
         # torch.save reports a full disk as RuntimeError ("unexpected pos ..."): judge by the free space left
         full = getattr(e, "errno", None) == errno.ENOSPC or shutil.disk_usage(ckpt_root).free < (1 << 20)
@@ -95,14 +95,14 @@ def save_checkpoint(ckpt_root: Path, step: int, files: dict[str, Any], keep: int
         ) from None
 
 
-def _save(ckpt_root: Path, step: int, tmp: Path, files: dict[str, Any], keep: int, data: dict | None) -> Path:
+def _save(ckpt_root: Path, step: int, tmp: Path, files: dict[str, Any], keep: int, record: dict | None) -> Path:
     import torch  # here, not at the top: the server's status/fetch verbs must not pay for torch
 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, obj in files.items():
         write_file(tmp / name, lambda fh, obj=obj: torch.save(obj, fh))
-    return publish(ckpt_root, tmp, step, keep, list(files), data)
+    return publish(ckpt_root, tmp, step, keep, list(files), record)
 
 
 def verify_checkpoint(ckpt: Path) -> dict[str, Any]:

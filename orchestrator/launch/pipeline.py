@@ -93,9 +93,7 @@ class Launch:
     sha: str = ""
     run_name: RunName | None = None  # what the server calls the run (ship learns it from verify)
     device: str | None = None  # its runtime.device (from verify): what it queues for on the host
-    data_changed: str | None = (
-        None  # its data is not its newest checkpoint's (from verify): refused once it would train
-    )
+    resume_refused: str | None = None  # its data or teacher is not its checkpoint's (verify): refused if it trains
     started: dict | None = None
     remembered: list[tuple[str, dict | None]] = field(default_factory=list)  # (host, what was remembered before)
 
@@ -184,12 +182,13 @@ def _ship(launch: Launch):
             elsewhere=plan.elsewhere,
             data=plan.data,
             allow_data_change=plan.allow_data_change,
+            allow_teacher_change="--allow-teacher-change" in plan.train_args,
             extra=(own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [])
             + (["--resume-at", plan.resume] if plan.elsewhere and host is plan.targets[0] else []),
         )
         launch.sha, launch.run_name, launch.device = shipped[:3]
         if host is plan.targets[0]:  # the host whose checkpoints the run resumes from (rank 0's)
-            launch.data_changed = shipped.data_changed
+            launch.resume_refused = shipped.resume_refused
     if plan.command:
         own_launch.say_no_preflight(plan.command)
 
@@ -199,8 +198,8 @@ def _decide(launch: Launch):
     # --resume none or PATH starts where it says, finished or not (seen: a finished run ignored --resume PATH)
     again = plan.fresh or plan.elsewhere
     worth = stages.worth_launching(launch.first, launch.run_name, plan.overrides, bool(plan.command), again)
-    if worth and launch.data_changed:  # it would train, and its resume would refuse the data: said before it queues
-        raise UsageError(f"{launch.run_name} on {plan.targets[0].name}: {launch.data_changed}")
+    if worth and launch.resume_refused:  # it would train, and its resume would refuse: said before it queues
+        raise UsageError(f"{launch.run_name} on {plan.targets[0].name}: {launch.resume_refused}")
     return None if worth else STOP
 
 

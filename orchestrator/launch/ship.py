@@ -96,6 +96,7 @@ def verify(
     extra: list[str] = (),
     elsewhere: bool = False,
     allow_data_change: bool = False,
+    allow_teacher_change: bool = False,
 ) -> dict:
     """The server-side checklist for RUN in trees/SHA; prints it (`quiet`: only what failed or warns), raises
     VerifyError naming what is missing. `fresh` (--resume none): the config without the run's recorded --set
@@ -103,6 +104,7 @@ def verify(
     the run's line is not checked (the checkpoint named is, by the trainer)."""
     args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
     args += (["--resume-elsewhere"] if elsewhere and not fresh else []) + ["--allow-data-change"] * allow_data_change
+    args += ["--allow-teacher-change"] * allow_teacher_change
     args += [*set_args(overrides), *extra]  # extra: launch's `-- ARGV` as --command-spec
     doc = session.call_json("verify", *args, ok_codes=(0, contract.USAGE, contract.VERIFY))
     if "checks" not in doc:
@@ -127,7 +129,7 @@ class Shipped(NamedTuple):
     commit: str
     run_name: str
     device: str | None  # the run's runtime.device, as the server's config check resolved it (the queue's need)
-    data_changed: str | None = None  # how the data differs from the newest checkpoint's (a resume would refuse it)
+    resume_refused: str | None = None  # what its resume would refuse: data or a teacher other than the checkpoint's
 
 
 def ship(
@@ -142,6 +144,7 @@ def ship(
     extra: list[str] = (),
     allow_data_change: bool = False,
     elsewhere: bool = False,
+    allow_teacher_change: bool = False,
 ) -> Shipped:
     """Stage 1 of launch (and preflight): sync, push `data` (launch --push-data: RUN's data files,
     orchestrator/transfer/datapush.py), verify on one host. Raises if anything is missing there;
@@ -154,7 +157,8 @@ def ship(
         push(session, repo, data, before_send=guard)
     # --resume PATH: the checkpoint named, not the run's line, must fit the config (seen: going back to a set-aside
     # line trained with another learning rate was refused against the current line's)
-    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, False, extra, elsewhere, allow_data_change)
+    allow = (allow_data_change, allow_teacher_change)
+    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, False, extra, elsewhere, *allow)
     return Shipped(
-        rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"), doc.get("data_changed")
+        rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"), doc.get("resume_refused")
     )
