@@ -53,6 +53,29 @@ def test_data_its_checkpoint_was_not_trained_on_is_refused_only_where_the_run_wo
                 pipeline._decide(launch)
 
 
+def test_ctrl_c_says_whether_the_run_was_started(monkeypatch, capsys):
+    """Ctrl-C in a launch said `interrupted` alone, though the run it had started went on (a relaunch: exit 7)."""
+    from types import SimpleNamespace
+
+    def interrupt(launch):
+        raise KeyboardInterrupt
+
+    def started(launch):
+        launch.started, launch.run_name = {"pid": 1}, "walk-b"
+
+    plan = Plan(run_file="tiny", targets=[SimpleNamespace(name="gpu")], train_args=[])
+    for where, said in (
+        ("ship", "nothing was started (ship was under way)"),
+        ("wait", "walk-b was started on gpu and goes on: `enlace-remote --host gpu logs walk-b -f` follows it"),
+    ):
+        fake = {name: (lambda launch: None) for name in pipeline.STAGES}
+        fake["start"], fake[where] = started, interrupt
+        monkeypatch.setattr(pipeline, "STAGES", fake)
+        with pytest.raises(KeyboardInterrupt):
+            pipeline.run(plan, session_for=None, repo=None)
+        assert said in capsys.readouterr().err
+
+
 @pytest.fixture
 def planned(user_repo, tmp_path, monkeypatch):
     """Run `enlace-remote ARGS` in the user's repo with pipeline.run replaced by a recorder: the plan it built."""

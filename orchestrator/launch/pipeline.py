@@ -268,12 +268,29 @@ def stages_for(plan: Plan) -> list[str]:
     return [name for name in STAGES if not skip.get(name, False)]
 
 
+def _say_where_it_stands(launch: Launch, stage: str) -> None:
+    """After a Ctrl-C: whether the run was started (it goes on), may have been (its start was under way), or not."""
+    name, host = launch.run_name or launch.plan.run_file, launch.plan.targets[0].name
+    there = f"enlace-remote --host {host}"
+    if launch.started is not None:
+        said = f"{name} was started on {host} and goes on: `{there} logs {name} -f` follows it, `{there} stop {name}`"
+        click.echo(f"{said} ends it", err=True)
+    elif stage == "start":
+        click.echo(f"{name} may have started on {host}: `{there} status {name}` says", err=True)
+    else:
+        click.echo(f"nothing was started ({stage} was under way)", err=True)
+
+
 def run(plan: Plan, session_for: Callable, repo: Path) -> Launch:
     """Run the plan's stages in order; a stage that answers STOP ends the launch there."""
-    launch = Launch(plan, session_for, repo, backend_for(plan))
-    for name in stages_for(plan):
-        if STAGES[name](launch) is STOP:
-            break
+    launch, stage = Launch(plan, session_for, repo, backend_for(plan)), ""
+    try:
+        for stage in stages_for(plan):
+            if STAGES[stage](launch) is STOP:
+                break
+    except KeyboardInterrupt:  # Ctrl-C stops this command, never a run it started: say which it is
+        _say_where_it_stands(launch, stage)
+        raise
     if not plan.wait and launch.started is not None:
         there, name = f"enlace-remote --host {launch.first.host.name}", launch.run_name  # seen: without --host
         click.echo(f"not waiting: `{there} status {name}` or `{there} logs {name} -f`", err=True)  # the default's
