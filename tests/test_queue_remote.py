@@ -172,8 +172,10 @@ def _two_slots_and_a_third(sshd, user_repo) -> None:
     assert "was queued; its waiter is gone (a reboot, a kill): enlace-remote launch c3 queues it again" in table
     out = remote(user_repo, sshd.env, "launch", *LONG, "--set", "run_name=c3")
     assert "c3: queued on testhost: position 1, waiting for 1 CPU slot" in out.stderr
-    for name in ("c1", "c2", "c3"):
+    for name in ("c3", "c1", "c2"):  # c3 first: still queued (it would take a slot c1 frees)
         remote(user_repo, sshd.env, "stop", name)
+    fetched = remote(user_repo, sshd.env, "fetch", "c3", check=False)  # (it was told to wait for a checkpoint)
+    assert fetched.returncode == 2 and "c3 on testhost ended (stopped) with no complete checkpoint" in fetched.stderr
 
 
 def test_runs_leave_the_queue_in_the_order_their_launches_came_over_ten_launches_from_two_clones(

@@ -272,7 +272,7 @@ def test_finished_run_is_said_and_extended_with_max_steps(sshd, user_repo):
         host="local",
         check=False,
     )
-    assert out.returncode == 2 and "[FAIL] --resume checkpoints/step-99 is a complete checkpoint" in out.stderr, (
+    assert out.returncode == 2 and "[FAIL] --resume checkpoints/step-99 — not a complete checkpoint" in out.stderr, (
         out.stderr
     )
     assert "(no such directory) — complete checkpoints of this run: checkpoints/step-0000" in out.stderr

@@ -172,10 +172,10 @@ def main() -> int:
             not absent,
             "missing: " + ", ".join(absent) if absent else ", ".join(os.path.relpath(f) for f in cfg["files"].values()),
         )
-    resume_at_check = f"--resume {at[0]} is a complete checkpoint" if at else None
+    resume_at_check = f"--resume {at[0]}" if at else None  # its detail: ok, or why train would refuse it
     if at and cfg.get("ok"):
         problem = cfg.get("resume_at_problem")
-        add(resume_at_check, not problem, problem or "")
+        add(resume_at_check, not problem, problem or "a complete checkpoint")
     resumes_line = not (fresh or elsewhere) and cfg.get("kind") != "command"  # (a command resumes its own way)
     if for_launch and cfg.get("ok") and resumes_line:
         problem = cfg.get("resume_problem")

@@ -167,7 +167,7 @@ def resume_problem_at(ckpt_root: Path, resume: str) -> str | None:
     try:
         resolve_resume(ckpt_root, resume)
     except CheckpointError as e:
-        return e.message
+        return e.message.removeprefix(f"--resume {resume}: ")  # verify's check names the --resume already
     return None
 
 

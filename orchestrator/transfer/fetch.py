@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from enlace.contract import FRAME, NOT_STARTED, not_started
+from enlace.contract import FRAME, NOT_STARTED, Status, not_started
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256, write_all
 from enlace.manifest import EXPORT_NAME
@@ -35,6 +35,7 @@ from orchestrator.ssh.session import Session
 from orchestrator.transfer.outputs import STAGING, TRAILING, in_dir, install_outputs, regular_in, want_outputs
 from orchestrator.transfer.wire import Progress, Reader, ServerEnded, retrying
 
+ENDED = {s.value for s in Status if s.is_terminal} - {s.value for s in NOT_STARTED}  # (dropped: not started)
 CKPT_NAME = re.compile(r"step-\d{6,}")
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 STALL_S = 60.0  # no byte from the server for this long: the connection is dead, reconnect
@@ -79,6 +80,11 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         elif not offer["checkpoints"] and not offer.get("outputs") and offer.get("status") in NOT_STARTED:
             there = f"enlace-remote --host {session.host.name}"
             raise UsageError(not_started(run_name, offer["status"], "nothing to fetch yet", there))
+        elif not offer["checkpoints"] and not offer.get("outputs") and offer.get("status") in ENDED:
+            raise UsageError(  # (it was told to wait for a checkpoint, or to stop the run to make one)
+                f"{run_name} on {session.host.name} ended ({offer['status']}) with no complete checkpoint: nothing "
+                f"to fetch — `enlace-remote --host {session.host.name} launch {run_name}` trains it"
+            )
         elif not offer["checkpoints"] and not offer.get("outputs"):
             raise UsageError(
                 f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
