@@ -49,7 +49,8 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
         return
     for r in rows:
         loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
-        click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}/{r['max_steps']} loss {loss}")
+        of = f"/{r['max_steps']}" if r["max_steps"] is not None else ""  # (a command's run has none: it read /None)
+        click.echo(f"{r['run_name']:24} {r['status']:9} step {r['step']}{of} loss {loss}")
 
 
 @click.command("start", hidden=True)

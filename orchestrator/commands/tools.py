@@ -126,7 +126,7 @@ def gc(remote: Remote, keep: int, dry_run: bool) -> None:
 
 
 @click.command(cls=HostOptionsCommand)
-@click.argument("teacher", metavar="RUN")
+@click.argument("teacher", metavar="TEACHER")
 @click.option("--bytes", "n_bytes", type=click.IntRange(1024, 10**10), required=True, help="How many bytes in all.")
 @click.option(
     "--out",
