@@ -192,7 +192,7 @@ def write_manifest(directory: Path, step: int, names: list[str], record: dict[st
         for name in names
     }
     manifest = {"version": FORMAT_VERSION, "step": step, "files": entries}
-    manifest.update({k: v for k, v in (record or {}).items() if k in RECORDED and v})
+    manifest.update({k: v for k, v in (record or {}).items() if k in RECORDED})  # teacher None: none, said
     write_file(directory / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode() + b"\n"))
     fsync_dir(directory)
 

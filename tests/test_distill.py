@@ -54,6 +54,21 @@ def test_a_changed_teacher_is_refused_on_resume(teacher):
     enlace(teacher, "train", "teach", "--set", "training.max_steps=7")  # the teacher trained on: a new latest
     out = enlace(teacher, "train", "stud", check=False)
     assert out.returncode == 2 and "the teacher changed" in out.stderr and "--allow-teacher-change" in out.stderr
+
+    # what verify asks before a launch (data-files --against-checkpoint): the same refusal, without torch's load,
+    # naming the teacher checkpoint to put back; --allow-data-change does not silence it (it did), nor does a
+    # --resume PATH (it was not asked); a teacher given to a run that had none is a change too (none then)
+    def refused(run: str, *args: str) -> str | None:
+        out = enlace(teacher, "data-files", run, "--json", "--against-checkpoint", *args)
+        return json.loads(out.stdout)["changed"]
+
+    for args in (("latest",), ("latest", "--allow-data-change"), ("checkpoints/step-000004",)):
+        said = refused("stud", *args) or ""
+        assert said.startswith("the teacher changed: stud's checkpoint step-000004 was distilled from teacher"), said
+        assert "(--set distill.teacher=runs/teach/checkpoints/step-000006)" in said, said  # the one it began with
+    assert refused("stud", "latest", "--allow-teacher-change") is None
+    said = refused("teach", "latest", "--set", "distill.teacher=stud") or ""
+    assert "the teacher changed: teach's checkpoint step-000007 was distilled from teacher none" in said, said
     enlace(teacher, "train", "stud", "--allow-teacher-change")
     assert run_json(teacher / "runs" / "stud")["status"] == "finished"
 

@@ -88,14 +88,12 @@ def _after(argv: list[str], flag: str) -> list[str]:
 RESUMES = "its checkpoints can resume it"
 
 
-def _data_check(
-    run_ref: str, set_args: list[str], against_checkpoint: bool, allow_teacher: list[str]
-) -> tuple[tuple[str, bool, str], str]:
-    """The check that the data the run reads exists (name, ok, detail), and (`against_checkpoint`: a launch that
-    would resume the run's line) what its trainer would refuse of the newest checkpoint's making, the data or a
-    teacher ("" for nothing): not a failure here — launch refuses it once it knows the run would train (a
-    finished run's launch says it is finished, a live one's that it runs)."""
-    more = ["--against-checkpoint", *allow_teacher] if against_checkpoint else []
+def _data_check(run_ref: str, set_args: list[str], against: list[str]) -> tuple[tuple[str, bool, str], str]:
+    """The check that the data the run reads exists (name, ok, detail), and (`against`: data-files'
+    --against-checkpoint and --allow-* arguments, for a launch that resumes) what its trainer would refuse of that
+    checkpoint's making, the data or a teacher ("" for nothing): not a failure here — launch refuses it once it
+    knows the run would train (a finished run's launch says it is finished, a live one's that it runs)."""
+    more = against
     df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args, *more, timeout=600)  # it may hash GBs
     try:
         data = json.loads(df.stdout)
@@ -182,8 +180,10 @@ def main() -> int:
         add(RESUMES, not problem, problem or "")
     changed = ""  # what the trainer would refuse of the newest checkpoint's making (launch: where the run would train)
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
-        teacher = [a for a in rest if a == "--allow-teacher-change"]
-        check, changed = _data_check(run_ref, set_args, resumes_line and "--allow-data-change" not in rest, teacher)
+        resumes = at[0] if at else "latest" if resumes_line else None  # the checkpoint it would resume
+        allow = [a for a in rest if a in ("--allow-data-change", "--allow-teacher-change")]
+        against = ["--against-checkpoint", resumes, *allow] if resumes and cfg.get("kind") != "command" else []
+        check, changed = _data_check(run_ref, set_args, against)
         add(*check)
     ok = all(c["ok"] for c in checks)
     warnings = (cfg.get("warnings") or []) + [changed] * bool(changed)  # valid but probably not meant: shown

@@ -57,10 +57,13 @@ def data_receive_cmd(root: Path | None, as_json: bool) -> None:
 @fresh_option
 @click.option(
     "--against-checkpoint",
-    is_flag=True,
-    help="Also say (`changed`) what the run's newest checkpoint (its MANIFEST's record) was made from that differs "
-    "now (the data, a distilled run's teacher): its resume would refuse it.",
+    "against",
+    default=None,
+    metavar="latest|PATH",
+    help="Also say (`changed`) what this checkpoint (as --resume takes it) was made from that differs now (the "
+    "data, a distilled run's teacher, by its MANIFEST's record): its resume would refuse it.",
 )
+@click.option("--allow-data-change", is_flag=True, help="Other data than the checkpoint's is no refusal.")
 @click.option("--allow-teacher-change", is_flag=True, help="A teacher other than the checkpoint's is no refusal.")
 @click.option("--json", "as_json", is_flag=True)
 def data_files_cmd(
@@ -68,7 +71,8 @@ def data_files_cmd(
     overrides: tuple[str, ...],
     root: Path | None,
     fresh: bool,
-    against_checkpoint: bool,
+    against: str | None,
+    allow_data_change: bool,
     allow_teacher_change: bool,
     as_json: bool,
 ) -> None:
@@ -81,7 +85,8 @@ def data_files_cmd(
         if own:
             files = _command_data_files(own, find_root(root), run)
         else:
-            files, changed = _trainer_data_files(run, overrides, root, fresh, against_checkpoint, allow_teacher_change)
+            allow = (allow_data_change, allow_teacher_change)
+            files, changed = _trainer_data_files(run, overrides, root, fresh, against, allow)
     except EnlaceError as e:
         click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
         sys.exit(contract.VERIFY)
@@ -97,49 +102,18 @@ def _command_data_files(own, root: Path, run: str) -> list[str]:
 
 
 def _trainer_data_files(
-    run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, against_checkpoint: bool, allow: bool
+    run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, against: str | None, allow: tuple
 ) -> tuple[list[str], str | None]:
-    """The files the trainer's run reads, and (`against_checkpoint`) what of its newest checkpoint's making differs
-    now (_resume_refused; `allow`: --allow-teacher-change)."""
+    """The files the trainer's run reads, and (`against`: a checkpoint as --resume takes it) what of its making
+    differs now (enlace/server/resumecheck.py; `allow`: --allow-data-change, --allow-teacher-change)."""
     from enlace.config.recorded import load_run_config
     from enlace.data.streams import data_files, require_splits
+    from enlace.server.resumecheck import resume_refused
 
     cfg = load_run_config(run, overrides, root, fresh=fresh)
     files = data_files(cfg)
     require_splits(cfg, files)
-    return files, _resume_refused(cfg, allow) if against_checkpoint else None
-
-
-def _resume_refused(cfg, allow_teacher_change: bool) -> str | None:
-    """Before a launch that resumes the run's line: what its trainer would refuse as it loads the newest complete
-    checkpoint — data other than the one that checkpoint's MANIFEST records, or (distillation) another teacher —
-    in the trainer's words and fixes. None: it would resume, or nothing to compare (no checkpoint, one saved
-    before MANIFESTs recorded them). A finished run's data replaced by a push passed verify, queued, and failed
-    as it started; a student after its teacher was trained further failed after its preflight."""
-    from enlace.config.machine import teacher_checkpoint
-    from enlace.data.streams import data_identity
-    from enlace.manifest import identity, latest_checkpoint, read_manifest
-
-    ckpt = latest_checkpoint(cfg.run_dir / "checkpoints")
-    made = read_manifest(ckpt) if ckpt else {}
-    then = made.get("data") or {}
-    now = data_identity(cfg) if then.get("sha256") else {}
-    if now and (then["sha256"], then.get("bytes")) != (now["sha256"], now["bytes"]):
-        return (
-            f"the data differs from what {cfg.run_name}'s checkpoint {ckpt.name} was trained on ({then.get('files')} "
-            f"files, {then.get('bytes')} bytes then; {now['files']} files, {now['bytes']} bytes now): its resume "
-            "would refuse it — put the same data back, resume on this data anyway with launch --allow-data-change "
-            "(not exact), or start afresh with --resume none"
-        )
-    teacher = identity(teacher_checkpoint(cfg)) if made.get("teacher") and cfg.distill.teacher else None
-    if teacher and teacher != made["teacher"] and not allow_teacher_change:
-        return (
-            f"the teacher changed: {cfg.run_name}'s checkpoint {ckpt.name} was distilled from teacher "
-            f"{made['teacher'][:12]}, distill.teacher {cfg.distill.teacher} is now {teacher[:12]} (trained further?) "
-            "— put the same teacher back (distill.teacher: that checkpoint's directory), continue with this one: "
-            "launch --allow-teacher-change, or start afresh with --resume none"
-        )
-    return None
+    return files, resume_refused(cfg, against, *allow) if against else None
 
 
 COMMANDS = (fetch_serve_cmd, data_receive_cmd, data_files_cmd)

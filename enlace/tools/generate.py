@@ -49,9 +49,9 @@ def generate_shards(
     """Draw `n_bytes` from the checkpoint's model in `streams` side by side, into OUT's shards. Returns
     prepare_shards' meta plus what this call did (bytes drawn now, bytes found from an earlier call)."""
 
-    if out.exists():
-        raise BadOut(f"{out} exists — generate writes a new shard directory; remove it or pick another --out")
     with _alone(out):
+        if out.exists():  # (one that held the lock finished it meanwhile)
+            raise BadOut(f"{out} exists — generate writes a new shard directory; remove it or pick another --out")
         return _generate(ckpt, out, n_bytes, streams, temperature, seed, device, say)
 
 
