@@ -74,13 +74,14 @@ def test_a_changed_teacher_is_refused_on_resume(teacher):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["missing", "mistyped", "latest", "incomplete"])
+@pytest.mark.parametrize("case", ["missing", "mistyped", "latest", "itself", "incomplete"])
 def test_missing_or_incomplete_teacher_is_one_line_exit_2(teacher, case):
     """A mistyped name was told to train a run of that name; `checkpoints/latest` (a file) was a NotADirectoryError."""
     said = {
         "missing": "has no complete checkpoint",
         "mistyped": "no run 'teacj' here — did you mean 'teach'?",
         "latest": "(a file, not a checkpoint directory — name checkpoints/step-N) — name the run (teach: its newest",
+        "itself": "'stud' is this run itself — name another run as its teacher",
         "incomplete": "has no complete checkpoint",
     }[case]
     if case == "incomplete":
@@ -88,7 +89,8 @@ def test_missing_or_incomplete_teacher_is_one_line_exit_2(teacher, case):
             (ckpt / "MANIFEST").unlink()
         write_run(teacher, "stud", **STUDENT)
     else:
-        ref = {"missing": "nobody", "mistyped": "teacj", "latest": "runs/teach/checkpoints/latest"}[case]
+        ref = {"missing": "nobody", "mistyped": "teacj", "latest": "runs/teach/checkpoints/latest", "itself": "stud"}
+        ref = ref[case]
         write_run(teacher, "stud", **{**STUDENT, "distill": {"teacher": ref}})
     for verb in ("check-config", "train"):
         out = enlace(teacher, verb, "stud", check=False)

@@ -103,6 +103,8 @@ def teacher_checkpoint(cfg: Config) -> Path:
 
     if not RUN_NAME_RE.fullmatch(ref):
         raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
+    if ref == cfg.run_name:  # each checkpoint it saved would be another teacher: every resume refused
+        raise ConfigError(where, "distill.teacher", f"{ref!r} is this run itself", "name another run as its teacher")
     ckpt = latest_checkpoint(cfg.root / "runs" / ref / "checkpoints")
     runs = cfg.root / "runs"
     near = [] if (runs / ref).is_dir() else difflib.get_close_matches(ref, _runs_with_checkpoints(runs), n=1)
