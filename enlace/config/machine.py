@@ -105,10 +105,10 @@ def teacher_checkpoint(cfg: Config) -> Path:
         raise ConfigError(where, "distill.teacher", f"{ref!r} is neither a run name nor a checkpoint path")
     if ref == cfg.run_name:  # each checkpoint it saved would be another teacher: every resume refused
         raise ConfigError(where, "distill.teacher", f"{ref!r} is this run itself", "name another run as its teacher")
-    ckpt = latest_checkpoint(cfg.root / "runs" / ref / "checkpoints")
     runs = cfg.root / "runs"
-    near = [] if (runs / ref).is_dir() else difflib.get_close_matches(ref, _runs_with_checkpoints(runs), n=1)
-    if ckpt is None and near:  # a mistyped teacher (it was told to train a run of that name)
+    ckpt = latest_checkpoint(runs / ref / "checkpoints")
+    near = difflib.get_close_matches(ref, _runs_with_checkpoints(runs), n=1) if not (runs / ref).is_dir() else []
+    if near:  # a mistyped teacher (it was told to train a run of that name)
         raise ConfigError(where, "distill.teacher", f"no run {ref!r} here — did you mean {near[0]!r}?")
     if ckpt is None:
         raise ConfigError(

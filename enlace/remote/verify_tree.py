@@ -93,8 +93,7 @@ def _data_check(run_ref: str, set_args: list[str], against: list[str]) -> tuple[
     --against-checkpoint and --allow-* arguments, for a launch that resumes) what its trainer would refuse of that
     checkpoint's making, the data or a teacher ("" for nothing): not a failure here — launch refuses it once it
     knows the run would train (a finished run's launch says it is finished, a live one's that it runs)."""
-    more = against
-    df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args, *more, timeout=600)  # it may hash GBs
+    df = run("-m", "enlace", "data-files", run_ref, "--json", *set_args, *against, timeout=600)  # it may hash GBs
     try:
         data = json.loads(df.stdout)
     except json.JSONDecodeError:

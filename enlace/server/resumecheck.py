@@ -57,11 +57,8 @@ def _teacher_refused(cfg: Config, ckpt: Path, then: str | None) -> str | None:
         if teacher and then
         else None
     )
-    back = (
-        f"--set distill.teacher={same.relative_to(cfg.root)}"
-        if same and same.is_relative_to(cfg.root)
-        else ("distill.teacher: the checkpoint it was distilled from")
-    )
+    found = same is not None and same.is_relative_to(cfg.root)
+    back = f"--set distill.teacher={same.relative_to(cfg.root)}" if found else "distill.teacher: the one it began with"
     shown = lambda t: t[:12] if t else "none"
     return (
         f"the teacher changed: {cfg.run_name}'s checkpoint {ckpt.name} was distilled from teacher {shown(then)}, "

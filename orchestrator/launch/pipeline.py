@@ -78,8 +78,12 @@ class Plan:
         return self.resume == "none"
 
     @property
-    def elsewhere(self) -> bool:  # --resume PATH: the trainer checks that checkpoint against the config, not verify
+    def elsewhere(self) -> bool:  # --resume PATH: that checkpoint is checked against the config, not the run's line
         return self.resume not in ("latest", "none")
+
+    @property
+    def allow_teacher_change(self) -> bool:  # the trainer's flag, in train_args: verify's resume check heeds it too
+        return "--allow-teacher-change" in self.train_args
 
 
 @dataclass
@@ -182,7 +186,7 @@ def _ship(launch: Launch):
             elsewhere=plan.elsewhere,
             data=plan.data,
             allow_data_change=plan.allow_data_change,
-            allow_teacher_change="--allow-teacher-change" in plan.train_args,
+            allow_teacher_change=plan.allow_teacher_change,
             extra=(own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [])
             + (["--resume-at", plan.resume] if plan.elsewhere and host is plan.targets[0] else []),
         )

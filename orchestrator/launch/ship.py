@@ -101,7 +101,8 @@ def verify(
     """The server-side checklist for RUN in trees/SHA; prints it (`quiet`: only what failed or warns), raises
     VerifyError naming what is missing. `fresh` (--resume none): the config without the run's recorded --set
     items, and no resume check; `elsewhere` (--resume PATH): the recorded items apply, as train takes them, and
-    the run's line is not checked (the checkpoint named is, by the trainer)."""
+    the checkpoint named is checked instead of the run's line (extra's --resume-at); `allow_*`: the trainer's
+    --allow-data-change and --allow-teacher-change, which its resume check heeds."""
     args = [sha, session.host.python, run] + (["--for-launch"] if for_launch else []) + (["--fresh"] if fresh else [])
     args += (["--resume-elsewhere"] if elsewhere and not fresh else []) + ["--allow-data-change"] * allow_data_change
     args += ["--allow-teacher-change"] * allow_teacher_change
@@ -157,8 +158,8 @@ def ship(
         push(session, repo, data, before_send=guard)
     # --resume PATH: the checkpoint named, not the run's line, must fit the config (seen: going back to a set-aside
     # line trained with another learning rate was refused against the current line's)
-    allow = (allow_data_change, allow_teacher_change)
-    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, False, extra, elsewhere, *allow)
+    allow = {"allow_data_change": allow_data_change, "allow_teacher_change": allow_teacher_change}
+    doc = verify(session, rep.commit, run, for_launch, overrides, fresh, extra=extra, elsewhere=elsewhere, **allow)
     return Shipped(
         rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"), doc.get("resume_refused")
     )

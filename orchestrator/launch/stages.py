@@ -228,10 +228,8 @@ def wait_first_step(
         else "no complete checkpoint: starting from step 0"
     )
     click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
-    aside = row.get("set_aside") or {}
-    if (
-        aside.get("launch_id") == started["launch_id"]
-    ):  # this launch's --resume began a new line: say where the old went
+    aside = row.get("set_aside") or {}  # where this launch's --resume put the line it left, if it began one
+    if aside.get("launch_id") == started["launch_id"]:
         click.echo(
             f"  the line it left (checkpoints past its start, metrics.jsonl) is kept in {aside['path']}/", err=True
         )
