@@ -75,6 +75,35 @@ def test_ctrl_c_says_whether_the_run_was_started(monkeypatch, capsys):
             pipeline.run(plan, session_for=None, repo=None)
         assert said in capsys.readouterr().err
 
+    def half_started(launch):  # --hosts a,b,c: a started, then the Ctrl-C came while b's start was under way
+        launch.run_name = "walk-c"
+        launch.remembered.append(("a", None))
+        raise KeyboardInterrupt
+
+    three = Plan(run_file="tiny", targets=[SimpleNamespace(name=h) for h in "abc"], train_args=[])
+    monkeypatch.setattr(pipeline, "STAGES", {**fake, "start": half_started})
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(three, session_for=None, repo=None)
+    said = "walk-c was started on a and may have started on b, not on c: `enlace-remote --host a stop walk-c` ends it"
+    assert said in capsys.readouterr().err
+
+
+def test_ctrl_c_in_stop_says_the_run_may_be_stopping_on_its_own(capsys):
+    """Ctrl-C while the server waited for a stop's checkpoint said `interrupted` alone; its SIGTERM was sent first.
+    (The session stands in for the server's wait, which the Ctrl-C cuts short.)"""
+    from orchestrator.commands.common import ask_to_stop
+
+    class Waiting:
+        def enlace_json(self, *args, **kw):
+            assert args[1:3] == ("stop", "long") and "--kill" in args
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ask_to_stop(Waiting(), "gpu", "long", 30.0, kill=True)
+    err = capsys.readouterr().err
+    assert "long on gpu may already have been sent SIGTERM" in err and "exits on its own, not killed" in err
+    assert "`enlace-remote --host gpu status long`" in err and "`enlace-remote --host gpu stop long` waits" in err
+
 
 @pytest.fixture
 def planned(user_repo, tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
+from enlace.clitypes import stop_request
 
 HOST_ENV = "ENLACE_REMOTE_HOST"
 
@@ -148,3 +149,20 @@ def stop_words(rep: dict) -> str:
         return f"{rep['status']} at step {rep['step']}{killed}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
     kept = f"; latest checkpoint {rep['latest_checkpoint']}" if rep["latest_checkpoint"] else ""
     return f"{rep['status']}{killed} ({rep['phase']}){kept}"
+
+
+def ask_to_stop(session, host: str, run_name: str, grace: float | None, kill: bool) -> dict:
+    """The server's stop of one run: its report. The server sends SIGTERM before it waits for the checkpoint,
+    so a Ctrl-C during that wait leaves the run stopping on its own: say so, and where to look."""
+    args, timeout = stop_request(run_name, grace, kill)
+    try:
+        return session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
+    except KeyboardInterrupt:
+        there = f"enlace-remote --host {host}"
+        click.echo(
+            f"\n{run_name} on {host} may already have been sent SIGTERM (the server sends it before it waits for the"
+            f" checkpoint); then it saves one and exits on its own{', not killed' if kill else ''}. `{there} status"
+            f" {run_name}` says where it stands (stopping: saving); `{there} stop {run_name}` waits for it again",
+            err=True,
+        )
+        raise

@@ -15,7 +15,6 @@ from enlace.clitypes import (
     notify_option,
     resume_option_saying,
     set_option,
-    stop_request,
     supervisor_options,
 )
 from enlace.contract import VERDICT as VERDICT_EXIT
@@ -28,6 +27,7 @@ from orchestrator.commands.common import (
     HostOptionsCommand,
     Remote,
     allow_dirty_option,
+    ask_to_stop,
     not_running_words,
     stop_words,
     with_remote,
@@ -326,8 +326,7 @@ def stop(remote: Remote, run_name: str | None, grace: float | None, kill: bool, 
         return sweeps.stop_all(remote, sweep_name, grace, kill)
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
-    args, timeout = stop_request(run_name, grace, kill)
-    rep = remote.session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
+    rep = ask_to_stop(remote.session, remote.host.name, run_name, grace, kill)
     if not rep["was_running"]:
         click.echo(f"{run_name} is not running ({not_running_words(rep)}); nothing to stop")
         return

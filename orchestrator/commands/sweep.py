@@ -12,10 +12,17 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import notify_option, stop_request, supervisor_options
+from enlace.clitypes import notify_option, supervisor_options
 from enlace.contract import Status, metric_words
 from enlace.errors import EnlaceError
-from orchestrator.commands.common import HostOptionsCommand, Remote, allow_dirty_option, stop_words, with_remote
+from orchestrator.commands.common import (
+    HostOptionsCommand,
+    Remote,
+    allow_dirty_option,
+    ask_to_stop,
+    stop_words,
+    with_remote,
+)
 from orchestrator.sweep import record, table
 
 sweep_option = click.option(
@@ -118,8 +125,7 @@ def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None
 
     def stop_one(row: dict) -> str:
         session = remote.session_for(resolve_host(row["host"], remote.repo))
-        args, timeout = stop_request(row["run_name"], grace, kill)
-        rep = session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
+        rep = ask_to_stop(session, row["host"], row["run_name"], grace, kill)
         return f"{row['run_name']} on {row['host']}: {stop_words(rep)}" + (
             "" if rep["stopped"] else f" — still running after {rep['grace_s']:g}s (--kill forces it)"
         )

@@ -273,14 +273,20 @@ def stages_for(plan: Plan) -> list[str]:
 
 
 def _say_where_it_stands(launch: Launch, stage: str) -> None:
-    """After a Ctrl-C: whether the run was started (it goes on), may have been (its start was under way), or not."""
-    name, host = launch.run_name or launch.plan.run_file, launch.plan.targets[0].name
-    there = f"enlace-remote --host {host}"
+    """After a Ctrl-C: whether the run was started (it goes on), may have been (its start was under way), or not.
+    A run across hosts starts host by host (launch.remembered): those it started on are named."""
+    name, hosts = launch.run_name or launch.plan.run_file, [t.name for t in launch.plan.targets]
+    there, done = f"enlace-remote --host {hosts[0]}", [host for host, _ in launch.remembered]
     if launch.started is not None:
-        said = f"{name} was started on {host} and goes on: `{there} logs {name} -f` follows it, `{there} stop {name}`"
-        click.echo(f"{said} ends it", err=True)
+        said = f"{name} was started on {', '.join(hosts)} and goes on: `{there} logs {name} -f` follows it"
+        click.echo(f"{said}, `{there} stop {name}` ends it", err=True)
+    elif stage == "start" and done:  # its torchrun on those hosts waits for the others to join
+        never = hosts[len(done) + 1 :]
+        said = f"{name} was started on {', '.join(done)} and may have started on {hosts[len(done)]}"
+        said += f", not on {', '.join(never)}" if never else ""
+        click.echo(f"{said}: `{there} stop {name}` ends it", err=True)
     elif stage == "start":
-        click.echo(f"{name} may have started on {host}: `{there} status {name}` says", err=True)
+        click.echo(f"{name} may have started on {hosts[0]}: `{there} status {name}` says", err=True)
     else:
         click.echo(f"nothing was started ({stage} was under way)", err=True)
 
