@@ -135,8 +135,10 @@ def launch_target(
         if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
             return validate_run_file(name), overrides
         row = _server_row(session, name)
-        if row is None:  # nothing synced there yet (no such run: {}): the missing file is the error to show
+        if row is None:  # nothing synced there yet: the missing file is the error to show
             return validate_run_file(name), overrides
+        if not row:  # neither a run file nor a run there: a typo of either
+            _neither(session, runs_dir, name)
     elif not fresh:
         # what this machine remembers is what the last launch asked for; a launch whose trainer refused it
         # (another model over the run's checkpoints) left the run's own line, and its --set, as they were:
@@ -153,3 +155,19 @@ def launch_target(
     shown = " ".join(f"--set {item}" for item in merged.values())
     click.echo(f"run: {name} on {session.host.name}, from configs/runs/{file}.yaml {shown}", err=True)
     return file, tuple(merged.values())
+
+
+def _neither(session, runs_dir: Path, name: str) -> None:
+    """`launch NAME` where NAME is neither a run file here nor a run on the host: the closest of both, said."""
+    import difflib
+
+    validate_run_file(name)  # a name no file could have is said as such
+    files = sorted(p.stem for p in runs_dir.glob("*.yaml"))
+    runs = sorted(r["run_name"] for r in session.enlace_json("latest", "runs", "--json"))
+    host = session.host.name
+    close = difflib.get_close_matches(name, runs, n=1, cutoff=0.6)
+    hint = f" — did you mean the run {close[0]!r} (`launch {close[0]}` resumes it)?" if close else ""
+    raise UsageError(
+        f"no run config {name!r} in configs/runs/ and no run {name!r} on {host}{hint} run files: "
+        f"{', '.join(files) or 'none'}; runs on {host}: {', '.join(runs) or 'none'}"
+    )
