@@ -70,7 +70,7 @@ def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_ex
     # a typo of the run's name: it suggested run files only ("no run config 'mytyr' in configs/runs/")
     typo = remote(user_repo, sshd.env, "launch", "mytyr", "--no-preflight", check=False)
     assert typo.returncode == 2, typo.stderr
-    assert "did you mean the run 'mytry' (`launch mytry` resumes it)?" in typo.stderr
+    assert "did you mean the run 'mytry'? (`launch mytry` resumes it) — run files:" in typo.stderr
     assert "runs on testhost: mytry" in typo.stderr and "Traceback" not in typo.stderr
 
 

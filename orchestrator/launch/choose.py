@@ -166,8 +166,8 @@ def _neither(session, runs_dir: Path, name: str) -> None:
     runs = sorted(r["run_name"] for r in session.enlace_json("latest", "runs", "--json"))
     host = session.host.name
     close = difflib.get_close_matches(name, runs, n=1, cutoff=0.6)
-    hint = f" — did you mean the run {close[0]!r} (`launch {close[0]}` resumes it)?" if close else ""
+    hint = f" — did you mean the run {close[0]!r}? (`launch {close[0]}` resumes it)" if close else ""
     raise UsageError(
-        f"no run config {name!r} in configs/runs/ and no run {name!r} on {host}{hint} run files: "
+        f"no run config {name!r} in configs/runs/ and no run {name!r} on {host}{hint} — run files: "
         f"{', '.join(files) or 'none'}; runs on {host}: {', '.join(runs) or 'none'}"
     )
