@@ -97,7 +97,7 @@ def test_plot_one_run_and_two_overlaid(trained):
     img = mpimg.imread(one["out"])
     assert img.shape[0] > 600 and img.shape[1] > 600 and img[..., :3].std() > 0.01  # drawn, not blank
     run = one["runs"][0]
-    assert run["markers"] == [[10, "resume"], [10, "stopped"]], run["markers"]  # --until 10, then resumed
+    assert run["markers"] == [[10, "stopped, resume"]], run["markers"]  # --until 10, then resumed: one label
     assert run["points"]["loss"] == 20 and run["points"]["val_bpb"] >= 4
     two = json.loads(enlace(trained, "plot", "s", "t", "--metrics", "loss,val_bpb", "--json").stdout)
     assert two["out"].endswith("s+t.png") and [r["name"] for r in two["runs"]] == ["s", "t"]

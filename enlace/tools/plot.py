@@ -77,10 +77,13 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         (r["step"], r["status"]) for r in curves.events if r.get("kind") == "summary" and r.get("status") == "stopped"
     ]
     params = next((r.get("params") for r in reversed(starts) if r.get("params")), None)
+    at: dict[int, str] = {}  # one label per step, in the order it happened: "stopped, resume" (they overlapped)
+    for step, what in sorted(markers, key=lambda m: (m[0], m[1] != "stopped")):
+        at[step] = f"{at[step]}, {what}" if step in at else what
     return {
         "name": run_dir.name,
         "series": series,
-        "markers": sorted(markers),
+        "markers": sorted(at.items()),
         "commit": state.get("commit"),
         "params": params,
         "status": state.get("status"),
