@@ -113,22 +113,24 @@ def load_yaml_unique(text: str) -> Any:
         loader.dispose()
 
 
-def read_yaml(path: Path, what: str) -> dict[str, Any]:
+def read_yaml(path: Path, what: str, shown: str | None = None) -> dict[str, Any]:
+    """The mapping in the YAML file at `path`; its errors name it as `shown` (a path relative to the project)."""
+    name = shown or str(path)
     try:
         raw = read_bounded(path)
     except TooLarge as e:
-        raise ConfigError(str(path), "", f"is {e}", e.fix) from None
+        raise ConfigError(name, "", f"is {e}", e.fix) from None
     except NotRegular as e:
-        raise ConfigError(str(path), "", f"is {e}", e.fix) from None
+        raise ConfigError(name, "", f"is {e}", e.fix) from None
     except FileNotFoundError:
-        raise ConfigError(str(path), "", f"{what} file not found", "create it or check the name") from None
+        raise ConfigError(name, "", f"{what} file not found", "create it or check the name") from None
     except IsADirectoryError:
-        raise ConfigError(str(path), "", f"{what} file is a directory", "name a .yaml file") from None
+        raise ConfigError(name, "", f"{what} file is a directory", "name a .yaml file") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(
-            str(path),
+            name,
             "",
             f"is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
             "save the file as UTF-8",
@@ -137,24 +139,24 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
         data = load_yaml_unique(text)
     except DuplicateKey as e:
         raise ConfigError(
-            str(path),
+            name,
             e.key,
             f"given twice (lines {e.first} and {e.again}); YAML would silently keep only the last",
             "merge the two entries into one",
         ) from None
     except (AliasRefused, TooDeep) as e:
-        raise ConfigError(str(path), "", str(e), e.fix) from None
+        raise ConfigError(name, "", str(e), e.fix) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
         tab = "\t" in line[: len(line) - len(line.lstrip())]  # YAML indents with spaces only
         fix = "indent with spaces: YAML refuses a tab there" if tab else "fix the syntax"
-        raise ConfigError(str(path), "", f"not valid YAML{where}", fix) from None
+        raise ConfigError(name, "", f"not valid YAML{where}", fix) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(str(path), "", "expected a mapping of keys at the top level")
+        raise ConfigError(name, "", "expected a mapping of keys at the top level")
     return data
 
 

@@ -119,6 +119,7 @@ def _assert_refused(project, case, path, key, fix):
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
         assert path.name in lines[0] or "configs/profiles" in lines[0], lines[0]  # the file that set it
+        assert str(project) not in lines[0], lines[0]  # named as in the project, as every other error names it
         assert key in lines[0] and fix in lines[0], lines[0]
     assert not (project / "runs" / case).exists()  # train refused before writing anything
 

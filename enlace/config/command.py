@@ -264,10 +264,10 @@ def load(run: str, root: Path | None = None, overrides=()) -> CommandRun | None:
     path = run_file(run, root)
     if not path.is_file():
         return None
-    layer = read_yaml(path, "run")
+    where = str(path.relative_to(root) if path.is_relative_to(root) else path)
+    layer = read_yaml(path, "run", where)
     if not is_command(layer):
         return None
-    where = str(path.relative_to(root) if path.is_relative_to(root) else path)
     return parse(with_sets(layer, overrides, where), where, default_name=path.stem)
 
 

@@ -226,7 +226,7 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
         raise ConfigError(
             source,
             key,
-            f"{kind.rstrip('s')} config {ref!r} not found ({path})",
+            f"{kind.rstrip('s')} config {ref!r} not found ({shown})",
             f"one of: {', '.join(have) or 'none'}",
         )
     return path
@@ -315,7 +315,7 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     sets = parse_overrides(overrides)
     run_path = _resolve_file(root, "runs", run, "RUN", "")
     run_src = str(run_path.relative_to(root) if run_path.is_relative_to(root) else run_path)
-    run_layer = read_yaml(run_path, "run")
+    run_layer = read_yaml(run_path, "run", run_src)
     # a file with the trainer's sections mistyped only `command:` if anything of your own command's
     trainer_like = any((k in SECTIONS and k != "data") or k == "profile" for k in run_layer)
     check_top(run_layer, RUN_TOP_KEYS, run_src, ("command",) if trainer_like else OWN_COMMAND_KEYS, FIELD_HOME)
@@ -345,8 +345,8 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
 
     flat: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    _flatten_section(read_yaml(data_path, "data"), "data", rel(data_path), flat, origin)
-    profile_layer = read_yaml(profile_path, "profile")
+    _flatten_section(read_yaml(data_path, "data", rel(data_path)), "data", rel(data_path), flat, origin)
+    profile_layer = read_yaml(profile_path, "profile", rel(profile_path))
     check_top(profile_layer, PROFILE_SECTIONS, rel(profile_path))
     for section, values in profile_layer.items():
         _flatten_section(values, section, rel(profile_path), flat, origin)
