@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO))
 
 HEADER = """# Command-line reference: {title}
 
-After reading this page you can look up every verb and option of {what}.
+After reading this page you can look up, for {what}, every verb you type and each of its options.
 Generated from the code by `python scripts/cli_reference.py` (a test fails when it is stale): each verb's
 `--help` first line, and every option. {other}
 """
@@ -87,7 +87,12 @@ def render(page: str) -> str:
         lines += _section(prog, name, cmd)
     hidden = [name for name, cmd in cmds if cmd.hidden]
     if hidden:
-        lines += [f"The driver's server verbs (hidden from --help): {', '.join(f'`{n}`' for n in hidden)}.", ""]
+        named = ", ".join(f"`{n}`" for n in hidden)
+        lines += [
+            f"The driver's own server verbs, hidden from --help and left out above (the driver builds their"
+            f" arguments; `{prog} VERB --help` shows each one's options): {named}.",
+            "",
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 
