@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 
 import pytest
@@ -385,3 +386,23 @@ def test_the_offer_names_a_commands_output_globs_so_a_fetch_can_say_they_matched
     )
     offer, _ = open_offer(run_dir, outputs=True)
     assert offer["command"] and offer["outputs"] == {} and offer["output_globs"] == ["out/*"]
+
+
+def test_a_latest_that_would_lead_out_of_the_run_is_refused(tmp_path, monkeypatch):
+    """A server's offer named checkpoints/latest as `../../elsewhere/step-000007`, unchecked: local tools then
+    loaded a checkpoint outside the fetched run. (A crafted offer stands in for a hostile server.)"""
+    from types import SimpleNamespace
+
+    from enlace.errors import EnlaceError
+    from orchestrator.transfer import fetch
+
+    elsewhere = tmp_path / "elsewhere" / "step-000007"
+    save_checkpoint(elsewhere.parent, 7, {"model.pt": b"not this run's"}, keep=5)
+    listed = [{"name": "step-000001", "files": {}}]
+    offer = {"checkpoints": listed, "latest": "../../elsewhere/step-000007", "files": {}, "run_dir": "runs/r"}
+    monkeypatch.setattr(fetch, "_converse", lambda session, name, staging, plan, **kw: (offer, plan(offer), 0))
+    session = SimpleNamespace(host=SimpleNamespace(name="evil", local=False))
+    said = re.escape("refusing checkpoint name '../../elsewhere/step-000007' from the server")
+    with pytest.raises(EnlaceError, match=said):
+        fetch.fetch(session, "r", tmp_path / "runs" / "r", all_checkpoints=False)
+    assert not (tmp_path / "runs" / "r" / "checkpoints" / "latest").exists()

@@ -91,6 +91,8 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
                 "— wait for the first checkpoint.every steps, or stop the run to make it save"
             )
         _claim(root, session.host.name, offer["run_dir"], run_name)
+        if offer["latest"]:  # it names checkpoints/latest here, which sample and export follow
+            _safe(offer["latest"], CKPT_NAME, "checkpoint")
         listed = offer["checkpoints"]
         wanted = listed if all_checkpoints else [c for c in listed if c["name"] == offer["latest"]] or listed[-1:]
         want: dict[str, str | None] = {}  # path → its sha256 (None: a run file, taken as it is now)
