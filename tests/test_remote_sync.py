@@ -140,6 +140,46 @@ def test_changed_host_key_refused_even_with_accept_new(sshd, user_repo, tmp_path
     assert key in (sshd.dir / "known_hosts").read_text()  # not overwritten
 
 
+def test_a_key_in_any_file_ssh_reads_counts_and_a_revoked_one_is_refused(sshd, user_repo, tmp_path):
+    """Only the first UserKnownHostsFile was read, and no global file: --accept-new-host-key took a server whose
+    key another of ssh's files records differently, and wrote it down. An @revoked line was a paramiko traceback."""
+    from support.sshd import keygen
+
+    keygen(tmp_path / "other")
+    other = " ".join((tmp_path / "other.pub").read_text().split()[:2])
+    real = " ".join(sshd.host_public_key())
+    where = f"[127.0.0.1]:{sshd.port}"
+    first, second, overall = sshd.dir / "known_hosts", tmp_path / "known_hosts_b", tmp_path / "global_known_hosts"
+    config = sshd.dir / "ssh_config"
+    listed = f"UserKnownHostsFile {first} {second}\n  GlobalKnownHostsFile {overall}\n"
+    config.write_text(config.read_text().replace(f"UserKnownHostsFile {first}\n", listed))
+    first.write_text("")
+    for path in (second, overall):  # the direct path (paramiko): the old key's file is named
+        path.write_text(f"{where} {other}\n")
+        out = remote(user_repo, sshd.env, "--accept-new-host-key", "status", check=False)
+        assert out.returncode == 4 and "CHANGED" in out.stderr and f"-f {path}" in out.stderr, out.stderr
+        assert first.read_text() == "" and "Traceback" not in out.stderr  # nothing trusted, nothing written
+        path.write_text("")
+    overall.write_text(f"@cert-authority *.example.org {other}\n@revoked {where} {real}\nnot a key line\n")
+    for extra in ([], ["--accept-new-host-key"]):
+        out = remote(user_repo, sshd.env, *extra, "status", check=False)
+        assert out.returncode == 4 and f"is marked @revoked in {overall}" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and first.read_text() == ""
+    overall.write_text(f"@cert-authority *.example.org {other}\nnot a key line\n")
+    first.write_text(f"{where} {real}\n")
+    remote(user_repo, sshd.env, "status")  # the marker and the stray line are passed by, as OpenSSH does
+    first.write_text("")
+    second.write_text(f"{where} {other}\n")
+    sshd.share_connection()  # OpenSSH's client is given every file too
+    out = remote(user_repo, sshd.env, "--accept-new-host-key", "status", check=False)
+    assert out.returncode == 4 and first.read_text() == "", out.stderr
+    assert "host key has CHANGED" in out.stderr and f"Offending ED25519 key in {second}:1" in out.stderr, out.stderr
+    second.write_text("")
+    overall.write_text(f"@revoked {where} {real}\n")
+    out = remote(user_repo, sshd.env, "--accept-new-host-key", "status", check=False)
+    assert out.returncode == 4 and "marked @revoked" in out.stderr and first.read_text() == "", out.stderr
+
+
 def test_injection_in_run_name_refused_before_any_remote_io(sshd, user_repo):
     target = Path(f"/tmp/pwned-{uuid.uuid4().hex}")
     sshd.kill_sessions()

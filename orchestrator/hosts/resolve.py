@@ -38,6 +38,9 @@ from orchestrator.hosts import schema as hostfile
 from orchestrator.hosts.schema import NAME_RE, TARGET_RE
 from orchestrator.sshlib import read_ssh_config  # no ssh client (or it refused the file)
 
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"  # OpenSSH's defaults (ssh_config(5))
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
+
 
 @dataclass
 class Host:
@@ -49,7 +52,8 @@ class Host:
     user: str | None = None
     port: int = 22
     identity_files: list[str] = field(default_factory=list)
-    known_hosts: str = str(Path("~/.ssh/known_hosts").expanduser())
+    known_hosts: str = str(Path("~/.ssh/known_hosts").expanduser())  # where --accept-new-host-key writes
+    known_hosts_also: tuple[str, ...] = ()  # the other files ssh reads for it (its further user files, the global)
     connect_timeout: float = 10.0
     default_run: str | None = None
     pip_args: list[str] = field(default_factory=list)  # for `python: venv`: e.g. --index-url URL, --find-links DIR
@@ -168,7 +172,10 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
             f"host {name}: identity_file {identity}: no such file — give the path of your SSH private key "
             "(e.g. ~/.ssh/id_ed25519), or leave identity_file out to use ssh-agent and ~/.ssh/id_*"
         )
-    known = entry.get("known_hosts") or (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
+    # every file ssh reads (a changed key in any of them is refused), the first of the user's written to
+    users = (cfg.get("userknownhostsfile") or USER_KNOWN_HOSTS).split()
+    known, *also = [entry["known_hosts"]] if entry.get("known_hosts") else users
+    also += (cfg.get("globalknownhostsfile") or GLOBAL_KNOWN_HOSTS).split()
     return Host(
         name=name,
         local=False,
@@ -179,6 +186,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         port=port,
         identity_files=[str(Path(p).expanduser()) for p in identities],
         known_hosts=str(Path(known).expanduser()),
+        known_hosts_also=tuple(str(Path(p).expanduser()) for p in also),
         connect_timeout=float(entry.get("connect_timeout") or 10),
         default_run=entry.get("default_run"),
         pip_args=_pip_args(entry.get("pip_args"), name),

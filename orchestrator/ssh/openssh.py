@@ -207,8 +207,16 @@ class SharedTransport(SSHTransport):
         asks = "keyboard-interactive" in stderr or "password" in stderr
         if "Permission denied" in stderr and asks:
             return NotLoggedIn(self.host.name, ASKS_MORE)
-        if "Host key verification failed" in stderr and "CHANGED" not in stderr:
-            return UnreachableError(unknown_key_message(self.host, f"{self.host.name} ({self.host.hostname})"))
+        where = f"{self.host.name} ({self.host.hostname})"
+        if "REVOKED HOST KEY" in stderr:  # (it said "unknown host key" and offered --accept-new-host-key)
+            return UnreachableError(f"{where}: the server offers a host key marked @revoked in known_hosts — refusing")
+        if "HOST IDENTIFICATION HAS CHANGED" in stderr:  # ssh's own words: the file and line, its fix
+            said = " ".join(line.strip() for line in stderr.splitlines() if "Offending" in line or "ssh-keygen" in line)
+            return UnreachableError(
+                f"{where}: the host key has CHANGED — refusing to connect: this may be an attack ({said})"
+            )
+        if "Host key verification failed" in stderr:
+            return UnreachableError(unknown_key_message(self.host, where))
         return super().ssh_failure(stderr, started)
 
     # -- commands ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from orchestrator.errors import NotLoggedIn, Transient, UnreachableError, UsageError
 from orchestrator.hosts.resolve import Host
 from orchestrator.ssh.ciphers import gcm_first
-from orchestrator.ssh.hostkeys import fingerprint, unknown_key_message
+from orchestrator.ssh.hostkeys import RevokedHostKey, fingerprint, holding, unknown_key_message
 from orchestrator.sshlib import load_paramiko
 
 ASKS_MORE = "the host asks for more than a key (a password or a one-time code) and there is no open login"
@@ -40,12 +40,15 @@ def why_not(e: BaseException, h: Host, where: str, proxy, unresolved: Callable[[
     None); None for one that is not a connection's failure (a bug: raised as it is)."""
     paramiko = load_paramiko()
     if isinstance(e, paramiko.BadHostKeyException):
+        path = holding((h.known_hosts, *h.known_hosts_also), e.expected_key)
         return UnreachableError(
             f"{where}: the host key has CHANGED (the server now offers {e.key.get_name()} {fingerprint(e.key)}, "
-            f"known_hosts has {fingerprint(e.expected_key)}) — refusing to connect: this may be an attack. If the "
+            f"{path} has {fingerprint(e.expected_key)}) — refusing to connect: this may be an attack. If the "
             f"server was really reinstalled, remove the old key with: ssh-keygen -R "
-            f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(h.known_hosts)}"
+            f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(path)}"
         )
+    if isinstance(e, RevokedHostKey):
+        return UnreachableError(f"{where}: the server offers a revoked host key ({e}) — refusing to connect")
     if isinstance(e, (SecondFactor, paramiko.PasswordRequiredException)):  # a code, or a key's passphrase
         return NotLoggedIn(h.name, ASKS_MORE)
     if isinstance(e, paramiko.BadAuthenticationType):

@@ -37,7 +37,7 @@ from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file, use
 from orchestrator.ssh import portable
 from orchestrator.ssh.ciphers import SSH_CIPHERS
 from orchestrator.ssh.duplex import ChannelDuplex, SystemSSHDuplex
-from orchestrator.ssh.hostkeys import AcceptNewHostKey
+from orchestrator.ssh.hostkeys import KnownHostsPolicy, known_hosts_option, load_known
 from orchestrator.ssh.pump import OnData
 from orchestrator.ssh.refused import no_prompts, why_not
 from orchestrator.ssh.retry import WINDOW_S, retrying
@@ -134,10 +134,8 @@ class SSHTransport(Transport):
 
         h = self.host
         client = paramiko.SSHClient()
-        if Path(h.known_hosts).is_file():
-            client.load_host_keys(h.known_hosts)
-        policy = AcceptNewHostKey(h.known_hosts) if self.accept_new else paramiko.RejectPolicy()
-        client.set_missing_host_key_policy(policy)
+        revoked = load_known(client, (h.known_hosts, *h.known_hosts_also))
+        client.set_missing_host_key_policy(KnownHostsPolicy(h.known_hosts, self.accept_new, revoked))
         where, proxy = f"{h.name} ({h.hostname}:{h.port}{h.via})", self._proxy(paramiko)
         try:
             client.connect(
@@ -266,7 +264,7 @@ class SSHTransport(Transport):
             "ssh",
             *self._client_options(batch),
             "-o",
-            f"UserKnownHostsFile={h.known_hosts}",
+            f"UserKnownHostsFile={known_hosts_option(h)}",
             "-o",
             "StrictHostKeyChecking=yes",
             "-o",
