@@ -73,7 +73,7 @@ def hosts(ctx: click.Context) -> None:
     if ctx.invoked_subcommand:
         return
     from orchestrator.hosts.resolve import survey_hosts
-    from orchestrator.ssh.openssh import control_path, shares_connection
+    from orchestrator.ssh.openssh import logged_in, shares_connection
     from orchestrator.transfer.gitsync import repo_root
 
     repo = repo_root(Path.cwd())
@@ -88,7 +88,7 @@ def hosts(ctx: click.Context) -> None:
         )
         if not h.local:
             extra += f", connection {'shared' if shares_connection(h) else 'direct'}"
-            extra += ", logged in" if shares_connection(h) and control_path(h).exists() else ""
+            extra += ", logged in" if logged_in(h) else ""
         click.echo(f"{mark} {h.name:16} {h.describe()}, python {h.python}{extra}")
     for name, error in unusable.items():
         click.echo(f"! {name:16} unusable: {error}")

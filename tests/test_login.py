@@ -5,11 +5,13 @@ verb exits 4 with the line to log in, at once, even with a terminal on its stdin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import pytest
 from support import REPO
@@ -120,3 +122,31 @@ def test_a_login_through_a_jump_host(otp, user_repo, tmp_path):
         assert otp.logins() == 1 and jumps == 1, (otp.logins(), jumps)
     finally:
         jump.stop()
+
+
+def test_a_socket_not_ours_is_never_ridden(tmp_path, monkeypatch):
+    """A master's socket at this host's path that another account made (its name is predictable in /tmp) was
+    taken as a login: every verb rode that account's connection, past our own host-key check. Here the
+    other account is this process seen under another uid."""
+    import shutil
+    import socket
+    import tempfile
+
+    from orchestrator.errors import UsageError
+    from orchestrator.hosts.resolve import Host
+    from orchestrator.ssh import openssh
+
+    short = tempfile.mkdtemp(prefix="ens", dir="/tmp")  # a socket's path must be short (tmp_path's is not)
+    monkeypatch.setenv(openssh.CONTROL_DIR_ENV, short)
+    host = Host(name="gpu", local=False, remote_dir="~/enlace", python="venv", hostname="gpu.example.org")
+    path = openssh.control_path(host)
+    assert path.parent == Path(short)
+    with socket.socket(socket.AF_UNIX) as master, contextlib.ExitStack() as later:
+        later.callback(shutil.rmtree, short)
+        master.bind(str(path))
+        assert openssh.shares_connection(host) and openssh.logged_in(host)  # ours: a login
+        monkeypatch.setattr(os, "getuid", lambda: os.geteuid() + 1)  # now another account's
+        assert not openssh.shares_connection(host) and not openssh.logged_in(host)
+        shared = openssh.SharedTransport(Host(**{**host.__dict__, "connection": "shared"}))
+        with pytest.raises(UsageError, match="another account's socket"):
+            shared.ensure_master()

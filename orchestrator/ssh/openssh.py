@@ -65,13 +65,29 @@ def control_path(host: Host) -> Path:
     return folder / key
 
 
+def _ours(socket: Path) -> bool:
+    """A master's socket we may ride: a socket of ours in a folder of ours. Another account's master would carry
+    our commands on its connection, past our host-key check (its socket name is predictable in /tmp)."""
+    try:
+        folder, st = socket.parent.lstat(), socket.lstat()
+    except OSError:
+        return False
+    uid = os.getuid()
+    return stat.S_ISDIR(folder.st_mode) and folder.st_uid == uid and stat.S_ISSOCK(st.st_mode) and st.st_uid == uid
+
+
+def logged_in(host: Host) -> bool:
+    """A login of ours is open for the host (its master's socket is there, and ours)."""
+    return not host.local and _ours(control_path(host))
+
+
 def shares_connection(host: Host) -> bool:
     """Whether the host's verbs go through OpenSSH's master: it is set `connection: shared`, or a login is
     open for it (its socket is there)."""
     if host.local:
         return False
     try:
-        return host.connection == "shared" or control_path(host).exists()
+        return host.connection == "shared" or _ours(control_path(host))
     except OSError:  # a socket folder we may not read (another account's ENLACE_CONTROL_DIR): no login of ours
         return False
 
@@ -116,6 +132,11 @@ class SharedTransport(SSHTransport):
         a reboot) is removed: ssh would refuse to open a new master over it."""
         if not self.socket.exists():
             return False
+        if not _ours(self.socket):
+            raise UsageError(
+                f"{self.socket}: another account's socket (or not a socket) where this host's shared connection"
+                f" goes — remove it, or set {CONTROL_DIR_ENV} to a folder of yours"
+            )
         if self._control("check") == 0:
             return True
         with contextlib.suppress(OSError):
@@ -187,7 +208,7 @@ class SharedTransport(SSHTransport):
         fails on it (ssh's 255) has the master asked here before the next try."""
         if self._master_checked:
             return
-        if self.socket.exists() and not self._failed_once:
+        if _ours(self.socket) and not self._failed_once:
             self._master_checked = self.answered = True
             return
         if not self.master_running():
