@@ -273,3 +273,15 @@ def test_missing_data_names_the_shared_data_dir(sshd, user_repo):
         and f"{rd}/data/tiny/*.txt" in out.stderr
         and "trees/" not in out.stderr.split("looked for")[-1]
     )
+
+
+def test_a_remote_dir_with_a_percent_sign_is_synced_where_it_says(sshd, user_repo, tmp_path):
+    """git decodes %XX in an ssh:// URL's path: a remote_dir holding `%41` was pushed to `...A...`, a folder
+    remote.sh never looks in, and the sync failed."""
+    hosts = Path(sshd.env["ENLACE_HOSTS_FILE"])
+    there = tmp_path / "rd%41 x#y"
+    text = hosts.read_text()
+    hosts.write_text(text.replace(f"remote_dir: {server_dir(sshd, 'testhost')}", f"remote_dir: '{there}'", 1))
+    out = remote(user_repo, sshd.env, "sync")
+    assert (there / "trees" / head(user_repo) / "configs").is_dir(), out.stderr
+    assert not (tmp_path / "rdA x#y").exists()

@@ -35,7 +35,7 @@ from orchestrator.ssh.hostkeys import unknown_key_message
 from orchestrator.ssh.pump import OnData, pump
 from orchestrator.ssh.refused import ASKS_MORE
 from orchestrator.ssh.sshexit import remote_command, ssh_failed
-from orchestrator.ssh.transport import Result, SSHTransport
+from orchestrator.ssh.transport import Result, SSHTransport, url_path
 
 CONTROL_DIR_ENV = "ENLACE_CONTROL_DIR"
 AUTO_PERSIST = "10m"  # a master a `connection: shared` host opened itself: gone 10 minutes after its last use
@@ -114,7 +114,7 @@ class SharedTransport(SSHTransport):
         return f"{self.destination}:{path}"
 
     def git_url(self, path: str) -> str:
-        return f"ssh://{self.destination}:{self.host.port}{path}"
+        return f"ssh://{self.destination}:{self.host.port}{url_path(path)}"
 
     def _named(self) -> list[str]:
         return ["-o", f"HostName={self.host.hostname}"]  # the first value wins over the alias block's

@@ -120,6 +120,11 @@ class Transport:
         return result
 
 
+def url_path(path: str) -> str:
+    """A path as git reads it in an ssh:// URL: git decodes %XX there, so a literal % is sent as %25."""
+    return path.replace("%", "%25")
+
+
 class SSHTransport(Transport):
     def __init__(self, host: Host, accept_new_host_key: bool = False):
         self.host, self.accept_new = host, accept_new_host_key
@@ -326,7 +331,7 @@ class SSHTransport(Transport):
 
     def git_url(self, path: str) -> str:
         user = f"{self.host.user}@" if self.host.user else ""
-        return f"ssh://{user}{self.host.hostname}:{self.host.port}{path}"
+        return f"ssh://{user}{self.host.hostname}:{self.host.port}{url_path(path)}"
 
     def close(self) -> None:
         if self._client is not None:
