@@ -48,7 +48,7 @@ def load_known(client, files: tuple[str, ...]) -> dict[str, str]:
     → the file); @cert-authority lines are passed by (paramiko checks no certificates) and so is a line that is
     not a key, as OpenSSH does."""
     hostkeys = load_paramiko().hostkeys
-    keys, revoked = client.get_host_keys(), {}
+    entries, revoked = [], {}
     for path in files:
         try:
             lines = Path(path).read_text(errors="replace").splitlines()
@@ -62,11 +62,12 @@ def load_known(client, files: tuple[str, ...]) -> dict[str, str]:
                 if fields[0] == "@revoked" and len(fields) >= 4:
                     revoked[fields[3]] = path
                 continue
-            try:
-                entry = hostkeys.HostKeyEntry.from_line(line, number)
-            except (hostkeys.InvalidHostKey, ValueError):
-                continue
-            for name in entry.hostnames if entry else ():
+            with contextlib.suppress(hostkeys.InvalidHostKey, ValueError):
+                entries.append(hostkeys.HostKeyEntry.from_line(line, number))
+    keys = client.get_host_keys()
+    for entry in entries:  # a revoked key counts for nothing, also where another line trusts it (as OpenSSH)
+        if entry is not None and entry.key.get_base64() not in revoked:
+            for name in entry.hostnames:
                 keys.add(name, entry.key.get_name(), entry.key)
     return revoked
 
