@@ -21,14 +21,13 @@ from orchestrator.commands import run as cli_run
 from orchestrator.commands import sweep as cli_sweep
 from orchestrator.commands import tools as cli_tools
 from orchestrator.commands.common import (
-    HOST_ENV,
     HostOptionsGroup,
     Interrupted,
     Remote,
     allow_dirty_option,
     with_remote,
 )
-from orchestrator.errors import EXIT_CODES_HELP
+from orchestrator.errors import EXIT_CODES_HELP, HOST_ENV
 
 
 @click.group(

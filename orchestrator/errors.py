@@ -3,12 +3,24 @@ codes from the contract. A server's refusal becomes the error its document names
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 
 from enlace import contract
 from enlace.errors import AlreadyRunning, EnlaceError, NoSpaceError
 
 EXIT_CODES_HELP = contract.help_text()
+HOST_ENV = "ENLACE_REMOTE_HOST"  # the host a bare command reaches (`local` without it)
+BARE_HINT = re.compile(r"\benlace-remote (?!--host )")
+
+
+def on_host(text: str, host: str) -> str:
+    """Words naming `enlace-remote VERB` for a command on `host`: with `--host HOST` where a bare command would
+    reach another host (the server half cannot know the name the driver gave its host)."""
+    if not host or host == (os.environ.get(HOST_ENV) or "local"):
+        return text
+    return BARE_HINT.sub(f"enlace-remote --host {host} ", text)
 
 
 class UsageError(EnlaceError):
@@ -54,13 +66,15 @@ class ServerRefused(EnlaceError):
         self.exit_code, self.kind = exit_code, kind
 
 
-def from_doc(doc: dict, exited: int, where: str = "") -> EnlaceError:
+def from_doc(doc: dict, exited: int, where: str = "", host: str = "") -> EnlaceError:
     """The error for a server answer {"ok": false, "error", "exit_code", "kind"}: the same exit code here,
-    the same class where one exists (AlreadyRunning, NoSpaceError, ...), and `.kind` for the driver to act on."""
+    the same class where one exists (AlreadyRunning, NoSpaceError, ...), and `.kind` for the driver to act on;
+    the commands it names are for `host` (on_host)."""
     code = doc.get("exit_code", exited)
     code = code if isinstance(code, int) and code in contract.TABLE and code != contract.OK else contract.FAILED
     kind = str(doc.get("kind") or contract.ErrorKind.OTHER)
-    text = f"{where}: {doc['error']}" if where else doc["error"]
+    said = on_host(doc["error"], host)
+    text = f"{where}: {said}" if where else said
     by_code = {c.exit_code: c for c in (UsageError, VerifyError, AlreadyRunning, NoSpaceError)}
     err = by_code[code](text) if code in by_code else ServerRefused(text, code, kind)
     err.kind = kind

@@ -224,3 +224,24 @@ def test_ssh_gets_its_own_default_keys_fido_ones_included(sshd, user_repo, tmp_p
     argv = SSHTransport(host).ssh_argv()
     named = [Path(argv[i + 1]).name for i, a in enumerate(argv) if a == "-i"]
     assert named == ["id_rsa", "id_ecdsa_sk", "id_ed25519_sk"]
+
+
+def test_the_commands_a_server_names_carry_the_host_they_came_from(monkeypatch):
+    """Hints printed for a host reached with --host ran on the default host as printed (`enlace-remote stop tl`:
+    "on local: nothing was launched"). The server half cannot know the driver's name for its host."""
+    from orchestrator.errors import HOST_ENV, from_doc, on_host
+    from orchestrator.view.status import format_status
+
+    monkeypatch.delenv(HOST_ENV, raising=False)
+    said = "stop that one first (enlace-remote stop tl, or scancel 13); `enlace-remote --host hpc logs tl -f`"
+    assert on_host(said, "hpc") == said.replace("(enlace-remote stop", "(enlace-remote --host hpc stop")
+    assert on_host(said, "local") == said  # a bare command reaches it already
+    monkeypatch.setenv(HOST_ENV, "hpc")
+    assert on_host(said, "hpc") == said and "--host gpu stop" in on_host(said, "gpu")
+    monkeypatch.delenv(HOST_ENV)
+    err = from_doc({"ok": False, "error": said, "exit_code": 7}, 7, "on hpc", "hpc")
+    assert err.exit_code == 7 and "on hpc: stop that one first (enlace-remote --host hpc stop tl" in err.message
+    row = {"run_name": "tl", "status": "failed", "step": 3, "max_steps": 9, "loss": 1.0, "tokens_per_s": 0}
+    row.update(eta_s=None, commit="abc", error="boom " * 40)  # cut: the line ends with where to read it whole
+    assert "(enlace-remote --host hpc status tl: all of it)" in format_status([row], host="hpc")
+    assert "(enlace-remote --host gpu status tl: all of it)" in format_status([{**row, "host": "gpu"}], hosts=True)

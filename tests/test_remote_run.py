@@ -114,6 +114,7 @@ def test_launch_refuses_running_run_and_concurrent_launches_start_one(sshd, user
     assert codes[0] == 0 and codes[1] != 0, codes
     again = remote(user_repo, sshd.env, "launch", "long", "--no-preflight", check=False)
     assert again.returncode == 7 and "already running" in again.stderr and "step" in again.stderr
+    assert "`enlace-remote --host testhost stop long` first" in again.stderr, again.stderr  # it works as printed
     pids = trainers_under(sshd.dir.parent, "long")  # this test's trainers only (the machine may be shared)
     assert len(pids) == 1, pids
     remote(user_repo, sshd.env, "stop", "long")

@@ -11,8 +11,6 @@ import click
 from enlace import contract
 from enlace.clitypes import stop_request
 
-HOST_ENV = "ENLACE_REMOTE_HOST"
-
 
 class Remote:
     """What every command needs: the repo, the chosen host, and (lazily) one session with it."""

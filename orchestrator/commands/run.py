@@ -306,7 +306,7 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
         click.echo(json.dumps(rows, indent=1) if as_json else table.format_status(rows, hosts=True))
         return
     rows = table.runs_here(remote.session, validate_run_name(run_name, "RUN_NAME") if run_name else None)
-    text = table.format_status(rows, full=bool(run_name)) if rows else table.NO_RUNS
+    text = table.format_status(rows, full=bool(run_name), host=remote.host.name) if rows else table.NO_RUNS
     click.echo(json.dumps(rows, indent=1) if as_json else text)
 
 

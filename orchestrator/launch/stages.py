@@ -15,7 +15,7 @@ import click
 from enlace.contract import LOG_STAMP, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
 from enlace.errors import EnlaceError
 from enlace.preflight.report import format_report
-from orchestrator.errors import AlreadyRunning, FirstStartCrashed, UsageError, from_doc
+from orchestrator.errors import AlreadyRunning, FirstStartCrashed, UsageError, from_doc, on_host
 from orchestrator.launch.slurm import on_node
 from orchestrator.ssh.session import Session
 
@@ -51,14 +51,14 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     """Before any preflight: a live run is refused at once (its preflight would compete with it); a
     finished run is said to be finished, with how to extend it (False: nothing to launch) — unless `fresh`
     (--resume none or PATH: it starts where that says)."""
-    rows = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name]
+    rows, host = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name], session.host.name
     if not rows:
         return True
     row = rows[0]
     if row.get("checkpoint_warning"):
+        said = f"enlace-remote launch {run_name} --resume checkpoints/step-N (or --resume none to start afresh)"
         click.echo(
-            f"warning: {row['checkpoint_warning']} — to resume from another checkpoint: enlace-remote launch "
-            f"{run_name} --resume checkpoints/step-N (or --resume none to start afresh)",
+            f"warning: {row['checkpoint_warning']} — to resume from another checkpoint: {on_host(said, host)}",
             err=True,
         )
     if row.get("supervisor"):  # nobody heals it: the server's launch stops it at a checkpoint and resumes it
@@ -76,13 +76,13 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "training.max_steps"]
     extends = bool(asked) and asked[-1].strip().isdigit() and int(asked[-1]) > (row["step"] or 0)
     if row["status"] == "finished" and not extends:
-        click.echo(
+        said = (
             f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "
             f"{row['latest_checkpoint']}); nothing to train. To train further, raise max_steps: "
             f"`enlace-remote launch {run_name} --set training.max_steps={2 * (row['max_steps'] or 1)}` "
-            "resumes from that checkpoint (`--resume none` starts it over)",
-            err=True,
+            "resumes from that checkpoint (`--resume none` starts it over)"
         )
+        click.echo(on_host(said, host), err=True)
         return False
     return True
 
@@ -90,11 +90,11 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
 def _running_message(session: Session, row: dict) -> str:
     name = row["run_name"]
     state = "queued" if row.get("status") == "queued" else "running"  # a queued run waits for its turn, not to run
-    return (
+    said = (
         f"{name} is already {state} on {session.host.name} ({describe_live(row)}) — `enlace-remote stop {name}` "
-        "first, or follow it with "
-        f"`enlace-remote logs {name} -f`"
+        f"first, or follow it with `enlace-remote logs {name} -f`"
     )
+    return on_host(said, session.host.name)
 
 
 def train_command(run: str, train_args: list[str], gpus: str | None, rendezvous: dict | None = None) -> list[str]:
@@ -174,6 +174,7 @@ def wait_first_step(
     """Wait (on the server, one call) until the trainer we started logged a step or ended; show its
     phases meanwhile (`fresh`: it was asked to start afresh, --resume none). A run that ended badly fails here with its error and log tail; one whose first start
     crashed, too (exit 8), unless `follow`: then the log is followed through its restarts."""
+    host = session.host.name  # the commands said are for it (on_host)
     row = session.stream_json(
         "latest",
         "wait",
@@ -182,39 +183,42 @@ def wait_first_step(
         started["launch_id"],
         "--timeout",
         str(wait_s),
-        on_progress=lambda line: click.echo(line, err=True),
+        on_progress=lambda line: click.echo(on_host(line, host), err=True),
         stall_timeout=wait_s + 60,
     )
     if row["waited"] == "queued":
-        click.echo(f"{run_name}: queued on {session.host.name}: {row['phase']}", err=True)
-        click.echo(
-            f"  it starts by itself when its turn comes: `enlace-remote logs {run_name} -f` waits with it", err=True
-        )
+        click.echo(f"{run_name}: queued on {host}: {row['phase']}", err=True)
+        said = f"  it starts by itself when its turn comes: `enlace-remote logs {run_name} -f` waits with it"
+        click.echo(on_host(said, host), err=True)
         return row
     if row["waited"] == "blocked":  # its reason and what it means are the phase shown above
         raise UsageError(
-            f"{run_name}: Slurm job {row['job_id']} is pending for {row['slurm_reason']}: as asked it may never "
-            f"start — `enlace-remote stop {run_name}` cancels it; ask for what the partition allows (the host's "
-            "time, nodes, partition or qos in hosts.yaml, or launch's --nodes/--gpus)"
+            on_host(
+                f"{run_name}: Slurm job {row['job_id']} is pending for {row['slurm_reason']}: as asked it may never "
+                f"start — `enlace-remote stop {run_name}` cancels it; ask for what the partition allows (the host's "
+                "time, nodes, partition or qos in hosts.yaml, or launch's --nodes/--gpus)",
+                host,
+            )
         )
     if row["waited"] == "restarting" and follow:
         click.echo(f"{run_name}: its first start crashed; following it through its restarts", err=True)
         return row
     if row["waited"] == "restarting":  # its cause is the phase shown above
+        said = f"`enlace-remote logs {run_name} -f` follows it, `enlace-remote stop {run_name}` ends it"
         raise FirstStartCrashed(
             f"{run_name}: its first start crashed, and its supervisor starts it again as its restarts allow — "
-            f"`enlace-remote logs {run_name} -f` follows it, `enlace-remote stop {run_name}` ends it"
+            + on_host(said, host)
         )
     if row["waited"] == "timeout":
         where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
         raise EnlaceError(
             f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
-            f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`"
+            f"{row['status']} ({where}) — follow it with `{on_host('enlace-remote ', host)}logs {run_name} -f`"
         )
     if row["status"] not in ("running", "finished", "stopped"):
         error = ended_message(row)
         tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
-        ended = from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row))
+        ended = from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row), host=host)
         ended.run_ended = True  # (not a wait that timed out, nor a start its supervisor retries)
         raise ended
     if row.get("command"):

@@ -99,7 +99,7 @@ class Session:
         except json.JSONDecodeError:
             raise CommandFailed(self.host.name, what, exited, stdout + stderr) from None
         if isinstance(doc, dict) and doc.get("ok") is False and doc.get("error"):
-            raise from_doc(doc, exited, f"on {self.host.name}")
+            raise from_doc(doc, exited, f"on {self.host.name}", self.host.name)
         if exited not in ok_codes:
             raise CommandFailed(self.host.name, what, exited, stdout + stderr)
         return doc

@@ -61,7 +61,7 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
     except Transient as e:
         raise EnlaceError(
             f"logs {run_name}: gave up after {GIVE_UP_S:g}s without a working connection ({e.message}); the run "
-            f"itself is unaffected — rerun `enlace-remote logs {run_name} -f`"
+            f"itself is unaffected — rerun `enlace-remote --host {session.host.name} logs {run_name} -f`"
         ) from None
     if follow and code not in (contract.OK, contract.USAGE):
         row = session.enlace_json("latest", "runs", run_name)[0]

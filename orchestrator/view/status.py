@@ -8,14 +8,16 @@ import time
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.units import DETAIL_WIDTH, duration, loss_figure, one_line
+from orchestrator.errors import on_host
 
 HOLDING = ("starting", "running", "stopping")  # a run in one of these holds the GPUs its row names
 
 
-def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> str:
+def format_status(rows: list[dict], hosts: bool = False, full: bool = False, host: str = "") -> str:
     """The status table; with `hosts`, rows carry a "host", and a host that did not answer is a row with a
     "host_error". A run's error and checkpoint warning go on a detail line under its row (cut to
-    DETAIL_WIDTH unless `full`), so the STATUS column keeps its width."""
+    DETAIL_WIDTH unless `full`), so the STATUS column keeps its width; the commands it names are for its
+    host (`host`: the one host's name)."""
     now = time.time()
     jobs = any(r.get("job_id") for r in rows)
     # a script of your own that logs a val loss but no val bpb (enlace.job): its own unit, its own column
@@ -62,7 +64,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False) -> 
                 *((slurm_cell(r),) if jobs else ()),
             )
         )
-        details.append(_details(r, full))
+        details.append([on_host(line, r.get("host") or host) for line in _details(r, full)])
     widths = [max(len(str(row[i])) for row in table if len(row) == len(head)) for i in range(len(head))]
     lines = []
     for row, extra in zip(table, details):
