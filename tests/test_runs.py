@@ -274,7 +274,10 @@ def test_status_table_puts_a_runs_error_on_a_detail_line_and_host_errors_in_host
     ]
     lines = format_status(rows, hosts=True).splitlines()
     assert lines[1].split()[:3] == ["gpu1", "smoke", "failed"]
-    assert lines[2].strip().startswith("└ error: ConfigError: xxx") and "enlace-remote --host gpu1 status smoke" in lines[2]
+    assert (
+        lines[2].strip().startswith("└ error: ConfigError: xxx")
+        and "enlace-remote --host gpu1 status smoke" in lines[2]
+    )
     assert len(lines[2]) < 180 and max(len(line) for line in lines[:2]) < 120
     assert lines[3].split()[:3] == ["gpu2", "-", "unreachable:"]
     full = format_status(rows[:1], hosts=True, full=True)

@@ -240,6 +240,39 @@ def test_preflight_on_a_compute_node_then_srun_torchrun_with_two_ranks(login, us
     assert (server_dir(login, "cluster") / "runs" / "tiny" / "torchrun").is_dir()  # not /tmp/torchelastic_*
 
 
+def test_a_preflight_job_that_would_never_run_is_one_error_and_asks_for_the_jobs_node(login, user_repo, cluster):
+    """Seen on a walk of docs/slurm.md: preflight's srun (15 minutes) over a partition with a 10-minute limit
+    waited for ever; an invalid partition printed srun's lines twice and exited 1 ("`enlace on-node` exited 1");
+    extra_sbatch's --constraint was left out of preflight's srun, which measured a node the job would not get."""
+    tiny_corpus(server_dir(login, "cluster"))
+    entry = "  {name}:\n    ssh: testhost\n    remote_dir: {rd}\n    python: {py}\n    scheduler: slurm\n{extra}"
+    with open(login.env["ENLACE_HOSTS_FILE"], "a") as fh:
+        for name, extra in (
+            ("nopart", '    partition: nope\n    time: "5"\n'),
+            ("feature", '    time: "5"\n    extra_sbatch: ["--constraint=nofeature"]\n'),
+            ("untimed", ""),  # no time of its own: its preflight asks for 15 minutes
+        ):
+            fh.write(entry.format(name=name, rd=server_dir(login, "cluster"), py=sys.executable, extra=extra))
+    for host, said in (
+        ("nopart", "Slurm refused the compute-node job: "),
+        ("feature", "Slurm refused the compute-node job: Unable to allocate resources: Invalid feature"),
+    ):
+        out = remote(user_repo, login.env, "preflight", "tiny", host=host, check=False)
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+        assert "exited 1" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "--constraint=nofeature" in out.stderr  # the job's node, as the job asks for it
+    cluster.run("scontrol", "update", "PartitionName=debug", "MaxTime=10")
+    try:
+        out = remote(user_repo, login.env, "preflight", "tiny", host="untimed", check=False, timeout=120)
+        assert out.returncode == 2 and "pending for PartitionTimeLimit" in out.stderr, out.stderr
+        assert "srun --time=15" in out.stderr and "the host's time" in out.stderr
+        out = remote(user_repo, login.env, "preflight", "tiny", "--steps", "2", host="cluster", timeout=300)
+        assert "on a compute node: srun --nodes=1 --ntasks=1" in out.stderr and "--time=2 " in out.stderr
+    finally:
+        cluster.run("scontrol", "update", "PartitionName=debug", "MaxTime=INFINITE")
+    assert not cluster.run("squeue", "--noheader").stdout.strip()  # the pending job was cancelled
+
+
 def test_the_printed_script_runs_as_printed_on_the_login_node(login, user_repo, cluster, tmp_path):
     """`launch --slurm --print` names the synced tree and the server's python by absolute path: sbatch'ed on
     the login node as printed (from any directory), its job trains (a bare `python` died on Debian)."""

@@ -195,15 +195,22 @@ def slurm_job_cmd(
 
 @click.command("on-node", hidden=True, context_settings={"ignore_unknown_options": True})
 @spec_option
-@click.option("--minutes", type=click.IntRange(min=1), default=15, show_default=True, help="The job's time limit.")
+@click.option(
+    "--minutes",
+    type=click.IntRange(min=1),
+    default=15,
+    show_default=True,
+    help="The job's time limit (the host's time where that is shorter).",
+)
 @click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED)
 def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
     """Run `enlace ARGS` as a short job on a compute node (srun): preflight on a Slurm host, where the login
     node has no GPU. Its stdout is ARGS' answer; srun's queue messages go to stderr."""
     spec = _spec(spec_json)
+    from enlace.slurm import onnode
     from enlace.slurm.settings import srun_argv
 
-    name = f"enlace-{args[0]}-{os.getpid()}"
+    name, minutes = f"enlace-{args[0]}-{os.getpid()}", onnode.minutes_for(spec, minutes)
     # on the node, first: is the synced tree there (remote_dir on the filesystem the nodes share)?
     check = (
         'test -w "$1" || { echo "remote_dir is not on $(hostname): $1 is missing or not writable there — put '
@@ -211,6 +218,7 @@ def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
     )
     argv = [
         *srun_argv(spec, name, minutes),
+        *onnode.node_options(spec),
         "bash",
         "-c",
         check,
@@ -225,7 +233,7 @@ def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
     ctx = click.get_current_context()
     ctx.obj["when_client_gone"].append(lambda: subprocess.run(["scancel", f"--name={name}"], capture_output=True))
     click.echo(f"  {args[0]} on a compute node: {shlex.join(argv[: argv.index('bash')])}", err=True)
-    sys.exit(subprocess.run(argv).returncode)
+    sys.exit(onnode.run(argv, name, minutes))
 
 
 COMMANDS = (submit_cmd, submit_array_cmd, slurm_job_cmd, on_node_cmd)

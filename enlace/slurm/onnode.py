@@ -1,0 +1,88 @@
+"""A short job on a compute node (`enlace on-node`: preflight on a Slurm host, whose login node has no GPU):
+srun with the host's settings, its queue messages passed on as they come, and the two ways such a job would
+never run said as one error (exit 2) instead of a hang or srun's lines twice: Slurm refusing it at submission
+(an invalid partition, account, qos or constraint) and a pending reason that waits for a limit to change (its
+time over the partition's, ...). Standard library and Slurm's commands."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+
+from enlace.slurm.settings import WILL_NOT_START, SlurmError, SlurmSpec, time_limit_s
+
+POLL_S = 2.0  # how often the job's pending reason is read while srun waits
+REFUSED = re.compile(r"srun: error: (Unable to allocate resources: .*|invalid .*)", re.IGNORECASE)
+# extra_sbatch options that choose the node (srun takes them as sbatch does): preflight measures the node the
+# job will get; the others (mail, output, requeue, ...) are the batch job's own
+NODE_OPTIONS = frozenset(
+    {"--constraint", "-C", "--gres", "--reservation", "--exclude", "-x", "--nodelist", "-w", "--exclusive",
+     "--clusters", "-M", "--cluster-constraint", "--mem-per-cpu", "--mem-per-gpu", "--gpus", "--gpus-per-task",
+     "--cpus-per-gpu", "--tmp", "--switches"}
+)  # fmt: skip
+
+
+def minutes_for(spec: SlurmSpec, asked: int) -> int:
+    """The job's time limit: `asked`, or the host's own job time where that is shorter (a partition that takes
+    the host's jobs takes this one; 15 minutes over a 10-minute partition waited for ever)."""
+    return max(1, min(asked, time_limit_s(spec.time) // 60)) if spec.time else asked
+
+
+def node_options(spec: SlurmSpec) -> list[str]:
+    """The host's extra_sbatch lines that choose the node (a --constraint=a100 left out measured another card)."""
+    return [line for line in spec.extra_sbatch if line.split("=", 1)[0].split()[0] in NODE_OPTIONS]
+
+
+def run(argv: list[str], name: str, minutes: int) -> int:
+    """srun `argv` (its job named `name`): its exit code, or SlurmError where the job would never run."""
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, errors="replace")
+    said: list[str] = []
+    reader = threading.Thread(target=_pass_on, args=(proc.stderr, said), daemon=True)
+    reader.start()
+    while True:
+        try:
+            proc.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            reason = _never_starts(name)
+        if reason:
+            subprocess.run(["scancel", f"--name={name}"], capture_output=True)
+            proc.wait()
+            raise SlurmError(
+                f"the compute-node job (srun --time={minutes}) is pending for {reason}: {WILL_NOT_START[reason]}, "
+                "so it would never start (cancelled) — ask for what the partition allows: the host's time, "
+                "partition, qos or account in hosts.yaml (`sinfo` shows the partitions' limits)"
+            )
+    reader.join(timeout=10)
+    refused = next((m.group(1) for line in said if (m := REFUSED.search(line))), None)
+    if proc.returncode and refused:  # nothing ran: srun's own error, once, as the host's settings to fix
+        raise SlurmError(
+            f"Slurm refused the compute-node job: {refused} — check the host's partition, account, qos, "
+            "gpus_per_node, mem and extra_sbatch in hosts.yaml"
+        )
+    return proc.returncode
+
+
+def _pass_on(stream, said: list[str]) -> None:
+    """srun's stderr to ours as it comes (its queue messages are the user's progress), and kept."""
+    for line in stream:
+        said.append(line)
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+def _never_starts(name: str) -> str | None:
+    """The job's pending reason where it means the job, as asked, never starts; None otherwise."""
+    try:
+        out = subprocess.run(
+            ["squeue", f"--name={name}", "--noheader", "--format=%T %r"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        state, _, reason = line.partition(" ")
+        if state == "PENDING" and reason.strip() in WILL_NOT_START:
+            return reason.strip()
+    return None
