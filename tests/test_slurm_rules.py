@@ -4,6 +4,7 @@ batch script, the status cell, the printed script, the trainer's answer to repea
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
@@ -161,3 +162,33 @@ def test_a_repeated_sigterm_is_one_stop_request_and_a_second_ctrl_c_exits():
     assert after("SIGTERM", "SIGTERM").stdout.strip() == "asked by SIGTERM"
     out = after("SIGTERM", "SIGINT")  # Ctrl-C after a stop request: out at once
     assert out.returncode == 128 + signal.SIGINT and "asked by" not in out.stdout
+
+
+@pytest.mark.parametrize("requeued", [True, False])
+def test_a_requeue_that_scontrol_calls_failed_is_believed_only_when_slurm_did_not_requeue(
+    tmp_path, monkeypatch, capsys, requeued
+):
+    """Seen once in four requeues on a walk: `scontrol requeue` ended non-zero saying nothing while Slurm requeued
+    the job (it ends this very job for that); train.log said the requeue failed and run.json read stopped with
+    that error until the job started again. A stand-in scontrol on PATH plays that race, which a real cluster
+    gives only at random; its `show job` answers as Slurm does after a requeue (Restarts=1), or before."""
+    from enlace.slurm import job
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    restarts = 1 if requeued else 0
+    (bindir / "scontrol").write_text(
+        f'#!/bin/sh\n[ "$1" = requeue ] && exit 1\necho "JobId=7 JobState=RUNNING Restarts={restarts} Reason=None"\n'
+    )
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setattr(job._was_requeued, "__defaults__", (5, 0.0))  # no pause between its looks
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    runs.update(run_dir, status=Status.STOPPED, step=12, requeues=0)
+    assert job._requeue(run_dir, "7", runs.read(run_dir)) == 0
+    log, st = capsys.readouterr().out, runs.read(run_dir)
+    if requeued:
+        assert "failed" not in log and st["status"] == Status.PENDING and not st.get("error"), (log, st)
+    else:
+        assert "scontrol requeue 7 failed: exit 1, nothing said" in log and st["status"] == Status.STOPPED, log

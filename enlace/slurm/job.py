@@ -33,7 +33,7 @@ from enlace.server import lifecycle
 from enlace.server.runfiles import last_line
 from enlace.server.supervise import Policy, Supervisor
 from enlace.server.trainerchild import again_argv
-from enlace.slurm.settings import EARLY_S, SlurmError, time_left_s
+from enlace.slurm.settings import EARLY_S, QUEUED_STATES, SlurmError, job_info, time_left_s
 from enlace.state import runs
 
 
@@ -146,10 +146,23 @@ def _requeue(run_dir: Path, job_id: str, st: dict) -> int:
     say(f"checkpointed at step {st.get('step')}; requeueing job {job_id}")
     runs.update(run_dir, status=Status.PENDING, phase="requeued: waiting for Slurm to start it again")
     r = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-    if r.returncode != 0:
+    if r.returncode != 0 and not _was_requeued(job_id, st.get("requeues") or 0):
+        why = (r.stderr or r.stdout).strip() or f"exit {r.returncode}, nothing said"
         say(
-            f"scontrol requeue {job_id} failed: {(r.stderr or r.stdout).strip()} — the run stays stopped with its "
+            f"scontrol requeue {job_id} failed: {why} — the run stays stopped with its "
             "checkpoint; `enlace-remote launch` continues it"
         )
-        runs.update(run_dir, status=Status.STOPPED, error=f"scontrol requeue failed: {r.stderr.strip()[-200:]}")
+        runs.update(run_dir, status=Status.STOPPED, error=f"scontrol requeue failed: {why[-200:]}")
     return 0
+
+
+def _was_requeued(job_id: str, before: int, tries: int = 5, pause_s: float = 1.0) -> bool:
+    """Whether Slurm requeued the job after all: scontrol can end with an error, saying nothing, as Slurm ends
+    this very job for its requeue (seen once in four requeues on a walk: the log said it failed, and the job
+    started again)."""
+    for _ in range(tries):
+        info = job_info(job_id, max_age=0)
+        if (info["restarts"] or 0) > before or info["state"] in QUEUED_STATES:
+            return True
+        time.sleep(pause_s)
+    return False
