@@ -53,6 +53,32 @@ def test_data_its_checkpoint_was_not_trained_on_is_refused_only_where_the_run_wo
                 pipeline._decide(launch)
 
 
+def test_a_cuda_run_on_a_slurm_host_asking_for_no_gpu_is_refused_before_it_queues(monkeypatch):
+    """Its job queued, started on a node without a GPU and failed there; a plain host refuses it at verify."""
+    from types import SimpleNamespace
+
+    from enlace.slurm.settings import SlurmSpec
+    from orchestrator.errors import VerifyError
+
+    monkeypatch.setattr(pipeline.stages, "worth_launching", lambda *a: True)
+    host = SimpleNamespace(name="hpc")
+    for spec, device, refused in (
+        (SlurmSpec(partition="cpu"), "cuda", True),
+        (SlurmSpec(partition="gpu", gpus_per_node=4), "cuda", False),
+        (SlurmSpec(extra_sbatch=("--gres=gpu:a100:1",)), "cuda", False),
+        (SlurmSpec(partition="cpu"), "cpu", False),
+    ):
+        plan = Plan(run_file="smoke-2060", targets=[host], train_args=[], slurm=spec)
+        launch = pipeline.Launch(plan, lambda h: None, None, pipeline.SlurmBackend(), run_name="big", device=device)
+        if refused:
+            with pytest.raises(
+                VerifyError, match=r"big: runtime\.device is cuda, but the Slurm host hpc asks its jobs"
+            ):
+                pipeline._decide(launch)
+        else:
+            assert pipeline._decide(launch) is None
+
+
 def test_ctrl_c_says_whether_the_run_was_started(monkeypatch, capsys):
     """Ctrl-C in a launch said `interrupted` alone, though the run it had started went on (a relaunch: exit 7)."""
     from types import SimpleNamespace

@@ -243,7 +243,8 @@ def test_preflight_on_a_compute_node_then_srun_torchrun_with_two_ranks(login, us
 def test_a_preflight_job_that_would_never_run_is_one_error_and_asks_for_the_jobs_node(login, user_repo, cluster):
     """Seen on a walk of docs/slurm.md: preflight's srun (15 minutes) over a partition with a 10-minute limit
     waited for ever; an invalid partition printed srun's lines twice and exited 1 ("`enlace on-node` exited 1");
-    extra_sbatch's --constraint was left out of preflight's srun, which measured a node the job would not get."""
+    extra_sbatch's --constraint was left out of preflight's srun, which measured a node the job would not get; a
+    GPU run on a host whose jobs ask for no GPU queued, started on a node without one and failed there."""
     tiny_corpus(server_dir(login, "cluster"))
     entry = "  {name}:\n    ssh: testhost\n    remote_dir: {rd}\n    python: {py}\n    scheduler: slurm\n{extra}"
     with open(login.env["ENLACE_HOSTS_FILE"], "a") as fh:
@@ -271,6 +272,13 @@ def test_a_preflight_job_that_would_never_run_is_one_error_and_asks_for_the_jobs
     finally:
         cluster.run("scontrol", "update", "PartitionName=debug", "MaxTime=INFINITE")
     assert not cluster.run("squeue", "--noheader").stdout.strip()  # the pending job was cancelled
+    # a GPU run where the host's jobs ask for no GPU: refused before any job (it queued and failed on the node)
+    out = remote(user_repo, login.env, "launch", "smoke-2060", "--no-preflight", host="cluster", check=False)
+    assert out.returncode == 3 and "asks its jobs for no GPU" in out.stderr, out.stderr
+    assert (
+        not cluster.run("squeue", "--noheader").stdout.strip()
+        and not (server_dir(login, "cluster") / "runs" / "smoke-2060").exists()
+    )
 
 
 def test_the_printed_script_runs_as_printed_on_the_login_node(login, user_repo, cluster, tmp_path):

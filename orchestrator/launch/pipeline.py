@@ -30,10 +30,10 @@ from enlace.contract import VERDICT, ErrorKind, trainer_args
 from enlace.errors import EnlaceError
 from enlace.names import RunFile, RunName
 from enlace.slurm.settings import SlurmSpec
-from orchestrator.errors import UsageError
+from orchestrator.errors import UsageError, VerifyError
 from orchestrator.launch import choose, ship, stages
 from orchestrator.launch import own as own_launch
-from orchestrator.launch.slurm import submit
+from orchestrator.launch.slurm import no_gpu_asked, submit
 from orchestrator.view.logs import follow_log
 
 STOP = object()  # a stage's answer when the launch ends there (nothing more to do)
@@ -204,6 +204,8 @@ def _decide(launch: Launch):
     worth = stages.worth_launching(launch.first, launch.run_name, plan.overrides, bool(plan.command), again)
     if worth and launch.resume_refused:  # it would train, and its resume would refuse: said before it queues
         raise UsageError(f"{launch.run_name} on {plan.targets[0].name}: {launch.resume_refused}")
+    if worth and plan.slurm and (why := no_gpu_asked(plan.slurm, plan.targets[0].name, launch.run_name, launch.device)):
+        raise VerifyError(why)  # a plain host without a GPU refuses it at verify: the same exit, before it queues
     return None if worth else STOP
 
 
