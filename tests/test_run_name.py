@@ -62,6 +62,9 @@ def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_ex
     # ELAPSED is the training time of all three starts (it showed the latest start's alone), that one beside it
     assert row["elapsed_s"] > row["start_elapsed_s"] > 0, row
     assert "this start)" in remote(user_repo, sshd.env, "status").stdout
+    # nothing to print (as for a Slurm job cancelled while pending, whose log stays empty): where it stands, said
+    nothing = remote(user_repo, sshd.env, "logs", "mytry", "--tail", "0", "-f")
+    assert nothing.stdout == "" and "nothing new in mytry's train.log; it is finished" in nothing.stderr
     # finished: launch NAME says so and starts nothing (its recorded --set of max_steps is no extension)
     launch_id = runs.read(run_dir)["launch_id"]
     again = remote(user_repo, sshd.env, "launch", "mytry", "--no-preflight")

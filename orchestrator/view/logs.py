@@ -26,7 +26,7 @@ GIVE_UP_S = 600.0  # a run outlives a long network outage: `logs -f` waits this 
 def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall_timeout: float = 60) -> int:
     """Print the log from `offset`; returns the run's exit code with `follow`, else 0."""
     out = sys.stdout.buffer
-    written = 0
+    written, began = 0, offset
 
     def once() -> int:
         nonlocal offset, written
@@ -66,6 +66,10 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
     if follow and code not in (contract.OK, contract.USAGE):
         row = session.enlace_json("latest", "runs", run_name)[0]
         click.echo(f"enlace-remote: {ended_message(row)}", err=True)
+    elif offset == began:  # nothing to show (a Slurm job cancelled while pending): where the run stands, said
+        row = session.enlace_json("latest", "runs", run_name)[0]
+        phase = f" ({row['phase']})" if row.get("phase") else ""
+        click.echo(f"[enlace-remote: nothing new in {run_name}'s train.log; it is {row['status']}{phase}]", err=True)
     return code
 
 
