@@ -126,6 +126,10 @@ def test_status_cell_and_status_of_a_queued_job():
         == "job 3 gone, max_requeues reached"
     )
     assert slurm_cell({"job_id": None}) == "-"
+    # a cancelled pending job kept its reason (`CANCELLED (stopped) (Priority)`); a purged one read "gone"
+    cancelled = {"job_id": "9", "slurm_state": "CANCELLED", "slurm_reason": "Priority", "status": "stopped"}
+    assert slurm_cell(cancelled) == "job 9 CANCELLED (stopped)"
+    assert slurm_cell({"job_id": "2", "slurm_state": None, "status": "finished"}) == "job 2 ended, no longer listed"
     # a requeued job is pending whatever the trainer last wrote; a job that is gone leaves an active run crashed
     assert runs.status_of({"status": "stopped"}, True, "PENDING") == Status.PENDING
     assert runs.status_of({"status": "running"}, False, "CANCELLED") == Status.CRASHED

@@ -121,10 +121,12 @@ def slurm_cell(row: dict) -> str:
     """`job 12 PENDING (Priority), requeued 2×` for a Slurm run, `-` for the others."""
     if not row.get("job_id"):
         return "-"
-    text = f"job {row['job_id']} {row.get('slurm_state') or 'gone'}"
+    # a job Slurm no longer lists (its MinJobAge passed): ended, for a run that ended; gone, for one that had not
+    ended = row.get("status") in ("finished", "stopped", "failed", "crashed")
+    text = f"job {row['job_id']} {row.get('slurm_state') or ('ended, no longer listed' if ended else 'gone')}"
     if row.get("status") == "stopped" and row.get("slurm_state") in ("COMPLETED", "CANCELLED"):
         text += " (stopped)"  # how Slurm recorded the job a stop ended: a clean end either way
-    if row.get("slurm_reason") and row.get("slurm_state") not in ("RUNNING", "COMPLETED"):
+    if row.get("slurm_reason") and row.get("slurm_state") not in ("RUNNING", "COMPLETED", "CANCELLED"):
         text += f" ({row['slurm_reason']})"
     if row.get("requeues"):
         text += f", requeued {row['requeues']}×"
