@@ -100,7 +100,11 @@ def test_slurm_keys_need_scheduler_slurm_and_valid_values(tmp_path, monkeypatch)
     hosts = tmp_path / "hosts.yaml"
     monkeypatch.setenv("ENLACE_HOSTS_FILE", str(hosts))
     hosts.write_text("hosts:\n  c: {ssh: login.example.org, partition: gpu}\n")
-    with pytest.raises(UsageError, match="partition only apply to a Slurm host — add `scheduler: slurm`"):
+    with pytest.raises(UsageError, match="partition only apply to a Slurm host — add `scheduler: slurm`") as e:
+        resolve_host("c", tmp_path)
+    assert e.value.message.startswith(f"{hosts}: hosts.c: partition")  # the file, as its other checks name it
+    hosts.write_text("hosts:\n  c: {ssh: login.example.org, scheduler: slurm, time: 2m}\n")
+    with pytest.raises(Exception, match=f"^{hosts}: hosts.c: time: '2m' — expected"):
         resolve_host("c", tmp_path)
     hosts.write_text("hosts:\n  c: {ssh: login.example.org, scheduler: pbs}\n")
     with pytest.raises(UsageError, match="scheduler: 'pbs'"):

@@ -148,7 +148,7 @@ def spec_from(entry: dict[str, Any], where: str) -> SlurmSpec:
             f"starts — set signal_grace below {limit - EARLY_S}s, or ask for more time"
             if limit > EARLY_S
             else f"{where}: the job's time {spec.time} ({limit}s) leaves no time to train: Slurm may signal "
-            f"the trainer up to {EARLY_S}s before the limit, plus signal_grace — ask for more time"
+            f"the trainer up to {EARLY_S}s before the limit, plus signal_grace ({spec.signal_grace}s) — ask for more time"
         )
     return spec
 

@@ -109,6 +109,7 @@ class HostTable:
     defaults: dict[str, Any]
     hosts: dict[str, dict[str, Any]]
     invalid: dict[str, str]
+    files: dict[str, list[str]] = field(default_factory=dict)  # host → the files its entry comes from
 
     def warn_invalid(self, using: str) -> None:
         """One line on stderr per invalid host, when another host is used."""
@@ -124,6 +125,7 @@ def load_host_table(repo: Path) -> HostTable:
         table.defaults.update(data.get("defaults") or {})
         for name, entry in (data.get("hosts") or {}).items():
             table.hosts.setdefault(name, {}).update(entry or {})
+            table.files.setdefault(name, []).append(str(path))
         table.invalid.update(data.get("invalid") or {})
     return table
 
@@ -190,7 +192,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         connect_timeout=float(entry.get("connect_timeout") or 10),
         default_run=entry.get("default_run"),
         pip_args=_pip_args(entry.get("pip_args"), name),
-        slurm=_scheduler(entry, name),
+        slurm=_scheduler(entry, name, " and ".join(loaded.files.get(name, []))),
         configured=name in table or bool(set(cfg) - {"hostname"}),
         ciphers=cfg.get("ciphers"),
         proxy_jump=_unless_none(cfg.get("proxyjump")),
@@ -253,17 +255,19 @@ def _local_user() -> str:
     return getpass.getuser()
 
 
-def _scheduler(entry: dict[str, Any], name: str) -> SlurmSpec | None:
-    """`scheduler: slurm` and its keys (enlace/slurm/settings.py checks each value); Slurm keys without it are refused."""
+def _scheduler(entry: dict[str, Any], name: str, files: str = "") -> SlurmSpec | None:
+    """`scheduler: slurm` and its keys (enlace/slurm/settings.py checks each value); Slurm keys without it are
+    refused. Errors name the hosts file(s) the entry comes from, as the file's own checks do."""
+    where = f"{files}: hosts.{name}" if files else f"host {name}"
     kind = entry.get("scheduler") or "ssh"
     if kind not in ("ssh", "slurm"):
-        raise UsageError(f"host {name}: scheduler: {kind!r} — use `slurm` (a login node) or leave it out (plain SSH)")
+        raise UsageError(f"{where}: scheduler: {kind!r} — use `slurm` (a login node) or leave it out (plain SSH)")
     given = sorted(k for k in SLURM_KEYS if entry.get(k) is not None)
     if kind == "ssh":
         if given:
-            raise UsageError(f"host {name}: {', '.join(given)} only apply to a Slurm host — add `scheduler: slurm`")
+            raise UsageError(f"{where}: {', '.join(given)} only apply to a Slurm host — add `scheduler: slurm`")
         return None
-    return spec_from(entry, f"host {name}")
+    return spec_from(entry, where)
 
 
 def _pip_args(value: Any, name: str) -> list[str]:
