@@ -6,6 +6,7 @@ orchestrator/commands/ (run.py, tools.py, data.py, sweep.py) and is added here. 
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import click
@@ -221,8 +222,16 @@ def verify(remote: Remote, run: str, for_launch: bool, overrides: tuple[str, ...
     do_verify(remote.session, sha, run, for_launch, overrides)
 
 
+def _as_ctrl_c(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run_main() -> None:
-    """Console entry point: user errors print one message and exit with their code; Ctrl-C one line."""
+    """Console entry point: user errors print one message and exit with their code; Ctrl-C one line, and so do
+    a `kill` (SIGTERM) and a closed terminal (SIGHUP): each verb says where it stands (they ended it mid-word)."""
+    for name in ("SIGTERM", "SIGHUP"):  # (Windows has no SIGHUP)
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _as_ctrl_c)
     try:
         main(standalone_mode=True)
         code: object = 0

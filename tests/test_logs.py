@@ -56,6 +56,11 @@ def test_quiet_logs_get_heartbeats_not_reconnects(sshd, user_repo):
         second.send_signal(signal.SIGINT)
         _, err = second.communicate(timeout=60)
         assert second.returncode == 130 and b"stopped following quiet; the run goes on" in err, err.decode()
+        third = popen_remote(user_repo, sshd.env, "logs", "quiet", "-f")  # `kill`: as Ctrl-C (it said nothing, 143)
+        PipeReader(third.stdout).grows()
+        third.send_signal(signal.SIGTERM)
+        _, err = third.communicate(timeout=60)
+        assert third.returncode == 130 and b"stopped following quiet; the run goes on" in err, err.decode()
         assert status_row(user_repo, sshd.env, "testhost", "quiet")["status"] == "running"
     remote(user_repo, sshd.env, "stop", "quiet")
     _, err = follower.communicate(timeout=120)
