@@ -52,7 +52,7 @@ TABLE = {
     "its first start crashed)",
     NO_SPACE: "not enough free disk space for the run's checkpoints",
     TOO_SLOW: "preflight: too slow (its steps project past its time budget)",
-    INTERRUPTED: "interrupted (Ctrl-C)",
+    INTERRUPTED: "interrupted (Ctrl-C; enlace-remote also by SIGTERM or SIGHUP)",
 }
 
 # preflight verdict → exit code (ok, tight: 0)

@@ -35,7 +35,7 @@ def test_exit_codes_are_one_table_used_by_every_part():
     assert (
         "\n    8  the run crashed" in contract.help_text() and "\n   10  preflight" in contract.help_text()
     )  # aligned
-    assert "\n  130  interrupted (Ctrl-C)" in contract.help_text()
+    assert "\n  130  interrupted (Ctrl-C; enlace-remote also by SIGTERM" in contract.help_text()
     from enlace.errors import NoSpaceError
     from orchestrator.errors import AlreadyRunning, UsageError, VerifyError, from_doc
 
