@@ -245,3 +245,27 @@ def test_the_commands_a_server_names_carry_the_host_they_came_from(monkeypatch):
     row.update(eta_s=None, commit="abc", error="boom " * 40)  # cut: the line ends with where to read it whole
     assert "(enlace-remote --host hpc status tl: all of it)" in format_status([row], host="hpc")
     assert "(enlace-remote --host gpu status tl: all of it)" in format_status([{**row, "host": "gpu"}], hosts=True)
+
+
+def test_known_hosts_lines_match_as_openssh_matches_them(tmp_path):
+    """Hashed names, `[host]:port`, wildcards and negations; any of a host's lines may hold its key; a key
+    marked @revoked counts for nothing; a line that is no key is passed by."""
+    import base64
+    import hashlib
+    import hmac
+
+    from orchestrator.ssh.hostkeys import KnownHosts
+
+    salt = b"0123456789abcdefghij"
+    hashed = "|1|{}|{}".format(
+        base64.b64encode(salt).decode(),
+        base64.b64encode(hmac.new(salt, b"[gpu1]:2222", hashlib.sha1).digest()).decode(),
+    )
+    user, overall = tmp_path / "known_hosts", tmp_path / "ssh_known_hosts"
+    user.write_text(f"{hashed} ssh-ed25519 NEW\n*.example.org,!bad.example.org ssh-ed25519 ANY\nGPU2 ssh-rsa R\n")
+    overall.write_text("[gpu1]:2222 ssh-ed25519 OLD\n@revoked * ssh-rsa R\nbroken\n[gpu1]:1 ssh-rsa\n")
+    known = KnownHosts((str(user), str(overall), str(tmp_path)))  # a directory among them: passed by
+    assert [k.key for k in known.for_host("[gpu1]:2222")] == ["NEW", "OLD"]  # both lines are the host's
+    assert [k.key for k in known.for_host("a.example.org")] == ["ANY"] and known.for_host("bad.example.org") == []
+    assert known.for_host("gpu1") == [] and known.for_host("gpu2") == []  # another port; a revoked key
+    assert known.revoked == {"R": str(overall)}

@@ -66,6 +66,8 @@ def test_a_cuda_run_on_a_slurm_host_asking_for_no_gpu_is_refused_before_it_queue
         (SlurmSpec(partition="cpu"), "cuda", True),
         (SlurmSpec(partition="gpu", gpus_per_node=4), "cuda", False),
         (SlurmSpec(extra_sbatch=("--gres=gpu:a100:1",)), "cuda", False),
+        (SlurmSpec(extra_sbatch=("-G 1",)), "cuda", False),
+        (SlurmSpec(extra_sbatch=("--gres=tmpdisk:10",)), "cuda", True),
         (SlurmSpec(partition="cpu"), "cpu", False),
     ):
         plan = Plan(run_file="smoke-2060", targets=[host], train_args=[], slurm=spec)
@@ -112,6 +114,16 @@ def test_ctrl_c_says_whether_the_run_was_started(monkeypatch, capsys):
         pipeline.run(three, session_for=None, repo=None)
     said = "walk-c was started on a and may have started on b, not on c: `enlace-remote --host a stop walk-c` ends it"
     assert said in capsys.readouterr().err
+
+    def all_started(launch):  # after the last host's start, before launch.started was set: an IndexError
+        launch.run_name = "walk-c"
+        launch.remembered.extend([("a", None), ("b", None), ("c", None)])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "STAGES", {**fake, "start": all_started})
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(three, session_for=None, repo=None)
+    assert "walk-c was started on a, b, c: `enlace-remote --host a stop walk-c` ends it" in capsys.readouterr().err
 
 
 def test_ctrl_c_in_stop_says_the_run_may_be_stopping_on_its_own(capsys):

@@ -166,8 +166,11 @@ def test_a_key_in_any_file_ssh_reads_counts_and_a_revoked_one_is_refused(sshd, u
         out = remote(user_repo, sshd.env, *extra, "status", check=False)
         assert out.returncode == 4 and f"is marked @revoked in {overall}" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and first.read_text() == f"{where} {real}\n"
-    overall.write_text(f"@cert-authority *.example.org {other}\nnot a key line\n")
-    remote(user_repo, sshd.env, "status")  # the marker and the stray line are passed by, as OpenSSH does
+    overall.write_text(f"@cert-authority *.example.org {other}\nnot a key line\n[127.0.0.1]:1 ssh-rsa AAAA\n")
+    remote(user_repo, sshd.env, "status")  # the marker, a stray line and a cut key are passed by, as OpenSSH does
+    overall.write_text(f"{where} {other}\n")  # a stale line elsewhere: the host is known by the user's own line
+    remote(user_repo, sshd.env, "status")  # (the last file read won: it was refused as changed)
+    overall.write_text("")
     first.write_text("")
     second.write_text(f"{where} {other}\n")
     sshd.share_connection()  # OpenSSH's client is given every file too

@@ -200,3 +200,19 @@ def test_a_requeue_that_scontrol_calls_failed_is_believed_only_when_slurm_did_no
         assert "failed" not in log and st["status"] == Status.PENDING and not st.get("error"), (log, st)
     else:
         assert "scontrol requeue 7 failed: exit 1, nothing said" in log and st["status"] == Status.STOPPED, log
+
+
+def test_which_extra_sbatch_options_ask_for_a_gpu_and_which_choose_preflights_node():
+    """Only `--gres`/`--gpus` prefixes counted as a GPU request (`-G 1` and `--tres-per-node=gres/gpu:1` were
+    refused, `--gres=tmpdisk:10` passed), and preflight's srun left `--gpus-per-node` out and passed
+    `--gres gpu:1` to srun as one word."""
+    from enlace.slurm.onnode import node_options
+    from enlace.slurm.settings import asks_gpu
+
+    gpu = {"-G 1": True, "-G1": True, "--tres-per-node=gres/gpu:1": True, "--gres gpu:1": True}
+    gpu |= {"--gpus-per-node=2": True, "--gres=tmpdisk:10": False, "--mail-type=END": False}
+    for line, asks in gpu.items():
+        assert asks_gpu(SlurmSpec(extra_sbatch=(line,))) is asks, line
+    assert asks_gpu(SlurmSpec(gpus_per_node=4))
+    spec = SlurmSpec(extra_sbatch=("--gres gpu:1", "--gpus-per-node=2", "-A proj", "--mail-type=END", "--requeue"))
+    assert node_options(spec) == ["--gres", "gpu:1", "--gpus-per-node=2", "-A", "proj"]

@@ -208,7 +208,6 @@ def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
     node has no GPU. Its stdout is ARGS' answer; srun's queue messages go to stderr."""
     spec = _spec(spec_json)
     from enlace.slurm import onnode
-    from enlace.slurm.settings import srun_argv
 
     name, minutes = f"enlace-{args[0]}-{os.getpid()}", onnode.minutes_for(spec, minutes)
     # on the node, first: is the synced tree there (remote_dir on the filesystem the nodes share)?
@@ -217,8 +216,7 @@ def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
         'remote_dir on the filesystem the compute nodes share" >&2; exit 3; }; shift; exec "$@"'
     )
     argv = [
-        *srun_argv(spec, name, minutes),
-        *onnode.node_options(spec),
+        *onnode.srun_argv(spec, name, minutes),
         "bash",
         "-c",
         check,

@@ -7,21 +7,44 @@ time over the partition's, ...). Standard library and Slurm's commands."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import threading
 
-from enlace.slurm.settings import WILL_NOT_START, SlurmError, SlurmSpec, time_limit_s
+from enlace.slurm.settings import GPU_OPTIONS, WILL_NOT_START, SlurmError, SlurmSpec, option_name, time_limit_s
 
 POLL_S = 2.0  # how often the job's pending reason is read while srun waits
 REFUSED = re.compile(r"srun: error: (Unable to allocate resources: .*|invalid .*)", re.IGNORECASE)
-# extra_sbatch options that choose the node (srun takes them as sbatch does): preflight measures the node the
-# job will get; the others (mail, output, requeue, ...) are the batch job's own
+# extra_sbatch options that choose the node, or what the job is charged to (srun takes them as sbatch does):
+# preflight measures the node the job will get; the others (mail, output, requeue, ...) are the batch job's own
 NODE_OPTIONS = frozenset(
-    {"--constraint", "-C", "--gres", "--reservation", "--exclude", "-x", "--nodelist", "-w", "--exclusive",
-     "--clusters", "-M", "--cluster-constraint", "--mem-per-cpu", "--mem-per-gpu", "--gpus", "--gpus-per-task",
-     "--cpus-per-gpu", "--tmp", "--switches"}
-)  # fmt: skip
+    [
+        "--constraint",
+        "-C",
+        "--gres",
+        "--reservation",
+        "--exclude",
+        "-x",
+        "--nodelist",
+        "-w",
+        "--exclusive",
+        "--clusters",
+        "-M",
+        "--cluster-constraint",
+        "--mem-per-cpu",
+        "--mem-per-gpu",
+        "--tmp",
+        "--switches",
+        "--cpus-per-gpu",
+        "--partition",
+        "-p",
+        "--account",
+        "-A",
+        "--qos",
+        "-q",
+    ]
+) | frozenset(GPU_OPTIONS)
 
 
 def minutes_for(spec: SlurmSpec, asked: int) -> int:
@@ -30,9 +53,26 @@ def minutes_for(spec: SlurmSpec, asked: int) -> int:
     return max(1, min(asked, time_limit_s(spec.time) // 60)) if spec.time else asked
 
 
+def srun_argv(spec: SlurmSpec, job_name: str, minutes: int) -> list[str]:
+    """`srun` for a short job on one compute node (preflight): the host's partition, GPU request and the
+    extra_sbatch options that choose the node."""
+    argv = ["srun", "--nodes=1", "--ntasks=1", f"--job-name={job_name}", f"--time={minutes}"]
+    argv += [
+        f"--{k}={v}"
+        for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos), ("mem", spec.mem))
+        if v
+    ]
+    if spec.gpus_per_node:
+        argv.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.cpus_per_task:
+        argv.append(f"--cpus-per-task={spec.cpus_per_task}")
+    return [*argv, *node_options(spec)]
+
+
 def node_options(spec: SlurmSpec) -> list[str]:
     """The host's extra_sbatch lines that choose the node (a --constraint=a100 left out measured another card)."""
-    return [line for line in spec.extra_sbatch if line.split("=", 1)[0].split()[0] in NODE_OPTIONS]
+    chosen = [line for line in spec.extra_sbatch if option_name(line) in NODE_OPTIONS]
+    return [word for line in chosen for word in shlex.split(line)]  # `--gres gpu:1`: two words in an argv
 
 
 def run(argv: list[str], name: str, minutes: int) -> int:

@@ -56,6 +56,29 @@ WILL_NOT_START = {
 }
 
 
+# sbatch options that ask for GPUs: any of them, or gpus_per_node, makes the job a GPU job
+GPU_OPTIONS = tuple(
+    ["--gpus", "-G", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket", "--gres", "--tres-per-node"]
+)
+
+
+def option_name(line: str) -> str:
+    """An sbatch option's name as an extra_sbatch line gives it: `--gres=gpu:1` and `--gres gpu:1` → --gres,
+    `-G1` and `-G 1` → -G."""
+    word = line.split("=", 1)[0].split()[0] if line.strip() else ""
+    return word if word.startswith("--") else word[:2]
+
+
+def asks_gpu(spec: SlurmSpec) -> bool:
+    """Whether the host's jobs ask Slurm for a GPU: gpus_per_node, or an extra_sbatch option that does (a
+    --gres or --tres-* only when it names a gpu)."""
+    for line in spec.extra_sbatch:
+        name = option_name(line)
+        if name in GPU_OPTIONS and (not name.startswith(("--gres", "--tres")) or "gpu" in line[len(name) :]):
+            return True
+    return bool(spec.gpus_per_node)
+
+
 class SlurmError(EnlaceError):
     exit_code = contract.USAGE
 
@@ -373,18 +396,3 @@ def cancel(job_id: str, signal_name: str | None = None) -> None:
     forget(job_id)
     if r.returncode != 0:
         raise SlurmError(f"{shlex.join(argv)} failed: {(r.stderr or r.stdout).strip()[-300:]}")
-
-
-def srun_argv(spec: SlurmSpec, job_name: str, minutes: int) -> list[str]:
-    """`srun` for a short job on one compute node (preflight): the host's partition and GPU request."""
-    argv = ["srun", "--nodes=1", "--ntasks=1", f"--job-name={job_name}", f"--time={minutes}"]
-    argv += [
-        f"--{k}={v}"
-        for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos), ("mem", spec.mem))
-        if v
-    ]
-    if spec.gpus_per_node:
-        argv.append(f"--gpus-per-node={spec.gpus_per_node}")
-    if spec.cpus_per_task:
-        argv.append(f"--cpus-per-task={spec.cpus_per_task}")
-    return argv

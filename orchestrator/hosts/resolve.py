@@ -36,7 +36,7 @@ from enlace.slurm.settings import SlurmSpec, spec_from
 from orchestrator.errors import UsageError
 from orchestrator.hosts import schema as hostfile
 from orchestrator.hosts.schema import NAME_RE, TARGET_RE
-from orchestrator.sshlib import read_ssh_config  # no ssh client (or it refused the file)
+from orchestrator.hosts.sshconfig import ssh_config_lookup
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"  # OpenSSH's defaults (ssh_config(5))
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
@@ -97,10 +97,6 @@ def _note_no_hosts_file(given: str, name: str) -> None:
     click.echo(f"note: ENLACE_HOSTS_FILE={given} does not exist: {name!r} is taken as an SSH destination", err=True)
 
 
-def ssh_config_file() -> Path:
-    return Path(os.environ.get("ENLACE_SSH_CONFIG") or "~/.ssh/config").expanduser()
-
-
 @dataclass
 class HostTable:
     """The hosts files merged: the repo's configs/hosts.yaml, then the user's. `invalid`: hosts whose entry
@@ -110,6 +106,7 @@ class HostTable:
     hosts: dict[str, dict[str, Any]]
     invalid: dict[str, str]
     files: dict[str, list[str]] = field(default_factory=dict)  # host → the files its entry comes from
+    default_files: list[str] = field(default_factory=list)  # the files holding `defaults:`
 
     def warn_invalid(self, using: str) -> None:
         """One line on stderr per invalid host, when another host is used."""
@@ -123,6 +120,7 @@ def load_host_table(repo: Path) -> HostTable:
     for path in (repo / "configs" / "hosts.yaml", user_hosts_file()):
         data = hostfile.load(path, strict=False)
         table.defaults.update(data.get("defaults") or {})
+        table.default_files += [str(path)] if data.get("defaults") else []
         for name, entry in (data.get("hosts") or {}).items():
             table.hosts.setdefault(name, {}).update(entry or {})
             table.files.setdefault(name, []).append(str(path))
@@ -165,7 +163,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
             _note_no_hosts_file(given, name)
     m = TARGET_RE.fullmatch(target)
     alias = m.group("host")
-    cfg = _ssh_config_lookup(alias)
+    cfg = ssh_config_lookup(alias)
     port = _port(next(p for p in (m.group("port"), entry.get("port"), cfg.get("port"), 22) if p is not None), name)
     identity = entry.get("identity_file")
     identities = [identity] if identity else cfg.get("identityfile", [])
@@ -192,7 +190,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         connect_timeout=float(entry.get("connect_timeout") or 10),
         default_run=entry.get("default_run"),
         pip_args=_pip_args(entry.get("pip_args"), name),
-        slurm=_scheduler(entry, name, " and ".join(loaded.files.get(name, []))),
+        slurm=_scheduler(entry, name, _where(loaded, name, entry)),
         configured=name in table or bool(set(cfg) - {"hostname"}),
         ciphers=cfg.get("ciphers"),
         proxy_jump=_unless_none(cfg.get("proxyjump")),
@@ -255,10 +253,21 @@ def _local_user() -> str:
     return getpass.getuser()
 
 
-def _scheduler(entry: dict[str, Any], name: str, files: str = "") -> SlurmSpec | None:
+def _where(loaded: HostTable, name: str, entry: dict[str, Any]) -> str:
+    """Where a host's Slurm keys are written, for its errors: `FILE: hosts.NAME`, or `FILE: defaults` when all
+    of them come from the defaults (as the file's own checks name a key)."""
+    own = loaded.hosts.get(name, {})
+    slurm_keys = [k for k in (*SLURM_KEYS, "scheduler") if entry.get(k) is not None]
+    if slurm_keys and not any(k in own for k in slurm_keys) and loaded.default_files:
+        return f"{' and '.join(loaded.default_files)}: defaults (for host {name})"
+    files = loaded.files.get(name)
+    return f"{' and '.join(files)}: hosts.{name}" if files else f"host {name}"
+
+
+def _scheduler(entry: dict[str, Any], name: str, where: str = "") -> SlurmSpec | None:
     """`scheduler: slurm` and its keys (enlace/slurm/settings.py checks each value); Slurm keys without it are
-    refused. Errors name the hosts file(s) the entry comes from, as the file's own checks do."""
-    where = f"{files}: hosts.{name}" if files else f"host {name}"
+    refused. Errors name `where` they are written (_where), as the file's own checks do."""
+    where = where or f"host {name}"
     kind = entry.get("scheduler") or "ssh"
     if kind not in ("ssh", "slurm"):
         raise UsageError(f"{where}: scheduler: {kind!r} — use `slurm` (a login node) or leave it out (plain SSH)")
@@ -314,57 +323,6 @@ def _port(value: Any, name: str) -> int:
     if isinstance(value, bool) or not 1 <= port <= 65535:
         raise UsageError(f"host {name}: port {value!r} is not a TCP port — use a number from 1 to 65535")
     return port
-
-
-def _ssh_config_lookup(alias: str) -> dict[str, Any]:
-    """What the ssh config file sets for `alias`, keys lowercased, identityfile a list, hostname always
-    (as paramiko's SSHConfig.lookup answers). Asked of the ssh client when there is one, so Include,
-    Match and the rest resolve as for every ssh and git call, and no command pays paramiko's import
-    (sshlib) to start: the settings where `ssh -G` with the file differs from `ssh -G` without it."""
-    path = ssh_config_file()
-    if not path.is_file():
-        return {}
-    mine, bare = _ssh_client_settings(alias, str(path), os.devnull)
-    if mine and bare:
-        found = {k: v if k == "identityfile" else v[0] for k, v in mine.items() if v != bare.get(k)}
-        return {**found, "hostname": mine["hostname"][0]}
-
-    return read_ssh_config(path, alias)
-
-
-def _ssh_client_settings(alias: str, *configs: str) -> list[dict[str, list[str]] | None]:
-    """`ssh -G` per config file, run side by side: the client's resolved settings for `alias` under
-    each, key -> values in order (None where there is no ssh client or it refused the file)."""
-    import subprocess
-
-    def settings(out: str) -> dict[str, list[str]] | None:
-        found: dict[str, list[str]] = {}
-        for line in out.splitlines():
-            key, _, value = line.partition(" ")
-            found.setdefault(key, []).append(value)
-        return found if "hostname" in found else None
-
-    procs: list[subprocess.Popen] = []
-    try:
-        for config in configs:
-            argv = ["ssh", "-G", "-F", config, "--", alias]
-            pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
-            procs.append(subprocess.Popen(argv, text=True, **pipes))
-    except OSError:  # no ssh client
-        for proc in procs:
-            proc.kill()
-            proc.communicate()
-        return [None] * len(configs)
-    answers = []
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=10)
-            answers.append(settings(out) if proc.returncode == 0 else None)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            answers.append(None)
-    return answers
 
 
 def survey_hosts(repo: Path) -> tuple[list[Host], dict[str, str]]:

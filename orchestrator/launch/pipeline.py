@@ -283,9 +283,10 @@ def _say_where_it_stands(launch: Launch, stage: str) -> None:
         said = f"{name} was started on {', '.join(hosts)} and goes on: `{there} logs {name} -f` follows it"
         click.echo(f"{said}, `{there} stop {name}` ends it", err=True)
     elif stage == "start" and done:  # its torchrun on those hosts waits for the others to join
-        never = hosts[len(done) + 1 :]
-        said = f"{name} was started on {', '.join(done)} and may have started on {hosts[len(done)]}"
-        said += f", not on {', '.join(never)}" if never else ""
+        rest = hosts[len(done) :]  # (empty: the Ctrl-C came after the last host's start, before it was noted)
+        said = f"{name} was started on {', '.join(done)}"
+        said += f" and may have started on {rest[0]}" if rest else ""
+        said += f", not on {', '.join(rest[1:])}" if rest[1:] else ""
         click.echo(f"{said}: `{there} stop {name}` ends it", err=True)
     elif stage == "start":
         click.echo(f"{name} may have started on {hosts[0]}: `{there} status {name}` says", err=True)

@@ -12,7 +12,7 @@ import click
 
 from enlace.contract import trainer_args
 from enlace.hashing import venv_key
-from enlace.slurm.settings import SlurmSpec, job_script, job_step_args
+from enlace.slurm.settings import SlurmSpec, asks_gpu, job_script, job_step_args
 from orchestrator.ssh.session import Session
 
 
@@ -114,12 +114,11 @@ def nproc_of(gpus: str | None, spec) -> int | str | None:
 def no_gpu_asked(spec: SlurmSpec, host: str, run_name: str, device: str | None) -> str | None:
     """Why a CUDA run cannot start on this Slurm host (its jobs ask Slurm for no GPU), or None. A job asking none
     queued, started on a node without a GPU and failed there, where a plain host refuses it at verify (exit 3)."""
-    asked = spec.gpus_per_node or any(line.startswith(("--gres", "--gpus")) for line in spec.extra_sbatch)
-    if not device or not device.startswith("cuda") or asked:
+    if not device or not device.startswith("cuda") or asks_gpu(spec):
         return None
     return (
         f"{run_name}: runtime.device is {device}, but the Slurm host {host} asks its jobs for no GPU (no "
-        f"gpus_per_node, no --gres or --gpus in extra_sbatch): it would start on a node without one — add "
+        f"gpus_per_node, no GPU option in extra_sbatch): it would start on a node without one — add "
         f"gpus_per_node: N to {host} in hosts.yaml, or train on CPU (--set runtime.device=cpu --set "
         "runtime.precision=fp32)"
     )

@@ -1,17 +1,108 @@
-"""Host keys: the --accept-new-host-key policy, fingerprints as `ssh-keygen -l` shows them, and the
-message for an unknown key (with what the server offers, to compare with what the user was given)."""
+"""Host keys, checked as OpenSSH checks them: every known_hosts file ssh reads for a host (KnownHosts), a host
+known when any line for it holds the key it offers, a key marked @revoked refused; the --accept-new-host-key
+policy; fingerprints as `ssh-keygen -l` shows them, and the message for an unknown key (with what the server
+offers, to compare with what the user was given)."""
 
 from __future__ import annotations
 
 import base64
-import contextlib
+import binascii
 import hashlib
+import hmac
+import re
 import shlex
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.hosts.resolve import Host
 from orchestrator.sshlib import load_paramiko
+
+
+@dataclass(frozen=True)
+class KnownKey:
+    """One known_hosts line: the host patterns it names, its key type and base64 key, the file it is in."""
+
+    patterns: tuple[str, ...]
+    keytype: str
+    key: str
+    path: str
+
+
+class KnownHosts:
+    """The known_hosts files ssh reads for a host, read once as OpenSSH reads them. paramiko's own store keeps
+    one key per host and type (the last file read wins: a stale line in the global file refused a host the
+    user's file knows), stops at a line it cannot parse (an @revoked marker, a cut key), and adds in quadratic
+    time (seconds for a cluster's thousands of node keys). Here a line that is no key is passed by, and
+    @cert-authority lines too (paramiko checks no certificates)."""
+
+    def __init__(self, files: tuple[str, ...]):
+        self.keys: list[KnownKey] = []
+        self.revoked: dict[str, str] = {}  # base64 key → the file marking it @revoked
+        self._found: dict[str, list[KnownKey]] = {}  # for_host's answers (hashed names cost an HMAC a line)
+        for path in files:
+            try:
+                lines = Path(path).read_text(errors="replace").splitlines()
+            except OSError:  # absent, unreadable or a directory: ssh passes it by too
+                continue
+            for line in lines:
+                fields = line.split()
+                if len(fields) < 3 or fields[0].startswith("#"):
+                    continue
+                if fields[0] == "@revoked" and len(fields) >= 4:
+                    self.revoked[fields[3]] = path
+                elif not fields[0].startswith("@"):
+                    self.keys.append(KnownKey(tuple(fields[0].split(",")), fields[1], fields[2], path))
+
+    def for_host(self, name: str) -> list[KnownKey]:
+        """The lines for `name` (`host`, or `[host]:port` off port 22), revoked keys left out."""
+        if name not in self._found:
+            self._found[name] = [
+                k for k in self.keys if _matches(name.lower(), k.patterns) and k.key not in self.revoked
+            ]
+        return self._found[name]
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    """OpenSSH's rule: some pattern matches (plain, wildcard or hashed `|1|salt|hash`) and no negated one does."""
+    hit = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        pattern = pattern[1:] if negated else pattern
+        found = _hashed(name, pattern) if pattern.startswith("|1|") else _wildcard(name, pattern.lower())
+        if found and negated:
+            return False
+        hit = hit or found
+    return hit
+
+
+def _wildcard(name: str, pattern: str) -> bool:
+    """OpenSSH's patterns: `*` and `?` only (the brackets of `[host]:port` are literal, as fnmatch's are not)."""
+    if "*" not in pattern and "?" not in pattern:
+        return name == pattern
+    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), name) is not None
+
+
+def _hashed(name: str, pattern: str) -> bool:
+    try:
+        salt, digest = (base64.b64decode(part) for part in pattern.split("|")[2:4])
+    except (ValueError, binascii.Error):
+        return False
+    return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), digest)
+
+
+def prefer_known_types(transport, known: list[KnownKey]):
+    """Ask the server first for a key of a type known_hosts holds for it (as OpenSSH orders its host key
+    algorithms, and paramiko does from its own store): a host known by its ed25519 key, offering RSA first,
+    would read as changed."""
+    opts = transport.get_security_options()
+    wanted = [
+        t
+        for k in known
+        for t in (("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa") if k.keytype == "ssh-rsa" else (k.keytype,))
+    ]
+    opts.key_types = sorted(opts.key_types, key=lambda t: wanted.index(t) if t in wanted else len(wanted))
+    return transport
 
 
 class RevokedHostKey(Exception):
@@ -22,54 +113,38 @@ class RevokedHostKey(Exception):
         self.key, self.path = key, path
 
 
-class KnownHostsPolicy:
-    """paramiko's policy for a host no known_hosts entry names: refused (as RejectPolicy), or with
-    --accept-new-host-key trusted and recorded in the first known_hosts file; a key marked @revoked is refused
-    either way. A changed key never reaches a policy: paramiko raises BadHostKeyException."""
+class ChangedHostKey(Exception):
+    """The server offers a key none of the host's known_hosts lines holds."""
 
-    def __init__(self, known_hosts: str, accept_new: bool, revoked: dict[str, str]):
-        self.known_hosts, self.accept_new, self.revoked = known_hosts, accept_new, revoked
+    def __init__(self, key, known: KnownKey):
+        super().__init__(f"{known.path} has {known.keytype} {fingerprint(base64.b64decode(known.key))}")
+        self.key, self.known = key, known
+
+
+class KnownHostsPolicy:
+    """paramiko's policy, called for every host (its own store is left empty): a key any of the host's lines
+    holds is accepted; one marked @revoked is refused; another key where the host has lines is a changed key,
+    refused; an unknown host is refused (as RejectPolicy), or with --accept-new-host-key trusted and recorded
+    in the first known_hosts file."""
+
+    def __init__(self, known_hosts: str, accept_new: bool, known: KnownHosts):
+        self.known_hosts, self.accept_new, self.known = known_hosts, accept_new, known
 
     def missing_host_key(self, client, hostname, key) -> None:
-        if key.get_base64() in self.revoked:
-            raise RevokedHostKey(key, self.revoked[key.get_base64()])
+        offered = key.get_base64()
+        if offered in self.known.revoked:
+            raise RevokedHostKey(key, self.known.revoked[offered])
+        lines = self.known.for_host(hostname)
+        if any(k.key == offered for k in lines):
+            return
+        if lines:  # the old key of the same type, where there is one
+            raise ChangedHostKey(key, next((k for k in lines if k.keytype == key.get_name()), lines[0]))
         if not self.accept_new:
             raise load_paramiko().SSHException(f"Server {hostname!r} not found in known_hosts")
-        client.get_host_keys().add(hostname, key.get_name(), key)
         path = Path(self.known_hosts)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ~/.ssh as OpenSSH makes it
         with open(path, "a") as fh:
-            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
-def load_known(client, files: tuple[str, ...]) -> dict[str, str]:
-    """Every known_hosts file ssh reads for a host into the client's keys (paramiko's own reader stops at the
-    first line it cannot parse, an OpenSSH marker line included: a traceback). Returns the @revoked keys (base64
-    → the file); @cert-authority lines are passed by (paramiko checks no certificates) and so is a line that is
-    not a key, as OpenSSH does."""
-    hostkeys = load_paramiko().hostkeys
-    entries, revoked = [], {}
-    for path in files:
-        try:
-            lines = Path(path).read_text(errors="replace").splitlines()
-        except OSError:  # absent or unreadable: ssh passes it by too
-            continue
-        for number, line in enumerate(lines, start=1):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):
-                continue
-            if fields[0].startswith("@"):
-                if fields[0] == "@revoked" and len(fields) >= 4:
-                    revoked[fields[3]] = path
-                continue
-            with contextlib.suppress(hostkeys.InvalidHostKey, ValueError):
-                entries.append(hostkeys.HostKeyEntry.from_line(line, number))
-    keys = client.get_host_keys()
-    for entry in entries:  # a revoked key counts for nothing, also where another line trusts it (as OpenSSH)
-        if entry is not None and entry.key.get_base64() not in revoked:
-            for name in entry.hostnames:
-                keys.add(name, entry.key.get_name(), entry.key)
-    return revoked
+            fh.write(f"{hostname} {key.get_name()} {offered}\n")
 
 
 def known_hosts_option(h: Host) -> str:
@@ -79,18 +154,10 @@ def known_hosts_option(h: Host) -> str:
     return " ".join(f'"{p}"' if any(c.isspace() for c in p) else p for p in files)
 
 
-def holding(files: tuple[str, ...], key) -> str:
-    """The first of `files` that records `key` (the first file when none can be read)."""
-    for path in files:
-        with contextlib.suppress(OSError):
-            if key.get_base64() in Path(path).read_text(errors="replace"):
-                return path
-    return files[0]
-
-
 def fingerprint(key) -> str:
-    """`SHA256:...` as `ssh-keygen -l` prints it."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    """`SHA256:...` as `ssh-keygen -l` prints it (of a paramiko key, or of a key's bytes)."""
+    blob = key if isinstance(key, bytes) else key.asbytes()
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 def unknown_key_message(h: Host, where: str) -> str:

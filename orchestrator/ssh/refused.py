@@ -13,7 +13,7 @@ from collections.abc import Callable
 from orchestrator.errors import NotLoggedIn, Transient, UnreachableError, UsageError
 from orchestrator.hosts.resolve import Host
 from orchestrator.ssh.ciphers import gcm_first
-from orchestrator.ssh.hostkeys import RevokedHostKey, fingerprint, holding, unknown_key_message
+from orchestrator.ssh.hostkeys import ChangedHostKey, RevokedHostKey, fingerprint, unknown_key_message
 from orchestrator.sshlib import load_paramiko
 
 ASKS_MORE = "the host asks for more than a key (a password or a one-time code) and there is no open login"
@@ -39,13 +39,11 @@ def why_not(e: BaseException, h: Host, where: str, proxy, unresolved: Callable[[
     """The error to raise for `e`, raised by paramiko's connect to `h` (through `proxy`, a ProxyCommand or
     None); None for one that is not a connection's failure (a bug: raised as it is)."""
     paramiko = load_paramiko()
-    if isinstance(e, paramiko.BadHostKeyException):
-        path = holding((h.known_hosts, *h.known_hosts_also), e.expected_key)
+    if isinstance(e, ChangedHostKey):
         return UnreachableError(
             f"{where}: the host key has CHANGED (the server now offers {e.key.get_name()} {fingerprint(e.key)}, "
-            f"{path} has {fingerprint(e.expected_key)}) — refusing to connect: this may be an attack. If the "
-            f"server was really reinstalled, remove the old key with: ssh-keygen -R "
-            f"{shlex.quote(h.known_hosts_key)} -f {shlex.quote(path)}"
+            f"{e}) — refusing to connect: this may be an attack. If the server was really reinstalled, remove "
+            f"the old key with: ssh-keygen -R {shlex.quote(h.known_hosts_key)} -f {shlex.quote(e.known.path)}"
         )
     if isinstance(e, RevokedHostKey):
         return UnreachableError(f"{where}: the server offers a revoked host key ({e}) — refusing to connect")

@@ -6,7 +6,7 @@ and orchestrator/ssh/local.py (this machine); orchestrator/ssh/connect.py picks 
 `Transport.stream(argv, ...)` passes stdout and stderr bytes to two callbacks as they arrive. argv is
 shlex-joined into one command string (every element quoted; callers validate names first).
 `SSHTransport` is paramiko's SSHClient, used directly (README, Development: why not fabric), with host keys
-checked against known_hosts (RejectPolicy: unknown and changed keys are refused), TCP_NODELAY and
+checked against every known_hosts file ssh reads (hostkeys.KnownHosts: unknown and changed keys are refused), TCP_NODELAY and
 keepalive on, a deadline on every command and one channel loop for `run` and `stream`.
 `Transport.duplex(argv)` starts a command to
 talk to both ways (orchestrator/ssh/duplex.py: a channel of the same connection, or a local process).
@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError, short
-from orchestrator.hosts.resolve import Host, proxy_command, ssh_config_file, user_hosts_file
+from orchestrator.hosts.resolve import Host, proxy_command, user_hosts_file
+from orchestrator.hosts.sshconfig import ssh_config_file
 from orchestrator.ssh import portable
 from orchestrator.ssh.ciphers import SSH_CIPHERS
 from orchestrator.ssh.duplex import ChannelDuplex, SystemSSHDuplex
-from orchestrator.ssh.hostkeys import KnownHostsPolicy, known_hosts_option, load_known
+from orchestrator.ssh.hostkeys import KnownHosts, KnownHostsPolicy, known_hosts_option, prefer_known_types
 from orchestrator.ssh.pump import OnData
 from orchestrator.ssh.refused import no_prompts, why_not
 from orchestrator.ssh.retry import WINDOW_S, retrying
@@ -139,8 +140,9 @@ class SSHTransport(Transport):
 
         h = self.host
         client = paramiko.SSHClient()
-        revoked = load_known(client, (h.known_hosts, *h.known_hosts_also))
-        client.set_missing_host_key_policy(KnownHostsPolicy(h.known_hosts, self.accept_new, revoked))
+        known = KnownHosts((h.known_hosts, *h.known_hosts_also))  # checked by the policy, as OpenSSH does
+        client.set_missing_host_key_policy(KnownHostsPolicy(h.known_hosts, self.accept_new, known))
+        ours = known.for_host(h.known_hosts_key)
         where, proxy = f"{h.name} ({h.hostname}:{h.port}{h.via})", self._proxy(paramiko)
         try:
             client.connect(
@@ -152,7 +154,7 @@ class SSHTransport(Transport):
                 timeout=h.connect_timeout,
                 banner_timeout=h.connect_timeout,
                 auth_timeout=h.connect_timeout,
-                transport_factory=no_prompts,
+                transport_factory=lambda sock, **kw: prefer_known_types(no_prompts(sock, **kw), ours),
                 sock=proxy,
             )
         except Exception as e:  # a failure said in the user's words, retried only when the network's
