@@ -68,7 +68,8 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
         click.echo(f"enlace-remote: {ended_message(row)}", err=True)
     elif offset == began:  # nothing to show (a Slurm job cancelled while pending): where the run stands, said
         row = session.enlace_json("latest", "runs", run_name)[0]
-        phase = f" ({row['phase']})" if row.get("phase") else ""
+        said = row.get("phase") and row["status"] in ("stopped", "queued", "pending", "dropped")  # (others: stale)
+        phase = f" ({row['phase']})" if said else ""
         click.echo(f"[enlace-remote: nothing new in {run_name}'s train.log; it is {row['status']}{phase}]", err=True)
     return code
 

@@ -64,7 +64,7 @@ def format_status(rows: list[dict], hosts: bool = False, full: bool = False, hos
                 *((slurm_cell(r),) if jobs else ()),
             )
         )
-        details.append([on_host(line, r.get("host") or host) for line in _details(r, full)])
+        details.append(_details(r, full, r.get("host") or host))
     widths = [max(len(str(row[i])) for row in table if len(row) == len(head)) for i in range(len(head))]
     lines = []
     for row, extra in zip(table, details):
@@ -81,8 +81,8 @@ def _elapsed(row: dict) -> str:
     return f"{duration(total)} ({duration(this)} this start)"
 
 
-def _details(row: dict, full: bool) -> list[str]:
-    """The lines under a run's row: why it failed, a skipped checkpoint."""
+def _details(row: dict, full: bool, host: str = "") -> list[str]:
+    """The lines under a run's row: why it failed, a skipped checkpoint; the commands they name are for `host`."""
     found = []
     if sup := row.get("supervisor"):
         when = time.strftime("%H:%M:%S", time.localtime(sup["since"])) if sup.get("since") else "?"
@@ -113,8 +113,9 @@ def _details(row: dict, full: bool) -> list[str]:
         found.append(f"warning: {row['checkpoint_warning']}")
     if row.get("data_warning"):
         found.append(f"warning: {row['data_warning']}")
-    more = f" (enlace-remote status {row['run_name']}: all of it)"
-    return [f"    └ {one_line(text, None if full else DETAIL_WIDTH, more)}" for text in found]
+    more = on_host(f" (enlace-remote status {row['run_name']}: all of it)", host)
+    width = None if full else DETAIL_WIDTH  # cut after --host is in: the line keeps its width
+    return [f"    └ {one_line(on_host(text, host), width, more)}" for text in found]
 
 
 def slurm_cell(row: dict) -> str:
