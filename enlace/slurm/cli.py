@@ -195,13 +195,7 @@ def slurm_job_cmd(
 
 @click.command("on-node", hidden=True, context_settings={"ignore_unknown_options": True})
 @spec_option
-@click.option(
-    "--minutes",
-    type=click.IntRange(min=1),
-    default=15,
-    show_default=True,
-    help="The job's time limit (the host's time where that is shorter).",
-)
+@click.option("--minutes", type=click.IntRange(min=1), default=15, show_default=True, help="Its limit (or the host's).")
 @click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED)
 def on_node_cmd(spec_json: str, minutes: int, args: tuple[str, ...]) -> None:
     """Run `enlace ARGS` as a short job on a compute node (srun): preflight on a Slurm host, where the login
