@@ -169,7 +169,7 @@ def _two_slots_and_a_third(sshd, user_repo) -> None:
     )
     assert "launch c3` queues it again" in sampled.stderr and "fetch" not in sampled.stderr, sampled.stderr
     table = remote(user_repo, sshd.env, "status").stdout
-    assert "was queued; its waiter is gone (a reboot, a kill): enlace-remote launch c3 queues it again" in table
+    assert "was queued; its waiter is gone (a reboot, a kill): enlace-remote --host testhost launch c3" in table
     out = remote(user_repo, sshd.env, "launch", *LONG, "--set", "run_name=c3")
     assert "c3: queued on testhost: position 1, waiting for 1 CPU slot" in out.stderr
     for name in ("c3", "c1", "c2"):  # c3 first: still queued (it would take a slot c1 frees)

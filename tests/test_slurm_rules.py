@@ -210,7 +210,8 @@ def test_which_extra_sbatch_options_ask_for_a_gpu_and_which_choose_preflights_no
     from enlace.slurm.settings import asks_gpu
 
     gpu = {"-G 1": True, "-G1": True, "--tres-per-node=gres/gpu:1": True, "--gres gpu:1": True}
-    gpu |= {"--gpus-per-node=2": True, "--gres=tmpdisk:10": False, "--mail-type=END": False}
+    gpu |= {"--gpus-per-node=2": True, "--gres=tmpdisk:10": False, "--mail-type=END": False, "--gres=gpu:0": False}
+    gpu |= {"-G 0": False, "--gpus=0": False, "--gres=gpu:a100:2": True}
     for line, asks in gpu.items():
         assert asks_gpu(SlurmSpec(extra_sbatch=(line,))) is asks, line
     assert asks_gpu(SlurmSpec(gpus_per_node=4))

@@ -73,8 +73,9 @@ def asks_gpu(spec: SlurmSpec) -> bool:
     """Whether the host's jobs ask Slurm for a GPU: gpus_per_node, or an extra_sbatch option that does (a
     --gres or --tres-* only when it names a gpu)."""
     for line in spec.extra_sbatch:
-        name = option_name(line)
-        if name in GPU_OPTIONS and (not name.startswith(("--gres", "--tres")) or "gpu" in line[len(name) :]):
+        name, value = option_name(line), line[len(option_name(line)) :].strip(" =")
+        zero = re.search(r"(^|[:=,])0$", value) is not None  # `--gres=gpu:0`, `-G 0`: none asked
+        if name in GPU_OPTIONS and not zero and (not name.startswith(("--gres", "--tres")) or "gpu" in value):
             return True
     return bool(spec.gpus_per_node)
 

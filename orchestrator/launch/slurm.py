@@ -119,6 +119,6 @@ def no_gpu_asked(spec: SlurmSpec, host: str, run_name: str, device: str | None) 
     return (
         f"{run_name}: runtime.device is {device}, but the Slurm host {host} asks its jobs for no GPU (no "
         f"gpus_per_node, no GPU option in extra_sbatch): it would start on a node without one — add "
-        f"gpus_per_node: N to {host} in hosts.yaml, or train on CPU (--set runtime.device=cpu --set "
-        "runtime.precision=fp32)"
+        f"gpus_per_node: N to {host} in hosts.yaml (also where its partition gives every job GPUs by itself), or "
+        "train on CPU (--set runtime.device=cpu --set runtime.precision=fp32)"
     )
