@@ -268,4 +268,65 @@ def test_known_hosts_lines_match_as_openssh_matches_them(tmp_path):
     assert [k.key for k in known.for_host("[gpu1]:2222")] == ["NEW", "OLD"]  # both lines are the host's
     assert [k.key for k in known.for_host("a.example.org")] == ["ANY"] and known.for_host("bad.example.org") == []
     assert known.for_host("gpu1") == [] and known.for_host("gpu2") == []  # another port; a revoked key
-    assert known.revoked == {"R": str(overall)}
+    assert known.revoked_in("gpu2", "R") == str(overall) and known.revoked_in("gpu2", "ANY") is None
+
+
+def test_host_key_alias_revoked_keys_and_the_plain_name_count_as_they_do_for_openssh(sshd, user_repo, tmp_path):
+    """Seen on the direct path (a second fault hunt): HostKeyAlias and RevokedHostKeys were not read, so a key ssh
+    refuses was taken; a plain `host` line did not count off port 22; an @revoked line for another host refused
+    this one."""
+    from support.sshd import keygen
+
+    keygen(tmp_path / "other")
+    other = " ".join((tmp_path / "other.pub").read_text().split()[:2])
+    real = " ".join(sshd.host_public_key())
+    where, known = f"[127.0.0.1]:{sshd.port}", sshd.dir / "known_hosts"
+    status = lambda: remote(user_repo, sshd.env, "status", check=False)
+    known.write_text(f"127.0.0.1 {real}\n@revoked otherhost {real}\n")  # the plain name; another host's revocation
+    assert status().returncode == 0
+    config = sshd.dir / "ssh_config"
+    plain = config.read_text()
+    revoked = tmp_path / "revoked_keys"
+    revoked.write_text(f"{real}\n")
+    config.write_text(plain + f"  RevokedHostKeys {revoked}\n")
+    out = status()
+    assert out.returncode == 4 and f"is marked @revoked in {revoked}" in out.stderr, out.stderr
+    subprocess.run(["ssh-keygen", "-q", "-k", "-f", str(revoked), str(sshd.dir / "host_key.pub")], check=True)
+    out = status()  # a binary KRL: only OpenSSH reads it, so the direct path refuses and names the way
+    assert out.returncode == 4 and "is a KRL" in out.stderr and "connection: shared" in out.stderr, out.stderr
+    config.write_text(plain + "  HostKeyAlias myalias\n")
+    known.write_text(f"myalias {real}\n")
+    assert status().returncode == 0  # known by its alias only
+    known.write_text(f"myalias {other}\n{where} {real}\n")
+    out = status()  # the alias's key is another: ssh refuses it, and so does the direct path now
+    assert out.returncode == 4 and "CHANGED" in out.stderr and "ssh-keygen -R myalias" in out.stderr, out.stderr
+
+
+def test_the_server_is_asked_first_for_known_key_types_in_the_clients_own_order():
+    """A stale RSA line above a good ed25519 one asked the server for RSA first, and read as changed."""
+    import socket
+
+    from orchestrator.ssh.hostkeys import KnownKey, prefer_known_types
+    from orchestrator.sshlib import load_paramiko
+
+    paramiko = load_paramiko()
+    a, b = socket.socketpair()
+    with a, b:
+        t = paramiko.Transport(a)
+        default = list(t.get_security_options().key_types)
+        lines = [KnownKey(("h",), "ssh-rsa", "R", "f"), KnownKey(("h",), "ssh-ed25519", "E", "f")]
+        ordered = list(prefer_known_types(t, lines).get_security_options().key_types)
+        known = [k for k in default if k in ("ssh-ed25519", "rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")]
+        assert ordered[: len(known)] == known and ordered.index("ssh-ed25519") < ordered.index("rsa-sha2-512")
+        assert sorted(ordered) == sorted(default)
+
+
+def test_an_unknown_key_behind_a_proxy_is_not_probed_directly():
+    """The probe reached (h.hostname, h.port) without the proxy: another machine's fingerprint was shown, and the
+    ssh-keyscan line would have recorded it."""
+    from orchestrator.hosts.resolve import Host
+    from orchestrator.ssh.hostkeys import unknown_key_message
+
+    h = Host("inner", False, "~/enlace", "venv", hostname="10.0.0.5", proxy_jump="bastion", alias="inner")
+    said = unknown_key_message(h, "inner (10.0.0.5)")
+    assert "ssh-keyscan" not in said.split("; it is")[0] and "`ssh inner`" in said and "offers" not in said

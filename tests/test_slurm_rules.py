@@ -211,9 +211,13 @@ def test_which_extra_sbatch_options_ask_for_a_gpu_and_which_choose_preflights_no
 
     gpu = {"-G 1": True, "-G1": True, "--tres-per-node=gres/gpu:1": True, "--gres gpu:1": True}
     gpu |= {"--gpus-per-node=2": True, "--gres=tmpdisk:10": False, "--mail-type=END": False, "--gres=gpu:0": False}
-    gpu |= {"-G 0": False, "--gpus=0": False, "--gres=gpu:a100:2": True}
+    gpu |= {"-G 0": False, "--gpus=0": False, "--gres=gpu:a100:2": True, "--gres=gpu:1,tmpdisk:0": True}
+    gpu |= {"--gpus=1,v100:0": True, "--tres-per-task=gres/gpu:1": True, "--gres=shard:2": False}
     for line, asks in gpu.items():
         assert asks_gpu(SlurmSpec(extra_sbatch=(line,))) is asks, line
     assert asks_gpu(SlurmSpec(gpus_per_node=4))
     spec = SlurmSpec(extra_sbatch=("--gres gpu:1", "--gpus-per-node=2", "-A proj", "--mail-type=END", "--requeue"))
     assert node_options(spec) == ["--gres", "gpu:1", "--gpus-per-node=2", "-A", "proj"]
+    assert node_options(SlurmSpec(extra_sbatch=("--gres=gpu:1  # one gpu",))) == ["--gres=gpu:1"]  # not `#` as argv
+    with pytest.raises(SlurmError, match="extra_sbatch: '--constraint=\"a100' — No closing quotation"):
+        spec_from({"scheduler": "slurm", "extra_sbatch": ['--constraint="a100']}, "host c")

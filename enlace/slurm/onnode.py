@@ -72,7 +72,7 @@ def srun_argv(spec: SlurmSpec, job_name: str, minutes: int) -> list[str]:
 def node_options(spec: SlurmSpec) -> list[str]:
     """The host's extra_sbatch lines that choose the node (a --constraint=a100 left out measured another card)."""
     chosen = [line for line in spec.extra_sbatch if option_name(line) in NODE_OPTIONS]
-    return [word for line in chosen for word in shlex.split(line)]  # `--gres gpu:1`: two words in an argv
+    return [w for line in chosen for w in shlex.split(line, comments=True)]  # `--gres gpu:1`: two argv words
 
 
 def run(argv: list[str], name: str, minutes: int) -> int:

@@ -26,24 +26,10 @@ KEYS = contract.SLURM_KEYS  # the hosts.yaml keys of a Slurm login node (the con
 WORD_RE = re.compile(r"[A-Za-z0-9_.,:+-]{1,128}")  # partition, account, qos
 TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")  # Slurm's MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
 MEM_RE = re.compile(r"\d+[KMGT]?")
-# Job states in which the run is still Slurm's business (queued, running or being requeued)
-LIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "CONFIGURING",
-        "RUNNING",
-        "COMPLETING",
-        "REQUEUED",
-        "REQUEUE_FED",
-        "REQUEUE_HOLD",
-        "RESIZING",
-        "SUSPENDED",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-    }
-)
 QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+# Job states in which the run is still Slurm's business (queued, running or being requeued)
+LIVE_STATES = QUEUED_STATES | {"CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "SUSPENDED", "SIGNALING"}
+LIVE_STATES |= {"STAGE_OUT", "STOPPED"}
 # pending reasons that mean the job, as asked, waits for a limit to change rather than for its turn
 WILL_NOT_START = {
     "PartitionTimeLimit": "its time is over the partition's limit",
@@ -57,8 +43,15 @@ WILL_NOT_START = {
 
 
 # sbatch options that ask for GPUs: any of them, or gpus_per_node, makes the job a GPU job
-GPU_OPTIONS = tuple(
-    ["--gpus", "-G", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket", "--gres", "--tres-per-node"]
+GPU_OPTIONS = (
+    "--gpus",
+    "-G",
+    "--gpus-per-node",
+    "--gpus-per-task",
+    "--gpus-per-socket",
+    "--gres",
+    "--tres-per-node",
+    "--tres-per-task",
 )
 
 
@@ -70,12 +63,15 @@ def option_name(line: str) -> str:
 
 
 def asks_gpu(spec: SlurmSpec) -> bool:
-    """Whether the host's jobs ask Slurm for a GPU: gpus_per_node, or an extra_sbatch option that does (a
-    --gres or --tres-* only when it names a gpu)."""
+    """Whether the host's jobs ask Slurm for a GPU: gpus_per_node, or an extra_sbatch option that asks for more
+    than none (a --gres or --tres-* counts only its gpu items: `--gres=gpu:1,tmpdisk:0` asks; `-G 0` does not)."""
     for line in spec.extra_sbatch:
-        name, value = option_name(line), line[len(option_name(line)) :].strip(" =")
-        zero = re.search(r"(^|[:=,])0$", value) is not None  # `--gres=gpu:0`, `-G 0`: none asked
-        if name in GPU_OPTIONS and not zero and (not name.startswith(("--gres", "--tres")) or "gpu" in value):
+        name = option_name(line)
+        if name not in GPU_OPTIONS:
+            continue
+        items = line[len(name) :].strip(" =").split("#")[0].strip().split(",")
+        items = [i for i in items if "gpu" in i] if name.startswith(("--gres", "--tres")) else items
+        if any(not (count := i.rsplit(":", 1)[-1].strip()).isdigit() or int(count) > 0 for i in items if i):
             return True
     return bool(spec.gpus_per_node)
 
@@ -157,7 +153,11 @@ def spec_from(entry: dict[str, Any], where: str) -> SlurmSpec:
         raise bad("extra_sbatch", "a list of sbatch options, e.g. ['--constraint=a100', '--exclusive']")
     lines = tuple(x.strip().removeprefix("#SBATCH").strip() for x in extra)
     for line in lines:
-        if not line.startswith("-") or any(c in line for c in "\n\r\0"):
+        try:  # preflight's srun takes it as argv words (shlex.split), as sbatch reads the #SBATCH line
+            words = shlex.split(line, comments=True)
+        except ValueError as e:  # an unbalanced quote
+            raise SlurmError(f"{where}: extra_sbatch: {line!r} — {e} (close the quote)") from None
+        if not line.startswith("-") or not words or any(c in line for c in "\n\r\0"):
             raise SlurmError(
                 f"{where}: extra_sbatch: {line!r} — each item is one sbatch option starting with "
                 "`-`, e.g. --constraint=a100"

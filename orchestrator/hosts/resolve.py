@@ -54,6 +54,8 @@ class Host:
     identity_files: list[str] = field(default_factory=list)
     known_hosts: str = str(Path("~/.ssh/known_hosts").expanduser())  # where --accept-new-host-key writes
     known_hosts_also: tuple[str, ...] = ()  # the other files ssh reads for it (its further user files, the global)
+    host_key_alias: str | None = None  # ~/.ssh/config's HostKeyAlias: the name known_hosts knows it by
+    revoked_host_keys: str | None = None  # ~/.ssh/config's RevokedHostKeys file
     connect_timeout: float = 10.0
     default_run: str | None = None
     pip_args: list[str] = field(default_factory=list)  # for `python: venv`: e.g. --index-url URL, --find-links DIR
@@ -74,7 +76,9 @@ class Host:
 
     @property
     def known_hosts_key(self) -> str:
-        """How known_hosts names this host: `host` on port 22, `[host]:port` otherwise."""
+        """How known_hosts names this host: its HostKeyAlias, else `host` on port 22, `[host]:port` otherwise."""
+        if self.host_key_alias:
+            return self.host_key_alias
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
     def describe(self) -> str:
@@ -187,6 +191,10 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         identity_files=[str(Path(p).expanduser()) for p in identities],
         known_hosts=str(Path(known).expanduser()),
         known_hosts_also=tuple(str(Path(p).expanduser()) for p in also),
+        host_key_alias=_unless_none(cfg.get("hostkeyalias")),
+        revoked_host_keys=str(Path(cfg["revokedhostkeys"]).expanduser())
+        if _unless_none(cfg.get("revokedhostkeys"))
+        else None,
         connect_timeout=float(entry.get("connect_timeout") or 10),
         default_run=entry.get("default_run"),
         pip_args=_pip_args(entry.get("pip_args"), name),

@@ -34,11 +34,13 @@ class KnownHosts:
     one key per host and type (the last file read wins: a stale line in the global file refused a host the
     user's file knows), stops at a line it cannot parse (an @revoked marker, a cut key), and adds in quadratic
     time (seconds for a cluster's thousands of node keys). Here a line that is no key is passed by, and
-    @cert-authority lines too (paramiko checks no certificates)."""
+    @cert-authority lines too (paramiko checks no certificates). `revoked_file`: ssh_config's RevokedHostKeys
+    (public keys, one a line; a binary KRL cannot be read here: `krl` names it)."""
 
-    def __init__(self, files: tuple[str, ...]):
+    def __init__(self, files: tuple[str, ...], revoked_file: str | None = None):
         self.keys: list[KnownKey] = []
-        self.revoked: dict[str, str] = {}  # base64 key → the file marking it @revoked
+        self.revoked: list[KnownKey] = []  # @revoked lines (their host patterns), and RevokedHostKeys' keys
+        self.krl: str | None = None
         self._found: dict[str, list[KnownKey]] = {}  # for_host's answers (hashed names cost an HMAC a line)
         for path in files:
             try:
@@ -50,17 +52,44 @@ class KnownHosts:
                 if len(fields) < 3 or fields[0].startswith("#"):
                     continue
                 if fields[0] == "@revoked" and len(fields) >= 4:
-                    self.revoked[fields[3]] = path
+                    self.revoked.append(KnownKey(tuple(fields[1].split(",")), fields[2], fields[3], path))
                 elif not fields[0].startswith("@"):
                     self.keys.append(KnownKey(tuple(fields[0].split(",")), fields[1], fields[2], path))
+        if revoked_file:
+            self._read_revoked(revoked_file)
+
+    def _read_revoked(self, path: str) -> None:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:  # ssh refuses every host then; so do we, as a KRL we cannot read
+            raw = b"SSHKRL"
+        if raw.startswith(b"SSHKRL"):
+            self.krl = path
+            return
+        for line in raw.decode(errors="replace").splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and not fields[0].startswith("#"):
+                self.revoked.append(KnownKey(("*",), fields[0], fields[1], path))
+
+    def revoked_in(self, name: str, key: str) -> str | None:
+        """The file that revokes `key` for `name`, or None."""
+        return next((r.path for r in self.revoked if r.key == key and _matches(name.lower(), r.patterns)), None)
 
     def for_host(self, name: str) -> list[KnownKey]:
-        """The lines for `name` (`host`, or `[host]:port` off port 22), revoked keys left out."""
+        """The lines for `name` (`host`, `[host]:port` off port 22, or a HostKeyAlias), revoked keys left out."""
         if name not in self._found:
-            self._found[name] = [
-                k for k in self.keys if _matches(name.lower(), k.patterns) and k.key not in self.revoked
-            ]
+            found = [k for k in self.keys if _matches(name.lower(), k.patterns)]
+            self._found[name] = [k for k in found if self.revoked_in(name, k.key) is None]
         return self._found[name]
+
+    def lines_for(self, name: str, keytype: str) -> list[KnownKey]:
+        """The lines a key of `keytype` is checked against: `[host]:port`'s, and the plain host's where those
+        hold no key of that type (OpenSSH's "checking without port identifier")."""
+        lines = self.for_host(name)
+        plain = re.fullmatch(r"\[(.+)\]:\d+", name)
+        if plain and not any(k.keytype == keytype for k in lines):
+            lines = lines + self.for_host(plain.group(1))
+        return lines
 
 
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:
@@ -93,24 +122,26 @@ def _hashed(name: str, pattern: str) -> bool:
 
 def prefer_known_types(transport, known: list[KnownKey]):
     """Ask the server first for a key of a type known_hosts holds for it (as OpenSSH orders its host key
-    algorithms, and paramiko does from its own store): a host known by its ed25519 key, offering RSA first,
-    would read as changed."""
+    algorithms, and paramiko does from its own store), in the client's own order among them (ed25519 before
+    RSA: a stale RSA line above a good ed25519 one read as changed): otherwise a host known by its ed25519
+    key, offering RSA first, would read as changed."""
     opts = transport.get_security_options()
-    wanted = [
-        t
-        for k in known
-        for t in (("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa") if k.keytype == "ssh-rsa" else (k.keytype,))
-    ]
-    opts.key_types = sorted(opts.key_types, key=lambda t: wanted.index(t) if t in wanted else len(wanted))
+    types = {k.keytype for k in known}
+    wanted = types | ({"rsa-sha2-512", "rsa-sha2-256"} if "ssh-rsa" in types else set())
+    opts.key_types = sorted(opts.key_types, key=lambda t: t not in wanted)  # stable: the client's order kept
     return transport
 
 
 class RevokedHostKey(Exception):
-    """The server offers a key a known_hosts file marks @revoked."""
+    """The server offers a key a known_hosts file marks @revoked (or RevokedHostKeys lists); `krl`: that file is
+    a binary KRL, which only OpenSSH reads."""
 
-    def __init__(self, key, path: str):
-        super().__init__(f"{key.get_name()} {fingerprint(key)} is marked @revoked in {path}")
-        self.key, self.path = key, path
+    def __init__(self, key, path: str, krl: bool = False):
+        said = f"{key.get_name()} {fingerprint(key)} is marked @revoked in {path}"
+        if krl:
+            said = f"RevokedHostKeys {path} is a KRL (or unreadable), which only OpenSSH's client reads"
+        super().__init__(said)
+        self.key, self.path, self.krl = key, path, krl
 
 
 class ChangedHostKey(Exception):
@@ -123,28 +154,31 @@ class ChangedHostKey(Exception):
 
 class KnownHostsPolicy:
     """paramiko's policy, called for every host (its own store is left empty): a key any of the host's lines
-    holds is accepted; one marked @revoked is refused; another key where the host has lines is a changed key,
-    refused; an unknown host is refused (as RejectPolicy), or with --accept-new-host-key trusted and recorded
-    in the first known_hosts file."""
+    holds is accepted; one marked @revoked for it is refused; another key where the host has lines is a changed
+    key, refused; an unknown host is refused (as RejectPolicy), or with --accept-new-host-key trusted and
+    recorded in the first known_hosts file. `name`: the host as known_hosts names it (its HostKeyAlias, or
+    `[host]:port`), which paramiko's own name for it is not when there is an alias."""
 
-    def __init__(self, known_hosts: str, accept_new: bool, known: KnownHosts):
-        self.known_hosts, self.accept_new, self.known = known_hosts, accept_new, known
+    def __init__(self, known_hosts: str, accept_new: bool, known: KnownHosts, name: str):
+        self.known_hosts, self.accept_new, self.known, self.name = known_hosts, accept_new, known, name
 
     def missing_host_key(self, client, hostname, key) -> None:
         offered = key.get_base64()
-        if offered in self.known.revoked:
-            raise RevokedHostKey(key, self.known.revoked[offered])
-        lines = self.known.for_host(hostname)
+        if self.known.krl:
+            raise RevokedHostKey(key, self.known.krl, krl=True)
+        if revoked := self.known.revoked_in(self.name, offered):
+            raise RevokedHostKey(key, revoked)
+        lines = self.known.lines_for(self.name, key.get_name())
         if any(k.key == offered for k in lines):
             return
         if lines:  # the old key of the same type, where there is one
             raise ChangedHostKey(key, next((k for k in lines if k.keytype == key.get_name()), lines[0]))
         if not self.accept_new:
-            raise load_paramiko().SSHException(f"Server {hostname!r} not found in known_hosts")
+            raise load_paramiko().SSHException(f"Server {self.name!r} not found in known_hosts")
         path = Path(self.known_hosts)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ~/.ssh as OpenSSH makes it
         with open(path, "a") as fh:
-            fh.write(f"{hostname} {key.get_name()} {offered}\n")
+            fh.write(f"{self.name} {key.get_name()} {offered}\n")
 
 
 def known_hosts_option(h: Host) -> str:
@@ -161,6 +195,12 @@ def fingerprint(key) -> str:
 
 
 def unknown_key_message(h: Host, where: str) -> str:
+    if h.proxy_jump or h.proxy_command:  # a probe here would reach another machine than the proxy does
+        return (
+            f"{where}: unknown host key (not in {h.known_hosts}; it is reached through a proxy, which ssh-keyscan "
+            f"cannot take). Check its fingerprint with `ssh {h.alias or h.hostname}`, which shows it and asks, "
+            "or rerun with --accept-new-host-key"
+        )
     offered = ""
     try:  # what the server offers, so the user can compare it with the fingerprint they were given
         paramiko = load_paramiko()

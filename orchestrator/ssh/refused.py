@@ -45,6 +45,8 @@ def why_not(e: BaseException, h: Host, where: str, proxy, unresolved: Callable[[
             f"{e}) — refusing to connect: this may be an attack. If the server was really reinstalled, remove "
             f"the old key with: ssh-keygen -R {shlex.quote(h.known_hosts_key)} -f {shlex.quote(e.known.path)}"
         )
+    if isinstance(e, RevokedHostKey) and e.krl:
+        return UnreachableError(f"{where}: {e} — refusing to connect; set `connection: shared` for this host")
     if isinstance(e, RevokedHostKey):
         return UnreachableError(f"{where}: the server offers a revoked host key ({e}) — refusing to connect")
     if isinstance(e, (SecondFactor, paramiko.PasswordRequiredException)):  # a code, or a key's passphrase

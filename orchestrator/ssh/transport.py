@@ -140,8 +140,8 @@ class SSHTransport(Transport):
 
         h = self.host
         client = paramiko.SSHClient()
-        known = KnownHosts((h.known_hosts, *h.known_hosts_also))  # checked by the policy, as OpenSSH does
-        client.set_missing_host_key_policy(KnownHostsPolicy(h.known_hosts, self.accept_new, known))
+        known = KnownHosts((h.known_hosts, *h.known_hosts_also), h.revoked_host_keys)  # as OpenSSH checks them
+        client.set_missing_host_key_policy(KnownHostsPolicy(h.known_hosts, self.accept_new, known, h.known_hosts_key))
         ours = known.for_host(h.known_hosts_key)
         where, proxy = f"{h.name} ({h.hostname}:{h.port}{h.via})", self._proxy(paramiko)
         try:
