@@ -300,6 +300,13 @@ def test_host_key_alias_revoked_keys_and_the_plain_name_count_as_they_do_for_ope
     known.write_text(f"myalias {other}\n{where} {real}\n")
     out = status()  # the alias's key is another: ssh refuses it, and so does the direct path now
     assert out.returncode == 4 and "CHANGED" in out.stderr and "ssh-keygen -R myalias" in out.stderr, out.stderr
+    config.write_text(plain + "  HashKnownHosts yes\n")  # a key accepted is written as ssh writes it: hashed
+    known.write_text("")
+    remote(user_repo, sshd.env, "--accept-new-host-key", "status")
+    assert known.read_text().startswith("|1|") and where not in known.read_text(), known.read_text()
+    assert status().returncode == 0
+    ssh = ["ssh", "-F", str(config), "-o", "BatchMode=yes", "testhost", "true"]
+    assert subprocess.run(ssh, capture_output=True, timeout=60).returncode == 0  # ssh reads that line too
 
 
 def test_the_server_is_asked_first_for_known_key_types_in_the_clients_own_order():
@@ -319,6 +326,10 @@ def test_the_server_is_asked_first_for_known_key_types_in_the_clients_own_order(
         known = [k for k in default if k in ("ssh-ed25519", "rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")]
         assert ordered[: len(known)] == known and ordered.index("ssh-ed25519") < ordered.index("rsa-sha2-512")
         assert sorted(ordered) == sorted(default)
+        # ~/.ssh/config's HostKeyAlgorithms: only those are asked for (with an RSA line known, ed25519 alone)
+        assert list(prefer_known_types(t, lines, ("ssh-ed25519",)).get_security_options().key_types) == ["ssh-ed25519"]
+        with pytest.raises(Exception, match="names none of the host key types"):
+            prefer_known_types(t, lines, ("ssh-dss",))
 
 
 def test_an_unknown_key_behind_a_proxy_is_not_probed_directly():

@@ -56,6 +56,8 @@ class Host:
     known_hosts_also: tuple[str, ...] = ()  # the other files ssh reads for it (its further user files, the global)
     host_key_alias: str | None = None  # ~/.ssh/config's HostKeyAlias: the name known_hosts knows it by
     revoked_host_keys: str | None = None  # ~/.ssh/config's RevokedHostKeys file
+    host_key_algorithms: tuple[str, ...] = ()  # ~/.ssh/config's HostKeyAlgorithms, as `ssh -G` resolves it
+    hash_known_hosts: bool = False  # ~/.ssh/config's HashKnownHosts: a key accepted is written hashed
     connect_timeout: float = 10.0
     default_run: str | None = None
     pip_args: list[str] = field(default_factory=list)  # for `python: venv`: e.g. --index-url URL, --find-links DIR
@@ -192,6 +194,8 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         known_hosts=str(Path(known).expanduser()),
         known_hosts_also=tuple(str(Path(p).expanduser()) for p in also),
         host_key_alias=_unless_none(cfg.get("hostkeyalias")),
+        host_key_algorithms=tuple(filter(None, (cfg.get("hostkeyalgorithms") or "").split(","))),
+        hash_known_hosts=cfg.get("hashknownhosts", "no").lower() == "yes",
         revoked_host_keys=str(Path(cfg["revokedhostkeys"]).expanduser())
         if _unless_none(cfg.get("revokedhostkeys"))
         else None,

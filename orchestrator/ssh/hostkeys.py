@@ -9,12 +9,14 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import re
 import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import Host
 from orchestrator.sshlib import load_paramiko
 
@@ -120,12 +122,20 @@ def _hashed(name: str, pattern: str) -> bool:
     return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), digest)
 
 
-def prefer_known_types(transport, known: list[KnownKey]):
+def prefer_known_types(transport, known: list[KnownKey], allowed: tuple[str, ...] = ()):
     """Ask the server first for a key of a type known_hosts holds for it (as OpenSSH orders its host key
     algorithms, and paramiko does from its own store), in the client's own order among them (ed25519 before
     RSA: a stale RSA line above a good ed25519 one read as changed): otherwise a host known by its ed25519
     key, offering RSA first, would read as changed."""
     opts = transport.get_security_options()
+    if allowed:  # ~/.ssh/config's HostKeyAlgorithms: only those, as ssh asks for them
+        kept = [t for t in opts.key_types if t in allowed]
+        if not kept:
+            raise UsageError(
+                f"HostKeyAlgorithms ({','.join(allowed)}) names none of the host key types the direct path can "
+                f"check ({','.join(opts.key_types)}) — set `connection: shared` for this host (OpenSSH's client)"
+            )
+        opts.key_types = kept
     types = {k.keytype for k in known}
     wanted = types | ({"rsa-sha2-512", "rsa-sha2-256"} if "ssh-rsa" in types else set())
     opts.key_types = sorted(opts.key_types, key=lambda t: t not in wanted)  # stable: the client's order kept
@@ -159,8 +169,9 @@ class KnownHostsPolicy:
     recorded in the first known_hosts file. `name`: the host as known_hosts names it (its HostKeyAlias, or
     `[host]:port`), which paramiko's own name for it is not when there is an alias."""
 
-    def __init__(self, known_hosts: str, accept_new: bool, known: KnownHosts, name: str):
+    def __init__(self, known_hosts: str, accept_new: bool, known: KnownHosts, name: str, hashed: bool = False):
         self.known_hosts, self.accept_new, self.known, self.name = known_hosts, accept_new, known, name
+        self.hashed = hashed  # HashKnownHosts: the name written as `|1|salt|hash`, as ssh writes it
 
     def missing_host_key(self, client, hostname, key) -> None:
         offered = key.get_base64()
@@ -177,8 +188,13 @@ class KnownHostsPolicy:
             raise load_paramiko().SSHException(f"Server {self.name!r} not found in known_hosts")
         path = Path(self.known_hosts)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ~/.ssh as OpenSSH makes it
+        name = self.name
+        if self.hashed:
+            salt = os.urandom(20)
+            digest = hmac.new(salt, name.lower().encode(), hashlib.sha1).digest()
+            name = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
         with open(path, "a") as fh:
-            fh.write(f"{self.name} {key.get_name()} {offered}\n")
+            fh.write(f"{name} {key.get_name()} {offered}\n")
 
 
 def known_hosts_option(h: Host) -> str:

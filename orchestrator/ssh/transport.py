@@ -141,7 +141,8 @@ class SSHTransport(Transport):
         h = self.host
         client = paramiko.SSHClient()
         known = KnownHosts((h.known_hosts, *h.known_hosts_also), h.revoked_host_keys)  # as OpenSSH checks them
-        client.set_missing_host_key_policy(KnownHostsPolicy(h.known_hosts, self.accept_new, known, h.known_hosts_key))
+        policy = KnownHostsPolicy(h.known_hosts, self.accept_new, known, h.known_hosts_key, h.hash_known_hosts)
+        client.set_missing_host_key_policy(policy)
         ours = known.for_host(h.known_hosts_key)
         where, proxy = f"{h.name} ({h.hostname}:{h.port}{h.via})", self._proxy(paramiko)
         try:
@@ -154,7 +155,9 @@ class SSHTransport(Transport):
                 timeout=h.connect_timeout,
                 banner_timeout=h.connect_timeout,
                 auth_timeout=h.connect_timeout,
-                transport_factory=lambda sock, **kw: prefer_known_types(no_prompts(sock, **kw), ours),
+                transport_factory=lambda sock, **kw: prefer_known_types(
+                    no_prompts(sock, **kw), ours, h.host_key_algorithms
+                ),
                 sock=proxy,
             )
         except Exception as e:  # a failure said in the user's words, retried only when the network's
