@@ -6,6 +6,7 @@ host: `ssh -W` from it to itself."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import time
 
@@ -69,6 +70,17 @@ def test_sync_launch_logs_fetch_go_through_proxyjump_and_proxycommand(sshd, user
         if host == "viacmd":  # the ProxyCommand ran for each of them, its tokens expanded
             lines = marker.read_text().splitlines()
             assert len(lines) == jumps and set(lines) == {f"127.0.0.1:{sshd.port}"}, lines
+    # behind the jump, a host whose key is unknown: the key it offered through the jump is shown (a probe of its
+    # own would reach whatever answers at that address from here), and no ssh-keyscan line, which takes no proxy
+    (tmp_path / "empty").write_text("")
+    with open(d / "ssh_config", "a") as cfg:
+        cfg.write(f"Host viaempty\n{target.replace(f'{d}/known_hosts', str(tmp_path / 'empty'))}  ProxyJump testhost\n")
+    with open(d / "hosts.yaml", "a") as hosts:
+        hosts.write(f"  viaempty:\n    remote_dir: {tmp_path}/remote-viaempty\n    python: {sys.executable}\n")
+    out = remote(user_repo, sshd.env, "status", host="viaempty", check=False)
+    real = subprocess.run(["ssh-keygen", "-l", "-f", str(d / "host_key.pub")], capture_output=True, text=True)
+    assert out.returncode == 4 and f"The server offers ssh-ed25519 {real.stdout.split()[1]}" in out.stderr, out.stderr
+    assert "ssh-keyscan" not in out.stderr and "`ssh viaempty` shows it" in out.stderr, out.stderr
 
 
 def test_proxy_commands_for_paramiko_expand_tokens_and_name_what_they_cannot(tmp_path):

@@ -119,14 +119,19 @@ def _hashed(name: str, pattern: str) -> bool:
         salt, digest = (base64.b64decode(part) for part in pattern.split("|")[2:4])
     except (ValueError, binascii.Error):
         return False
-    return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), digest)
+    return hmac.compare_digest(_name_digest(salt, name), digest)
+
+
+def _name_digest(salt: bytes, name: str) -> bytes:
+    """How `HashKnownHosts yes` hides a host's name: HMAC-SHA1 of it, keyed by the line's salt."""
+    return hmac.new(salt, name.encode(), hashlib.sha1).digest()
 
 
 def prefer_known_types(transport, known: list[KnownKey], allowed: tuple[str, ...] = ()):
-    """Ask the server first for a key of a type known_hosts holds for it (as OpenSSH orders its host key
-    algorithms, and paramiko does from its own store), in the client's own order among them (ed25519 before
-    RSA: a stale RSA line above a good ed25519 one read as changed): otherwise a host known by its ed25519
-    key, offering RSA first, would read as changed."""
+    """Ask the server first for a key of a type known_hosts holds for it, as OpenSSH orders its host key
+    algorithms (a host known by its ed25519 key, offering RSA first, would read as changed), in the client's
+    own order among them (a stale RSA line above a good ed25519 one asked for RSA). `allowed`: ssh_config's
+    HostKeyAlgorithms."""
     opts = transport.get_security_options()
     if allowed:  # ~/.ssh/config's HostKeyAlgorithms: only those, as ssh asks for them
         kept = [t for t in opts.key_types if t in allowed]
@@ -152,6 +157,14 @@ class RevokedHostKey(Exception):
             said = f"RevokedHostKeys {path} is a KRL (or unreadable), which only OpenSSH's client reads"
         super().__init__(said)
         self.key, self.path, self.krl = key, path, krl
+
+
+class UnknownHostKey(Exception):
+    """No known_hosts line names the host; `key` is what it offered (shown to compare, not fetched again)."""
+
+    def __init__(self, key):
+        super().__init__(f"{key.get_name()} {fingerprint(key)} is in no known_hosts file")
+        self.key = key
 
 
 class ChangedHostKey(Exception):
@@ -185,14 +198,13 @@ class KnownHostsPolicy:
         if lines:  # the old key of the same type, where there is one
             raise ChangedHostKey(key, next((k for k in lines if k.keytype == key.get_name()), lines[0]))
         if not self.accept_new:
-            raise load_paramiko().SSHException(f"Server {self.name!r} not found in known_hosts")
+            raise UnknownHostKey(key)
         path = Path(self.known_hosts)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ~/.ssh as OpenSSH makes it
         name = self.name
         if self.hashed:
             salt = os.urandom(20)
-            digest = hmac.new(salt, name.lower().encode(), hashlib.sha1).digest()
-            name = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+            name = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(_name_digest(salt, name.lower())).decode()}"
         with open(path, "a") as fh:
             fh.write(f"{name} {key.get_name()} {offered}\n")
 
@@ -210,25 +222,18 @@ def fingerprint(key) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def unknown_key_message(h: Host, where: str) -> str:
-    if h.proxy_jump or h.proxy_command:  # a probe here would reach another machine than the proxy does
+def unknown_key_message(h: Host, where: str, key=None) -> str:
+    """Refused as unknown: what the server offers (`key`, from the connection refused; else asked of it here,
+    unless a proxy stands between: another machine would answer), and how to trust it."""
+    proxied = bool(h.proxy_jump or h.proxy_command)
+    if key is None and not proxied:
+        key = _offered(h)
+    offered = f" The server offers {key.get_name()} {fingerprint(key)}." if key is not None else ""
+    if proxied or h.host_key_alias:  # ssh-keyscan takes no proxy, and writes no alias
         return (
-            f"{where}: unknown host key (not in {h.known_hosts}; it is reached through a proxy, which ssh-keyscan "
-            f"cannot take). Check its fingerprint with `ssh {h.alias or h.hostname}`, which shows it and asks, "
-            "or rerun with --accept-new-host-key"
+            f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
+            f"fingerprint (`ssh {h.alias or h.hostname}` shows it and asks), or rerun with --accept-new-host-key"
         )
-    offered = ""
-    try:  # what the server offers, so the user can compare it with the fingerprint they were given
-        paramiko = load_paramiko()
-
-        with socket.create_connection((h.hostname, h.port), timeout=h.connect_timeout) as sock:
-            t = paramiko.Transport(sock)
-            t.start_client(timeout=h.connect_timeout)
-            key = t.get_remote_server_key()
-            offered = f" The server offers {key.get_name()} {fingerprint(key)}."
-            t.close()
-    except Exception:  # the fingerprint is a courtesy: the refusal stands without it
-        pass
     folder = Path(h.known_hosts).parent
     mkdir = "" if folder.is_dir() else f"mkdir -p -m 700 {shlex.quote(str(folder))} && "  # seen: no ~/.ssh yet
     return (
@@ -236,3 +241,18 @@ def unknown_key_message(h: Host, where: str) -> str:
         f"fingerprint, then trust it with: {mkdir}ssh-keyscan -p {h.port} {h.hostname} >> "
         f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)"
     )
+
+
+def _offered(h: Host):
+    """The key the host offers, asked of it (the shared path's refusal carries none); None when it does not say."""
+    try:
+        paramiko = load_paramiko()
+
+        with socket.create_connection((h.hostname, h.port), timeout=h.connect_timeout) as sock:
+            t = paramiko.Transport(sock)
+            t.start_client(timeout=h.connect_timeout)
+            key = t.get_remote_server_key()
+            t.close()
+            return key
+    except Exception:  # the fingerprint is a courtesy: the refusal stands without it
+        return None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from orchestrator.errors import NotLoggedIn, Transient, UnreachableError, UsageError
 from orchestrator.hosts.resolve import Host
 from orchestrator.ssh.ciphers import gcm_first
-from orchestrator.ssh.hostkeys import ChangedHostKey, RevokedHostKey, fingerprint, unknown_key_message
+from orchestrator.ssh.hostkeys import ChangedHostKey, RevokedHostKey, UnknownHostKey, fingerprint, unknown_key_message
 from orchestrator.sshlib import load_paramiko
 
 ASKS_MORE = "the host asks for more than a key (a password or a one-time code) and there is no open login"
@@ -45,6 +45,8 @@ def why_not(e: BaseException, h: Host, where: str, proxy, unresolved: Callable[[
             f"{e}) — refusing to connect: this may be an attack. If the server was really reinstalled, remove "
             f"the old key with: ssh-keygen -R {shlex.quote(h.known_hosts_key)} -f {shlex.quote(e.known.path)}"
         )
+    if isinstance(e, UnknownHostKey):  # the key it offered is in hand: no second connection to ask it
+        return UnreachableError(unknown_key_message(h, where, e.key))
     if isinstance(e, RevokedHostKey) and e.krl:
         return UnreachableError(f"{where}: {e} — refusing to connect; set `connection: shared` for this host")
     if isinstance(e, RevokedHostKey):
@@ -72,8 +74,6 @@ def why_not(e: BaseException, h: Host, where: str, proxy, unresolved: Callable[[
 
 
 def _handshake_failure(e: Exception, h: Host, where: str, proxy) -> Exception:
-    if "not found in known_hosts" in str(e):
-        return UnreachableError(unknown_key_message(h, where))
     if "No authentication methods available" in str(e):  # no key was found to offer (none tried)
         return UnreachableError(
             f"{where}: no SSH key to offer (no identity_file for this host, no key in ssh-agent, none of "
