@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import time
 
 from enlace.slurm.settings import GPU_OPTIONS, WILL_NOT_START, SlurmError, SlurmSpec, option_name, time_limit_s
 
@@ -81,13 +82,13 @@ def run(argv: list[str], name: str, minutes: int) -> int:
     said: list[str] = []
     reader = threading.Thread(target=_pass_on, args=(proc.stderr, said), daemon=True)
     reader.start()
-    while True:
-        try:
-            proc.wait(timeout=POLL_S)
-            break
-        except subprocess.TimeoutExpired:
-            reason = _never_starts(name)
-        if reason:
+    pending = True  # squeue is asked only until the job leaves the queue (not for the whole preflight)
+    while proc.poll() is None:
+        if pending:
+            pending, reason = _pending(name)
+        if not pending:
+            proc.wait()
+        elif reason in WILL_NOT_START:
             subprocess.run(["scancel", f"--name={name}"], capture_output=True)
             proc.wait()
             raise SlurmError(
@@ -95,6 +96,8 @@ def run(argv: list[str], name: str, minutes: int) -> int:
                 "so it would never start (cancelled) — ask for what the partition allows: the host's time, "
                 "partition, qos or account in hosts.yaml (`sinfo` shows the partitions' limits)"
             )
+        else:
+            time.sleep(POLL_S)
     reader.join(timeout=10)
     refused = next((m.group(1) for line in said if (m := REFUSED.search(line))), None)
     if proc.returncode and refused:  # nothing ran: srun's own error, once, as the host's settings to fix
@@ -113,16 +116,13 @@ def _pass_on(stream, said: list[str]) -> None:
         sys.stderr.flush()
 
 
-def _never_starts(name: str) -> str | None:
-    """The job's pending reason where it means the job, as asked, never starts; None otherwise."""
+def _pending(name: str) -> tuple[bool, str]:
+    """Whether the job is still queued (or not listed yet: srun may not have submitted it), and its reason."""
     try:
         out = subprocess.run(
             ["squeue", f"--name={name}", "--noheader", "--format=%T %r"], capture_output=True, text=True, timeout=30
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
-        state, _, reason = line.partition(" ")
-        if state == "PENDING" and reason.strip() in WILL_NOT_START:
-            return reason.strip()
-    return None
+        return True, ""
+    state, _, reason = (out.splitlines() or ["PENDING "])[0].partition(" ")
+    return state == "PENDING", reason.strip()
