@@ -182,6 +182,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
     users = (cfg.get("userknownhostsfile") or USER_KNOWN_HOSTS).split()
     known, *also = [entry["known_hosts"]] if entry.get("known_hosts") else users
     also += (cfg.get("globalknownhostsfile") or GLOBAL_KNOWN_HOSTS).split()
+    revoked = _unless_none(cfg.get("revokedhostkeys"))
     return Host(
         name=name,
         local=False,
@@ -196,9 +197,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         host_key_alias=_unless_none(cfg.get("hostkeyalias")),
         host_key_algorithms=tuple(filter(None, (cfg.get("hostkeyalgorithms") or "").split(","))),
         hash_known_hosts=cfg.get("hashknownhosts", "no").lower() == "yes",
-        revoked_host_keys=str(Path(cfg["revokedhostkeys"]).expanduser())
-        if _unless_none(cfg.get("revokedhostkeys"))
-        else None,
+        revoked_host_keys=str(Path(revoked).expanduser()) if revoked else None,
         connect_timeout=float(entry.get("connect_timeout") or 10),
         default_run=entry.get("default_run"),
         pip_args=_pip_args(entry.get("pip_args"), name),

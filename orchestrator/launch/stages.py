@@ -204,17 +204,18 @@ def wait_first_step(
         click.echo(f"{run_name}: its first start crashed; following it through its restarts", err=True)
         return row
     if row["waited"] == "restarting":  # its cause is the phase shown above
-        said = f"`enlace-remote logs {run_name} -f` follows it, `enlace-remote stop {run_name}` ends it"
-        raise FirstStartCrashed(
+        said = (
             f"{run_name}: its first start crashed, and its supervisor starts it again as its restarts allow — "
-            + on_host(said, host)
+            f"`enlace-remote logs {run_name} -f` follows it, `enlace-remote stop {run_name}` ends it"
         )
+        raise FirstStartCrashed(on_host(said, host))
     if row["waited"] == "timeout":
         where = f"Slurm job {row['job_id']}, {row['slurm_state']}" if row.get("job_id") else f"pid {started['pid']}"
-        raise EnlaceError(
+        said = (
             f"{run_name}: no step logged within {wait_s:.0f}s (phase: {row['phase']}); it is still "
-            f"{row['status']} ({where}) — follow it with `{on_host('enlace-remote ', host)}logs {run_name} -f`"
+            f"{row['status']} ({where}) — follow it with `enlace-remote logs {run_name} -f`"
         )
+        raise EnlaceError(on_host(said, host))
     if row["status"] not in ("running", "finished", "stopped"):
         error = ended_message(row)
         tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
