@@ -284,16 +284,29 @@ def test_host_key_alias_revoked_keys_and_the_plain_name_count_as_they_do_for_ope
     status = lambda: remote(user_repo, sshd.env, "status", check=False)
     known.write_text(f"127.0.0.1 {real}\n@revoked otherhost {real}\n")  # the plain name; another host's revocation
     assert status().returncode == 0
+    known.write_text(f"127.0.0.1 {other}\n")  # off port 22 a plain line only vouches: another key there is unknown
+    out = status()  # (it read as changed, with an ssh-keygen -R line that found nothing to remove)
+    assert out.returncode == 4 and "unknown host key" in out.stderr and "CHANGED" not in out.stderr, out.stderr
+    remote(user_repo, sshd.env, "--accept-new-host-key", "status")  # as for ssh: the [host]:port line is added
+    assert known.read_text().endswith(f"{where} {real}\n")
     config = sshd.dir / "ssh_config"
     plain = config.read_text()
     revoked = tmp_path / "revoked_keys"
     revoked.write_text(f"{real}\n")
     config.write_text(plain + f"  RevokedHostKeys {revoked}\n")
     out = status()
-    assert out.returncode == 4 and f"is marked @revoked in {revoked}" in out.stderr, out.stderr
+    assert out.returncode == 4 and f"is listed in RevokedHostKeys {revoked}" in out.stderr, out.stderr
     subprocess.run(["ssh-keygen", "-q", "-k", "-f", str(revoked), str(sshd.dir / "host_key.pub")], check=True)
     out = status()  # a binary KRL: only OpenSSH reads it, so the direct path refuses and names the way
     assert out.returncode == 4 and "is a KRL" in out.stderr and "connection: shared" in out.stderr, out.stderr
+    sshd.share_connection()  # OpenSSH reads the KRL: revoked, said so (it was called unknown, with keyscan advice)
+    out = status()
+    assert out.returncode == 4 and "revoked host key" in out.stderr and "ssh-keyscan" not in out.stderr, out.stderr
+    hosts = Path(sshd.env["ENLACE_HOSTS_FILE"])
+    hosts.write_text(hosts.read_text().replace("    connection: shared\n", "", 1))
+    config.write_text(plain + f"  RevokedHostKeys {tmp_path / 'missing'}\n")
+    out = status()  # a file that is not there: ssh refuses every host then; said as such, not as a KRL
+    assert out.returncode == 4 and "cannot be read" in out.stderr and "KRL" not in out.stderr, out.stderr
     config.write_text(plain + "  HostKeyAlias myalias\n")
     known.write_text(f"myalias {real}\n")
     assert status().returncode == 0  # known by its alias only
@@ -340,4 +353,6 @@ def test_an_unknown_key_behind_a_proxy_is_not_probed_directly():
 
     h = Host("inner", False, "~/enlace", "venv", hostname="10.0.0.5", proxy_jump="bastion", alias="inner")
     said = unknown_key_message(h, "inner (10.0.0.5)")
-    assert "ssh-keyscan" not in said.split("; it is")[0] and "`ssh inner`" in said and "offers" not in said
+    assert (
+        "ssh-keyscan" not in said and "`ssh -o StrictHostKeyChecking=ask inner true`" in said and "offers" not in said
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import Host
+from orchestrator.hosts.sshconfig import ssh_config_file
 from orchestrator.sshlib import load_paramiko
 
 
@@ -42,7 +43,7 @@ class KnownHosts:
     def __init__(self, files: tuple[str, ...], revoked_file: str | None = None):
         self.keys: list[KnownKey] = []
         self.revoked: list[KnownKey] = []  # @revoked lines (their host patterns), and RevokedHostKeys' keys
-        self.krl: str | None = None
+        self.krl: str | None = None  # why a RevokedHostKeys file refuses every host here (a KRL, unreadable)
         self._found: dict[str, list[KnownKey]] = {}  # for_host's answers (hashed names cost an HMAC a line)
         for path in files:
             try:
@@ -63,15 +64,16 @@ class KnownHosts:
     def _read_revoked(self, path: str) -> None:
         try:
             raw = Path(path).read_bytes()
-        except OSError:  # ssh refuses every host then; so do we, as a KRL we cannot read
-            raw = b"SSHKRL"
+        except OSError as e:  # ssh refuses every host then; so do we
+            self.krl = f"RevokedHostKeys {path} cannot be read ({e.strerror}): ssh refuses every host then too"
+            return
         if raw.startswith(b"SSHKRL"):
-            self.krl = path
+            self.krl = f"RevokedHostKeys {path} is a KRL, which only OpenSSH's client reads — set `connection: shared`"
             return
         for line in raw.decode(errors="replace").splitlines():
             fields = line.split()
             if len(fields) >= 2 and not fields[0].startswith("#"):
-                self.revoked.append(KnownKey(("*",), fields[0], fields[1], path))
+                self.revoked.append(KnownKey(("*",), fields[0], fields[1], f"RevokedHostKeys {path}"))
 
     def revoked_in(self, name: str, key: str) -> str | None:
         """The file that revokes `key` for `name`, or None."""
@@ -152,10 +154,8 @@ class RevokedHostKey(Exception):
     a binary KRL, which only OpenSSH reads."""
 
     def __init__(self, key, path: str, krl: bool = False):
-        said = f"{key.get_name()} {fingerprint(key)} is marked @revoked in {path}"
-        if krl:
-            said = f"RevokedHostKeys {path} is a KRL (or unreadable), which only OpenSSH's client reads"
-        super().__init__(said)
+        listed = f"is listed in {path}" if path.startswith("RevokedHostKeys ") else f"is marked @revoked in {path}"
+        super().__init__(path if krl else f"{key.get_name()} {fingerprint(key)} {listed}")
         self.key, self.path, self.krl = key, path, krl
 
 
@@ -192,11 +192,10 @@ class KnownHostsPolicy:
             raise RevokedHostKey(key, self.known.krl, krl=True)
         if revoked := self.known.revoked_in(self.name, offered):
             raise RevokedHostKey(key, revoked)
-        lines = self.known.lines_for(self.name, key.get_name())
-        if any(k.key == offered for k in lines):
+        if any(k.key == offered for k in self.known.lines_for(self.name, key.get_name())):
             return
-        if lines:  # the old key of the same type, where there is one
-            raise ChangedHostKey(key, next((k for k in lines if k.keytype == key.get_name()), lines[0]))
+        if own := self.known.for_host(self.name):  # (a plain `host` line off port 22 only ever vouches, as in ssh)
+            raise ChangedHostKey(key, next((k for k in own if k.keytype == key.get_name()), own[0]))
         if not self.accept_new:
             raise UnknownHostKey(key)
         path = Path(self.known_hosts)
@@ -232,7 +231,7 @@ def unknown_key_message(h: Host, where: str, key=None) -> str:
     if proxied or h.host_key_alias:  # ssh-keyscan takes no proxy, and writes no alias
         return (
             f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
-            f"fingerprint (`ssh {h.alias or h.hostname}` shows it and asks), or rerun with --accept-new-host-key"
+            f"fingerprint (`{_asking_ssh(h)}` shows it and asks), or rerun with --accept-new-host-key"
         )
     folder = Path(h.known_hosts).parent
     mkdir = "" if folder.is_dir() else f"mkdir -p -m 700 {shlex.quote(str(folder))} && "  # seen: no ~/.ssh yet
@@ -241,6 +240,13 @@ def unknown_key_message(h: Host, where: str, key=None) -> str:
         f"fingerprint, then trust it with: {mkdir}ssh-keyscan -p {h.port} {h.hostname} >> "
         f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)"
     )
+
+
+def _asking_ssh(h: Host) -> str:
+    """An ssh that shows the host's key and asks, through its proxy, with the config enlace reads."""
+    config = ssh_config_file()
+    named = f" -F {shlex.quote(str(config))}" if config != Path("~/.ssh/config").expanduser() else ""
+    return f"ssh{named} -o StrictHostKeyChecking=ask {shlex.quote(h.alias or h.hostname)} true"
 
 
 def _offered(h: Host):

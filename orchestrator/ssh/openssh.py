@@ -229,8 +229,9 @@ class SharedTransport(SSHTransport):
         if "Permission denied" in stderr and asks:
             return NotLoggedIn(self.host.name, ASKS_MORE)
         where = f"{self.host.name} ({self.host.hostname})"
-        if "REVOKED HOST KEY" in stderr:  # (it said "unknown host key" and offered --accept-new-host-key)
-            return UnreachableError(f"{where}: the server offers a host key marked @revoked in known_hosts — refusing")
+        if "REVOKED HOST KEY" in stderr or "revoked by file" in stderr:  # (it said "unknown host key")
+            said = " ".join(line.strip() for line in stderr.splitlines() if "revoked" in line.lower())
+            return UnreachableError(f"{where}: the server offers a revoked host key — refusing ({said})")
         if "HOST IDENTIFICATION HAS CHANGED" in stderr:  # ssh's own words: the file and line, its fix
             said = " ".join(line.strip() for line in stderr.splitlines() if "Offending" in line or "ssh-keygen" in line)
             return UnreachableError(

@@ -48,7 +48,7 @@ def why_not(e: BaseException, h: Host, where: str, proxy, unresolved: Callable[[
     if isinstance(e, UnknownHostKey):  # the key it offered is in hand: no second connection to ask it
         return UnreachableError(unknown_key_message(h, where, e.key))
     if isinstance(e, RevokedHostKey) and e.krl:
-        return UnreachableError(f"{where}: {e} — refusing to connect; set `connection: shared` for this host")
+        return UnreachableError(f"{where}: {e} — refusing to connect")
     if isinstance(e, RevokedHostKey):
         return UnreachableError(f"{where}: the server offers a revoked host key ({e}) — refusing to connect")
     if isinstance(e, (SecondFactor, paramiko.PasswordRequiredException)):  # a code, or a key's passphrase
