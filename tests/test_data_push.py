@@ -83,6 +83,21 @@ def test_a_link_out_of_the_data_directory_is_refused(tmp_path):
         _converse(tmp_path / "data", {"files": [["link/f.txt", 1, 1]], "scope": []})
 
 
+def test_a_link_in_data_with_the_same_bytes_is_touched_itself_not_what_it_points_at(tmp_path):
+    """A user's data/corpus.bin may be a link to a shared copy on the server (another disk, a colleague's file):
+    the same bytes with another mtime set the link's own time; the shared file is left as it was."""
+    (tmp_path / "data").mkdir()
+    shared = tmp_path / "shared.bin"
+    shared.write_bytes(b"same bytes")
+    os.utime(shared, ns=(5_000_000_000, 5_000_000_000))
+    (tmp_path / "data" / "corpus.bin").symlink_to(shared)
+    listing = {"files": [["corpus.bin", 10, 9_000_000_000]], "scope": ["*"]}
+    first, report = _converse(tmp_path / "data", listing, {"touch": [["corpus.bin", 9_000_000_000]]})
+    assert first["have"]["corpus.bin"] == ["sha256", hashlib.sha256(b"same bytes").hexdigest()]
+    assert report["touched"] == 1 and shared.stat().st_mtime_ns == 5_000_000_000
+    assert (tmp_path / "data" / "corpus.bin").lstat().st_mtime_ns == 9_000_000_000
+
+
 def test_a_delete_outside_the_runs_paths_is_refused(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "keep.bin").write_bytes(b"x")

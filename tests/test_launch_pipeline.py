@@ -4,6 +4,8 @@ pipeline's stages against real hosts: test_remote_run.py, test_slurm.py, test_re
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from click.testing import CliRunner
 
@@ -192,3 +194,43 @@ def test_the_log_under_a_failed_starts_error_does_not_say_it_again():
     )
     kept = "2026-12-07 03:57:17 loading the checkpoint\nTraceback (most recent call last):\n}"
     assert tail_under(error, log) == kept + "\n2026-12-07 03:57:18 supervisor: the trainer exited 2: not retried"
+
+
+def test_ctrl_c_in_stop_sweep_names_the_stops_under_way_and_does_not_wait_for_them(capsys, monkeypatch):
+    """Ctrl-C in `stop --sweep` waited, silent, for every stop its threads had under way (each up to the grace),
+    then said `interrupted` alone. It now returns at once, says what ended and which stops were under way.
+    (The sessions stand in for the servers: one answers, one waits for its checkpoint; a real SIGINT ends it.)"""
+    import os
+    import signal
+    import threading
+
+    from orchestrator.commands import sweep as sweep_cmd
+
+    release = threading.Event()
+    report = {"stopped": True, "killed": False, "grace_s": 30.0, "status": "stopped", "latest_checkpoint": "step_4"}
+
+    class Server:
+        def __init__(self, host: str):
+            self.run = host
+
+        def enlace_json(self, *args, **kw):
+            if self.run == "a":
+                threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+                return {**report, "step": 4}
+            release.wait(60)  # the slow run's checkpoint
+            return {**report, "step": 9}
+
+    rows = [{"host": h, "run_name": n, "alive": True, "status": "running"} for h, n in (("a", "fast"), ("b", "slow"))]
+    monkeypatch.setattr(sweep_cmd.record, "load", lambda repo, name: SimpleNamespace(name="lr"))
+    monkeypatch.setattr(sweep_cmd, "_rows", lambda remote, sweep: rows)
+    monkeypatch.setattr("orchestrator.hosts.resolve.resolve_host", lambda name, repo: name)
+    remote = SimpleNamespace(repo=None, session_for=Server)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep_cmd.stop_all(remote, "lr", 30.0, kill=False)
+    finally:
+        release.set()
+    out, err = capsys.readouterr()
+    assert out == "fast on a: stopped at step 4; latest checkpoint step_4\n"
+    assert "sweep lr: slow on b may already have been sent SIGTERM" in err
+    assert "`enlace-remote status --sweep lr`" in err and "`enlace-remote stop --sweep lr` waits" in err

@@ -173,7 +173,8 @@ def _receive(data_dir: Path, requests: BinaryIO, out: BinaryIO, runs_root: Path,
     dirs = {}
     for rel, mtime_ns in plan.get("touch", []):
         if isinstance(have.get(rel), list) and have[rel][0] == "sha256":  # the same bytes: only the mtime differs
-            os.utime(inside(data, rel, dirs), ns=(mtime_ns, mtime_ns))
+            # a link (to a shared copy on the server): its own time, never the file it points at
+            os.utime(inside(data, rel, dirs), ns=(mtime_ns, mtime_ns), follow_symlinks=False)
             report["touched"] += 1
     made: set[str] = set()
     whole = new_tops(data, staging, [rel for rel, _, _, _ in plan.get("send", [])])

@@ -131,8 +131,27 @@ def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None
         )
 
     said = [stop_one(r) for r in queued]
-    with ThreadPoolExecutor(max_workers=max(1, len(live) - len(queued))) as pool:
-        said += list(pool.map(stop_one, [r for r in live if r["status"] != "queued"]))
+    running = [r for r in live if r["status"] != "queued"]
+    pool = ThreadPoolExecutor(max_workers=max(1, len(running)))
+    futures = [pool.submit(stop_one, r) for r in running]
+    try:
+        said += [f.result() for f in futures]
+    except KeyboardInterrupt:  # in this thread only: the stops under way are the threads'; leave them, say so
+        pool.shutdown(wait=False, cancel_futures=True)
+        ended = [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
+        under_way = [f"{r['run_name']} on {r['host']}" for r, f in zip(running, futures) if not f.done()]
+        click.echo("\n".join(said + ended))
+        if not under_way:
+            raise
+        click.echo(
+            f"\nsweep {sweep.name}: {', '.join(under_way)} may already have been sent SIGTERM (the server sends it"
+            " before it waits for the checkpoint); then each saves one and exits on its own"
+            f"{', not killed' if kill else ''}. `enlace-remote status --sweep {sweep.name}` says where they stand;"
+            f" `enlace-remote stop --sweep {sweep.name}` waits for them again",
+            err=True,
+        )
+        raise
+    pool.shutdown()
     click.echo("\n".join(said) or f"sweep {sweep.name}: nothing is running or queued")
     if any("still running" in line for line in said):
         sys.exit(1)
