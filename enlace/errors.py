@@ -4,9 +4,21 @@ it. Light (click only): the driver imports it."""
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from enlace import contract
+
+# what a terminal acts on rather than shows (ESC, BEL, backspace, CSI...): a message may carry a server's text
+# (a log tail, its stderr), which must not retitle, recolour or write the clipboard of the user's terminal
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """`text` as a terminal should print it: tabs, newlines and carriage returns kept, other controls written
+    out (`\\x1b`)."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 class EnlaceError(click.ClickException):
@@ -16,7 +28,7 @@ class EnlaceError(click.ClickException):
     kind = contract.ErrorKind.OTHER  # what the driver acts on (the error document's `kind`)
 
     def format_message(self) -> str:
-        return self.message
+        return shown(self.message)
 
 
 class AlreadyRunning(EnlaceError):

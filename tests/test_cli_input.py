@@ -141,3 +141,6 @@ def test_a_config_error_found_by_the_servers_verify_is_exit_2(sshd, user_repo):
     out = remote(user_repo, sshd.env, "launch", "tiny", "--set", "training.max_step=5", "--no-preflight", check=False)
     assert out.returncode == 2 and "training.max_step" in out.stderr and "max_steps" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+    # the server's words reach the terminal as text: an escape in them (here the user's own) retitles nothing
+    out = remote(user_repo, sshd.env, "launch", "tiny", "--set", "training.\x1b]0;pwned\x07x=5", check=False)
+    assert out.returncode == 2 and "training.\\x1b]0;pwned\\x07x" in out.stderr and "\x1b" not in out.stderr, out.stderr

@@ -3,6 +3,7 @@ the historic .gitignore bug, host keys, injection, unreachable hosts."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -102,8 +103,10 @@ def test_unknown_host_key_refused_then_accepted(sshd, user_repo):
     out = remote(user_repo, sshd.env, "sync", check=False)
     assert out.returncode == 4 and "unknown host key" in out.stderr and "ssh-keyscan" in out.stderr
     assert "Traceback" not in out.stderr
-    remote(user_repo, sshd.env, "--accept-new-host-key", "sync")
+    out = remote(user_repo, sshd.env, "--accept-new-host-key", "sync")
     assert f"[127.0.0.1]:{sshd.port}" in (sshd.dir / "known_hosts").read_text()
+    added = f"[127.0.0.1]:{sshd.port}: trusted its new ssh-ed25519 key SHA256:"  # said, as ssh's "Permanently added"
+    assert added in out.stderr and f"added it to {sshd.dir / 'known_hosts'}" in out.stderr, out.stderr
     remote(user_repo, sshd.env, "verify", "tiny")  # the next call works without the flag
 
 
@@ -123,6 +126,13 @@ def test_the_unknown_key_hint_works_when_there_is_no_ssh_folder_yet(sshd, user_r
     hint = unknown_key_message(fresh, "testhost").split("trust it with: ")[1].split("  (or rerun")[0]
     subprocess.run(["bash", "-c", hint], check=True, capture_output=True, timeout=60)  # as the user pastes it
     assert f"[127.0.0.1]:{sshd.port}" in Path(fresh.known_hosts).read_text()
+    hashed = dataclasses.replace(
+        fresh, known_hosts=str(tmp_path / "home3" / "known_hosts"), known_hosts_also=(), hash_known_hosts=True
+    )
+    hint = unknown_key_message(hashed, "testhost").split("trust it with: ")[1].split("  (or rerun")[0]
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True, timeout=60)  # HashKnownHosts: -H
+    assert "127.0.0.1" not in Path(hashed.known_hosts).read_text()
+    assert SSHTransport(hashed).run(["true"]).exited == 0  # the hashed line vouches for it
     accepted = dataclasses.replace(host, known_hosts=str(tmp_path / "home2" / ".ssh" / "known_hosts"))
     assert SSHTransport(accepted, accept_new_host_key=True).run(["true"]).exited == 0
     assert (tmp_path / "home2" / ".ssh").stat().st_mode & 0o777 == 0o700
@@ -144,6 +154,8 @@ def test_a_key_in_any_file_ssh_reads_counts_and_a_revoked_one_is_refused(sshd, u
     """Only the first UserKnownHostsFile was read, and no global file: --accept-new-host-key took a server whose
     key another of ssh's files records differently, and wrote it down. An @revoked line was a paramiko traceback."""
     from support.sshd import keygen
+
+    from orchestrator.ssh.hostkeys import fingerprint
 
     keygen(tmp_path / "other")
     other = " ".join((tmp_path / "other.pub").read_text().split()[:2])
@@ -177,6 +189,8 @@ def test_a_key_in_any_file_ssh_reads_counts_and_a_revoked_one_is_refused(sshd, u
     out = remote(user_repo, sshd.env, "--accept-new-host-key", "status", check=False)
     assert out.returncode == 4 and first.read_text() == "", out.stderr
     assert "host key has CHANGED" in out.stderr and f"Offending ED25519 key in {second}:1" in out.stderr, out.stderr
+    offers = fingerprint(base64.b64decode(sshd.host_public_key()[1]))  # as the direct path shows it
+    assert f"the server now offers ED25519 {offers};" in out.stderr, out.stderr
     second.write_text("")
     overall.write_text(f"@revoked {where} {real}\n")
     out = remote(user_repo, sshd.env, "--accept-new-host-key", "status", check=False)

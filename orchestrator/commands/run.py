@@ -19,7 +19,7 @@ from enlace.clitypes import (
 )
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.contract import ErrorKind
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, shown
 from enlace.names import validate_run_name
 from orchestrator.commands import sweep as sweeps
 from orchestrator.commands.common import (
@@ -303,11 +303,11 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
         from orchestrator.hosts.resolve import list_hosts
 
         rows = table.status_everywhere(list_hosts(remote.repo), remote.session_for)
-        click.echo(json.dumps(rows, indent=1) if as_json else table.format_status(rows, hosts=True))
+        click.echo(json.dumps(rows, indent=1) if as_json else shown(table.format_status(rows, hosts=True)))
         return
     rows = table.runs_here(remote.session, validate_run_name(run_name, "RUN_NAME") if run_name else None)
     text = table.format_status(rows, full=bool(run_name), host=remote.host.name) if rows else table.NO_RUNS
-    click.echo(json.dumps(rows, indent=1) if as_json else text)
+    click.echo(json.dumps(rows, indent=1) if as_json else shown(text))  # a server's words: no terminal controls
 
 
 @click.command(cls=HostOptionsCommand)

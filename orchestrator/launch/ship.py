@@ -11,7 +11,7 @@ import yaml
 
 from enlace import contract
 from enlace.contract import run_name_of
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, shown
 from enlace.names import validate_run_name
 from enlace.yamlio import load_yaml_unique, read_bounded
 from orchestrator.errors import UsageError, VerifyError
@@ -114,9 +114,9 @@ def verify(
         if quiet and c["ok"]:
             continue
         mark = " ok " if c["ok"] else "FAIL"
-        click.echo(f"  [{mark}] {c['name']}" + (f" — {c['detail']}" if c["detail"] else ""), err=True)
+        click.echo(shown(f"  [{mark}] {c['name']}" + (f" — {c['detail']}" if c["detail"] else "")), err=True)
     for warning in doc.get("warnings") or []:
-        click.echo(f"  [warn] {warning}", err=True)
+        click.echo(shown(f"  [warn] {warning}"), err=True)
     if not doc["ok"]:
         failed = "; ".join(f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["ok"])
         error = UsageError if doc.get("exit_code") == contract.USAGE else VerifyError  # a config error is exit 2

@@ -16,6 +16,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
+
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import Host
 from orchestrator.hosts.sshconfig import ssh_config_file
@@ -206,6 +208,12 @@ class KnownHostsPolicy:
             name = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(_name_digest(salt, name.lower())).decode()}"
         with open(path, "a") as fh:
             fh.write(f"{name} {key.get_name()} {offered}\n")
+        # as ssh's "Permanently added": what was trusted unseen, where it now stands (ssh-keygen -R removes it)
+        click.echo(
+            f"enlace-remote: {self.name}: trusted its new {key.get_name()} key {fingerprint(key)} and added"
+            f" it to {path} (--accept-new-host-key)",
+            err=True,
+        )
 
 
 def known_hosts_option(h: Host) -> str:
@@ -228,16 +236,18 @@ def unknown_key_message(h: Host, where: str, key=None) -> str:
     if key is None and not proxied:
         key = _offered(h)
     offered = f" The server offers {key.get_name()} {fingerprint(key)}." if key is not None else ""
+    files = ", nor ".join((h.known_hosts, *h.known_hosts_also))  # every file ssh reads for it
     if proxied or h.host_key_alias:  # ssh-keyscan takes no proxy, and writes no alias
         return (
-            f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
+            f"{where}: unknown host key (not in {files}).{offered} Check it against the server's "
             f"fingerprint (`{_asking_ssh(h)}` shows it and asks), or rerun with --accept-new-host-key"
         )
     folder = Path(h.known_hosts).parent
     mkdir = "" if folder.is_dir() else f"mkdir -p -m 700 {shlex.quote(str(folder))} && "  # seen: no ~/.ssh yet
+    hashed = " -H" if h.hash_known_hosts else ""  # names written hashed, as the user's HashKnownHosts asks
     return (
-        f"{where}: unknown host key (not in {h.known_hosts}).{offered} Check it against the server's "
-        f"fingerprint, then trust it with: {mkdir}ssh-keyscan -p {h.port} {h.hostname} >> "
+        f"{where}: unknown host key (not in {files}).{offered} Check it against the server's "
+        f"fingerprint, then trust it with: {mkdir}ssh-keyscan{hashed} -p {h.port} {h.hostname} >> "
         f"{shlex.quote(h.known_hosts)}  (or rerun with --accept-new-host-key)"
     )
 

@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -234,8 +235,10 @@ class SharedTransport(SSHTransport):
             return UnreachableError(f"{where}: the server offers a revoked host key — refusing ({said})")
         if "HOST IDENTIFICATION HAS CHANGED" in stderr:  # ssh's own words: the file and line, its fix
             said = " ".join(line.strip() for line in stderr.splitlines() if "Offending" in line or "ssh-keygen" in line)
+            sent = re.search(r"fingerprint for the (\S+) key sent by the remote host is\s+(SHA256:[\w+/=]+)", stderr)
+            offers = f"the server now offers {sent[1]} {sent[2]}; " if sent else ""  # as the direct path says it
             return UnreachableError(
-                f"{where}: the host key has CHANGED — refusing to connect: this may be an attack ({said})"
+                f"{where}: the host key has CHANGED ({offers}{said}) — refusing to connect: this may be an attack"
             )
         if "Host key verification failed" in stderr:
             return UnreachableError(unknown_key_message(self.host, where))

@@ -15,7 +15,7 @@ import click
 
 from enlace import contract
 from enlace.contract import ended_message
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, shown
 from orchestrator.errors import Transient
 from orchestrator.ssh.retry import retrying
 from orchestrator.ssh.session import Session
@@ -65,12 +65,14 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
         ) from None
     if follow and code not in (contract.OK, contract.USAGE):
         row = session.enlace_json("latest", "runs", run_name)[0]
-        click.echo(f"enlace-remote: {ended_message(row)}", err=True)
+        click.echo(shown(f"enlace-remote: {ended_message(row)}"), err=True)
     elif offset == began:  # nothing to show (a Slurm job cancelled while pending): where the run stands, said
         row = session.enlace_json("latest", "runs", run_name)[0]
         said = row.get("phase") and row["status"] in ("stopped", "queued", "pending", "dropped")  # (others: stale)
         phase = f" ({row['phase']})" if said else ""
-        click.echo(f"[enlace-remote: nothing new in {run_name}'s train.log; it is {row['status']}{phase}]", err=True)
+        click.echo(
+            shown(f"[enlace-remote: nothing new in {run_name}'s train.log; it is {row['status']}{phase}]"), err=True
+        )
     return code
 
 
@@ -78,7 +80,7 @@ def _notices(chunk: bytes) -> None:
     """The server's stderr: blank lines are heartbeats; anything else (a pending Slurm job) is shown."""
     for line in chunk.decode(errors="replace").splitlines():
         if line.strip():
-            click.echo(f"[{line.strip()}]", err=True)
+            click.echo(shown(f"[{line.strip()}]"), err=True)
 
 
 def tail_start(session: Session, run_name: str, lines: int) -> int:
