@@ -119,12 +119,15 @@ def test_remote_sh_refuses_a_remote_dir_it_would_misread(tmp_path, remote_dir):
 
 
 def test_run_name_typo_is_caught_before_connecting(sshd, user_repo):
-    before = connections(sshd)
-    for verb in ("preflight", "launch", "verify"):
+    for verb in ("preflight", "verify", "launch"):
+        before = connections(sshd)
         out = remote(user_repo, sshd.env, verb, "tinny", check=False)
         assert out.returncode == 2 and "did you mean 'tiny'?" in out.stderr, out.stderr
         assert out.stderr.count("Error:") == 1  # said once
-    assert connections(sshd) == before  # nothing was synced or asked
+        # nothing was synced or asked; launch and preflight, which take a run's name too, ask the host once
+        # whether it has a run of that name (another clone's, named close to a file here), and sync nothing
+        assert connections(sshd) == before + (verb != "verify"), verb
+    assert not (server_dir(sshd, "testhost") / "trees").exists()
 
 
 def test_global_options_work_after_the_verb(sshd, user_repo):

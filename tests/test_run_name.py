@@ -6,9 +6,12 @@ the file and --set items it was launched with, and `--set training.max_steps=M` 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import pytest
 from support.remote import remote, server_dir, tiny_corpus, wait_until
+from support.repocopy import commit_all
 
 from enlace.names import quoted, validate_run_name
 from enlace.state import runs
@@ -16,7 +19,7 @@ from enlace.state import runs
 pytestmark = pytest.mark.slow
 
 
-def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_extends_it(sshd, user_repo):
+def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_extends_it(sshd, user_repo, tmp_path):
     tiny_corpus(server_dir(sshd, "testhost"))
     run_dir = server_dir(sshd, "testhost") / "runs" / "mytry"
     remote(
@@ -70,6 +73,14 @@ def test_bare_verbs_act_on_the_run_launch_started_and_launch_name_resumes_and_ex
     again = remote(user_repo, sshd.env, "launch", "mytry", "--no-preflight")
     assert "mytry is finished" in again.stderr and runs.read(run_dir)["launch_id"] == launch_id, again.stderr
     assert not (server_dir(sshd, "testhost") / "runs" / "long").exists()
+    # from another clone, whose run file `mytr` is a name close to the run's: the host's run is asked for (it
+    # said "no run config 'mytry' — did you mean 'mytr'?", where `launch mytry` from here resumed the run)
+    other = tmp_path / "other"
+    subprocess.run(["git", "clone", "-q", str(user_repo), str(other)], check=True)
+    shutil.copy(other / "configs" / "runs" / "long.yaml", other / "configs" / "runs" / "mytr.yaml")
+    commit_all(other, "a run file named close to the run")
+    there = remote(other, sshd.env, "launch", "mytry", "--no-preflight")
+    assert "mytry is finished" in there.stderr and runs.read(run_dir)["launch_id"] == launch_id, there.stderr
     # a typo of the run's name: it suggested run files only ("no run config 'mytyr' in configs/runs/")
     typo = remote(user_repo, sshd.env, "launch", "mytyr", "--no-preflight", check=False)
     assert typo.returncode == 2, typo.stderr

@@ -131,11 +131,15 @@ def launch_target(
         return validate_run_file(name), overrides
     # a run named as its file, launched with --set items: they hold for it (verify checked the file without
     # them, and refused an extension the trainer would have taken with them)
-    if row is None:  # not launched from here: a typo of a run file is said before any connection
-        if difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6):
-            return validate_run_file(name), overrides
-        row = _server_row(session, name)
-        if row is None:  # nothing synced there yet: the missing file is the error to show
+    if row is None:  # not launched from here: a run there (another clone's, its name close to a file's or not)?
+        typo = difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6)
+        try:
+            row = _server_row(session, name)  # one read, nothing synced
+        except EnlaceError:
+            if not typo:
+                raise
+            row = None  # a host that does not answer: the typo of a file is what to say
+        if row is None or (typo and not row):  # nothing synced there yet, or a typo of a file: said as such
             return validate_run_file(name), overrides
         if not row:  # neither a run file nor a run there: a typo of either
             _neither(session, runs_dir, name)
