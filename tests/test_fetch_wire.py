@@ -406,3 +406,27 @@ def test_a_latest_that_would_lead_out_of_the_run_is_refused(tmp_path, monkeypatc
     with pytest.raises(EnlaceError, match=said):
         fetch.fetch(session, "r", tmp_path / "runs" / "r", all_checkpoints=False)
     assert not (tmp_path / "runs" / "r" / "checkpoints" / "latest").exists()
+
+
+def test_outputs_that_would_be_one_file_on_a_case_folding_disk_are_refused(tmp_path, monkeypatch):
+    """A laptop's disk that does not tell upper from lower case (macOS, Windows by default) took the server's
+    `Out.txt` and `out.txt` as one file: the second replaced the first, silently. The probe is real here (this
+    disk tells them apart); such a disk cannot exist here, so a stand-in answers for it below."""
+    from enlace.errors import EnlaceError
+    from orchestrator.transfer import outputs
+
+    dest = tmp_path / "runs" / "r"  # not made yet: its nearest folder is asked
+    assert outputs.folds_case(str(dest)) is False and list(tmp_path.iterdir()) == []  # the probe leaves nothing
+    distinct = ["train.log", "run.json", "out/a.txt", "out/b.txt", "logs/a.txt"]
+    monkeypatch.setattr(outputs, "folds_case", lambda root: True)
+    outputs.one_name_each(str(dest), distinct)  # nothing folds together: nothing refused
+    for one, two in [
+        ("out/a.txt", "out/A.txt"),
+        ("out/a.txt", "OUT/b.txt"),
+        ("train.log", "Train.log"),
+        ("caf\u00e9.txt", "cafe\u0301.txt"),
+    ]:  # a name, a folder, a run file, NFC against NFD
+        with pytest.raises(EnlaceError, match=r"would be one file in .* does not tell upper from lower case"):
+            outputs.one_name_each(str(dest), [*distinct, two] if one in distinct else [one, two])
+    monkeypatch.setattr(outputs, "folds_case", lambda root: False)
+    outputs.one_name_each(str(dest), ["out/a.txt", "out/A.txt"])  # a disk that tells them apart takes both

@@ -32,7 +32,15 @@ from enlace.hashing import file_sha256, write_all
 from enlace.manifest import EXPORT_NAME
 from orchestrator.errors import UsageError
 from orchestrator.ssh.session import Session
-from orchestrator.transfer.outputs import STAGING, TRAILING, in_dir, install_outputs, regular_in, want_outputs
+from orchestrator.transfer.outputs import (
+    STAGING,
+    TRAILING,
+    in_dir,
+    install_outputs,
+    one_name_each,
+    regular_in,
+    want_outputs,
+)
 from orchestrator.transfer.wire import Progress, Reader, ServerEnded, retrying
 
 ENDED = {s.value for s in Status if s.is_terminal} - {s.value for s in NOT_STARTED}  # (dropped: not started)
@@ -90,6 +98,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
                 f"{run_name} on {session.host.name} has no complete checkpoint yet (none with a MANIFEST) "
                 "— wait for the first checkpoint.every steps, or stop the run to make it save"
             )
+        one_name_each(str(root), [*offer["files"], *offer.get("outputs", {})])  # before anything is written
         _claim(root, session.host.name, offer["run_dir"], run_name)
         if offer["latest"]:  # it names checkpoints/latest here, which sample and export follow
             _safe(offer["latest"], CKPT_NAME, "checkpoint")

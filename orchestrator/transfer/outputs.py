@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import tempfile
+import unicodedata
 from stat import S_ISREG
 from typing import Any
 
@@ -28,6 +30,37 @@ def safe_output(rel: str) -> str:
     if BAD_OUTPUT.search(rel) or rel.split("/", 1)[0] == "checkpoints" or (os.name == "nt" and ":" in rel):
         raise EnlaceError(f"refusing output path {rel!r} from the server: it could escape the destination")
     return rel
+
+
+def one_name_each(root: str, rels: list[str]) -> None:
+    """Refuse files two of which would be one here: paths (or their folders) that differ in case or Unicode
+    normalisation alone, where the destination's file system does not tell them apart (macOS and Windows by
+    default): the second would silently replace the first."""
+    seen: dict[str, str] = {}
+    for rel in rels:
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            other = seen.setdefault(unicodedata.normalize("NFD", prefix).casefold(), prefix)
+            if other != prefix and folds_case(root):
+                raise EnlaceError(
+                    f"the server's {other!r} and {prefix!r} would be one file in {root}: its file system does not "
+                    "tell upper from lower case — rename one on the server, or fetch with --dest on a "
+                    "case-sensitive volume"
+                )
+
+
+def folds_case(root: str) -> bool:
+    """Whether the file system that holds `root` (or will: its nearest folder there is) takes a name in upper
+    case for the same in lower."""
+    while not os.path.isdir(root) and os.path.dirname(root) != root:
+        root = os.path.dirname(root)
+    fd, probe = tempfile.mkstemp(prefix=".enlace-case-", dir=root)  # (mkstemp's names are lower case)
+    os.close(fd)
+    try:
+        return os.path.exists(os.path.join(root, os.path.basename(probe).upper()))
+    finally:
+        os.unlink(probe)
 
 
 def want_outputs(root: str, offer: dict[str, Any]) -> dict[str, str]:
