@@ -96,6 +96,8 @@ def test_a_link_in_data_with_the_same_bytes_is_touched_itself_not_what_it_points
     assert first["have"]["corpus.bin"] == ["sha256", hashlib.sha256(b"same bytes").hexdigest()]
     assert report["touched"] == 1 and shared.stat().st_mtime_ns == 5_000_000_000
     assert (tmp_path / "data" / "corpus.bin").lstat().st_mtime_ns == 9_000_000_000
+    again = _converse(tmp_path / "data", listing)  # settled: not hashed and re-dated on every push
+    assert again[0]["have"]["corpus.bin"] == "same"
 
 
 def test_a_delete_outside_the_runs_paths_is_refused(tmp_path):

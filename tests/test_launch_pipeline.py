@@ -196,41 +196,86 @@ def test_the_log_under_a_failed_starts_error_does_not_say_it_again():
     assert tail_under(error, log) == kept + "\n2026-12-07 03:57:18 supervisor: the trainer exited 2: not retried"
 
 
-def test_ctrl_c_in_stop_sweep_names_the_stops_under_way_and_does_not_wait_for_them(capsys, monkeypatch):
-    """Ctrl-C in `stop --sweep` waited, silent, for every stop its threads had under way (each up to the grace),
-    then said `interrupted` alone. It now returns at once, says what ended and which stops were under way.
-    (The sessions stand in for the servers: one answers, one waits for its checkpoint; a real SIGINT ends it.)"""
-    import os
-    import signal
-    import threading
+_STOPPED = {"stopped": True, "killed": False, "grace_s": 30.0, "status": "stopped", "latest_checkpoint": "ck"}
 
+
+class _SweepServers:
+    """Stand-ins for the servers of a sweep's runs, one host each: `q` queued, `a` fast, `b` waits for its
+    checkpoint until released, `c` unreachable. `during` "queued": a real SIGINT to this process while q's stop
+    waits; "running": once a, b and c were all asked and c has failed."""
+
+    def __init__(self, monkeypatch, during: str | None):
+        import threading
+
+        from orchestrator.commands import sweep as sweep_cmd
+
+        self.release, self.ready, self.asked, self.during = threading.Event(), threading.Event(), set(), during
+        runs = (("q", "queued-run", "queued"), ("a", "fast", "running"), ("b", "slow", "running"))
+        rows = [{"host": h, "run_name": n, "alive": True, "status": st} for h, n, st in runs]
+        rows.append({"host": "c", "run_name": "broken", "alive": True, "status": "running"})
+        monkeypatch.setattr(sweep_cmd.record, "load", lambda repo, name: SimpleNamespace(name="lr"))
+        monkeypatch.setattr(sweep_cmd, "_rows", lambda remote, sweep: rows)
+        monkeypatch.setattr("orchestrator.hosts.resolve.resolve_host", lambda name, repo: name)
+        self.remote = SimpleNamespace(
+            repo=None, session_for=lambda host: SimpleNamespace(enlace_json=lambda *args, **kw: self.answer(host))
+        )
+        if during:
+            threading.Thread(target=self._interrupt, daemon=True).start()
+
+    def _interrupt(self) -> None:
+        import os
+        import signal
+
+        if self.ready.wait(60):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def answer(self, host: str) -> dict:
+        from orchestrator.errors import UnreachableError
+
+        self.asked.add(host)
+        if (self.during == "running" and {"a", "b", "c"} <= self.asked) or (self.during == "queued" and host == "q"):
+            self.ready.set()
+        if host == "c":
+            raise UnreachableError("c (10.0.0.3): connection refused")
+        if host == "b" or (host == "q" and self.during == "queued"):
+            self.release.wait(60)  # its checkpoint
+        return {**_STOPPED, "step": {"q": 0, "a": 4, "b": 9}[host], "phase": "queued"}
+
+
+@pytest.mark.parametrize("during", ["running", "queued", None])
+def test_stop_sweep_says_each_runs_outcome_and_ctrl_c_returns_at_once_naming_what_is_left(capsys, monkeypatch, during):
+    """Ctrl-C in `stop --sweep` waited, silent, for every stop its threads had under way (each up to the grace),
+    then said `interrupted` alone; in a queued run's stop it said that run alone, as if it were the whole stop.
+    One host's failure abandoned the other stops, unsaid. (Stand-ins for the servers; the SIGINT is real.)"""
     from orchestrator.commands import sweep as sweep_cmd
 
-    release = threading.Event()
-    report = {"stopped": True, "killed": False, "grace_s": 30.0, "status": "stopped", "latest_checkpoint": "step_4"}
-
-    class Server:
-        def __init__(self, host: str):
-            self.run = host
-
-        def enlace_json(self, *args, **kw):
-            if self.run == "a":
-                threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-                return {**report, "step": 4}
-            release.wait(60)  # the slow run's checkpoint
-            return {**report, "step": 9}
-
-    rows = [{"host": h, "run_name": n, "alive": True, "status": "running"} for h, n in (("a", "fast"), ("b", "slow"))]
-    monkeypatch.setattr(sweep_cmd.record, "load", lambda repo, name: SimpleNamespace(name="lr"))
-    monkeypatch.setattr(sweep_cmd, "_rows", lambda remote, sweep: rows)
-    monkeypatch.setattr("orchestrator.hosts.resolve.resolve_host", lambda name, repo: name)
-    remote = SimpleNamespace(repo=None, session_for=Server)
+    servers = _SweepServers(monkeypatch, during)
+    if during is None:
+        servers.release.set()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            sweep_cmd.stop_all(remote, "lr", 30.0, kill=False)
+        with pytest.raises(KeyboardInterrupt if during else SystemExit) as ended:
+            sweep_cmd.stop_all(servers.remote, "lr", 30.0, kill=False)
     finally:
-        release.set()
+        servers.release.set()
     out, err = capsys.readouterr()
-    assert out == "fast on a: stopped at step 4; latest checkpoint step_4\n"
-    assert "sweep lr: slow on b may already have been sent SIGTERM" in err
-    assert "`enlace-remote status --sweep lr`" in err and "`enlace-remote stop --sweep lr` waits" in err
+    queued_line = "queued-run on q: stopped (queued); latest checkpoint ck\n"
+    broken_line = "broken on c: not stopped — c (10.0.0.3): connection refused\n"
+    fast_line = "fast on a: stopped at step 4; latest checkpoint ck\n"
+    if during is None:  # every outcome said, the failure too; exit 1
+        assert ended.value.code == 1 and err == ""
+        assert out == queued_line + fast_line + "slow on b: stopped at step 9; latest checkpoint ck\n" + broken_line
+    elif during == "running":  # at once: what ended, and the stops still under way (slow's, and fast's or
+        # broken's where the SIGINT came as its thread was ending), each run said once
+        ended_lines = [line for line in (fast_line, broken_line) if line in out]
+        assert out == queued_line + "".join(ended_lines), out
+        left = [w for line, w in ((fast_line, "fast on a"), (broken_line, "broken on c")) if line not in out]
+        assert f"sweep lr: interrupted. Under way: the stop of {', '.join([*left, 'slow on b'])} (a running" in err
+        assert "Not asked" not in err
+    else:
+        assert out == ""
+        assert "Under way: the stop of queued-run on q" in err, err
+        assert "Not asked to stop: fast on a, slow on b, broken on c." in err, err
+    if during:
+        assert (
+            "`enlace-remote status --sweep lr`" in err and "`enlace-remote stop --sweep lr` stops what is left" in err
+        )

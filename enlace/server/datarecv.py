@@ -96,7 +96,12 @@ def state_of(
     directories resolved so far; `present`: those found missing (a first push of thousands has none of them)."""
     target = checked(data_dir, rel, dirs)
     st = stat_in(target, present)
-    if st is not None and st.st_size == size and st.st_mtime_ns == mtime_ns:
+    # a link (to a shared copy) is re-dated itself, never what it points at: its own time counts too
+    if (
+        st is not None
+        and st.st_size == size
+        and (st.st_mtime_ns == mtime_ns or os.lstat(target).st_mtime_ns == mtime_ns)
+    ):
         return "same"
     partial = f"{staging}/{rel}"
     held = stat_in(partial, present)

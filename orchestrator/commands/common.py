@@ -149,12 +149,17 @@ def stop_words(rep: dict) -> str:
     return f"{rep['status']}{killed} ({rep['phase']}){kept}"
 
 
+def server_stop(session, run_name: str, grace: float | None, kill: bool) -> dict:
+    """The server's stop of one run (it waits for the checkpoint): its report."""
+    args, timeout = stop_request(run_name, grace, kill)
+    return session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
+
+
 def ask_to_stop(session, host: str, run_name: str, grace: float | None, kill: bool) -> dict:
     """The server's stop of one run: its report. The server sends SIGTERM before it waits for the checkpoint,
     so a Ctrl-C during that wait leaves the run stopping on its own: say so, and where to look."""
-    args, timeout = stop_request(run_name, grace, kill)
     try:
-        return session.enlace_json("latest", *args, timeout=timeout, ok_codes=(0, 1))
+        return server_stop(session, run_name, grace, kill)
     except KeyboardInterrupt:
         there = f"enlace-remote --host {host}"
         click.echo(

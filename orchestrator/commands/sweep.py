@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,12 +14,12 @@ import click
 
 from enlace.clitypes import notify_option, supervisor_options
 from enlace.contract import Status, metric_words
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, shown
 from orchestrator.commands.common import (
     HostOptionsCommand,
     Remote,
     allow_dirty_option,
-    ask_to_stop,
+    server_stop,
     stop_words,
     with_remote,
 )
@@ -114,47 +114,72 @@ def show_status(remote: Remote, name: str, as_json: bool) -> None:
 
 
 def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None:
-    """Stop every live run of the sweep: the queued ones first (none of them may start on a GPU a stopping run
-    frees), then the running ones, in parallel."""
+    """Stop every live run of the sweep: the queued ones first, one by one (none of them may start on a GPU a
+    stopping run frees), then the running ones, in parallel. Each run's outcome is said, a failed stop too;
+    any failed or unfinished stop exits 1."""
     from orchestrator.hosts.resolve import resolve_host
 
     sweep = record.load(remote.repo, name)
-    rows = _rows(remote, sweep)
-    live = [r for r in rows if r.get("alive")]
+    live = [r for r in _rows(remote, sweep) if r.get("alive")]
     queued = [r for r in live if r["status"] == "queued"]
+    order = queued + [r for r in live if r["status"] != "queued"]
+    begun: set[int] = set()
+    said: dict[int, tuple[str, bool]] = {}  # each stop's line and whether it stopped, by its run's place in order
 
-    def stop_one(row: dict) -> str:
-        session = remote.session_for(resolve_host(row["host"], remote.repo))
-        rep = ask_to_stop(session, row["host"], row["run_name"], grace, kill)
-        return f"{row['run_name']} on {row['host']}: {stop_words(rep)}" + (
-            "" if rep["stopped"] else f" — still running after {rep['grace_s']:g}s (--kill forces it)"
-        )
+    def stop_one(i: int) -> None:  # its own bookkeeping: a Ctrl-C at any moment knows what was asked and ended
+        begun.add(i)
+        row = order[i]
+        where = f"{row['run_name']} on {row['host']}"
+        try:
+            rep = server_stop(remote.session_for(resolve_host(row["host"], remote.repo)), row["run_name"], grace, kill)
+        except EnlaceError as e:  # that host's failure: the others' stops go on
+            said[i] = f"{where}: not stopped — {e.format_message().splitlines()[0]}", False
+            return
+        late = "" if rep["stopped"] else f" — still running after {rep['grace_s']:g}s (--kill forces it)"
+        said[i] = shown(f"{where}: {stop_words(rep)}{late}"), rep["stopped"]
 
-    said = [stop_one(r) for r in queued]
-    running = [r for r in live if r["status"] != "queued"]
-    pool = ThreadPoolExecutor(max_workers=max(1, len(running)))
-    futures = [pool.submit(stop_one, r) for r in running]
+    pool = ThreadPoolExecutor(max_workers=max(1, len(order) - len(queued)))
     try:
-        said += [f.result() for f in futures]
+        for i in range(len(queued)):
+            stop_one(i)
+        pending = {pool.submit(stop_one, i) for i in range(len(queued), len(order))}
+        while pending:  # a timed wait: a Ctrl-C the kernel gave another thread is seen within a quarter second
+            done, pending = wait(pending, timeout=0.25)
+            for future in done:
+                future.result()  # (stop_one says a host's failure itself: anything raised here is a bug)
     except KeyboardInterrupt:  # in this thread only: the stops under way are the threads'; leave them, say so
-        pool.shutdown(wait=False, cancel_futures=True)
-        ended = [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
-        under_way = [f"{r['run_name']} on {r['host']}" for r, f in zip(running, futures) if not f.done()]
-        click.echo("\n".join(said + ended))
-        if not under_way:
-            raise
-        click.echo(
-            f"\nsweep {sweep.name}: {', '.join(under_way)} may already have been sent SIGTERM (the server sends it"
-            " before it waits for the checkpoint); then each saves one and exits on its own"
-            f"{', not killed' if kill else ''}. `enlace-remote status --sweep {sweep.name}` says where they stand;"
-            f" `enlace-remote stop --sweep {sweep.name}` waits for them again",
-            err=True,
-        )
+        pool.shutdown(wait=False, cancel_futures=True)  # (one not yet begun is never asked)
+        ended = dict(said)
+        if ended:
+            click.echo("\n".join(ended[i][0] for i in sorted(ended)))
+        under_way = [order[i] for i in sorted(begun - ended.keys())]
+        _say_interrupted(sweep.name, under_way, [r for i, r in enumerate(order) if i not in begun], kill)
         raise
     pool.shutdown()
-    click.echo("\n".join(said) or f"sweep {sweep.name}: nothing is running or queued")
-    if any("still running" in line for line in said):
+    click.echo("\n".join(said[i][0] for i in sorted(said)) or f"sweep {sweep.name}: nothing is running or queued")
+    if not all(ok for _, ok in said.values()):
         sys.exit(1)
+
+
+def _runs(rows: list[dict]) -> str:
+    return ", ".join(f"{r['run_name']} on {r['host']}" for r in rows)
+
+
+def _say_interrupted(name: str, under_way: list[dict], never: list[dict], kill: bool) -> None:
+    """Ctrl-C in `stop --sweep`: the stops under way go on without us, the runs not yet asked stay as they are."""
+    said = f"\nsweep {name}: interrupted."
+    if under_way:
+        said += (
+            f" Under way: the stop of {_runs(under_way)} (a running run may already have been sent SIGTERM: it then"
+            f" saves a checkpoint and exits on its own{', not killed' if kill else ''})."
+        )
+    if never:
+        said += f" Not asked to stop: {_runs(never)}."
+    click.echo(
+        f"{said} `enlace-remote status --sweep {name}` says where they stand; `enlace-remote stop --sweep {name}`"
+        " stops what is left",
+        err=True,
+    )
 
 
 def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
