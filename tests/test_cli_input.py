@@ -4,11 +4,12 @@ non-zero exit code and no traceback, before any connection where it can be."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
 from support import REPO
-from support.remote import connections, remote, server_dir, tiny_corpus
+from support.remote import DRIVER, connections, remote, server_dir, tiny_corpus
 
 
 def _cli(args: list[str], cwd, tmp_path, monkeypatch):
@@ -147,3 +148,46 @@ def test_a_config_error_found_by_the_servers_verify_is_exit_2(sshd, user_repo):
     # the server's words reach the terminal as text: an escape in them (here the user's own) retitles nothing
     out = remote(user_repo, sshd.env, "launch", "tiny", "--set", "training.\x1b]0;pwned\x07x=5", check=False)
     assert out.returncode == 2 and "training.\\x1b]0;pwned\\x07x" in out.stderr and "\x1b" not in out.stderr, out.stderr
+
+
+def test_a_servers_banner_reaches_the_terminal_as_text_in_every_retry_notice(tmp_path):
+    """Before any login, whatever answers on the port writes the first line: escapes in it (a retitle, a
+    colour) reached the terminal raw in each `retrying` notice; the final error alone was written out. The host
+    was also named twice in each notice."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.sendall(b"SSH-\x1b]0;PWNED\x07\x1b[31m-x\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        env = {**os.environ, "ENLACE_HOSTS_FILE": str(tmp_path / "none.yaml")}
+        out = subprocess.run(
+            [*DRIVER, "--host", f"u@127.0.0.1:{port}", "status"], capture_output=True, text=True, env=env, timeout=120
+        )
+    finally:
+        listener.close()
+    assert out.returncode == 4 and "retrying in" in out.stderr, out.stderr
+    assert "\x1b" not in out.stderr and "\x07" not in out.stderr and "\\x1b]0;PWNED\\x07" in out.stderr, out.stderr
+    notice = next(line for line in out.stderr.splitlines() if "retrying in" in line)
+    assert notice.count(f"127.0.0.1:{port}") == 2, notice  # `u@…:port (…:port)`, once
+
+
+def test_what_a_server_says_keeps_its_text_and_loses_its_terminal_controls():
+    """shown(): the one filter for the server's words in errors, checklists, tables and notices."""
+    from enlace.errors import EnlaceError, shown
+
+    text = "naïve 日本 🙂 — tab\there\nline\r 40%|████"
+    assert shown(text) == text  # UTF-8, tabs, newlines and a progress bar's carriage return kept
+    assert shown("a\x1b]52;c;ZXZpbA==\x07b\x7fc\x9b31md\x00") == "a\\x1b]52;c;ZXZpbA==\\x07b\\x7fc\\x9b31md\\x00"
+    assert EnlaceError("log tail: \x1b[2J").format_message() == "log tail: \\x1b[2J"

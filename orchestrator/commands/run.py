@@ -328,9 +328,9 @@ def stop(remote: Remote, run_name: str | None, grace: float | None, kill: bool, 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     rep = ask_to_stop(remote.session, remote.host.name, run_name, grace, kill)
     if not rep["was_running"]:
-        click.echo(f"{run_name} is not running ({not_running_words(rep)}); nothing to stop")
+        click.echo(shown(f"{run_name} is not running ({not_running_words(rep)}); nothing to stop"))
         return
-    click.echo(f"{run_name}: {stop_words(rep)}")
+    click.echo(shown(f"{run_name}: {stop_words(rep)}"))
     if not rep["stopped"]:
         click.echo(f"still running after {rep['grace_s']:g}s — rerun with --kill to force it", err=True)
         sys.exit(1)

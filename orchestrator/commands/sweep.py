@@ -110,7 +110,7 @@ def _rows(remote: Remote, sweep: record.Sweep) -> list[dict]:
 def show_status(remote: Remote, name: str, as_json: bool) -> None:
     sweep = record.load(remote.repo, name)
     rows = _rows(remote, sweep)
-    click.echo(json.dumps(rows, indent=1) if as_json else table.format_table(sweep, rows))
+    click.echo(json.dumps(rows, indent=1) if as_json else shown(table.format_table(sweep, rows)))
 
 
 def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None:

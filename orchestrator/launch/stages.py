@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from enlace.contract import LOG_STAMP, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, shown
 from enlace.preflight.report import format_report
 from orchestrator.errors import AlreadyRunning, FirstStartCrashed, UsageError, from_doc, on_host
 from orchestrator.launch.slurm import on_node
@@ -183,11 +183,11 @@ def wait_first_step(
         started["launch_id"],
         "--timeout",
         str(wait_s),
-        on_progress=lambda line: click.echo(on_host(line, host), err=True),
+        on_progress=lambda line: click.echo(shown(on_host(line, host)), err=True),  # (a command's last words)
         stall_timeout=wait_s + 60,
     )
     if row["waited"] == "queued":
-        click.echo(f"{run_name}: queued on {host}: {row['phase']}", err=True)
+        click.echo(shown(f"{run_name}: queued on {host}: {row['phase']}"), err=True)
         said = f"  it starts by itself when its turn comes: `enlace-remote logs {run_name} -f` waits with it"
         click.echo(on_host(said, host), err=True)
         return row

@@ -244,7 +244,9 @@ def unknown_key_message(h: Host, where: str, key=None) -> str:
         )
     folder = Path(h.known_hosts).parent
     mkdir = "" if folder.is_dir() else f"mkdir -p -m 700 {shlex.quote(str(folder))} && "  # seen: no ~/.ssh yet
-    hashed = " -H" if h.hash_known_hosts else ""  # names written hashed, as the user's HashKnownHosts asks
+    # names written hashed, as the user's HashKnownHosts asks; off port 22 ssh-keyscan before OpenSSH 8.9 hashed
+    # the bare host, a line ssh never matches: written plain there
+    hashed = " -H" if h.hash_known_hosts and h.port == 22 else ""
     return (
         f"{where}: unknown host key (not in {files}).{offered} Check it against the server's "
         f"fingerprint, then trust it with: {mkdir}ssh-keyscan{hashed} -p {h.port} {h.hostname} >> "

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from enlace.errors import shown
 from orchestrator.errors import CommandFailed, Transient, UnreachableError, UsageError, short
 from orchestrator.hosts.resolve import Host, proxy_command, user_hosts_file
 from orchestrator.hosts.sshconfig import ssh_config_file
@@ -85,7 +86,8 @@ class Transport:
             return (not self.answered and attempt + 1 >= self.first_attempts) or (e.started and not idempotent)
 
         def say(e: Transient, delay: float) -> None:
-            click.echo(f"enlace-remote: {self.host.name}: {e.message}; retrying in {delay:g}s", err=True)
+            named = e.message if e.message.startswith(self.host.name) else f"{self.host.name}: {e.message}"
+            click.echo(shown(f"enlace-remote: {named}; retrying in {delay:g}s"), err=True)
 
         return retrying(once, say, self.retry_s, give_up)
 

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import click
 
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, shown
 from orchestrator.errors import Transient
 from orchestrator.ssh import retry
 
@@ -48,7 +48,7 @@ def retrying(what: str, kept: str, once: Callable[[Callable[[], None]], T]) -> T
     old = signal.signal(signal.SIGINT, on_sigint) if main else None
 
     def say(e: Transient, delay: float) -> None:
-        click.echo(f"{what}: {e.message}; resuming in {delay:g}s", err=True)
+        click.echo(shown(f"{what}: {e.message}; resuming in {delay:g}s"), err=True)
 
     try:
         return retry.retrying(lambda: once(tick), say)

@@ -47,7 +47,7 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
             offset += written
 
     def say(e: Transient, delay: float) -> None:
-        click.echo(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]", err=True)
+        click.echo(shown(f"\n[enlace-remote: {e.message}; reconnecting in {delay:g}s from byte {offset}]"), err=True)
 
     try:
         code = retrying(once, say, GIVE_UP_S, progressed=lambda: written > 0)
