@@ -191,3 +191,33 @@ def test_what_a_server_says_keeps_its_text_and_loses_its_terminal_controls():
     assert shown(text) == text  # UTF-8, tabs, newlines and a progress bar's carriage return kept
     assert shown("a\x1b]52;c;ZXZpbA==\x07b\x7fc\x9b31md\x00") == "a\\x1b]52;c;ZXZpbA==\\x07b\\x7fc\\x9b31md\\x00"
     assert EnlaceError("log tail: \x1b[2J").format_message() == "log tail: \\x1b[2J"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stop", "qa", "--sweep"],
+        ["status", "--sweep", "lr", "lr-lr1e-3-SEED1"],
+        ["fetch", "qa", "--sweep"],
+        ["plot", "a", "b", "--sweep", "lr"],
+    ],
+)
+def test_a_run_and_a_sweep_together_are_refused(tmp_path, monkeypatch, args):
+    """Seen: `stop qa --sweep` stopped every run of the last sweep, exit 0, and left qa running (`--sweep` takes
+    an optional NAME: the run given beside it was dropped without a word)."""
+    result = _cli(["--host", "local", *args], REPO, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and "a run or a sweep, not both" in result.output, result.output
+    verb, run = args[0], " ".join(a for a in args[1:] if a not in ("--sweep", "lr"))
+    assert f"`enlace-remote {verb} {run}` acts on th" in result.output, result.output
+
+
+def test_preflight_of_a_run_file_of_your_own_command_says_what_preflight_measures(tmp_path, monkeypatch):
+    """Seen: `preflight shakespeare` (a run file with `command:`) synced, verified, then said `command: unknown
+    key — did you mean 'command'?`. It is said at once now, with what to run instead."""
+    repo = tmp_path / "mine"
+    (repo / "configs" / "runs").mkdir(parents=True)
+    (repo / "configs" / "runs" / "shakespeare.yaml").write_text("command: [python, train.py]\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    result = _cli(["--host", "local", "preflight", "shakespeare"], repo, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and "preflight measures enlace's own trainer" in result.output, result.output
+    assert "`enlace-remote launch shakespeare`" in result.output and "unknown key" not in result.output

@@ -66,9 +66,10 @@ def preflight(
     Saves the report as runs/RUN_NAME/preflight.json here too. Exit 0 ok/tight, 5 oom, 6 unstable, 10 too
     slow (its steps ran past --budget-s: the report says what the whole run would take). It measures on a GPU
     (or the CPU slot) the host's queue has free, holding it meanwhile; exit 1 when none is free now."""
-    from orchestrator.launch import choose, ship, stages
+    from orchestrator.launch import choose, own, ship, stages
 
     run, overrides = choose.launch_target(remote.session, remote.repo, run, overrides, fresh := resume == "none")
+    own.refuse_preflight(remote.repo, run, overrides)
     run = ship.check_run_config(remote.repo, run)
     sha, run_name, device, _ = ship.ship(remote.session, remote.repo, run, allow_dirty, False, overrides, fresh)
     extra = ["--steps", str(steps), "--budget-s", str(budget_s)] + (["--max-batch"] if max_batch else [])
@@ -298,7 +299,7 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
     from orchestrator.view import status as table
 
     if sweep_name is not None:  # one table of the sweep's runs, ranked, on whichever hosts they are
-        return sweeps.show_status(remote, sweep_name, as_json)
+        return sweeps.show_status(remote, sweeps.alone(run_name, sweep_name, "status"), as_json)
     if everywhere:
         from orchestrator.hosts.resolve import list_hosts
 
@@ -323,7 +324,7 @@ def stop(remote: Remote, run_name: str | None, grace: float | None, kill: bool, 
     from orchestrator.launch import choose
 
     if sweep_name is not None:
-        return sweeps.stop_all(remote, sweep_name, grace, kill)
+        return sweeps.stop_all(remote, sweeps.alone(run_name, sweep_name, "stop"), grace, kill)
 
     run_name = choose.choose_run(remote.repo, remote.host, run_name, last_first=True)
     rep = ask_to_stop(remote.session, remote.host.name, run_name, grace, kill)
@@ -386,7 +387,7 @@ def fetch(
     from orchestrator.transfer.fetch import summary
 
     if sweep_name is not None:
-        return sweeps.fetch_all(remote, sweep_name, best, which == "all")
+        return sweeps.fetch_all(remote, sweeps.alone(run_name, sweep_name, "fetch"), best, which == "all")
     if best:
         raise click.UsageError("--best picks a sweep's best run: give it with --sweep [NAME]")
 

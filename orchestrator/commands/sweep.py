@@ -23,6 +23,7 @@ from orchestrator.commands.common import (
     stop_words,
     with_remote,
 )
+from orchestrator.errors import UsageError
 from orchestrator.sweep import record, table
 
 sweep_option = click.option(
@@ -105,6 +106,18 @@ def _rows(remote: Remote, sweep: record.Sweep) -> list[dict]:
     with ThreadPoolExecutor(max_workers=max(1, len(sweep.hosts()))) as pool:
         found = {(r["host"], r["run_name"]): r for rows in pool.map(ask, sweep.hosts()) for r in rows}
     return table.rows_of(sweep, found)
+
+
+def alone(run_name: str | None, sweep_name: str, verb: str) -> str:
+    """--sweep [NAME] where no run is named too: `stop qa --sweep` stopped the last sweep's runs, not qa."""
+    if run_name:
+        raise UsageError(
+            f"{verb} {run_name} --sweep{' ' + sweep_name if sweep_name else ''}: a run or a sweep, not both — "
+            f"`enlace-remote {verb} {run_name}` acts on {'that run' if ' ' not in run_name else 'those runs'}, "
+            f"`enlace-remote {verb} --sweep {sweep_name or 'NAME'}` on every run of the sweep"
+            f"{'' if sweep_name else ' (bare --sweep: the last one launched from here)'}"
+        )
+    return sweep_name
 
 
 def show_status(remote: Remote, name: str, as_json: bool) -> None:

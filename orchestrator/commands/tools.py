@@ -84,7 +84,7 @@ def plot(
     from orchestrator.transfer.fetch import fetch_run_files
 
     if sweep_name is not None:
-        click.echo(str(sweeps.plot_all(remote, sweep_name, out, metrics)))
+        click.echo(str(sweeps.plot_all(remote, sweeps.alone(" ".join(run_names), sweep_name, "plot"), out, metrics)))
         return
 
     names = list(run_names) or [choose.choose_run(remote.repo, remote.host, None, last_first=True)]
