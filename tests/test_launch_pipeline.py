@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
+from enlace.errors import EnlaceError
 from orchestrator.cli import main
 from orchestrator.launch import pipeline
 from orchestrator.launch.pipeline import Plan, SlurmBackend, SSHBackend, backend_for, stages_for
@@ -213,6 +214,7 @@ class _SweepServers:
         runs = (("q", "queued-run", "queued"), ("a", "fast", "running"), ("b", "slow", "running"))
         rows = [{"host": h, "run_name": n, "alive": True, "status": st} for h, n, st in runs]
         rows.append({"host": "c", "run_name": "broken", "alive": True, "status": "running"})
+        rows.append({"host": "d", "run_name": "later", "alive": False, "status": "not launched"})  # (no stop asked)
         monkeypatch.setattr(sweep_cmd.record, "load", lambda repo, name: SimpleNamespace(name="lr"))
         monkeypatch.setattr(sweep_cmd, "_rows", lambda remote, sweep: rows)
         monkeypatch.setattr("orchestrator.hosts.resolve.resolve_host", lambda name, repo: name)
@@ -262,7 +264,11 @@ def test_stop_sweep_says_each_runs_outcome_and_ctrl_c_returns_at_once_naming_wha
     broken_line = "broken on c: not stopped — c (10.0.0.3): connection refused\n"
     fast_line = "fast on a: stopped at step 4; latest checkpoint ck\n"
     if during is None:  # every outcome said, the failure too; exit 1
-        assert ended.value.code == 1 and err == ""
+        assert ended.value.code == 1  # and the point not launched said: a `sweep` still launching it goes on
+        assert (
+            err == "note: 1 point(s) of sweep lr not launched: where `enlace-remote sweep` is still launching them,"
+            " Ctrl-C it, then `enlace-remote stop --sweep lr` again\n"
+        ), err
         assert out == queued_line + fast_line + "slow on b: stopped at step 9; latest checkpoint ck\n" + broken_line
     elif during == "running":  # at once: what ended, and the stops still under way (slow's, and fast's or
         # broken's where the SIGINT came as its thread was ending), each run said once
@@ -279,3 +285,30 @@ def test_stop_sweep_says_each_runs_outcome_and_ctrl_c_returns_at_once_naming_wha
         assert (
             "`enlace-remote status --sweep lr`" in err and "`enlace-remote stop --sweep lr` stops what is left" in err
         )
+
+
+def test_plot_sweep_says_a_point_never_launched_as_such(capsys, monkeypatch, tmp_path):
+    """Seen: `plot --sweep m221` with its points never launched warned, for each, "no run named … here — did you
+    mean 'm228-lr1e-3'? runs on this host: <80 names>". (fetch_run_files stands in for the host's answer.)"""
+    from orchestrator.commands import sweep as sweep_cmd
+    from orchestrator.errors import from_doc
+
+    points = [{"host": "local", "run_name": "m221-lr1e-3"}, {"host": "local", "run_name": "m221-lr3e-3"}]
+    monkeypatch.setattr(sweep_cmd.record, "load", lambda repo, name: SimpleNamespace(name="m221", points=points))
+    monkeypatch.setattr("orchestrator.hosts.resolve.resolve_host", lambda name, repo: name)
+    nobody = {
+        "ok": False,
+        "error": "no run named 'm221-lr1e-3' here — did you mean 'm228-lr1e-3'? runs…",
+        "kind": "no_such_run",
+        "exit_code": 2,
+    }
+
+    def fetch_run_files(session, run_name, dest, names):
+        raise from_doc(nobody, 2, "on local")
+
+    monkeypatch.setattr("orchestrator.transfer.fetch.fetch_run_files", fetch_run_files)
+    remote = SimpleNamespace(repo=tmp_path, session_for=lambda host: None)
+    with pytest.raises(EnlaceError, match="sweep m221: no run of it has logged a step"):
+        sweep_cmd.plot_all(remote, "m221", None, [])
+    err = capsys.readouterr().err
+    assert err.count("not launched (`status --sweep` shows it)") == 2 and "did you mean" not in err, err

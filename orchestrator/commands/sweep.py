@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import click
 
 from enlace.clitypes import notify_option, supervisor_options
-from enlace.contract import Status, metric_words
+from enlace.contract import ErrorKind, Status, metric_words
 from enlace.errors import EnlaceError, shown
 from orchestrator.commands.common import (
     HostOptionsCommand,
@@ -133,7 +133,8 @@ def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None
     from orchestrator.hosts.resolve import resolve_host
 
     sweep = record.load(remote.repo, name)
-    live = [r for r in _rows(remote, sweep) if r.get("alive")]
+    rows = _rows(remote, sweep)
+    live = [r for r in rows if r.get("alive")]
     queued = [r for r in live if r["status"] == "queued"]
     order = queued + [r for r in live if r["status"] != "queued"]
     begun: set[int] = set()
@@ -170,6 +171,12 @@ def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None
         raise
     pool.shutdown()
     click.echo("\n".join(said[i][0] for i in sorted(said)) or f"sweep {sweep.name}: nothing is running or queued")
+    if unlaunched := sum(r["status"] == "not launched" for r in rows):  # a `sweep` command may be launching them
+        click.echo(
+            f"note: {unlaunched} point(s) of sweep {sweep.name} not launched: where `enlace-remote sweep` is still"
+            f" launching them, Ctrl-C it, then `enlace-remote stop --sweep {sweep.name}` again",
+            err=True,
+        )
     if not all(ok for _, ok in said.values()):
         sys.exit(1)
 
@@ -239,8 +246,10 @@ def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) ->
         dirs.append(remote.repo / "runs" / point["run_name"])
         try:
             fetch_run_files(session, point["run_name"], dirs[-1], ("metrics.jsonl", "run.json"))
-        except EnlaceError as e:  # a run that never started (still queued): left out, said
-            click.echo(f"warning: {point['run_name']}: {e.format_message().splitlines()[0]}", err=True)
+        except EnlaceError as e:  # a run that never started (still queued, or never launched): left out, said
+            unknown = getattr(e, "kind", None) == ErrorKind.NO_SUCH_RUN  # (its error lists the host's every run)
+            why = "not launched (`status --sweep` shows it)" if unknown else e.format_message().splitlines()[0]
+            click.echo(f"warning: {point['run_name']}: {why}", err=True)
             dirs.pop()
             continue
         if not (dirs[-1] / "metrics.jsonl").is_file():
