@@ -201,3 +201,19 @@ def test_hosts_shows_a_slurm_hosts_scheduler(tmp_path, monkeypatch):
     out = CliRunner().invoke(main, ["hosts"]).output
     line = next(ln for ln in out.splitlines() if "cluster" in ln)
     assert "scheduler slurm" in line, out
+
+
+def test_a_bad_local_entry_lists_local_once_as_unusable(tmp_path, monkeypatch):
+    """Seen: `cpu_slot: 2` under `local:` in the user's hosts file listed `* local … queue: 1 CPU run` (the
+    repository's entry) and `! local unusable: …` beneath it; every verb on local refused."""
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  local: {cpu_slot: 2}\n")
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(path))
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    listing = CliRunner().invoke(main, ["hosts"])
+    lines = [ln for ln in listing.output.splitlines() if ln.split()[1:2] == ["local"]]
+    assert listing.exit_code == 2 and len(lines) == 1 and "hosts.local.cpu_slot: unknown key" in lines[0], lines
+    path.write_text("hosts:\n  local: {cpu_slots: 2}\n")  # fixed: listed first, usable, with its two slots
+    listing = CliRunner().invoke(main, ["hosts"])
+    assert listing.exit_code == 0 and listing.output.startswith("* local ") and "queue: 2 CPU runs" in listing.output

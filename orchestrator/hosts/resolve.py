@@ -343,7 +343,7 @@ def survey_hosts(repo: Path) -> tuple[list[Host], dict[str, str]]:
     unusable = dict(loaded.invalid)
     loaded.invalid = {}  # collected above, not raised again per host
     usable = []
-    for name in ["local", *sorted(n for n in loaded.hosts if n != "local" and n not in unusable)]:
+    for name in sorted((set(loaded.hosts) | {"local"}) - set(unusable), key=lambda n: (n != "local", n)):
         try:
             usable.append(_resolve(name, repo, loaded))
         except EnlaceError as e:
