@@ -81,3 +81,18 @@ def test_a_command_killed_by_a_signal_is_still_a_session_that_ended_without_a_st
             wire.finish()
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize("dies", ["kill -INT $$", "exit 130"])
+def test_a_local_command_ended_by_our_ctrl_c_is_our_ctrl_c(dies):
+    """On `local` a server verb is a child in our process group: a Ctrl-C ends it too, and it was said as
+    "warning: local: `enlace runs` exited -2" before the verb's own words on the interrupt."""
+    from support import REPO
+
+    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.ssh.local import LocalTransport
+
+    transport = LocalTransport(resolve_host("local", REPO))
+    with pytest.raises(KeyboardInterrupt):
+        transport.run(["sh", "-c", dies], check=False)
+    assert transport.run(["sh", "-c", "exit 3"], check=False).exited == 3  # any other code is the command's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Callable
 
@@ -21,6 +22,8 @@ class LocalTransport(Transport):
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             raise CommandFailed("local", short(argv), -1, f"timed out after {timeout}s\n{e.stdout or ''}") from None
+        if p.returncode in (-signal.SIGINT, 128 + signal.SIGINT):  # our Ctrl-C reached it too (one process group)
+            raise KeyboardInterrupt  # (it was said as "`enlace runs` exited -2" before the verb's own word on it)
         return Result(p.stdout, p.stderr, p.returncode)
 
     def stream(self, argv: list[str], on_stdout: OnData, on_stderr: OnData, stall_timeout: float) -> int:
