@@ -155,7 +155,7 @@ class Supervisor:
                 why = (
                     f"gave up after {restarts} restart{'s' if restarts != 1 else ''}: {cause}"
                     if self.policy.restarts
-                    else f"{cause} (not restarted: --restarts 0)"
+                    else f"{cause} (not restarted: restarts is 0)"
                 )
                 say(why)
                 runs.update(self.run_dir, status=Status.CRASHED, error=why, exit_code=contract.CRASHED, phase=why)
