@@ -201,16 +201,17 @@ def ended_message(row: dict[str, Any]) -> str:
         what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
     step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
     where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
+    launch = f"`enlace-remote launch {row['run_name']}`"  # (the driver adds --host where the host is not the default)
     if row["status"] == Status.FAILED:  # its own error (config, data, disk): a relaunch as it is fails again
         # an error that names the checkpoint (corrupt, another device's) says itself where to resume from
         resumes = f" (it resumes from {ckpt})" if ckpt and ckpt not in (row.get("error") or "") else ""
-        again = f"fix what it says, then relaunch{resumes}"
+        again = f"fix what it says, then {launch}{resumes}"
     elif ckpt:
-        again = f"last complete checkpoint {ckpt} — relaunch to resume from it"
+        again = f"last complete checkpoint {ckpt} — {launch} resumes from it"
     elif row.get("command"):  # a command resumes its own way (its `resume:`), from files enlace does not know
-        again = "relaunch to run it again (its `resume:` arguments apply as its run file says)"
+        again = f"{launch} runs it again (its `resume:` arguments apply as its run file says)"
     else:
-        again = "no checkpoint — relaunch to start it again"
+        again = f"no checkpoint — {launch} starts it again"
     return f"{row['run_name']} {what}; {where}{again}"
 
 

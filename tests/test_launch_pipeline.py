@@ -187,7 +187,7 @@ def test_the_log_under_a_failed_starts_error_does_not_say_it_again():
     from orchestrator.launch.stages import tail_under
 
     why = "runs/r/checkpoints/step-000010: the data differs from the checkpoint's"
-    error = f"r failed: {why}; last logged step 10/20, fix what it says, then relaunch"
+    error = f"r failed: {why}; last logged step 10/20, fix what it says, then `enlace-remote launch r`"
     log = (
         "2026-12-07 03:57:17 loading the checkpoint\nTraceback (most recent call last):\n}\n"
         f"2026-12-07 03:57:18 error: {why}\nError: {why}\n"

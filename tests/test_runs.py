@@ -411,24 +411,30 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
     gave_up = {"run_name": "c", "status": "crashed", "step": 0, "max_steps": None, "latest_checkpoint": None}
     gave_up |= {"error": "gave up after 2 restarts: the command exited 1: RuntimeError: boom", "command": ["t"]}
     assert ended_message(gave_up) == (
-        "c crashed: gave up after 2 restarts: the command exited 1: RuntimeError: boom; relaunch to run it again"
-        " (its `resume:` arguments apply as its run file says)"
+        "c crashed: gave up after 2 restarts: the command exited 1: RuntimeError: boom; `enlace-remote launch c` runs it"
+        " again (its `resume:` arguments apply as its run file says)"
     )
     vanished = {"run_name": "t", "status": "crashed", "step": 30, "max_steps": 500, "latest_checkpoint": "step-000025"}
     assert ended_message(vanished) == (
         "t crashed: its process vanished without a final status (killed, OOM killer or reboot); last logged step"
-        " 30/500, last complete checkpoint step-000025 — relaunch to resume from it"
+        " 30/500, last complete checkpoint step-000025 — `enlace-remote launch t` resumes from it"
     )
     dropped = {"run_name": "q", "status": "dropped", "step": 0, "max_steps": None, "latest_checkpoint": None}
-    assert ended_message({**dropped, "status": "crashed"}).endswith("no checkpoint — relaunch to start it again")
+    assert ended_message({**dropped, "status": "crashed"}).endswith(
+        "no checkpoint — `enlace-remote launch q` starts it again"
+    )
     failed = {**dropped, "status": "failed", "error": "the train split has 0 bytes", "latest_checkpoint": "step-000050"}
-    assert ended_message(failed).endswith("0 bytes; fix what it says, then relaunch (it resumes from step-000050)")
+    assert ended_message(failed).endswith(
+        "0 bytes; fix what it says, then `enlace-remote launch q` (it resumes from step-000050)"
+    )
     corrupt = {
         **failed,
         "error": "the newest checkpoint is unusable: .../step-000050/model.pt: cannot be loaded — "
         "resume from the previous complete checkpoint with --resume checkpoints/step-000040",
     }
-    assert ended_message(corrupt).endswith("step-000040; fix what it says, then relaunch")  # not "from step-000050"
+    assert ended_message(corrupt).endswith(
+        "step-000040; fix what it says, then `enlace-remote launch q`"
+    )  # not "from step-000050"
     assert "None" not in ended_message(dropped) and "it never started; no checkpoint" in ended_message(dropped)
 
 

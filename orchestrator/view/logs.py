@@ -16,7 +16,7 @@ import click
 from enlace import contract
 from enlace.contract import ended_message
 from enlace.errors import EnlaceError, shown
-from orchestrator.errors import Transient
+from orchestrator.errors import Transient, on_host
 from orchestrator.ssh.retry import retrying
 from orchestrator.ssh.session import Session
 
@@ -65,7 +65,7 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
         ) from None
     if follow and code not in (contract.OK, contract.USAGE):
         row = session.enlace_json("latest", "runs", run_name)[0]
-        click.echo(shown(f"enlace-remote: {ended_message(row)}"), err=True)
+        click.echo(shown(f"enlace-remote: {on_host(ended_message(row), session.host.name)}"), err=True)
     elif offset == began:  # nothing to show (a Slurm job cancelled while pending): where the run stands, said
         row = session.enlace_json("latest", "runs", run_name)[0]
         said = row.get("phase") and row["status"] in ("stopped", "queued", "pending", "dropped")  # (others: stale)
