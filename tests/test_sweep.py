@@ -392,7 +392,10 @@ def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, use
     )
     assert not (user_repo / ".enlace" / "sweeps" / "s.json").exists()  # nothing recorded, nothing started
     bad = remote(
-        user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,abc", "--name", "t", check=False
+        user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,abc,xyz", "--name", "t", check=False
     )
-    assert bad.returncode == 2 and "expected a number, got 'abc'" in bad.stderr  # its second point is wrong:
+    assert bad.returncode == 2 and "expected a number, got 'abc'" in bad.stderr  # its second point is wrong,
+    # and its third: each said at once (the third was found only once the second was fixed)
+    assert "2 of the sweep's 3 points fail their check; nothing was started" in bad.stderr, bad.stderr
+    assert "expected a number, got 'xyz'" in bad.stderr and bad.stderr.count("Error:") == 1, bad.stderr
     assert "t-lr1e-3" not in state() and not (user_repo / ".enlace" / "sweeps" / "t.json").exists()  # none started

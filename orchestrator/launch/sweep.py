@@ -14,6 +14,7 @@ from enlace import contract
 from enlace.clitypes import shown_url
 from enlace.config import command
 from enlace.contract import trainer_args
+from enlace.errors import EnlaceError
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import resolve_host
 from orchestrator.launch import choose, ship, stages
@@ -129,11 +130,30 @@ def _launch(remote, run: str, own, swept: dict, fixed: list[str], name: str, hos
 
 
 def _check_points(remote, run: str, fixed: list[str], pairs: list, shipped: dict, by_name: dict) -> None:
-    """Each (point, host name)'s config checked on its host (one line only when something is wrong)."""
+    """Each (point, host name)'s config checked on its host (one line only when something is wrong); every point
+    is checked (a second bad value was found only once the first was fixed), then one error names each failing
+    one, and nothing starts."""
+    failed: list[tuple[str, EnlaceError]] = []
     for i, (point, host_name) in enumerate(pairs, start=1):
         click.echo(f"== check {i}/{len(pairs)} {point.run_name} on {host_name}: {' '.join(point.sets())}", err=True)
         overrides = _overrides(fixed, point)
-        ship.verify(remote.session_for(by_name[host_name]), shipped[host_name].commit, run, True, overrides, quiet=True)
+        try:
+            ship.verify(
+                remote.session_for(by_name[host_name]), shipped[host_name].commit, run, True, overrides, quiet=True
+            )
+        except EnlaceError as e:
+            if e.exit_code not in (contract.USAGE, contract.VERIFY):  # the host's fault, not the point's: at once
+                raise
+            failed.append((point.run_name, e))
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        err = EnlaceError(
+            f"{len(failed)} of the sweep's {len(pairs)} points fail their check; nothing was started — "
+            + "; ".join(f"{name}: {e.format_message().splitlines()[0]}" for name, e in failed)
+        )
+        err.exit_code = failed[0][1].exit_code
+        raise err
 
 
 def _start_points(remote, run: str, name: str, fixed, pairs: list, shipped: dict, by_name: dict, mine, o) -> None:
