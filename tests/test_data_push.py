@@ -98,6 +98,11 @@ def test_a_link_in_data_with_the_same_bytes_is_touched_itself_not_what_it_points
     assert (tmp_path / "data" / "corpus.bin").lstat().st_mtime_ns == 9_000_000_000
     again = _converse(tmp_path / "data", listing)  # settled: not hashed and re-dated on every push
     assert again[0]["have"]["corpus.bin"] == "same"
+    shared.write_bytes(b"SAME BYTES")  # the shared file changed since (its size alone would not say so)
+    later = (tmp_path / "data" / "corpus.bin").lstat().st_ctime_ns + 1_000_000_000  # (not within the clock's tick)
+    os.utime(shared, ns=(later, later))
+    changed = _converse(tmp_path / "data", listing)
+    assert changed[0]["have"]["corpus.bin"] == ["sha256", hashlib.sha256(b"SAME BYTES").hexdigest()]
 
 
 def test_a_delete_outside_the_runs_paths_is_refused(tmp_path):

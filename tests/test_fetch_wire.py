@@ -428,5 +428,8 @@ def test_outputs_that_would_be_one_file_on_a_case_folding_disk_are_refused(tmp_p
     ]:  # a name, a folder, a run file, NFC against NFD
         with pytest.raises(EnlaceError, match=r"would be one file in .* does not tell upper from lower case"):
             outputs.one_name_each(str(dest), [*distinct, two] if one in distinct else [one, two])
-    monkeypatch.setattr(outputs, "folds_case", lambda root: False)
-    outputs.one_name_each(str(dest), ["out/a.txt", "out/A.txt"])  # a disk that tells them apart takes both
+    outputs.one_name_each(str(dest), ["stra\u00dfe.txt", "STRASSE.txt"])  # ß is no ss to these disks
+    asked = []
+    monkeypatch.setattr(outputs, "folds_case", lambda root: asked.append(root) or False)
+    outputs.one_name_each(str(dest), [f"{d}/{i}.txt" for d in ("out", "OUT") for i in range(100)])
+    assert asked == [str(dest)]  # a disk that tells them apart takes them all, asked once

@@ -215,6 +215,7 @@ class _SweepServers:
         rows = [{"host": h, "run_name": n, "alive": True, "status": st} for h, n, st in runs]
         rows.append({"host": "c", "run_name": "broken", "alive": True, "status": "running"})
         rows.append({"host": "d", "run_name": "later", "alive": False, "status": "not launched"})  # (no stop asked)
+        rows.append({"host": "e", "run_name": "lost", "alive": False, "status": "no answer"})  # e did not answer
         monkeypatch.setattr(sweep_cmd.record, "load", lambda repo, name: SimpleNamespace(name="lr"))
         monkeypatch.setattr(sweep_cmd, "_rows", lambda remote, sweep: rows)
         monkeypatch.setattr("orchestrator.hosts.resolve.resolve_host", lambda name, repo: name)
@@ -269,7 +270,9 @@ def test_stop_sweep_says_each_runs_outcome_and_ctrl_c_returns_at_once_naming_wha
             err == "note: 1 point(s) of sweep lr not launched: where `enlace-remote sweep` is still launching them,"
             " Ctrl-C it, then `enlace-remote stop --sweep lr` again\n"
         ), err
-        assert out == queued_line + fast_line + "slow on b: stopped at step 9; latest checkpoint ck\n" + broken_line
+        slow_line = "slow on b: stopped at step 9; latest checkpoint ck\n"
+        lost_line = "lost on e: not stopped — its host did not answer\n"  # it read "not launched": never said
+        assert out == queued_line + fast_line + slow_line + broken_line + lost_line
     elif during == "running":  # at once: what ended, and the stops still under way (slow's, and fast's or
         # broken's where the SIGINT came as its thread was ending), each run said once
         ended_lines = [line for line in (fast_line, broken_line) if line in out]

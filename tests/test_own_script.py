@@ -120,6 +120,10 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     out = remote(script_repo, env, "fetch", "hello2", "--dest", str(tmp_path / "adhoc"))  # no outputs: its log
     assert "no outputs (a run file's `outputs:` names them; `enlace-remote init` writes one)" in out.stderr
     assert (tmp_path / "adhoc" / "train.log").read_bytes().count(b"script line 1") == 2
+    other = tmp_path / "other"  # another clone, which never launched hello2 (a name close to its hello.yaml)
+    subprocess.run(["git", "clone", "-q", str(script_repo), str(other)], check=True)
+    out = remote(other, env, "launch", "hello2", "--follow")  # it said "no run config 'hello2' — did you mean…"
+    assert "hello2: launching again the command it ran: python scripts/hello.py" in out.stderr, out.stderr
 
     out = remote(script_repo, env, "init", "brace", "--", "python", "-c", "print('{')", check=False)
     assert out.returncode == 2 and "write a literal brace as {{ or }}" in out.stderr, out.stderr

@@ -83,6 +83,9 @@ def test_the_table_ranks_by_val_bpb_and_says_progress():
     text = table.format_table(sweep, rows)
     assert text.splitlines()[0] == "sweep s: tiny, 2/4 finished (1 queued, 1 not launched); best s-k1 (val bpb 1.5000)"
     assert text.splitlines()[2].startswith("*  s-k1  h     1  finished      30/30  1.5000")
+    # a host that did not answer: its points are not known, not "not launched" (stop --sweep took them for that)
+    two = record.Sweep("s", "tiny", [], ["k"], [*sweep.points[:3], {**sweep.points[3], "host": "down"}])
+    assert table.progress(table.rows_of(two, found, frozenset({"down"}))) == "2/4 finished (1 queued, 1 no answer)"
 
 
 def test_a_sweep_of_a_script_that_logs_a_val_loss_is_ranked_by_it():

@@ -96,12 +96,7 @@ def state_of(
     directories resolved so far; `present`: those found missing (a first push of thousands has none of them)."""
     target = checked(data_dir, rel, dirs)
     st = stat_in(target, present)
-    # a link (to a shared copy) is re-dated itself, never what it points at: its own time counts too
-    if (
-        st is not None
-        and st.st_size == size
-        and (st.st_mtime_ns == mtime_ns or os.lstat(target).st_mtime_ns == mtime_ns)
-    ):
+    if st is not None and st.st_size == size and (st.st_mtime_ns == mtime_ns or _redated_link(target, st, mtime_ns)):
         return "same"
     partial = f"{staging}/{rel}"
     held = stat_in(partial, present)
@@ -111,6 +106,13 @@ def state_of(
     if st is not None and st.st_size == size:
         return ["sha256", file_sha256(target).hexdigest()]
     return None
+
+
+def _redated_link(target: str, st: os.stat_result, mtime_ns: int) -> bool:
+    """A link (to a shared copy) that a push re-dated (its own time, never its file's), its file unchanged
+    since: the file's mtime is no later than the link's change."""
+    own = os.lstat(target)
+    return own.st_mtime_ns == mtime_ns and st.st_mtime_ns <= own.st_ctime_ns
 
 
 def receive(

@@ -93,7 +93,7 @@ def sweep(remote: Remote, run: str, overrides: tuple[str, ...], hosts: str | Non
 def _rows(remote: Remote, sweep: record.Sweep) -> list[dict]:
     """Each run of the sweep as its host reports it, the hosts asked in parallel; ranked."""
 
-    def ask(host_name: str) -> list[dict]:
+    def ask(host_name: str) -> list[dict] | None:
         from orchestrator.hosts.resolve import resolve_host
 
         session = remote.session_for(resolve_host(host_name, remote.repo))
@@ -101,11 +101,12 @@ def _rows(remote: Remote, sweep: record.Sweep) -> list[dict]:
             return [{**r, "host": host_name} for r in session.enlace_json("latest", "runs")]
         except EnlaceError as e:
             click.echo(f"warning: {host_name}: {e.format_message().splitlines()[0]}", err=True)
-            return []
+            return None
 
     with ThreadPoolExecutor(max_workers=max(1, len(sweep.hosts()))) as pool:
-        found = {(r["host"], r["run_name"]): r for rows in pool.map(ask, sweep.hosts()) for r in rows}
-    return table.rows_of(sweep, found)
+        answers = dict(zip(sweep.hosts(), pool.map(ask, sweep.hosts())))
+    found = {(r["host"], r["run_name"]): r for rows in answers.values() for r in rows or []}
+    return table.rows_of(sweep, found, frozenset(h for h, rows in answers.items() if rows is None))
 
 
 def alone(run_name: str | None, sweep_name: str, verb: str) -> str:
@@ -163,13 +164,15 @@ def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None
                 future.result()  # (stop_one says a host's failure itself: anything raised here is a bug)
     except KeyboardInterrupt:  # in this thread only: the stops under way are the threads'; leave them, say so
         pool.shutdown(wait=False, cancel_futures=True)  # (one not yet begun is never asked)
-        ended = dict(said)
+        asked, ended = set(begun), dict(said)  # one reading of each: the threads go on writing them
         if ended:
             click.echo("\n".join(ended[i][0] for i in sorted(ended)))
-        under_way = [order[i] for i in sorted(begun - ended.keys())]
-        _say_interrupted(sweep.name, under_way, [r for i, r in enumerate(order) if i not in begun], kill)
+        under_way = [order[i] for i in sorted(asked - ended.keys())]
+        _say_interrupted(sweep.name, under_way, [r for i, r in enumerate(order) if i not in asked], kill)
         raise
     pool.shutdown()
+    for i, row in enumerate(r for r in rows if r["status"] == table.NO_ANSWER):  # (its host's warning came first)
+        said[len(order) + i] = f"{row['run_name']} on {row['host']}: not stopped — its host did not answer", False
     click.echo("\n".join(said[i][0] for i in sorted(said)) or f"sweep {sweep.name}: nothing is running or queued")
     if unlaunched := sum(r["status"] == "not launched" for r in rows):  # a `sweep` command may be launching them
         click.echo(

@@ -53,18 +53,14 @@ def recorded(session, repo: Path, name: str | None, overrides=()) -> CommandRun 
     """`launch NAME` of a command once given after `--` (no run file by that name here): the command the host
     recorded for the run, launched again as it was (with launch's --set applied). None when there is none
     (enlace's trainer's path then says what is missing)."""
-    import difflib
-
     runs_dir = repo / "configs" / "runs"
     if not name or (runs_dir / f"{name}.yaml").is_file():
         return None
     here = launched_here(repo, session.host.name, name)
     if here and (runs_dir / f"{here['run_file']}.yaml").is_file():
         return None  # launched here from a run file (`--set run_name=NAME`): launch_target resolves it, one ask less
-    near = difflib.get_close_matches(name, [p.stem for p in runs_dir.glob("*.yaml")], n=1, cutoff=0.6)
-    if near and here is None:
-        return None  # a typo of a run file: said before any connection (launch's own check; toy2 launched from here
-        # with `--name toy2 -- …` beside a toy.yaml was taken for one)
+    # a name close to a run file's is asked for too: another clone's `--name toy2 -- …` beside a toy.yaml here
+    # (a typo of the file is said by launch_target, once the host has no such run)
     try:
         rows = session.enlace_json("latest", "runs", name)
     except EnlaceError:  # nothing synced there yet, no such run: the trainer's path names the missing file

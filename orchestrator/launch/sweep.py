@@ -152,7 +152,8 @@ def _check_points(remote, run: str, fixed: list[str], pairs: list, shipped: dict
             f"{len(failed)} of the sweep's {len(pairs)} points fail their check; nothing was started — "
             + "; ".join(f"{name}: {e.format_message().splitlines()[0]}" for name, e in failed)
         )
-        err.exit_code = failed[0][1].exit_code
+        codes = {e.exit_code for _, e in failed}  # a wrong value (2) before a missing file (3), in any grid order
+        err.exit_code = contract.USAGE if contract.USAGE in codes else failed[0][1].exit_code
         raise err
 
 

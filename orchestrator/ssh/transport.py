@@ -86,7 +86,11 @@ class Transport:
             return (not self.answered and attempt + 1 >= self.first_attempts) or (e.started and not idempotent)
 
         def say(e: Transient, delay: float) -> None:
-            named = e.message if e.message.startswith(self.host.name) else f"{self.host.name}: {e.message}"
+            named = (
+                e.message
+                if e.message.startswith((f"{self.host.name} (", f"{self.host.name}:"))
+                else f"{self.host.name}: {e.message}"
+            )
             click.echo(shown(f"enlace-remote: {named}; retrying in {delay:g}s"), err=True)
 
         return retrying(once, say, self.retry_s, give_up)

@@ -11,13 +11,17 @@ from enlace.contract import metric_words, sweep_metric
 from enlace.units import DETAIL_WIDTH, loss_figure, one_line
 from orchestrator.sweep.record import Sweep
 
+NO_ANSWER = "no answer"  # a point whose host did not answer: where it stands is not known
 
-def rows_of(sweep: Sweep, found: dict[tuple[str, str], dict]) -> list[dict]:
+
+def rows_of(sweep: Sweep, found: dict[tuple[str, str], dict], silent: frozenset[str] = frozenset()) -> list[dict]:
     """Each point's status row (`found`: (host, run) → the server's row), ranked: best metric first, runs
-    without one after, in grid order. A point its host does not know is `not launched`."""
+    without one after, in grid order. A point its host does not know is `not launched`; one on a host that did
+    not answer (`silent`), `no answer`."""
     out = []
     for i, p in enumerate(sweep.points):
-        row = found.get((p["host"], p["run_name"])) or {"run_name": p["run_name"], "status": "not launched", "step": 0}
+        unknown = NO_ANSWER if p["host"] in silent else "not launched"
+        row = found.get((p["host"], p["run_name"])) or {"run_name": p["run_name"], "status": unknown, "step": 0}
         out.append({**row, "host": p["host"], "values": p["values"], "point": i})
     metric = sweep_metric(out)
     # finished runs first: a running or stopped run's val bpb may be its untrained step-0 eval's

@@ -5,6 +5,7 @@ Thousands of outputs of a few KiB are common: all of it works in os.path's strin
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import tempfile
@@ -37,12 +38,13 @@ def one_name_each(root: str, rels: list[str]) -> None:
     normalisation alone, where the destination's file system does not tell them apart (macOS and Windows by
     default): the second would silently replace the first."""
     seen: dict[str, str] = {}
+    folds = functools.cache(lambda: folds_case(root))  # the disk asked once, and only when two names fold together
     for rel in rels:
         parts = rel.split("/")
         for i in range(1, len(parts) + 1):
             prefix = "/".join(parts[:i])
-            other = seen.setdefault(unicodedata.normalize("NFD", prefix).casefold(), prefix)
-            if other != prefix and folds_case(root):
+            other = seen.setdefault(unicodedata.normalize("NFD", prefix).lower(), prefix)  # (lower: ß stays ß)
+            if other != prefix and folds():
                 raise EnlaceError(
                     f"the server's {other!r} and {prefix!r} would be one file in {root}: its file system does not "
                     "tell upper from lower case — rename one on the server, or fetch with --dest on a "
@@ -55,7 +57,10 @@ def folds_case(root: str) -> bool:
     case for the same in lower."""
     while not os.path.isdir(root) and os.path.dirname(root) != root:
         root = os.path.dirname(root)
-    fd, probe = tempfile.mkstemp(prefix=".enlace-case-", dir=root)  # (mkstemp's names are lower case)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".enlace-case-", dir=root)  # (mkstemp's names are lower case)
+    except OSError:  # a folder we cannot write to: the fetch says so itself, as it makes the destination
+        return False
     os.close(fd)
     try:
         return os.path.exists(os.path.join(root, os.path.basename(probe).upper()))
