@@ -89,6 +89,7 @@ RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a
 # `supervisor: `, server/runfiles.supervisor_line)
 LOG_STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
 SUPERVISOR_LINE = re.compile(LOG_STAMP + "supervisor: ")
+FETCH_ORIGIN = ".enlace-origin.json"  # in a run directory fetched from a host: which host and run dir it came from
 
 
 def run_name_of(run_file: dict[str, Any], stem: str, sets: dict[str, Any]) -> tuple[Any, str]:
@@ -209,7 +210,9 @@ def ended_message(row: dict[str, Any]) -> str:
     elif ckpt:
         again = f"last complete checkpoint {ckpt} — {launch} resumes from it"
     elif row.get("command"):  # a command resumes its own way (its `resume:`), from files enlace does not know
-        again = f"{launch} runs it again (its `resume:` arguments apply as its run file says)"
+        again = f"{launch} runs it again" + (
+            " (its `resume:` arguments apply as its run file says)" * bool(row.get("run_file"))
+        )
     else:
         again = f"no checkpoint — {launch} starts it again"
     return f"{row['run_name']} {what}; {where}{again}"

@@ -200,14 +200,16 @@ def test_what_a_server_says_keeps_its_text_and_loses_its_terminal_controls():
         ["status", "--sweep", "lr", "lr-lr1e-3-SEED1"],
         ["fetch", "qa", "--sweep"],
         ["plot", "a", "b", "--sweep", "lr"],
+        ["status", "--all", "nosuch"],
     ],
 )
 def test_a_run_and_a_sweep_together_are_refused(tmp_path, monkeypatch, args):
     """Seen: `stop qa --sweep` stopped every run of the last sweep, exit 0, and left qa running (`--sweep` takes
     an optional NAME: the run given beside it was dropped without a word)."""
     result = _cli(["--host", "local", *args], REPO, tmp_path, monkeypatch)
-    assert result.exit_code == 2 and "a run or a sweep, not both" in result.output, result.output
-    verb, run = args[0], " ".join(a for a in args[1:] if a not in ("--sweep", "lr"))
+    assert result.exit_code == 2 and ("a run or a sweep, not both" in result.output) != ("--all" in args), result.output
+    assert "not both" in result.output, result.output  # (status --all RUN ignored RUN, exit 0)
+    verb, run = args[0], " ".join(a for a in args[1:] if a not in ("--sweep", "lr", "--all"))
     assert f"`enlace-remote {verb} {run}` acts on th" in result.output, result.output
 
 

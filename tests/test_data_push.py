@@ -356,3 +356,26 @@ def test_the_summary_counts_each_file_once(tmp_path):
     have = {"a": "same", "b": ["sha256", hashlib.sha256(b"b" * 10).hexdigest()], "c": None}  # c: not there
     said = summary("gpu1", local, decide(local, have, [], False), None, False, 1.0)
     assert "sent 1 file(s), 10 B, 1 only re-dated (same bytes), 1 already there (3 files, 30 B)" in said, said
+
+
+def test_push_data_guards_a_trainers_checkpoint_and_not_a_command_of_your_own(tmp_path):
+    """`launch dat --push-data` of a script of your own with an enlace.job checkpoint was refused, naming
+    --allow-data-change and --resume none, both of which a command's launch refuses: a dead end. A command claims
+    no data (its resume checks none); enlace's trainer's run is still guarded. (The session stands in for the
+    host's `runs` answer.)"""
+    from types import SimpleNamespace
+
+    from orchestrator.errors import UsageError
+    from orchestrator.launch.ship import trained_data_guard
+
+    (tmp_path / "configs" / "runs").mkdir(parents=True)
+    (tmp_path / "configs" / "runs" / "dat.yaml").write_text("command: [python, train.py]\ndata: [data/*.txt]\n")
+    row = {"run_name": "dat", "latest_checkpoint": "step-000010"}
+    plan = SimpleNamespace(send=[("scale.txt", 0, 3, 1)])
+    for host_row, guarded in (({**row, "command": ["python", "train.py"]}, False), (row, True)):
+        session = SimpleNamespace(enlace_json=lambda *args, r=host_row: [r])
+        guard = trained_data_guard(session, tmp_path, "dat", ())
+        assert (guard is not None) == guarded
+        if guarded:
+            with pytest.raises(UsageError, match="--allow-data-change resumes on the new data"):
+                guard(plan)

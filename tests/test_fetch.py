@@ -112,6 +112,27 @@ def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
     assert out.returncode == 2 and "--dest" in out.stderr, out.stderr
     drawn = remote(user_repo, sshd.env, "plot", "tiny", "--dest", str(other), host="local").stdout.strip()
     assert drawn == str(other / "curves.png") and (other / "curves.png").stat().st_size > 10_000
+    # the server's newest checkpoint corrupt: said, not installed, and the hint never asks to delete its only copy
+    model = server_dir(sshd, "local") / "runs" / "tiny" / "checkpoints" / "step-000030" / "model.pt"
+    model.write_bytes(b"X" + model.read_bytes()[1:])
+    out = remote(
+        user_repo,
+        sshd.env,
+        "fetch",
+        "tiny",
+        "--all",
+        "--dest",
+        str(user_repo / "runs" / "t3"),
+        host="local",
+        check=False,
+    )
+    said = "step-000030 of tiny: a file's sha256 does not match the server's MANIFEST — not installed"
+    assert out.returncode == 1 and said in out.stderr and "it is corrupt on the server" in out.stderr, out.stderr
+    t3 = user_repo / "runs" / "t3" / "checkpoints"  # the older ones land all the same (it installed none)
+    assert not (t3 / "step-000030").exists() and [p.name for p in t3.iterdir() if p.is_dir()], out.stderr
+    out = remote(user_repo, sshd.env, "sample", "tiny", "--bytes", "4", host="local", check=False)
+    assert "does not match its sha256 in MANIFEST (a corrupt copy)" in out.stderr, out.stderr
+    assert "brings it again" not in out.stderr  # (it said: delete the server's only copy, and fetch brings it)
 
 
 @pytest.mark.slow

@@ -433,3 +433,39 @@ def test_outputs_that_would_be_one_file_on_a_case_folding_disk_are_refused(tmp_p
     monkeypatch.setattr(outputs, "folds_case", lambda root: asked.append(root) or False)
     outputs.one_name_each(str(dest), [f"{d}/{i}.txt" for d in ("out", "OUT") for i in range(100)])
     assert asked == [str(dest)]  # a disk that tells them apart takes them all, asked once
+
+
+def test_a_corrupt_checkpoint_is_left_out_and_the_others_still_land(tmp_path):
+    """fetch --all where the server's newest checkpoint is corrupt installed none, not even the intact older
+    one, and its advice (`--all`) was what had just failed: the bad one is now left out, said after the rest."""
+    from orchestrator.transfer.fetch import _converse_once
+
+    bodies = {  # in the plan's order: each checkpoint's file, then its MANIFEST
+        "checkpoints/step-000010/model.pt": b"old, intact",
+        "checkpoints/step-000010/MANIFEST": b"{}",
+        "checkpoints/step-000020/model.pt": b"new, bad",
+        "checkpoints/step-000020/MANIFEST": b"{}",
+    }
+    listed = [
+        {
+            "name": f"step-0000{n}0",
+            "files": {"model.pt": {"bytes": len(bodies[f"checkpoints/step-0000{n}0/model.pt"])}},
+            "manifest_bytes": 2,
+        }
+        for n in (1, 2)
+    ]
+    wire = json.dumps({"files": {}, "checkpoints": listed, "latest": "step-000020"}).encode() + b"\n"
+    for body in bodies.values():
+        wire += FRAME.pack(0, len(body)) + body
+    plan = lambda offer: {
+        "checkpoints/step-000010/model.pt": sha(b"old, intact"),
+        "checkpoints/step-000010/MANIFEST": None,
+        "checkpoints/step-000020/model.pt": sha(b"what the server's MANIFEST says"),
+        "checkpoints/step-000020/MANIFEST": None,
+    }
+    staging = tmp_path / "staging"
+    got_offer, want, _ = _converse_once(_session(_CannedWire(wire)), "r", staging, plan, lambda: None, False, False)
+    assert got_offer["corrupt"] == ["step-000020"]
+    assert sorted(want) == ["checkpoints/step-000010/MANIFEST", "checkpoints/step-000010/model.pt"]
+    assert not (staging / "checkpoints/step-000020/model.pt").exists()
+    assert (staging / "checkpoints/step-000010/model.pt").read_bytes() == b"old, intact"

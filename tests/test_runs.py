@@ -367,6 +367,9 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
         "error": "killed by stop --kill",
     }
     assert format_status([killed]).count("killed by stop --kill") == 1, format_status([killed])  # (it said it twice)
+    gave_up = "gave up after 3 restarts: the command exited 1: boom"  # a crash's phase and error: said, once
+    crashed = format_status([{**killed, "status": "crashed", "phase": gave_up, "error": gave_up}], full=True)
+    assert crashed.count(gave_up) == 1 and "command: python t.py" in crashed, crashed  # (it was said nowhere)
     backoff = {
         **queued,
         "status": "starting",
@@ -410,6 +413,8 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
 
     gave_up = {"run_name": "c", "status": "crashed", "step": 0, "max_steps": None, "latest_checkpoint": None}
     gave_up |= {"error": "gave up after 2 restarts: the command exited 1: RuntimeError: boom", "command": ["t"]}
+    assert ended_message(gave_up).endswith("; `enlace-remote launch c` runs it again")  # `launch --name c -- t`
+    gave_up["run_file"] = "c"
     assert ended_message(gave_up) == (
         "c crashed: gave up after 2 restarts: the command exited 1: RuntimeError: boom; `enlace-remote launch c` runs it"
         " again (its `resume:` arguments apply as its run file says)"

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from enlace import contract
 from enlace.errors import CheckpointError, NoSpaceError
 from enlace.hashing import file_sha256
 from enlace.manifest import (
@@ -115,9 +116,10 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
         if file_sha256(path).hexdigest() != entry["sha256"]:
             where = ckpt.resolve()  # (a relative checkpoints/step-N named no run)
             run = where.parent.parent.name if where.parent.name == "checkpoints" else "RUN"
-            raise CheckpointError(
-                f"{ckpt}: {name} does not match its sha256 in MANIFEST (corrupt copy?) — a copy fetched from a "
-                f"host: delete {ckpt} and `enlace-remote fetch {run}` brings it again, verified"
+            fetched = (where.parent.parent / contract.FETCH_ORIGIN).is_file()  # a copy `fetch` brought here
+            again = f" — delete {ckpt} and `enlace-remote fetch {run}` brings it again, verified" if fetched else ""
+            raise CheckpointError(  # (the run's own copy, on its server: deleting it would lose it)
+                f"{ckpt}: {name} does not match its sha256 in MANIFEST (a corrupt copy){again}"
             )
     return manifest
 

@@ -296,13 +296,13 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
     (queued, and its waiter is gone); `, unsupervised` when its supervisor is gone or frozen (`launch
     RUN_NAME` re-attaches); docs/troubleshooting.md says what to do for each. --all: every host, one table; a host
     that does not answer is a row saying so. --json: the rows as JSON."""
+    from orchestrator.hosts.resolve import list_hosts
     from orchestrator.view import status as table
 
     if sweep_name is not None:  # one table of the sweep's runs, ranked, on whichever hosts they are
         return sweeps.show_status(remote, sweeps.alone(run_name, sweep_name, "status"), as_json)
     if everywhere:
-        from orchestrator.hosts.resolve import list_hosts
-
+        sweeps.not_with_all(run_name)
         rows = table.status_everywhere(list_hosts(remote.repo), remote.session_for)
         click.echo(json.dumps(rows, indent=1) if as_json else shown(table.format_status(rows, hosts=True)))
         return

@@ -112,13 +112,26 @@ def _rows(remote: Remote, sweep: record.Sweep) -> list[dict]:
 def alone(run_name: str | None, sweep_name: str, verb: str) -> str:
     """--sweep [NAME] where no run is named too: `stop qa --sweep` stopped the last sweep's runs, not qa."""
     if run_name:
-        raise UsageError(
-            f"{verb} {run_name} --sweep{' ' + sweep_name if sweep_name else ''}: a run or a sweep, not both — "
-            f"`enlace-remote {verb} {run_name}` acts on {'that run' if ' ' not in run_name else 'those runs'}, "
-            f"`enlace-remote {verb} --sweep {sweep_name or 'NAME'}` on every run of the sweep"
-            f"{'' if sweep_name else ' (bare --sweep: the last one launched from here)'}"
+        bare = "" if sweep_name else " (bare --sweep: the last one launched from here)"
+        given, every = f"--sweep{' ' + sweep_name if sweep_name else ''}", f"--sweep {sweep_name or 'NAME'}"
+        _refuse_both(
+            run_name, verb, given, "a sweep", f"`enlace-remote {verb} {every}` on every run of the sweep{bare}"
         )
     return sweep_name
+
+
+def not_with_all(run_name: str | None) -> None:
+    """status --all where a run is named too: the run was ignored, every host's runs shown, exit 0."""
+    if run_name:
+        _refuse_both(run_name, "status", "--all", "--all", "`enlace-remote status --all` on every run of every host")
+
+
+def _refuse_both(run_name: str, verb: str, given: str, other: str, instead: str) -> None:
+    those = "that run" if " " not in run_name else "those runs"
+    raise UsageError(
+        f"{verb} {run_name} {given}: a run or {other}, not both — `enlace-remote {verb} {run_name}` acts on "
+        f"{those}, {instead}"
+    )
 
 
 def show_status(remote: Remote, name: str, as_json: bool) -> None:

@@ -43,13 +43,16 @@ def check_run_config(repo: Path, run: str) -> str:
 def trained_data_guard(session: Session, repo: Path, run: str, overrides):
     """launch --push-data of a run that has a checkpoint there: a check for the push's plan (its before_send) that
     refuses, before a byte is sent, to change what the run reads — its resume would refuse the data (it differs
-    from the checkpoint's) once the server's copy it trained on is gone. None when the run has no checkpoint."""
+    from the checkpoint's) once the server's copy it trained on is gone. None when the run has no checkpoint, or
+    runs a command of your own (which claims no data: its resume checks none, and the trainer's way out,
+    --allow-data-change, is not its option)."""
     name = local_run_name(repo, run, overrides)
     try:
-        ckpt = session.enlace_json("latest", "runs", name)[0].get("latest_checkpoint")
+        row = session.enlace_json("latest", "runs", name)[0]
     except EnlaceError:  # no run of that name there yet
         return None
-    if not ckpt:
+    ckpt = row.get("latest_checkpoint")
+    if not ckpt or row.get("command"):
         return None
 
     def refuse(plan) -> None:

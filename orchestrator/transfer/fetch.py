@@ -26,6 +26,7 @@ from typing import Any
 
 import click
 
+from enlace import contract
 from enlace.contract import FRAME, NOT_STARTED, Status, not_started
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256, write_all
@@ -146,6 +147,8 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
     install_outputs(str(root), [rel for rel in offer.get("outputs", {}) if rel in want])
     report["outputs"] = len(offer.get("outputs", {}))
     shutil.rmtree(root / STAGING, ignore_errors=True)
+    if offer["corrupt"]:
+        raise CorruptCheckpoint(_corrupt_words(run_name, offer["corrupt"], report["fetched"], all_checkpoints))
     report["seconds"] = time.perf_counter() - t0
     return report
 
@@ -246,14 +249,25 @@ def _converse_once(
         code, err = wire.finish()
         if code != 0:
             raise EnlaceError(f"fetch from {session.host.name}: the server side exited {code}: {err.strip()[-500:]}")
-    for rel, sha in want.items():
-        if sha is not None and hashers[rel].hexdigest() != sha:
-            (staging / rel).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
-            raise CorruptCheckpoint(
-                f"{rel}: sha256 does not match the server's MANIFEST — not installed. If this repeats, the "
-                "file is corrupt on the server; fetch an older checkpoint with --all"
-            )
-    return offer, want, got
+    bad = [rel for rel, sha in want.items() if sha is not None and hashers[rel].hexdigest() != sha]
+    for rel in bad:
+        (staging / rel).unlink(missing_ok=True)  # a bad copy is never kept: the rerun fetches it again
+    if any(not rel.startswith("checkpoints/") for rel in bad):  # an output, an export: nothing installed
+        raise CorruptCheckpoint(f"{bad[0]}: sha256 does not match the server's — not installed; fetch it again")
+    # a bad checkpoint is left out, the others installed (with --all: the older ones), then it is said
+    corrupt = sorted({rel.split("/")[1] for rel in bad})
+    want = {rel: sha for rel, sha in want.items() if not any(rel.startswith(f"checkpoints/{c}/") for c in corrupt)}
+    return {**offer, "corrupt": corrupt}, want, got
+
+
+def _corrupt_words(run_name: str, corrupt: list[str], fetched: list[str], all_checkpoints: bool) -> str:
+    """A checkpoint whose bytes did not match the server's MANIFEST: not installed; what was, and what next."""
+    said = f"{', '.join(corrupt)} of {run_name}: a file's sha256 does not match the server's MANIFEST — not installed"
+    if fetched:
+        said += f" ({', '.join(fetched)} {'was' if len(fetched) == 1 else 'were'})"
+    if all_checkpoints:
+        return f"{said}. If this repeats, it is corrupt on the server"
+    return f"{said}. If this repeats, it is corrupt on the server: `fetch {run_name} --all` brings the older ones"
 
 
 def _server_stopped(session: Session, wire) -> EnlaceError:
@@ -334,7 +348,7 @@ def _own_copy(fd: int, local: str, start: int) -> int:
     return own
 
 
-ORIGIN = ".enlace-origin.json"
+ORIGIN = contract.FETCH_ORIGIN
 
 
 def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
@@ -345,8 +359,9 @@ def _claim(root: Path, host: str, run_dir: str, run_name: str) -> None:
     if path.is_file():
         have = json.loads(path.read_text())
         if have != origin:
+            held = Path(have["run_dir"]).name  # the run it holds (a path the server gave: its last part alone)
             raise UsageError(
-                f"{root} holds {run_name} fetched from {have['host']} ({have['run_dir']}); fetching "
+                f"{root} holds {held} fetched from {have['host']} ({have['run_dir']}); fetching "
                 f"{run_name} from {host} ({run_dir}) would mix two runs — fetch (or plot) it elsewhere: "
                 f"--dest {root.parent / (run_name + '@' + host)}"
             )

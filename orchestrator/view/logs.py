@@ -52,9 +52,10 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
     try:
         code = retrying(once, say, GIVE_UP_S, progressed=lambda: written > 0)
     except KeyboardInterrupt:  # Ctrl-C ends the following, never the run (click said only "Aborted!")
+        there = f"enlace-remote --host {session.host.name}"
         click.echo(
-            f"\nstopped following {run_name}; the run goes on — `enlace-remote --host {session.host.name} logs "
-            f"{run_name} -f` follows it again, `... stop {run_name}` stops it",
+            f"\nstopped following {run_name}; the run goes on — `{there} logs {run_name} -f` follows it again, "
+            f"`{there} stop {run_name}` stops it",
             err=True,
         )
         raise SystemExit(130) from None

@@ -90,8 +90,8 @@ def _details(row: dict, full: bool, host: str = "") -> list[str]:
             f"supervisor {sup['state']} since {when}, nothing heals it: enlace-remote launch {row['run_name']}"
             " re-attaches"
         )
+    ended = row.get("command") and row["status"] in ("finished", "stopped") and row.get("phase")
     if row.get("command"):  # a run of the user's own command: how it ended (first: a long command is cut), what ran
-        ended = row["status"] in ("finished", "stopped") and row.get("phase")
         found.append(
             f"{row['phase']} — {shlex.join(row['command'])}" if ended else f"command: {shlex.join(row['command'])}"
         )
@@ -106,7 +106,7 @@ def _details(row: dict, full: bool, host: str = "") -> list[str]:
         found.append(
             f"was queued; its waiter is gone (a reboot, a kill): enlace-remote launch {row['run_name']} queues it again"
         )
-    said = row.get("command") and row.get("phase") == row.get("error")  # (the command's line says it: stop --kill)
+    said = ended and row.get("phase") == row.get("error")  # (the command's line says it: stop --kill; a crash: not)
     if row.get("error") and row["status"] in ("failed", "stopped", "crashed") and not said:
         found.append(f"error: {row['error']}")
     if row.get("checkpoint_warning"):
