@@ -469,3 +469,17 @@ def test_a_corrupt_checkpoint_is_left_out_and_the_others_still_land(tmp_path):
     assert sorted(want) == ["checkpoints/step-000010/MANIFEST", "checkpoints/step-000010/model.pt"]
     assert not (staging / "checkpoints/step-000020/model.pt").exists()
     assert (staging / "checkpoints/step-000010/model.pt").read_bytes() == b"old, intact"
+
+
+def test_the_would_mix_refusal_names_the_run_the_folder_holds(tmp_path):
+    """`fetch smoke-cpu-deterministic --dest runs/smoke-cpu` said the folder held smoke-cpu-deterministic."""
+    from orchestrator.errors import UsageError
+    from orchestrator.transfer.fetch import ORIGIN, _claim
+
+    (tmp_path / ORIGIN).write_text(json.dumps({"host": "local", "run_dir": "/srv/x/runs/smoke-cpu"}))
+    with pytest.raises(
+        UsageError,
+        match=r"holds smoke-cpu fetched from local \(/srv/x/runs/smoke-cpu\); fetching "
+        r"smoke-cpu-deterministic from local",
+    ):
+        _claim(tmp_path, "local", "/srv/x/runs/smoke-cpu-deterministic", "smoke-cpu-deterministic")
