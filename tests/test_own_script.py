@@ -108,6 +108,8 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
     assert "fails-at-once: its first start crashed, and its supervisor starts it again" in out.stderr, out.stderr
     out = remote(script_repo, env, "stop", "fails-at-once")
     assert "stopped (stopped while waiting to restart)" in out.stdout, out.stdout
+    last = (server_dir(sshd, "testhost") / "runs/fails-at-once/train.log").read_text().splitlines()[-1]
+    assert "supervisor: stopped while waiting to restart" in last, last  # its log ended on "restart 1 of 1 in 600 s"
 
     adhoc = ["python", "scripts/hello.py", "--out", "{run_dir}/out", "--lines", "2"]
     remote(script_repo, env, "launch", "--name", "hello2", "--follow", "--", *adhoc)

@@ -166,7 +166,8 @@ class Supervisor:
             at = time.strftime("%H:%M:%S", time.localtime(time.time() + wait))  # the server's clock
             phase = f"restarting in {wait:g} s, at {at} (restart {restarts} of {self.policy.restarts}) after: {cause}"
             runs.new_attempt(self.run_dir, phase=phase, backoff_until=time.time() + wait)
-            if self._sleep(wait):  # the restart never happened: it is not counted
+            if self._sleep(wait):  # the restart never happened: it is not counted (train.log says so: it promised one)
+                say("stopped while waiting to restart: the restart does not happen")
                 runs.update(
                     self.run_dir, status=Status.STOPPED, phase="stopped while waiting to restart", backoff_until=None
                 )
