@@ -153,6 +153,11 @@ def test_a_git_ignored_script_is_refused_quoting_the_rule_before_anything_starts
         ("command: [python, x.py, '{out}']\n", "uses {out}, which enlace does not fill"),
         ("command: [python, x.py]\nrestart: 3\n", "restart: unknown key"),
         ("command: [python, x.py]\nsupervise: {retries: 2}\n", "supervise.retries: unknown key"),
+        # the server's own files as a run's data, outputs outside its run directory: accepted, then misread
+        ("command: [python, x.py]\ndata: ['/etc/host*']\n", "data: '/etc/host*' is outside the project's data/"),
+        ("command: [python, x.py]\ndata: ['../secret/*.txt']\n", "data: '../secret/*.txt' is outside the project's"),
+        ("command: [python, x.py]\noutputs: [/etc/hostname]\n", "outputs: '/etc/hostname' is outside the run dir"),
+        ("command: [python, x.py]\noutputs: ['../../configs/*']\n", "outputs: '../../configs/*' is outside the run"),
     ],
 )
 def test_a_wrong_command_run_file_is_one_line_and_exit_2(project, text, says):

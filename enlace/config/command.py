@@ -146,6 +146,25 @@ def _check_placeholders(text: str, where: str) -> str:
     return text
 
 
+def _inside(data: tuple[str, ...], outputs: tuple[str, ...], where: str) -> None:
+    """data under the project's data/ (what `data push` brings; the server's own files are no run's data) and
+    outputs under the run directory (what fetch brings back): refused where the page's check lets them through."""
+    from enlace.data.paths import STDLIB, DataError, under_data
+
+    for pattern in data:
+        try:
+            if STDLIB not in pattern:  # (the server's own Python's sources: enlace's smoke corpus reads them too)
+                under_data(pattern, f"{where}: data")
+        except DataError as e:
+            raise Bad(e.message) from None
+    for pattern in outputs:
+        if pattern.startswith("/") or ".." in pattern.split("/"):
+            raise Bad(
+                f"{where}: outputs: {pattern!r} is outside the run directory — outputs are globs under it, e.g. "
+                '["out/*"] for {run_dir}/out/'
+            )
+
+
 def _strings(value: Any, where: str, fix: str, empty_ok: bool = True) -> tuple[str, ...]:
     if isinstance(value, str) and empty_ok:  # one glob for a list of them (never for the argv: it is not split)
         value = [value]
@@ -211,13 +230,13 @@ def parse(layer: Any, where: str, default_name: str | None) -> CommandRun:
         raise Bad(f"{where}: device: {device!r} — use cpu, cuda or auto")
     when = res.get("when")
     data = _strings(doc.get("data") or [], f"{where}: data", 'globs in the repo, e.g. ["data/shakespeare_char/*.bin"]')
+    outputs = _strings(doc.get("outputs") or [], f"{where}: outputs", 'globs under the run directory, e.g. ["out/*"]')
+    _inside(data, outputs, where)
     return CommandRun(
         argv=argv,
         run_name=name,
         data=data,
-        outputs=_strings(
-            doc.get("outputs") or [], f"{where}: outputs", 'globs under the run directory, e.g. ["out/*"]'
-        ),
+        outputs=outputs,
         nproc=_number(doc.get("nproc", 1), f"{where}: nproc", 1, True, "processes (torchrun when > 1), e.g. 2"),
         device=device,
         env=env,
