@@ -190,7 +190,10 @@ def setup(remote: Remote, allow_dirty: bool) -> None:
     )
     click.echo(f"setup {h.name}: remote_dir {h.remote_dir}; python: {why}", err=True)
     print_sync(do_sync(remote.session, remote.repo, allow_dirty))
-    click.echo(f"{h.name} is ready: next `enlace-remote --host {h.name} preflight RUN`", err=True)
+    mine = not (remote.repo / "enlace" / "train").is_dir()  # a repository of your own: no trainer to preflight
+    click.echo(
+        f"{h.name} is ready: next `enlace-remote --host {h.name} {'launch' if mine else 'preflight'} RUN`", err=True
+    )
 
 
 @main.command()

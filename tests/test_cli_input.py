@@ -223,3 +223,14 @@ def test_preflight_of_a_run_file_of_your_own_command_says_what_preflight_measure
     result = _cli(["--host", "local", "preflight", "shakespeare"], repo, tmp_path, monkeypatch)
     assert result.exit_code == 2 and "preflight measures enlace's own trainer" in result.output, result.output
     assert "`enlace-remote launch shakespeare`" in result.output and "unknown key" not in result.output
+
+
+def test_a_command_given_by_name_without_its_dash_dash_is_told_where_its_options_go(tmp_path, monkeypatch):
+    """`launch --name x python train.py --lr 3` said "No such option '--lr' (did you mean --help, --slurm?)"."""
+    result = _cli(
+        ["--host", "local", "launch", "--name", "x", "python", "t.py", "--lr", "3"], REPO, tmp_path, monkeypatch
+    )
+    assert result.exit_code == 2 and "a command's own options go after `--`" in result.output, result.output
+    assert "Did you mean" not in result.output
+    typo = _cli(["--host", "local", "launch", "tiny", "--stepz", "3"], REPO, tmp_path, monkeypatch)  # ours: as it was
+    assert typo.exit_code == 2 and "after `--`" not in typo.output, typo.output

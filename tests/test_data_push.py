@@ -379,3 +379,14 @@ def test_push_data_guards_a_trainers_checkpoint_and_not_a_command_of_your_own(tm
         if guarded:
             with pytest.raises(UsageError, match="--allow-data-change resumes on the new data"):
                 guard(plan)
+
+
+def test_a_command_runs_data_that_matches_nothing_names_its_run_files_key(tmp_path):
+    """`data push dnone` said "data.paths: 'data/nothing/*.bin' matches no file": a trainer config's key, which
+    a run file of your own command does not have (its key is `data:`)."""
+    from orchestrator.transfer.datapush import local_data
+
+    (tmp_path / "configs" / "runs").mkdir(parents=True)
+    (tmp_path / "configs" / "runs" / "dnone.yaml").write_text("command: [python, t.py]\ndata: [data/nothing/*.bin]\n")
+    with pytest.raises(DataError, match=r"^configs/runs/dnone\.yaml: data: 'data/nothing/\*\.bin' matches no file"):
+        local_data(tmp_path, "dnone").files

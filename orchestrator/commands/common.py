@@ -78,10 +78,17 @@ class AfterDashCommand(HostOptionsCommand):
     `shell -- CMD` indistinguishable from `shell RUN CMD`): the words are in ctx.meta["after_dash"]."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
+        dashed, named = "--" in args, "--name" in args  # (click's parser consumes `args` as it reads them)
+        if dashed:
             i = args.index("--")
             args, ctx.meta["after_dash"] = args[:i], args[i + 1 :]
-        return super().parse_args(ctx, args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:  # `launch --name x python train.py --lr 3`: the `--` left out
+            if named and not dashed:  # a command given by --name without `--`: its options were taken for ours
+                e.message += f" — a command's own options go after `--`: {ctx.command_path} --name NAME -- COMMAND"
+                e.possibilities = None  # (click's "did you mean" names launch's own options: not what was meant)
+            raise
 
 
 class Interrupted(click.ClickException):

@@ -87,7 +87,7 @@ def local_data(repo: Path, run: str, overrides=(), follow_links: bool = False) -
     stats: dict[str, FileStat] = {}  # what the listing learns of each file: asked of the system once
     if own is not None:
         globs, notes = [under_data(p, "data") for p in own.data], []
-        find = partial(match_files, list(own.data), repo, stats)
+        find = partial(match_files, list(own.data), repo, stats, key=f"configs/runs/{run}.yaml: data", run=run)
     else:
         cfg = load_config(run, overrides, repo)
         globs, notes = push_scope(cfg.data)
