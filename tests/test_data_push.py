@@ -389,4 +389,4 @@ def test_a_command_runs_data_that_matches_nothing_names_its_run_files_key(tmp_pa
     (tmp_path / "configs" / "runs").mkdir(parents=True)
     (tmp_path / "configs" / "runs" / "dnone.yaml").write_text("command: [python, t.py]\ndata: [data/nothing/*.bin]\n")
     with pytest.raises(DataError, match=r"^configs/runs/dnone\.yaml: data: 'data/nothing/\*\.bin' matches no file"):
-        local_data(tmp_path, "dnone").files
+        _ = local_data(tmp_path, "dnone").files

@@ -92,6 +92,7 @@ DRIVER_MAY_IMPORT = {
     "enlace.manifest",  # a checkpoint's MANIFEST (standard library): a command run's resume rule asks for the newest
     "enlace.data",
     "enlace.data.paths",
+    "enlace.datadir",  # where a run's data lives, the rule both halves and both kinds of run use (standard library)
     "enlace.hashing",  # the one sha256 of a file (fetch, data push), the venv key (standard library)
     "enlace.units",  # durations for the status table (standard library)
     "enlace.sysinfo",  # the guarded pipe sizing (psutil, standard library)

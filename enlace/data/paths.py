@@ -14,12 +14,11 @@ import json
 import os
 import stat
 import sysconfig
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from enlace.datadir import DATA_DIR, STDLIB, data_relative, outside_words
 from enlace.errors import EnlaceError
 
-DATA_DIR = "data"
-STDLIB = "{stdlib}"
 SHARD_DTYPES = {"uint8": 1, "uint16": 2}  # a shard's token type: its bytes per token
 
 
@@ -193,14 +192,10 @@ def run_files(data_cfg, root: Path, run: str = "RUN") -> list[Path]:
 
 def under_data(pattern: str, key: str) -> str:
     """`pattern` (a config path) relative to data/; DataError when it points elsewhere."""
-    parts = PurePosixPath(pattern.replace(os.sep, "/")).parts
-    if PurePosixPath(pattern).is_absolute() or not parts or parts[0] != DATA_DIR or ".." in parts or len(parts) < 2:
-        raise DataError(
-            f"{key}: {pattern!r} is outside the project's data/ — the data a run reads lives under data/ here and "
-            f"under <remote_dir>/data/ on the server (code travels by git): move the files into data/ and name "
-            f"them as data/..., e.g. data/corpus/**/*.txt"
-        )
-    return "/".join(parts[1:])
+    rel = data_relative(pattern)
+    if rel is None:
+        raise DataError(outside_words(pattern, key))
+    return rel
 
 
 def push_scope(data_cfg) -> tuple[list[str], list[str]]:
