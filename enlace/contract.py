@@ -203,7 +203,10 @@ def ended_message(row: dict[str, Any]) -> str:
     step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
     where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
     launch = f"`enlace-remote launch {row['run_name']}`"  # (the driver adds --host where the host is not the default)
-    if row["status"] == Status.FAILED:  # its own error (config, data, disk): a relaunch as it is fails again
+    adhoc = row.get("command") and not row.get("run_file")  # given after `--`: `launch NAME` runs it as it was
+    if row["status"] == Status.FAILED and adhoc:  # its own error: the same command fails again
+        again = f"fix the command, then `enlace-remote launch --name {row['run_name']} -- COMMAND`"
+    elif row["status"] == Status.FAILED:  # its own error (config, data, disk): a relaunch as it is fails again
         # an error that names the checkpoint (corrupt, another device's) says itself where to resume from
         resumes = f" (it resumes from {ckpt})" if ckpt and ckpt not in (row.get("error") or "") else ""
         again = f"fix what it says, then {launch}{resumes}"

@@ -185,7 +185,7 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
 
     o = SimpleNamespace(**options)
     after = ctx.meta.get("after_dash")
-    name = run if after is not None else choose.choose_run(remote.repo, remote.host, run)
+    name = run if after is not None or o.name else choose.choose_run(remote.repo, remote.host, run)  # (--name: said)
     # a run file (of your own command too) goes through _plan: `launch NAME` keeps the --set it was launched with
     command = own.command_of(remote.repo, name if after is not None else None, after, o.name, o.overrides)
     by_name = command is None and after is None  # `launch NAME`: perhaps a command the host recorded
