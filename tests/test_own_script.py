@@ -117,7 +117,9 @@ def test_a_script_that_knows_nothing_of_enlace(sshd, script_repo, tmp_path):
         script_repo, env, "launch", "hello2", "--follow"
     )  # no run file: the command it ran, again (hello2 is no typo of hello: launched from here)
     assert "hello2: launching again the command it ran: python scripts/hello.py" in out.stderr, out.stderr
-    assert _row(script_repo, env, "hello2")["status"] == "finished"
+    again = _row(script_repo, env, "hello2")
+    assert again["status"] == "finished"
+    assert again["elapsed_s"] > again["start_elapsed_s"] > 0, again  # ELAPSED over both launches (it restarted at 0)
     assert (server_dir(sshd, "testhost") / "runs/hello2/train.log").read_text().count("script line 1") == 2
     out = remote(script_repo, env, "fetch", "hello2", "--dest", str(tmp_path / "adhoc"))  # no outputs: its log
     assert "no outputs (a run file's `outputs:` names them; `enlace-remote init` writes one)" in out.stderr

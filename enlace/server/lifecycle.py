@@ -27,6 +27,7 @@ from enlace.state.runs import (
     proc_start,
     read,
     status_of,
+    trained_before,
     transition,
     update,
 )
@@ -87,7 +88,12 @@ def launching(run_dir: Path, command: dict | None = None):
             command=command,  # what the supervisor starts (and status shows); None: enlace's trainer
             attempt_argv=None,
             # a command starts afresh: no trainer's (or earlier attempt's) figures, no old step for the stall clock
-            **({**STALE, "started_at": None, "trained_before_s": None, "start_trained_s": None} if command else {}),
+            # (its ELAPSED goes on over its launches, as a trainer's over its starts)
+            **(
+                {**STALE, "started_at": None, "trained_before_s": trained_before(st), "start_trained_s": None}
+                if command
+                else {}
+            ),
             # the tree it will start in, from now: gc keeps it for a run that waits hours in the queue
             **({"commit": os.environ["ENLACE_COMMIT"]} if os.environ.get("ENLACE_COMMIT") else {}),
         )

@@ -185,8 +185,12 @@ def status_of(state: dict[str, Any], is_alive: bool, job_state: str | None = Non
 
 def trained_before(state: dict[str, Any]) -> float:
     """Seconds the run trained in its starts before the one about to begin: what those before it had, plus
-    the last start's own time as it last logged it (a crash's too: its last step is its end)."""
-    return (state.get("trained_before_s") or 0.0) + (state.get("start_trained_s") or 0.0)
+    the last start's own time as it last logged it (a crash's too: its last step is its end; a command's, which
+    logs no such time: until its last word)."""
+    last = state.get("start_trained_s")
+    if last is None and state.get("started_at"):
+        last = max(0.0, (state.get("updated_at") or state["started_at"]) - state["started_at"])
+    return (state.get("trained_before_s") or 0.0) + (last or 0.0)
 
 
 def job_of(state: dict[str, Any]) -> dict[str, Any]:
