@@ -315,3 +315,23 @@ def test_plot_sweep_says_a_point_never_launched_as_such(capsys, monkeypatch, tmp
         sweep_cmd.plot_all(remote, "m221", None, [])
     err = capsys.readouterr().err
     assert err.count("not launched (`status --sweep` shows it)") == 2 and "did you mean" not in err, err
+
+
+def test_a_run_stopped_at_its_last_step_is_not_launched_again_without_an_extension(capsys):
+    """A queued extension of a finished run, stopped before it started, left the run `stopped` at 400 of 400;
+    `launch NAME` then queued a start that built the model to say "nothing to train". (The session stands in for
+    the host's `runs`.)"""
+    from orchestrator.launch.stages import worth_launching
+
+    row = {"run_name": "r", "status": "stopped", "alive": False, "step": 400, "max_steps": 400}
+    row |= {"latest_checkpoint": "step-000400", "phase": "stopped while queued: it never started"}
+    session = SimpleNamespace(enlace_json=lambda *a, **k: [row], host=SimpleNamespace(name="local"))
+    assert worth_launching(session, "r") is False
+    assert "r is stopped at its end: step 400 of 400" in capsys.readouterr().err
+    assert worth_launching(session, "r", ("training.max_steps=500",)) is True  # an extension goes ahead
+    assert (
+        worth_launching(
+            SimpleNamespace(**{**vars(session), "enlace_json": lambda *a, **k: [{**row, "step": 250}]}), "r"
+        )
+        is True
+    )  # stopped half way: it resumes

@@ -75,9 +75,13 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     # extended: a max_steps past where it stands (a recorded --set of the same max_steps is no extension)
     asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip() == "training.max_steps"]
     extends = bool(asked) and asked[-1].strip().isdigit() and int(asked[-1]) > (row["step"] or 0)
-    if row["status"] == "finished" and not extends:
+    # stopped at its last step: a queued extension stopped before it started leaves the run there (it queued a
+    # start that built the model to say "nothing to train")
+    at_end = row["status"] == "stopped" and bool(row["max_steps"]) and (row["step"] or 0) >= row["max_steps"]
+    if (row["status"] == "finished" or at_end) and not extends:
         said = (
-            f"{run_name} is finished: step {row['step']} of {row['max_steps']} (checkpoint "
+            f"{run_name} is {'finished' if not at_end else 'stopped at its end'}: step {row['step']} of "
+            f"{row['max_steps']} (checkpoint "
             f"{row['latest_checkpoint']}); nothing to train. To train further, raise max_steps: "
             f"`enlace-remote launch {run_name} --set training.max_steps={2 * (row['max_steps'] or 1)}` "
             "resumes from that checkpoint (`--resume none` starts it over)"
