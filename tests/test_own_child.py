@@ -104,3 +104,21 @@ def test_exit_2_long_into_the_first_start_or_after_a_step_is_not_taken_for_bad_a
     assert child.usage_error(2, 0, {"step": 3}) is None  # it trained (enlace.job logged a step)
     child.started -= ownchild.USAGE_WINDOW_S + 1  # a wrapper's grep exiting 2 long after the start
     assert child.usage_error(2, 0, {}) is None
+
+
+def test_a_killed_commands_last_logged_step_reaches_run_json(tmp_path):
+    """enlace.job writes run.json at most once a second: a kill at step 13 was said "killed at step 10" (run.json's),
+    and status showed 10 where metrics.jsonl had 13. Lines of an earlier attempt do not count."""
+    from enlace.server import ownchild
+
+    child = ownchild.CommandChild.__new__(ownchild.CommandChild)
+    child.run_dir, child.say = tmp_path, lambda line: None
+    started = time.time()
+    runs.update(tmp_path, step=10, loss=0.9, attempt_started_at=started)
+    lines = [{"kind": "train", "step": s, "time": started + s / 100, "loss": 1 / s} for s in (11, 12, 13)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"kind": "tra')  # cut
+    child.record_end(-9, False, False)  # (the line the kill cut is passed by)
+    assert (runs.read(tmp_path)["step"], runs.read(tmp_path)["loss"]) == (13, 1 / 13)
+    runs.update(tmp_path, step=0, attempt_started_at=time.time() + 60)  # a new attempt that logged nothing yet
+    child.record_end(-9, False, False)
+    assert runs.read(tmp_path)["step"] == 0

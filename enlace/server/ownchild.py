@@ -17,6 +17,7 @@ ending takes whole:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -46,6 +47,13 @@ STALE["step"] = 0  # no step yet (the stall clock starts at the first one enlace
 
 USAGE_EXIT = 2  # argparse's (and bash's, and python's for a missing script) exit for a command line it refuses
 USAGE_WINDOW_S = 300.0  # ...within this much of the first start (imports, then argparse); later, a crash
+
+
+def _json_or_none(line: bytes):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 class CannotStart(Exception):
@@ -166,6 +174,7 @@ class CommandChild:
     def record_end(self, code: int, stalled: bool, stopped: bool) -> None:
         """run.json once it ended: stopped (and how), finished (exit 0), or its exit code (the supervisor then
         restarts it or gives up)."""
+        self._catch_up()
         if stopped:
             how = (
                 f"did not end within {self.grace:g} s of SIGTERM: killed (SIGKILL)"
@@ -181,6 +190,23 @@ class CommandChild:
             runs.update(self.run_dir, status=Status.FINISHED, exit_code=0, phase="finished: the command exited 0")
         else:
             runs.update(self.run_dir, exit_code=code)
+
+    def _catch_up(self) -> None:
+        """The step (and figures) enlace.job logged in this attempt after its last write to run.json, which it
+        writes at most once a second: a kill or a stall left run.json behind ("killed at step 10" where it had
+        logged 13). From metrics.jsonl's last line."""
+        st = runs.read(self.run_dir)
+        try:
+            with open(self.run_dir / "metrics.jsonl", "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                tail = f.read().splitlines()
+        except OSError:  # none
+            return
+        last = next((doc for doc in map(_json_or_none, reversed(tail)) if doc is not None), None)  # (a kill cuts one)
+        mine = isinstance(last, dict) and (last.get("time") or 0) >= (st.get("attempt_started_at") or 0)
+        if mine and isinstance(last.get("step"), int) and last["step"] > (st.get("step") or 0):
+            shown = {k: last[k] for k in ("loss", "val_loss", "val_bpb", "tokens_per_s") if k in last}
+            runs.update(self.run_dir, step=last["step"], **shown)
 
     def last_words(self) -> str:
         """The last line this attempt of the command wrote ("" if none): what a crash or a usage error quotes."""
