@@ -86,6 +86,10 @@ def test_an_uncommitted_new_run_file_is_not_offered_allow_dirty(tmp_path, monkey
     (other / "train.py").write_text("print(2)\n")  # a change to a tracked file: --allow-dirty is a way
     with pytest.raises(VerifyError, match="or pass --allow-dirty to ship HEAD without them"):
         local_checks(other, allow_dirty=False, check_ignored=False)
+    commit_all(other, "print 2")
+    (other / "enlace-run" / "checkpoints" / "step-000010").mkdir(parents=True)  # enlace.job's, run on this machine
+    (other / "enlace-run" / "checkpoints" / "step-000010" / "state.pt").write_bytes(b"x")
+    local_checks(other, allow_dirty=False, check_ignored=False)  # no change to ship (it asked to commit checkpoints)
 
 
 @pytest.mark.parametrize(

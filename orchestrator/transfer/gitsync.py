@@ -76,7 +76,8 @@ class SyncReport:
     tree: str = ""
 
 
-DRIVER_LOCAL = ("?? .enlace/", "?? runs/", "?? exports/")  # the driver's own files here (ignored in enlace's checkout)
+# the driver's own files here (ignored in enlace's checkout), and enlace.job's checkpoints of a run on this machine
+DRIVER_LOCAL = ("?? .enlace/", "?? runs/", "?? exports/", "?? enlace-run/")
 
 
 def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> SyncReport:
