@@ -190,9 +190,10 @@ def exit_code_of(row: dict[str, Any]) -> int:
     return code if isinstance(code, int) and code not in (0, CRASHED) else FAILED
 
 
-def ended_message(row: dict[str, Any]) -> str:
+def ended_message(row: dict[str, Any], from_file: bool = True) -> str:
     """One line for a run that has ended badly: what happened (the supervisor's or the run's own words where
-    there are any), the last step, and what a relaunch resumes from."""
+    there are any), the last step, and what a relaunch resumes from. `from_file`: a command's run has a run file
+    (the driver knows: run.json records the command, not where it came from); False: it was given after `--`."""
     ckpt = row.get("latest_checkpoint")
     if row["status"] == Status.DROPPED:
         what = "was queued and its waiter is gone (a reboot or a kill): it never started"
@@ -203,7 +204,7 @@ def ended_message(row: dict[str, Any]) -> str:
     step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
     where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
     launch = f"`enlace-remote launch {row['run_name']}`"  # (the driver adds --host where the host is not the default)
-    adhoc = row.get("command") and not row.get("run_file")  # given after `--`: `launch NAME` runs it as it was
+    adhoc = row.get("command") and not from_file  # given after `--`: `launch NAME` runs it as it was
     if row["status"] == Status.FAILED and adhoc:  # its own error: the same command fails again
         again = f"fix the command, then `enlace-remote launch --name {row['run_name']} -- COMMAND`"
     elif row["status"] == Status.FAILED:  # its own error (config, data, disk): a relaunch as it is fails again
@@ -213,9 +214,7 @@ def ended_message(row: dict[str, Any]) -> str:
     elif ckpt:
         again = f"last complete checkpoint {ckpt} — {launch} resumes from it"
     elif row.get("command"):  # a command resumes its own way (its `resume:`), from files enlace does not know
-        again = f"{launch} runs it again" + (
-            " (its `resume:` arguments apply as its run file says)" * bool(row.get("run_file"))
-        )
+        again = f"{launch} runs it again" + (" (its `resume:` arguments apply as its run file says)" * from_file)
     else:
         again = f"no checkpoint — {launch} starts it again"
     return f"{row['run_name']} {what}; {where}{again}"

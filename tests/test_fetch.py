@@ -5,11 +5,15 @@ never appends to rewritten run files. (Its wire on real files, without sshd: tes
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
+from support import REPO
 from support.remote import popen_remote, remote, server_dir, tiny_corpus
 
 
@@ -129,10 +133,29 @@ def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
     said = "step-000030 of tiny: a file's sha256 does not match the server's MANIFEST — not installed"
     assert out.returncode == 1 and said in out.stderr and "it is corrupt on the server" in out.stderr, out.stderr
     t3 = user_repo / "runs" / "t3" / "checkpoints"  # the older ones land all the same (it installed none)
-    assert not (t3 / "step-000030").exists() and [p.name for p in t3.iterdir() if p.is_dir()], out.stderr
+    installed = sorted(p.name for p in t3.iterdir() if p.is_dir())
+    assert "step-000030" not in installed and installed, out.stderr
+    assert (t3 / "latest").read_text().strip() == installed[-1]  # the newest that is here, verified
+    staged = (
+        user_repo / "runs" / "t3" / ".partial-fetch" / "checkpoints" / "step-000030"
+    )  # a rerun sends model.pt alone
+    assert not (staged / "model.pt").exists() and any(staged.iterdir()), out.stderr
     out = remote(user_repo, sshd.env, "sample", "tiny", "--bytes", "4", host="local", check=False)
     assert "does not match its sha256 in MANIFEST (a corrupt copy)" in out.stderr, out.stderr
     assert "brings it again" not in out.stderr  # (it said: delete the server's only copy, and fetch brings it)
+    mine = other / "checkpoints" / "step-000030"  # a fetched copy damaged here: fetch brings it again, from where
+    (mine / "model.pt").write_bytes(b"X" + (mine / "model.pt").read_bytes()[1:])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    here = subprocess.run(
+        [sys.executable, "-m", "enlace", "sample", str(mine), "--bytes", "4"],
+        cwd=user_repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    again = f"`enlace-remote --host local fetch tiny --dest {other}` brings it again, verified"
+    assert here.returncode == 2 and again in here.stderr, here.stderr
 
 
 @pytest.mark.slow

@@ -329,9 +329,7 @@ def test_a_run_stopped_at_its_last_step_is_not_launched_again_without_an_extensi
     assert worth_launching(session, "r") is False
     assert "r is stopped at its end: step 400 of 400" in capsys.readouterr().err
     assert worth_launching(session, "r", ("training.max_steps=500",)) is True  # an extension goes ahead
-    assert (
-        worth_launching(
-            SimpleNamespace(**{**vars(session), "enlace_json": lambda *a, **k: [{**row, "step": 250}]}), "r"
-        )
-        is True
-    )  # stopped half way: it resumes
+    for step, kept in ((250, "step-000250"), (400, "step-000300")):  # half way; killed in its final save
+        answer = [{**row, "step": step, "latest_checkpoint": kept}]
+        there = SimpleNamespace(enlace_json=lambda *a, answer=answer, **k: answer, host=session.host)
+        assert worth_launching(there, "r") is True  # it resumes

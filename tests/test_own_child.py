@@ -122,3 +122,6 @@ def test_a_killed_commands_last_logged_step_reaches_run_json(tmp_path):
     runs.update(tmp_path, step=0, attempt_started_at=time.time() + 60)  # a new attempt that logged nothing yet
     child.record_end(-9, False, False)
     assert runs.read(tmp_path)["step"] == 0
+    (tmp_path / "metrics.jsonl").write_text('{"step": 99, "time": "2024-05-01T12:00:00"}\n')  # a script's own form
+    child.record_end(-9, False, False)  # (a str time against a float: the supervisor died of it)
+    assert runs.read(tmp_path)["step"] == 0

@@ -229,3 +229,14 @@ def test_launchs_own_restarts_are_in_the_spec_the_server_records():
     assert own_launch.policy(given)[:2] == ["--restarts", "0"] and given.to_doc()["supervise"]["restarts"] == 0
     kept = own_launch.effective(own, None, None)  # not given: the run file's
     assert own_launch.policy(kept)[:2] == ["--restarts", "3"] and kept.to_doc()["supervise"]["restarts"] == 3
+
+
+def test_a_command_recorded_before_the_data_rule_is_still_read_back():
+    """run.json's copy of a command launched before data/outputs outside their places were refused is read again
+    by fetch and restarts: refusing it there would bring nothing of that run back."""
+    from enlace.config.command import Bad, CommandRun, from_spec
+
+    old = {"command": ["python", "t.py"], "run_name": "old", "data": ["corpus/*.txt"], "outputs": ["/abs/out/*"]}
+    assert CommandRun.from_doc(old, "run.json command").data == ("corpus/*.txt",)
+    with pytest.raises(Bad, match="outside the project's data/"):  # a launch's spec: checked in full
+        from_spec(json.dumps(old), "old")

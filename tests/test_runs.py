@@ -413,10 +413,11 @@ def test_the_line_for_a_run_that_ended_badly_says_its_own_cause_and_no_none():
 
     gave_up = {"run_name": "c", "status": "crashed", "step": 0, "max_steps": None, "latest_checkpoint": None}
     gave_up |= {"error": "gave up after 2 restarts: the command exited 1: RuntimeError: boom", "command": ["t"]}
-    assert ended_message(gave_up).endswith("; `enlace-remote launch c` runs it again")  # `launch --name c -- t`
-    failed_adhoc = {**gave_up, "status": "failed", "error": "the command cannot start: nosuchcmd: not found"}
-    assert ended_message(failed_adhoc).endswith("fix the command, then `enlace-remote launch --name c -- COMMAND`")
-    gave_up["run_file"] = "c"
+    adhoc = False  # `launch --name c -- t`: no run file (run.json records the command, not where it came from)
+    assert ended_message(gave_up, adhoc).endswith("; `enlace-remote launch c` runs it again")
+    failed = {**gave_up, "status": "failed", "error": "the command cannot start: nosuchcmd: not found"}
+    assert ended_message(failed, adhoc).endswith("fix the command, then `enlace-remote launch --name c -- COMMAND`")
+    assert ended_message(failed).endswith("fix what it says, then `enlace-remote launch c`")  # its run file fixed
     assert ended_message(gave_up) == (
         "c crashed: gave up after 2 restarts: the command exited 1: RuntimeError: boom; `enlace-remote launch c` runs it"
         " again (its `resume:` arguments apply as its run file says)"

@@ -91,7 +91,7 @@ class CommandRun:
 
     @classmethod
     def from_doc(cls, doc: Any, where: str) -> CommandRun:
-        return parse(doc, where, default_name=None)
+        return parse(doc, where, default_name=None, recorded=True)
 
     def scripts(self) -> list[str]:
         """The argv's relative paths to files of the tree (train.py, scripts/x.sh): verify checks they arrived."""
@@ -196,8 +196,10 @@ def _mapping(value: Any, where: str, keys: tuple[str, ...], fix: str) -> dict[st
     return value
 
 
-def parse(layer: Any, where: str, default_name: str | None) -> CommandRun:
-    """A command run file's mapping (or the JSON form), every key checked: one ConfigError naming the key."""
+def parse(layer: Any, where: str, default_name: str | None, recorded: bool = False) -> CommandRun:
+    """A command run file's mapping (or the JSON form), every key checked: one ConfigError naming the key.
+    `recorded`: run.json's copy of a command launched before, read again (fetch, restarts): its data and outputs
+    are not refused again by a rule newer than its launch (its fetch would bring nothing back)."""
     doc = _mapping(layer, where, KEYS, f"a run file holds {EXAMPLE} and the keys in docs/own-script.md")
     argv = _strings(doc.get("command"), f"{where}: command", f"an argv list, e.g. {EXAMPLE}", empty_ok=False)
     name = doc.get("run_name") or default_name
@@ -227,7 +229,8 @@ def parse(layer: Any, where: str, default_name: str | None) -> CommandRun:
     when = res.get("when")
     data = _strings(doc.get("data") or [], f"{where}: data", 'globs in the repo, e.g. ["data/shakespeare_char/*.bin"]')
     outputs = _strings(doc.get("outputs") or [], f"{where}: outputs", 'globs under the run directory, e.g. ["out/*"]')
-    _inside(data, outputs, where)
+    if not recorded:
+        _inside(data, outputs, where)
     return CommandRun(
         argv=argv,
         run_name=name,
@@ -320,7 +323,7 @@ def from_spec(spec: str, run_name: str) -> CommandRun:
         doc = json.loads(spec)
     except json.JSONDecodeError as e:
         raise Bad(f"--command-spec: not JSON ({e.msg})") from None
-    own = CommandRun.from_doc(doc, "--command-spec")
+    own = parse(doc, "--command-spec", default_name=None)  # a launch: checked in full
     if own.run_name != run_name:
         raise Bad(f"--command-spec: run_name {own.run_name!r} is not the run's name {run_name!r}")
     return own

@@ -114,14 +114,23 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
         if not path.is_file():
             raise CheckpointError(f"{ckpt}: {name} is listed in MANIFEST but missing")
         if file_sha256(path).hexdigest() != entry["sha256"]:
-            where = ckpt.resolve()  # (a relative checkpoints/step-N named no run)
-            run = where.parent.parent.name if where.parent.name == "checkpoints" else "RUN"
-            fetched = (where.parent.parent / contract.FETCH_ORIGIN).is_file()  # a copy `fetch` brought here
-            again = f" — delete {ckpt} and `enlace-remote fetch {run}` brings it again, verified" if fetched else ""
+            again = _fetch_again(ckpt)
             raise CheckpointError(  # (the run's own copy, on its server: deleting it would lose it)
                 f"{ckpt}: {name} does not match its sha256 in MANIFEST (a corrupt copy){again}"
             )
     return manifest
+
+
+def _fetch_again(ckpt: Path) -> str:
+    """How a corrupt checkpoint `fetch` brought here comes again (the host and run its origin file names, into
+    this folder); "" for a run's own copy on its server, which deleting would lose."""
+    run_dir = ckpt.resolve().parent.parent
+    try:
+        origin = json.loads((run_dir / contract.FETCH_ORIGIN).read_text())
+        host, run = origin["host"], Path(origin["run_dir"]).name
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f" — delete {ckpt} and `enlace-remote --host {host} fetch {run} --dest {run_dir}` brings it again, verified"
 
 
 def load_checkpoint(ckpt: Path, map_location: Any = "cpu") -> dict[str, Any]:

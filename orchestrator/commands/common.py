@@ -78,7 +78,11 @@ class AfterDashCommand(HostOptionsCommand):
     `shell -- CMD` indistinguishable from `shell RUN CMD`): the words are in ctx.meta["after_dash"]."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        dashed, named = "--" in args, "--name" in args  # (click's parser consumes `args` as it reads them)
+        # (click's parser consumes `args` as it reads them); --name: launch's, for a command given after `--`
+        dashed = "--" in args
+        named = any("--name" in getattr(p, "opts", ()) for p in self.params) and any(
+            a.split("=")[0] == "--name" for a in args
+        )
         if dashed:
             i = args.index("--")
             args, ctx.meta["after_dash"] = args[:i], args[i + 1 :]

@@ -77,7 +77,9 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     extends = bool(asked) and asked[-1].strip().isdigit() and int(asked[-1]) > (row["step"] or 0)
     # stopped at its last step: a queued extension stopped before it started leaves the run there (it queued a
     # start that built the model to say "nothing to train")
-    at_end = row["status"] == "stopped" and bool(row["max_steps"]) and (row["step"] or 0) >= row["max_steps"]
+    # (by its checkpoint's step: a stop --kill during the final save leaves step N of N logged, its checkpoint older)
+    kept = int(row["latest_checkpoint"].rpartition("-")[2]) if row.get("latest_checkpoint") else 0
+    at_end = row["status"] == "stopped" and bool(row["max_steps"]) and kept >= row["max_steps"]
     if (row["status"] == "finished" or at_end) and not extends:
         said = (
             f"{run_name} is {'finished' if not at_end else 'stopped at its end'}: step {row['step']} of "
@@ -221,7 +223,7 @@ def wait_first_step(
         )
         raise EnlaceError(on_host(said, host))
     if row["status"] not in ("running", "finished", "stopped"):
-        error = ended_message(row)
+        error = ended_message(row, (session.repo / "configs" / "runs" / f"{run_name}.yaml").is_file())
         tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
         ended = from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row), host=host)
         ended.run_ended = True  # (not a wait that timed out, nor a start its supervisor retries)

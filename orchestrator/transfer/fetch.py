@@ -138,17 +138,21 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
             report["fetched"].append(ck["name"])
         elif _already_here(final, ck["files"]):
             report["skipped"].append(ck["name"])
-    if offer["latest"] and (root / "checkpoints" / offer["latest"]).is_dir():
+    # `latest`: the server's, where it is here verified; else (a corrupt one left out) the newest that is
+    good = [ck["name"] for ck in offer["checkpoints"] if ck["name"] in report["fetched"] + report["skipped"]]
+    newest = offer["latest"] if offer["latest"] in good else (good[-1] if good and offer["corrupt"] else None)
+    if newest:
         tmp = root / "checkpoints" / ".latest.tmp"
-        tmp.write_text(offer["latest"] + "\n")
+        tmp.write_text(newest + "\n")
         os.replace(tmp, root / "checkpoints" / "latest")
     for fname in offer["files"]:
         os.replace(root / STAGING / fname, root / fname)
     install_outputs(str(root), [rel for rel in offer.get("outputs", {}) if rel in want])
     report["outputs"] = len(offer.get("outputs", {}))
+    if offer["corrupt"]:  # its intact files stay staged: a rerun fetches the bad one alone
+        others = [ck["name"] for ck in offer["checkpoints"] if ck["name"] not in offer["corrupt"]]
+        raise CorruptCheckpoint(_corrupt_words(run_name, offer["corrupt"], report["fetched"], others, all_checkpoints))
     shutil.rmtree(root / STAGING, ignore_errors=True)
-    if offer["corrupt"]:
-        raise CorruptCheckpoint(_corrupt_words(run_name, offer["corrupt"], report["fetched"], all_checkpoints))
     report["seconds"] = time.perf_counter() - t0
     return report
 
@@ -260,14 +264,16 @@ def _converse_once(
     return {**offer, "corrupt": corrupt}, want, got
 
 
-def _corrupt_words(run_name: str, corrupt: list[str], fetched: list[str], all_checkpoints: bool) -> str:
-    """A checkpoint whose bytes did not match the server's MANIFEST: not installed; what was, and what next."""
+def _corrupt_words(run_name: str, corrupt: list[str], fetched: list[str], others: list[str], every: bool) -> str:
+    """A checkpoint whose bytes did not match the server's MANIFEST: not installed; what was, and what next
+    (`others`: the server's other checkpoints; `every`: this was fetch --all)."""
     said = f"{', '.join(corrupt)} of {run_name}: a file's sha256 does not match the server's MANIFEST — not installed"
     if fetched:
         said += f" ({', '.join(fetched)} {'was' if len(fetched) == 1 else 'were'})"
-    if all_checkpoints:
-        return f"{said}. If this repeats, it is corrupt on the server"
-    return f"{said}. If this repeats, it is corrupt on the server: `fetch {run_name} --all` brings the older ones"
+    said += ". If this repeats, it is corrupt on the server"
+    if others and not every:
+        said += f": this fetch with --all brings the older ones ({', '.join(others)})"
+    return said
 
 
 def _server_stopped(session: Session, wire) -> EnlaceError:

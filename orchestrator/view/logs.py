@@ -66,7 +66,8 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
         ) from None
     if follow and code not in (contract.OK, contract.USAGE):
         row = session.enlace_json("latest", "runs", run_name)[0]
-        click.echo(shown(f"enlace-remote: {on_host(ended_message(row), session.host.name)}"), err=True)
+        from_file = (session.repo / "configs" / "runs" / f"{run_name}.yaml").is_file()  # (or given after `--`)
+        click.echo(shown(f"enlace-remote: {on_host(ended_message(row, from_file), session.host.name)}"), err=True)
     elif offset == began:  # nothing to show (a Slurm job cancelled while pending): where the run stands, said
         row = session.enlace_json("latest", "runs", run_name)[0]
         said = row.get("phase") and row["status"] in ("stopped", "queued", "pending", "dropped")  # (others: stale)
