@@ -130,7 +130,7 @@ def test_fetch_refuses_to_mix_one_run_name_from_two_hosts(sshd, user_repo):
         host="local",
         check=False,
     )
-    said = "step-000030 of tiny: a file's sha256 does not match the server's MANIFEST — not installed"
+    said = "checkpoints/step-000030/model.pt of tiny: sha256 does not match the server's MANIFEST — not installed"
     assert out.returncode == 1 and said in out.stderr and "it is corrupt on the server" in out.stderr, out.stderr
     t3 = user_repo / "runs" / "t3" / "checkpoints"  # the older ones land all the same (it installed none)
     installed = sorted(p.name for p in t3.iterdir() if p.is_dir())

@@ -465,7 +465,7 @@ def test_a_corrupt_checkpoint_is_left_out_and_the_others_still_land(tmp_path):
     }
     staging = tmp_path / "staging"
     got_offer, want, _ = _converse_once(_session(_CannedWire(wire)), "r", staging, plan, lambda: None, False, False)
-    assert got_offer["corrupt"] == ["step-000020"]
+    assert got_offer["corrupt"] == ["checkpoints/step-000020/model.pt"]
     assert sorted(want) == ["checkpoints/step-000010/MANIFEST", "checkpoints/step-000010/model.pt"]
     assert not (staging / "checkpoints/step-000020/model.pt").exists()
     assert (staging / "checkpoints/step-000010/model.pt").read_bytes() == b"old, intact"

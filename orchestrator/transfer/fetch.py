@@ -128,29 +128,14 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
         "bytes": got,
         "method": "local" if session.host.local else "ssh",
     }
-    for ck in offer["checkpoints"]:
-        final = root / "checkpoints" / ck["name"]
-        partial = root / STAGING / "checkpoints" / ck["name"]
-        if f"checkpoints/{ck['name']}/MANIFEST" in want:  # each file arrived and matched its sha256
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(partial, final)
-            report["fetched"].append(ck["name"])
-        elif _already_here(final, ck["files"]):
-            report["skipped"].append(ck["name"])
-    # `latest`: the server's, where it is here verified; else (a corrupt one left out) the newest that is
-    good = [ck["name"] for ck in offer["checkpoints"] if ck["name"] in report["fetched"] + report["skipped"]]
-    newest = offer["latest"] if offer["latest"] in good else (good[-1] if good and offer["corrupt"] else None)
-    if newest:
-        tmp = root / "checkpoints" / ".latest.tmp"
-        tmp.write_text(newest + "\n")
-        os.replace(tmp, root / "checkpoints" / "latest")
+    _install_checkpoints(root, offer, want, report)
     for fname in offer["files"]:
         os.replace(root / STAGING / fname, root / fname)
     install_outputs(str(root), [rel for rel in offer.get("outputs", {}) if rel in want])
     report["outputs"] = len(offer.get("outputs", {}))
     if offer["corrupt"]:  # its intact files stay staged: a rerun fetches the bad one alone
-        others = [ck["name"] for ck in offer["checkpoints"] if ck["name"] not in offer["corrupt"]]
+        bad = {rel.split("/")[1] for rel in offer["corrupt"]}
+        others = [ck["name"] for ck in offer["checkpoints"] if ck["name"] not in bad]
         raise CorruptCheckpoint(_corrupt_words(run_name, offer["corrupt"], report["fetched"], others, all_checkpoints))
     shutil.rmtree(root / STAGING, ignore_errors=True)
     report["seconds"] = time.perf_counter() - t0
@@ -259,15 +244,36 @@ def _converse_once(
     if any(not rel.startswith("checkpoints/") for rel in bad):  # an output, an export: nothing installed
         raise CorruptCheckpoint(f"{bad[0]}: sha256 does not match the server's — not installed; fetch it again")
     # a bad checkpoint is left out, the others installed (with --all: the older ones), then it is said
-    corrupt = sorted({rel.split("/")[1] for rel in bad})
+    corrupt = {rel.split("/")[1] for rel in bad}
     want = {rel: sha for rel, sha in want.items() if not any(rel.startswith(f"checkpoints/{c}/") for c in corrupt)}
-    return {**offer, "corrupt": corrupt}, want, got
+    return {**offer, "corrupt": sorted(bad)}, want, got
+
+
+def _install_checkpoints(root: Path, offer: dict[str, Any], want: dict, report: dict[str, Any]) -> None:
+    """Each checkpoint whose every file arrived verified renamed into place (one here already: skipped), and
+    `latest`: the server's, where it is here verified; else (a corrupt one left out) the newest that is."""
+    for ck in offer["checkpoints"]:
+        final = root / "checkpoints" / ck["name"]
+        partial = root / STAGING / "checkpoints" / ck["name"]
+        if f"checkpoints/{ck['name']}/MANIFEST" in want:  # each file arrived and matched its sha256
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(partial, final)
+            report["fetched"].append(ck["name"])
+        elif _already_here(final, ck["files"]):
+            report["skipped"].append(ck["name"])
+    good = [ck["name"] for ck in offer["checkpoints"] if ck["name"] in report["fetched"] + report["skipped"]]
+    newest = offer["latest"] if offer["latest"] in good else (good[-1] if good and offer["corrupt"] else None)
+    if newest:
+        tmp = root / "checkpoints" / ".latest.tmp"
+        tmp.write_text(newest + "\n")
+        os.replace(tmp, root / "checkpoints" / "latest")
 
 
 def _corrupt_words(run_name: str, corrupt: list[str], fetched: list[str], others: list[str], every: bool) -> str:
-    """A checkpoint whose bytes did not match the server's MANIFEST: not installed; what was, and what next
-    (`others`: the server's other checkpoints; `every`: this was fetch --all)."""
-    said = f"{', '.join(corrupt)} of {run_name}: a file's sha256 does not match the server's MANIFEST — not installed"
+    """A checkpoint's files (`corrupt`) whose bytes did not match the server's MANIFEST: not installed; what was,
+    and what next (`others`: the server's other checkpoints; `every`: this was fetch --all)."""
+    said = f"{', '.join(corrupt)} of {run_name}: sha256 does not match the server's MANIFEST — not installed"
     if fetched:
         said += f" ({', '.join(fetched)} {'was' if len(fetched) == 1 else 'were'})"
     said += ". If this repeats, it is corrupt on the server"
