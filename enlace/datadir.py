@@ -21,6 +21,8 @@ def data_relative(pattern: str) -> str | None:
 
 def outside_words(pattern: str, key: str) -> str:
     """The one-line refusal of a data pattern outside data/ (`key`: where it was written)."""
+    if pattern.replace(os.sep, "/").strip("/") == DATA_DIR:  # the folder itself, not its files
+        return f"{key}: {pattern!r} names data/ itself — name its files: data/** (every file under it) or data/corpus/*.txt"
     return (
         f"{key}: {pattern!r} is outside the project's data/ — the data a run reads lives under data/ here and "
         f"under <remote_dir>/data/ on the server (code travels by git): move the files into data/ and name "

@@ -333,3 +333,27 @@ def test_a_run_stopped_at_its_last_step_is_not_launched_again_without_an_extensi
         answer = [{**row, "step": step, "latest_checkpoint": kept}]
         there = SimpleNamespace(enlace_json=lambda *a, answer=answer, **k: answer, host=session.host)
         assert worth_launching(there, "r") is True  # it resumes
+
+
+def test_fetch_sweep_fetches_every_run_it_can_and_says_the_one_it_could_not(capsys, monkeypatch, tmp_path):
+    """One run's corrupt checkpoint ended `fetch --sweep` there: the runs after it were left unfetched. (The
+    fetch stands in for the host's; the error is the one a corrupt checkpoint raises.)"""
+    from orchestrator.commands import sweep as sweep_cmd
+    from orchestrator.transfer.fetch import CorruptCheckpoint
+
+    rows = [{"host": "h", "run_name": n, "status": "finished", "latest_checkpoint": "step-000010"} for n in "abc"]
+    monkeypatch.setattr(sweep_cmd.record, "load", lambda repo, name: SimpleNamespace(name="s"))
+    monkeypatch.setattr(sweep_cmd, "_rows", lambda remote, sweep: rows)
+    monkeypatch.setattr("orchestrator.hosts.resolve.resolve_host", lambda name, repo: name)
+
+    def fetch(session, run_name, dest, every):
+        if run_name == "b":
+            raise CorruptCheckpoint("checkpoints/step-000010/model.pt of b: sha256 does not match")
+        return {"fetched": ["step-000010"], "dest": str(dest)}
+
+    monkeypatch.setattr("orchestrator.transfer.fetch.fetch", fetch)
+    with pytest.raises(SystemExit) as ended:
+        sweep_cmd.fetch_all(SimpleNamespace(repo=tmp_path, session_for=lambda host: None), "s", False, False)
+    out, err = capsys.readouterr()
+    assert ended.value.code == 1 and out.count(": step-000010 →") == 2 and "fetch c (h)" in out, out
+    assert "fetch b (h): not fetched — checkpoints/step-000010/model.pt of b" in err, err

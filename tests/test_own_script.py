@@ -159,6 +159,7 @@ def test_a_git_ignored_script_is_refused_quoting_the_rule_before_anything_starts
         ("command: [python, x.py]\ndata: ['/etc/host*']\n", "data: '/etc/host*' is outside the project's data/"),
         ("command: [python, x.py]\ndata: ['../secret/*.txt']\n", "data: '../secret/*.txt' is outside the project's"),
         ("command: [python, x.py]\noutputs: [/etc/hostname]\n", "outputs: '/etc/hostname' is outside the run dir"),
+        ("command: [python, x.py]\ndata: [data/]\n", "data: 'data/' names data/ itself — name its files: data/**"),
         ("command: [python, x.py]\noutputs: ['../../configs/*']\n", "outputs: '../../configs/*' is outside the run"),
     ],
 )

@@ -242,11 +242,19 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
         else:
             why = "no run of it has a checkpoint or outputs" + ("" if ended else " yet")
         raise EnlaceError(f"sweep {sweep.name}: {why} — `enlace-remote status --sweep {sweep.name}` shows where it is")
-    for row in chosen:
+    failed = 0
+    for row in chosen:  # one run's failure (a corrupt checkpoint, its host gone) said, the others fetched still
         session = remote.session_for(resolve_host(row["host"], remote.repo))
-        rep = do_fetch(session, row["run_name"], remote.repo / "runs" / row["run_name"], which_all)
+        try:
+            rep = do_fetch(session, row["run_name"], remote.repo / "runs" / row["run_name"], which_all)
+        except EnlaceError as e:
+            failed += 1
+            click.echo(f"fetch {row['run_name']} ({row['host']}): not fetched — {e.format_message()}", err=True)
+            continue
         got = [*rep["fetched"], *([f"{rep['outputs']} output file(s) verified"] if rep.get("outputs") else [])]
         click.echo(f"fetch {row['run_name']} ({row['host']}): {', '.join(got) or 'up to date'} → {rep['dest']}")
+    if failed:
+        sys.exit(1)
 
 
 def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) -> Path:
