@@ -28,7 +28,7 @@ from orchestrator.commands.common import (
     allow_dirty_option,
     with_remote,
 )
-from orchestrator.errors import EXIT_CODES_HELP, HOST_ENV
+from orchestrator.errors import EXIT_CODES_HELP, HOST_ENV, VerifyError
 
 
 @click.group(
@@ -218,11 +218,15 @@ def verify(remote: Remote, run: str, for_launch: bool, overrides: tuple[str, ...
     data that differs from what the newest checkpoint was trained on is a warning (launch refuses it)."""
     from orchestrator.launch.ship import check_run_config
     from orchestrator.launch.ship import verify as do_verify
-    from orchestrator.transfer.gitsync import local_checks
+    from orchestrator.transfer.gitsync import local_checks, not_in_head
 
     check_run_config(remote.repo, run)
-    sha = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit
-    do_verify(remote.session, sha, run, for_launch, overrides)
+    checked = local_checks(remote.repo, allow_dirty=True, check_ignored=False)
+    if f"configs/runs/{run}.yaml" in not_in_head(checked.dirty):  # (the server said "not found": it is here)
+        raise VerifyError(
+            f"configs/runs/{run}.yaml is not in HEAD, and verify checks the commit the server gets — commit it"
+        )
+    do_verify(remote.session, checked.commit, run, for_launch, overrides)
 
 
 def _as_ctrl_c(signum, frame) -> None:

@@ -238,3 +238,19 @@ def test_a_command_given_by_name_without_its_dash_dash_is_told_where_its_options
     assert "Did you mean" not in result.output
     typo = _cli(["--host", "local", "launch", "tiny", "--stepz", "3"], REPO, tmp_path, monkeypatch)  # ours: as it was
     assert typo.exit_code == 2 and "after `--`" not in typo.output, typo.output
+
+
+def test_verify_of_a_run_file_not_yet_committed_says_to_commit_it(tmp_path, monkeypatch):
+    """verify of a run file written and not committed reached the server, which said "run config not found" of a
+    file right there: it checks HEAD's tree. Said here, before any connection, as launch says it."""
+    from support.repocopy import commit_all
+
+    repo = tmp_path / "mine"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "train.py").write_text("print(1)\n")
+    commit_all(repo, "a script")
+    (repo / "configs" / "runs").mkdir(parents=True)
+    (repo / "configs" / "runs" / "wd.yaml").write_text("command: [python, train.py]\n")
+    result = _cli(["--host", "local", "verify", "wd"], repo, tmp_path, monkeypatch)
+    assert result.exit_code == 3 and "configs/runs/wd.yaml is not in HEAD" in result.output, result.output
+    assert "commit it" in result.output and not (repo / ".enlace" / "local" / "trees").exists()

@@ -203,10 +203,10 @@ class CommandChild:
         except OSError:  # none
             return
         last = next((doc for doc in map(_json_or_none, reversed(tail)) if doc is not None), None)  # (a kill cuts one)
-        if not isinstance(last, dict) or not all(isinstance(last.get(k), (int, float)) for k in ("time", "step")):
+        if not isinstance(last, dict) or not isinstance(last.get("time"), (int, float)):
             return  # (a script may write its own metrics.jsonl there, in its own form)
         mine = last["time"] >= (st.get("attempt_started_at") or 0)
-        if mine and isinstance(last["step"], int) and last["step"] > (st.get("step") or 0):
+        if mine and isinstance(last.get("step"), int) and last["step"] > (st.get("step") or 0):
             shown = {k: last[k] for k in ("loss", "val_loss", "val_bpb", "tokens_per_s") if k in last}
             runs.update(self.run_dir, step=last["step"], **shown)
 

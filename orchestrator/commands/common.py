@@ -10,6 +10,7 @@ import click
 
 from enlace import contract
 from enlace.clitypes import stop_request
+from orchestrator.errors import UsageError
 
 
 class Remote:
@@ -158,6 +159,17 @@ def stop_words(rep: dict) -> str:
         return f"{rep['status']} at step {rep['step']}{killed}; latest checkpoint {rep['latest_checkpoint'] or 'none'}"
     kept = f"; latest checkpoint {rep['latest_checkpoint']}" if rep["latest_checkpoint"] else ""
     return f"{rep['status']}{killed} ({rep['phase']}){kept}"
+
+
+def refuse_both(run_name: str | None, verb: str, given: str, other: str, instead: str) -> None:
+    """A run named beside a flag that names runs of its own (--sweep, --all): it was ignored, exit 0."""
+    if not run_name:
+        return
+    those = "that run" if " " not in run_name else "those runs"
+    raise UsageError(
+        f"{verb} {run_name} {given}: a run or {other}, not both — `enlace-remote {verb} {run_name}` acts on "
+        f"{those}, {instead}"
+    )
 
 
 def server_stop(session, run_name: str, grace: float | None, kill: bool) -> dict:

@@ -29,6 +29,7 @@ from orchestrator.commands.common import (
     allow_dirty_option,
     ask_to_stop,
     not_running_words,
+    refuse_both,
     stop_words,
     with_remote,
 )
@@ -302,7 +303,7 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
     if sweep_name is not None:  # one table of the sweep's runs, ranked, on whichever hosts they are
         return sweeps.show_status(remote, sweeps.alone(run_name, sweep_name, "status"), as_json)
     if everywhere:
-        sweeps.not_with_all(run_name)
+        refuse_both(run_name, "status", "--all", "--all", "`enlace-remote status --all` on every run of every host")
         rows = table.status_everywhere(list_hosts(remote.repo), remote.session_for)
         click.echo(json.dumps(rows, indent=1) if as_json else shown(table.format_status(rows, hosts=True)))
         return

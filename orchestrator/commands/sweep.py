@@ -19,11 +19,11 @@ from orchestrator.commands.common import (
     HostOptionsCommand,
     Remote,
     allow_dirty_option,
+    refuse_both,
     server_stop,
     stop_words,
     with_remote,
 )
-from orchestrator.errors import UsageError
 from orchestrator.sweep import record, table
 
 sweep_option = click.option(
@@ -111,27 +111,10 @@ def _rows(remote: Remote, sweep: record.Sweep) -> list[dict]:
 
 def alone(run_name: str | None, sweep_name: str, verb: str) -> str:
     """--sweep [NAME] where no run is named too: `stop qa --sweep` stopped the last sweep's runs, not qa."""
-    if run_name:
-        bare = "" if sweep_name else " (bare --sweep: the last one launched from here)"
-        given, every = f"--sweep{' ' + sweep_name if sweep_name else ''}", f"--sweep {sweep_name or 'NAME'}"
-        _refuse_both(
-            run_name, verb, given, "a sweep", f"`enlace-remote {verb} {every}` on every run of the sweep{bare}"
-        )
+    bare = "" if sweep_name else " (bare --sweep: the last one launched from here)"
+    given, every = f"--sweep{' ' + sweep_name if sweep_name else ''}", f"--sweep {sweep_name or 'NAME'}"
+    refuse_both(run_name, verb, given, "a sweep", f"`enlace-remote {verb} {every}` on every run of the sweep{bare}")
     return sweep_name
-
-
-def not_with_all(run_name: str | None) -> None:
-    """status --all where a run is named too: the run was ignored, every host's runs shown, exit 0."""
-    if run_name:
-        _refuse_both(run_name, "status", "--all", "--all", "`enlace-remote status --all` on every run of every host")
-
-
-def _refuse_both(run_name: str, verb: str, given: str, other: str, instead: str) -> None:
-    those = "that run" if " " not in run_name else "those runs"
-    raise UsageError(
-        f"{verb} {run_name} {given}: a run or {other}, not both — `enlace-remote {verb} {run_name}` acts on "
-        f"{those}, {instead}"
-    )
 
 
 def show_status(remote: Remote, name: str, as_json: bool) -> None:
@@ -187,7 +170,7 @@ def stop_all(remote: Remote, name: str, grace: float | None, kill: bool) -> None
     for i, row in enumerate(r for r in rows if r["status"] == table.NO_ANSWER):  # (its host's warning came first)
         said[len(order) + i] = f"{row['run_name']} on {row['host']}: not stopped — its host did not answer", False
     click.echo("\n".join(said[i][0] for i in sorted(said)) or f"sweep {sweep.name}: nothing is running or queued")
-    if unlaunched := sum(r["status"] == "not launched" for r in rows):  # a `sweep` command may be launching them
+    if unlaunched := sum(r["status"] == table.NOT_LAUNCHED for r in rows):  # a `sweep` command may be launching them
         click.echo(
             f"note: {unlaunched} point(s) of sweep {sweep.name} not launched: where `enlace-remote sweep` is still"
             f" launching them, Ctrl-C it, then `enlace-remote stop --sweep {sweep.name}` again",
@@ -226,12 +209,12 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
     sweep = record.load(remote.repo, name)
     rows = _rows(remote, sweep)
     # a run of your own command may have outputs and no checkpoint: fetch brings what it has
-    unstarted = ("not launched", "queued", "pending")
+    unstarted = (table.NOT_LAUNCHED, "queued", "pending")
     have = [r for r in rows if r.get("latest_checkpoint") or (r.get("command_spec") and r["status"] not in unstarted)]
     chosen = [r for r in rows if r.get("best")] if best else have
     if not chosen:
         metric = metric_words(rows[0]["metric"])  # what rows_of ranked them by
-        terminal = {str(s) for s in Status if s.is_terminal}  # "not launched" is none: it may yet run
+        terminal = {str(s) for s in Status if s.is_terminal}  # NOT_LAUNCHED is none: it may yet run
         ended = all(r["status"] in terminal for r in rows)  # then "yet" would say to wait for what never comes
         if best:
             why = (

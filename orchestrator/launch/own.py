@@ -111,7 +111,7 @@ def spec_args(own: CommandRun) -> list[str]:
 def refuse_preflight(repo: Path, run: str, overrides) -> None:
     """`preflight RUN` of a run file of your own command: said so (it was refused as a trainer config whose
     `command:` is an unknown key, with "did you mean 'command'?")."""
-    if (repo / "configs" / "runs" / f"{run}.yaml").is_file() and command_of(repo, run, None, None, overrides):
+    if command.run_file(run, repo).is_file() and command_of(repo, run, None, None, overrides):
         raise UsageError(
             f"preflight {run}: preflight measures enlace's own trainer, and configs/runs/{run}.yaml runs a command"
             f" of your own, which starts without it — `enlace-remote launch {run}` (docs/own-script.md)"

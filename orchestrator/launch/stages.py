@@ -12,8 +12,10 @@ from pathlib import Path
 
 import click
 
+from enlace.config.command import run_file
 from enlace.contract import LOG_STAMP, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
 from enlace.errors import EnlaceError, shown
+from enlace.manifest import STEP_RE
 from enlace.preflight.report import format_report
 from orchestrator.errors import AlreadyRunning, FirstStartCrashed, UsageError, from_doc, on_host
 from orchestrator.launch.slurm import on_node
@@ -78,7 +80,7 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     # stopped at its last step: a queued extension stopped before it started leaves the run there (it queued a
     # start that built the model to say "nothing to train")
     # (by its checkpoint's step: a stop --kill during the final save leaves step N of N logged, its checkpoint older)
-    kept = int(row["latest_checkpoint"].rpartition("-")[2]) if row.get("latest_checkpoint") else 0
+    kept = int(STEP_RE.fullmatch(row["latest_checkpoint"])[1]) if row.get("latest_checkpoint") else 0
     at_end = row["status"] == "stopped" and bool(row["max_steps"]) and kept >= row["max_steps"]
     if (row["status"] == "finished" or at_end) and not extends:
         said = (
@@ -223,7 +225,7 @@ def wait_first_step(
         )
         raise EnlaceError(on_host(said, host))
     if row["status"] not in ("running", "finished", "stopped"):
-        error = ended_message(row, (session.repo / "configs" / "runs" / f"{run_name}.yaml").is_file())
+        error = ended_message(row, run_file(run_name, session.repo).is_file())
         tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
         ended = from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row), host=host)
         ended.run_ended = True  # (not a wait that timed out, nor a start its supervisor retries)

@@ -11,6 +11,7 @@ from enlace.contract import metric_words, sweep_metric
 from enlace.units import DETAIL_WIDTH, loss_figure, one_line
 from orchestrator.sweep.record import Sweep
 
+NOT_LAUNCHED = "not launched"  # a point its host has no run of (yet: a `sweep` may still be launching it)
 NO_ANSWER = "no answer"  # a point whose host did not answer: where it stands is not known
 
 
@@ -20,7 +21,7 @@ def rows_of(sweep: Sweep, found: dict[tuple[str, str], dict], silent: frozenset[
     not answer (`silent`), `no answer`."""
     out = []
     for i, p in enumerate(sweep.points):
-        unknown = NO_ANSWER if p["host"] in silent else "not launched"
+        unknown = NO_ANSWER if p["host"] in silent else NOT_LAUNCHED
         row = found.get((p["host"], p["run_name"])) or {"run_name": p["run_name"], "status": unknown, "step": 0}
         out.append({**row, "host": p["host"], "values": p["values"], "point": i})
     metric = sweep_metric(out)

@@ -80,6 +80,12 @@ class SyncReport:
 DRIVER_LOCAL = ("?? .enlace/", "?? runs/", "?? exports/", "?? enlace-run/")
 
 
+def not_in_head(dirty: list[str]) -> list[str]:
+    """The configs among `git status --porcelain` lines that HEAD lacks (new, or only staged): the server, which
+    reads the commit, will not have them."""
+    return [line[3:] for line in dirty if line[:2] in ("??", "A ", "AM") and line[3:].startswith("configs/")]
+
+
 def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> SyncReport:
     status = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
     # in a repository of the user's own, what the driver writes here (last runs, fetched runs) is not a change
@@ -88,7 +94,7 @@ def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> S
     if dirty and not allow_dirty:
         listing = "\n".join(f"  {d}" for d in dirty[:30]) + ("\n  ..." if len(dirty) > 30 else "")
         # a run file not in HEAD (a new `init`): the server reads it from the commit, --allow-dirty cannot ship it
-        unborn = [line[3:] for line in dirty if line[:2] in ("??", "A ", "AM") and line[3:].startswith("configs/")]
+        unborn = not_in_head(dirty)
         raise VerifyError(
             f"the working tree has uncommitted changes; they would NOT ship:\n{listing}\n"
             + (

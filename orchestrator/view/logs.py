@@ -14,6 +14,7 @@ import sys
 import click
 
 from enlace import contract
+from enlace.config.command import run_file
 from enlace.contract import ended_message
 from enlace.errors import EnlaceError, shown
 from orchestrator.errors import Transient, on_host
@@ -66,7 +67,7 @@ def follow_log(session: Session, run_name: str, offset: int, follow: bool, stall
         ) from None
     if follow and code not in (contract.OK, contract.USAGE):
         row = session.enlace_json("latest", "runs", run_name)[0]
-        from_file = (session.repo / "configs" / "runs" / f"{run_name}.yaml").is_file()  # (or given after `--`)
+        from_file = run_file(run_name, session.repo).is_file()  # (or given after `--`)
         click.echo(shown(f"enlace-remote: {on_host(ended_message(row, from_file), session.host.name)}"), err=True)
     elif offset == began:  # nothing to show (a Slurm job cancelled while pending): where the run stands, said
         row = session.enlace_json("latest", "runs", run_name)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from enlace.contract import ErrorKind
+from enlace.contract import ErrorKind, Status
 from enlace.errors import EnlaceError
 from enlace.units import DETAIL_WIDTH, duration, loss_figure, one_line
 from orchestrator.errors import on_host
@@ -123,7 +123,7 @@ def slurm_cell(row: dict) -> str:
     if not row.get("job_id"):
         return "-"
     # a job Slurm no longer lists (its MinJobAge passed): ended, for a run that ended; gone, for one that had not
-    ended = row.get("status") in ("finished", "stopped", "failed", "crashed")
+    ended = row.get("status") in {s.value for s in Status if s.is_terminal}
     text = f"job {row['job_id']} {row.get('slurm_state') or ('ended, no longer listed' if ended else 'gone')}"
     if row.get("status") == "stopped" and row.get("slurm_state") in ("COMPLETED", "CANCELLED"):
         text += " (stopped)"  # how Slurm recorded the job a stop ended: a clean end either way
