@@ -65,6 +65,18 @@ def test_init_warns_when_git_ignores_the_run_file_it_wrote(tmp_path, monkeypatch
     assert "(.gitignore:1:configs/: the rule that matches it)" in result.output and "remove or narrow" in result.output
 
 
+def _a_run_file_not_yet_committed(repo, name: str):
+    """A repository of your own: train.py committed, configs/runs/NAME.yaml written after (as `init` leaves it)."""
+    from support.repocopy import commit_all
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "train.py").write_text("print(1)\n")
+    commit_all(repo, "a script")
+    (repo / "configs" / "runs").mkdir(parents=True)
+    (repo / "configs" / "runs" / f"{name}.yaml").write_text("command: [python, train.py]\n")
+    return repo
+
+
 def test_an_uncommitted_new_run_file_is_not_offered_allow_dirty(tmp_path, monkeypatch):
     """After `init`, launch said "or pass --allow-dirty": that shipped HEAD without the run file, and verify
     failed naming 17 other run files."""
@@ -73,12 +85,7 @@ def test_an_uncommitted_new_run_file_is_not_offered_allow_dirty(tmp_path, monkey
     from orchestrator.errors import VerifyError
     from orchestrator.transfer.gitsync import local_checks
 
-    other = tmp_path / "other"
-    subprocess.run(["git", "init", "-q", str(other)], check=True)
-    (other / "train.py").write_text("print(1)\n")
-    commit_all(other, "a script")
-    (other / "configs" / "runs").mkdir(parents=True)
-    (other / "configs" / "runs" / "mine.yaml").write_text("command: [python, train.py]\n")
+    other = _a_run_file_not_yet_committed(tmp_path / "other", "mine")
     with pytest.raises(VerifyError) as e:
         local_checks(other, allow_dirty=False, check_ignored=False)
     assert "commit them: configs/runs/mine.yaml is not in HEAD" in e.value.message and "or pass" not in e.value.message
@@ -243,14 +250,7 @@ def test_a_command_given_by_name_without_its_dash_dash_is_told_where_its_options
 def test_verify_of_a_run_file_not_yet_committed_says_to_commit_it(tmp_path, monkeypatch):
     """verify of a run file written and not committed reached the server, which said "run config not found" of a
     file right there: it checks HEAD's tree. Said here, before any connection, as launch says it."""
-    from support.repocopy import commit_all
-
-    repo = tmp_path / "mine"
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / "train.py").write_text("print(1)\n")
-    commit_all(repo, "a script")
-    (repo / "configs" / "runs").mkdir(parents=True)
-    (repo / "configs" / "runs" / "wd.yaml").write_text("command: [python, train.py]\n")
+    repo = _a_run_file_not_yet_committed(tmp_path / "mine", "wd")
     result = _cli(["--host", "local", "verify", "wd"], repo, tmp_path, monkeypatch)
     assert result.exit_code == 3 and "configs/runs/wd.yaml is not in HEAD" in result.output, result.output
     assert "commit it" in result.output and not (repo / ".enlace" / "local" / "trees").exists()
