@@ -32,6 +32,14 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     latest = (user_repo / "runs" / "long" / "checkpoints" / "latest").read_text().strip()
     files = load_checkpoint(user_repo / "runs" / "long" / "checkpoints" / latest)
     assert len(files["trainer.pt"]["ranks"]) == 2
+    # `launch long` again (the hint a run's end prints) resumes on 2 processes: its checkpoint's world size,
+    # which the trainer refuses to change (before, one process started and was refused)
+    out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight")
+    assert "run: long keeps --gpus 2, as it was launched from here" in out.stderr, out.stderr
+    keeps_stepping(rd / "runs" / "long")
+    log = remote(user_repo, sshd.env, "logs", "long").stdout
+    assert log.count("world 2") == 2 and "resumed from" in log and "world 1" not in log, log[-3000:]
+    remote(user_repo, sshd.env, "stop", "long")
     bad = remote(user_repo, sshd.env, "launch", "long", "--gpus", "zero", check=False)
     assert bad.returncode == 2 and "--gpus" in bad.stderr
     (rd / "runs" / "long" / "preflight.json").unlink(missing_ok=True)

@@ -142,3 +142,33 @@ def test_launch_of_a_run_named_as_its_file_keeps_the_set_items_it_was_launched_w
     session.enlace_json = lambda *argv: (_ for _ in ()).throw(EnlaceError("on gpu1: connection reset"))
     with pytest.raises(EnlaceError, match="connection reset"):
         choose.launch_target(session, tmp_path, "mytry", ())
+
+
+def test_a_run_launched_again_keeps_its_placement_unless_an_option_is_given(tmp_path, capsys):
+    """`launch NAME` of a run launched with --gpus/--hosts/--nodes: the options given win, the others are what it
+    was launched with from here (said); the rendezvous port is remembered only with --hosts."""
+    from types import SimpleNamespace
+
+    from orchestrator.launch import choose
+
+    def options(**given):
+        return SimpleNamespace(**{"gpus": None, "hosts": None, "nodes": None, "master_port": 29500, **given})
+
+    assert choose.placement_of(options(gpus="2")) == {"gpus": "2"}  # no --hosts: the port is not its placement
+    assert choose.placement_of(options()) == {}
+    spread = choose.placement_of(options(gpus="4", hosts="a,b", master_port=29600))
+    assert spread == {"gpus": "4", "hosts": "a,b", "master_port": 29600}
+    choose.remember_run(tmp_path, "a", "big", "corpus-cpu", ("run_name=big",), spread)
+    choose.remember_run(tmp_path, "cluster", "job", "corpus-cpu", (), {"nodes": 2})
+    choose.remember_run(tmp_path, "a", "small", "corpus-cpu")  # launched without any: nothing kept, nothing said
+
+    kept = choose.kept_placement(tmp_path, "a", "big", options(), set())
+    assert kept == {"gpus": "4", "hosts": "a,b", "nodes": None, "master_port": 29600}
+    assert "run: big keeps --gpus 4 --hosts a,b --master-port 29600, as it was launched" in capsys.readouterr().err
+    kept = choose.kept_placement(tmp_path, "a", "big", options(gpus="2"), {"gpus", "resume"})  # given: it wins
+    assert kept["gpus"] == "2" and kept["hosts"] == "a,b"
+    assert "--gpus" not in capsys.readouterr().err
+    assert choose.kept_placement(tmp_path, "cluster", "job", options(), set())["nodes"] == 2
+    assert choose.kept_placement(tmp_path, "a", "small", options(), set()) == vars(options())
+    assert choose.kept_placement(tmp_path, "cluster", "big", options(), set()) == vars(options())  # another host's
+    assert capsys.readouterr().err.count("keeps") == 1

@@ -9,14 +9,7 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import (
-    Seconds,
-    grace_option,
-    notify_option,
-    resume_option_saying,
-    set_option,
-    supervisor_options,
-)
+from enlace.clitypes import Seconds, grace_option, notify_option, resume_option_saying, set_option, supervisor_options
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError, shown
@@ -170,10 +163,10 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
     """Sync, (push data,) verify --for-launch, preflight, then train RUN detached on the host.
 
     RUN is a run file (configs/runs/RUN.yaml) or the name of a run on the host: `launch NAME` resumes that
-    run from the file and --set items it was launched with (more --set items win: `--set
-    training.max_steps=M` extends it). Without RUN: the host's default_run, else the run last launched there
-    from this repo. The trainer survives the SSH session; a stopped or finished run resumes from its latest
-    checkpoint.
+    run from the file and --set items it was launched with, on its --gpus/--hosts/--nodes from this repo (more
+    --set items win: `--set training.max_steps=M` extends it). Without RUN: the host's default_run, else the run
+    last launched there from this repo. The trainer survives the SSH session; a stopped or finished run resumes
+    from its latest checkpoint.
     --gpus N runs `torchrun --standalone --nproc-per-node N`; --hosts a,b runs one torchrun per host.
 
     On a Slurm host (`scheduler: slurm`): preflight runs as a short job on a compute node, the run
@@ -192,9 +185,10 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
     by_name = command is None and after is None  # `launch NAME`: perhaps a command the host recorded
     ran_before = own.recorded(remote.session, remote.repo, name, o.overrides) if by_name else None
     command, after = (ran_before, []) if ran_before else (command, after)  # launched again as given after `--`
-    restarts_given = ctx.get_parameter_source("restarts") == click.core.ParameterSource.COMMANDLINE
+    given = {key for key in ctx.params if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE}
+    restarts_given = "restarts" in given
     if command is None:
-        plan = _plan(remote, name, o, restarts_given)
+        plan = _plan(remote, name, o, restarts_given, given)
     else:
         plan = _command_plan(remote, name, command, after is None, o, o.overrides, restarts_given)
     if plan is None:
@@ -217,8 +211,9 @@ def _command_plan(remote: Remote, run: str, command, from_file: bool, o: SimpleN
     return pipeline.Plan(**own.plan_fields(remote, run, command, from_file, given, restarts_given, data))
 
 
-def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: bool = False):
-    """launch's options turned into the pipeline's Plan, in this one place (None: --print said it all)."""
+def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: bool = False, given=frozenset()):
+    """launch's options turned into the pipeline's Plan, in this one place (None: --print said it all). `given`:
+    those on the command line (a run launched again keeps the rest of its placement: choose.kept_placement)."""
     from orchestrator.commands.data import local_data_of
     from orchestrator.hosts.resolve import resolve_host
     from orchestrator.launch import choose, own, pipeline, ship
@@ -235,6 +230,9 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
         mine = own.command_of(remote.repo, run, None, None, overrides)  # a run of a command's file (a sweep's point)
         if mine is not None:
             return _command_plan(remote, run, mine, True, o, overrides, restarts_given)
+        if o.resume != "none":  # resumed on as many processes and hosts as it was launched on
+            name = ship.local_run_name(remote.repo, run, overrides)
+            o = SimpleNamespace(**{**vars(o), **choose.kept_placement(remote.repo, remote.host.name, name, o, given)})
     slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
     spec = slurm_options(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
     train_args = (
@@ -280,6 +278,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
         policy=policy,
         slurm=spec,
         notify=o.notify,
+        placement=choose.placement_of(o),
     )
 
 

@@ -27,19 +27,51 @@ def _read(path: Path) -> dict:
         return {}
 
 
+# launch's options that say on how many processes and hosts a run trains (its checkpoints hold the world size)
+PLACEMENT = ("gpus", "hosts", "nodes", "master_port")
+
+
 def remember_run(
-    repo: Path, host: str, run: RunName, run_file: RunFile, overrides: tuple[str, ...] = ()
+    repo: Path,
+    host: str,
+    run: RunName,
+    run_file: RunFile,
+    overrides: tuple[str, ...] = (),
+    placement: dict | None = None,
 ) -> dict | None:
     """The run launched last on `host` from this repo (what bare verbs act on), and what each run launched
-    from here was launched from (`launch NAME` resumes it from these when the host cannot say its own).
-    Returns what was remembered of `run` before (for forget_launch)."""
+    from here was launched from (`launch NAME` resumes it from these when the host cannot say its own), with
+    its placement (placement_of). Returns what was remembered of `run` before (for forget_launch)."""
     table = _read(_last_runs_file(repo))
     table[host] = run  # (host names never start with "_": the key below is no host)
     launched = table.setdefault("_launched", {}).setdefault(host, {})
     before = launched.get(run)
-    launched[run] = {"run_file": run_file, "overrides": list(overrides)}
+    launched[run] = {
+        "run_file": run_file,
+        "overrides": list(overrides),
+        **({"placement": placement} if placement else {}),
+    }
     _write(repo, table)
     return before
+
+
+def placement_of(options) -> dict:
+    """What launch's options say of the run's placement, to remember: --gpus, --hosts, --nodes as given (the
+    rendezvous port only with --hosts)."""
+    kept = {key: getattr(options, key, None) for key in PLACEMENT if key != "master_port" or options.hosts}
+    return {key: value for key, value in kept.items() if value is not None}
+
+
+def kept_placement(repo: Path, host: str, name: str, options, given: set[str]) -> dict:
+    """launch's placement options for a run launched again (resumed, extended): those `given` on its command
+    line, and for the others what the run was last launched with from here (said), so that `launch NAME` of an
+    8-process run resumes on 8, as the hints that name it promise (its trainer refuses another world size)."""
+    remembered = (launched_here(repo, host, name) or {}).get("placement") or {}
+    kept = {key: value for key, value in remembered.items() if key in PLACEMENT and key not in given}
+    if kept:
+        words = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in kept.items())
+        click.echo(f"run: {name} keeps {words}, as it was launched from here (give the option to change it)", err=True)
+    return {key: getattr(options, key, None) for key in PLACEMENT} | kept
 
 
 def launched_here(repo: Path, host: str, name: str) -> dict | None:

@@ -66,6 +66,7 @@ class Plan:
     gpus: str | None = None  # processes per host: --gpus N|all (SSH)
     nproc: int | str | None = None  # processes per node (Slurm: the host's gpus_per_node by default)
     master_port: int = 29500
+    placement: dict = field(default_factory=dict)  # what `launch NAME` keeps of --gpus/--hosts/--nodes (choose.py)
     policy: list[str] = field(default_factory=list)  # the supervisor's: --restarts, --stall-timeout
     notify: str | None = None  # launch --notify: POSTed to when the run ends (else the host's `notify`)
     slurm: SlurmSpec | None = None
@@ -139,7 +140,9 @@ class SSHBackend(Backend):
             session = launch.session_for(host)
             doc = stages.start_detached(session, launch.sha, launch.run_name, command, [*plan.policy, *queue, *ends])
             started = started or doc
-            before = choose.remember_run(launch.repo, host.name, launch.run_name, plan.run_file, plan.overrides)
+            before = choose.remember_run(
+                launch.repo, host.name, launch.run_name, plan.run_file, plan.overrides, plan.placement
+            )
             launch.remembered.append((host.name, before))
         return started
 
@@ -156,8 +159,9 @@ class SlurmBackend(Backend):
         pyargs = trainer_args(plan.run_file, plan.train_args) if not plan.command else []
         own = own_launch.spec_args(plan.command) if plan.command else []
         started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc or 1, pyargs, own)
-        before = choose.remember_run(launch.repo, plan.targets[0].name, launch.run_name, plan.run_file, plan.overrides)
-        launch.remembered.append((plan.targets[0].name, before))
+        host = plan.targets[0].name
+        before = choose.remember_run(launch.repo, host, launch.run_name, plan.run_file, plan.overrides, plan.placement)
+        launch.remembered.append((host, before))
         return started
 
 
