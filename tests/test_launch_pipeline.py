@@ -333,6 +333,17 @@ def test_a_run_stopped_at_its_last_step_is_not_launched_again_without_an_extensi
         answer = [{**row, "step": step, "latest_checkpoint": kept}]
         there = SimpleNamespace(enlace_json=lambda *a, answer=answer, **k: answer, host=session.host)
         assert worth_launching(there, "r") is True  # it resumes
+    # finished, its final checkpoint's MANIFEST lost: it was said both "100 steps will be trained again" and
+    # "is finished ... nothing to train"; the steps are trained again, from the newest complete checkpoint
+    lost = "step-000400 is incomplete (MANIFEST missing): resuming from step-000300; 100 steps will be trained again"
+    answer = [{**row, "status": "finished", "latest_checkpoint": "step-000300", "checkpoint_warning": lost}]
+    there = SimpleNamespace(enlace_json=lambda *a, **k: answer, host=session.host)
+    capsys.readouterr()
+    assert worth_launching(there, "r") is True
+    err = capsys.readouterr().err
+    assert "100 steps will be trained again" in err and "finished" not in err, err
+    answer[0]["checkpoint_warning"] = None  # complete: finished, nothing to train
+    assert worth_launching(there, "r") is False
 
 
 def test_fetch_sweep_fetches_every_run_it_can_and_says_the_one_it_could_not(capsys, monkeypatch, tmp_path):

@@ -82,7 +82,9 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     # (by its checkpoint's step: a stop --kill during the final save leaves step N of N logged, its checkpoint older)
     kept = int(STEP_RE.fullmatch(row["latest_checkpoint"])[1]) if row.get("latest_checkpoint") else 0
     at_end = row["status"] == "stopped" and bool(row["max_steps"]) and kept >= row["max_steps"]
-    if (row["status"] == "finished" or at_end) and not extends:
+    # its final checkpoint incomplete (said above): the steps since the newest complete one are trained again
+    lost = bool(row.get("checkpoint_warning")) and kept < (row["max_steps"] or 0)
+    if (row["status"] == "finished" or at_end) and not extends and not lost:
         said = (
             f"{run_name} is {'finished' if not at_end else 'stopped at its end'}: step {row['step']} of "
             f"{row['max_steps']} (checkpoint "
