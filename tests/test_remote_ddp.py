@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import psutil
 import pytest
-from support.remote import keeps_stepping, remote, tiny_corpus
+from support.remote import keeps_stepping, remote, tiny_corpus, wait_until
 
+from enlace.state import runs
 from enlace.train.checkpoint import load_checkpoint
 
 
@@ -39,6 +41,18 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     keeps_stepping(rd / "runs" / "long")
     log = remote(user_repo, sshd.env, "logs", "long").stdout
     assert log.count("world 2") == 2 and "resumed from" in log and "world 1" not in log, log[-3000:]
+    # torchrun itself killed (the OOM killer's pick): its ranks trained on, re-parented, beside the restart's two
+    # (four trainers in one run directory, and `stop` left two of them running); the supervisor ends them first
+    (torchrun,) = psutil.Process(runs.read(rd / "runs" / "long")["launcher_pid"]).children()
+    ranks = torchrun.children()
+    assert len(ranks) == 2
+    torchrun.kill()
+    wait_until(lambda: runs.read(rd / "runs" / "long").get("restarts") == 1, 120, "the supervisor's restart")
+    _, alive = psutil.wait_procs(ranks, timeout=60)
+    assert not alive, alive
+    keeps_stepping(rd / "runs" / "long")
+    log = remote(user_repo, sshd.env, "logs", "long").stdout
+    assert "the trainer's processes outlived it" in log and log.count("world 2") == 3, log[-3000:]
     remote(user_repo, sshd.env, "stop", "long")
     bad = remote(user_repo, sshd.env, "launch", "long", "--gpus", "zero", check=False)
     assert bad.returncode == 2 and "--gpus" in bad.stderr

@@ -51,8 +51,7 @@ def launching(run_dir: Path, command: dict | None = None):
         st = read(run_dir)
         if not row["alive"] and proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
             # a frozen supervisor over a dead trainer: it would wake into this launch and act on it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(st["launcher_pid"], signal.SIGKILL)
+            kill_all_of(st["launcher_pid"])
         if row["alive"] and row["supervisor"]:  # nothing heals it now: stop it at a checkpoint, resume below
             _say_in_log(
                 run_dir,
@@ -248,8 +247,7 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
         if st.get("launcher_pid") and proc_alive(st["launcher_pid"], st.get("launcher_start")):
             # a frozen supervisor over a dead trainer: its group (the supervisor leads it: setsid), so a trainer
             # it started and that has not recorded itself yet goes with it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(st["launcher_pid"], signal.SIGKILL)
+            kill_all_of(st["launcher_pid"])
         return _stop_report(run_dir, row, was_running=False, killed=False)
     if st.get("job_id"):
         return _stop_job(run_dir, st["job_id"], grace, kill)
@@ -268,8 +266,9 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
             os.kill(pid, signal.SIGTERM)
     killed = not _wait(lambda: proc_alive(pid, start_time), grace) and kill
     if killed:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        kill_all_of(pid)
+        if pid != launcher[0] and proc_alive(*launcher):  # a frozen supervisor's torchrun and other ranks too
+            kill_all_of(launcher[0])
         if st.get("command") and proc_alive(st.get("pid"), st.get("pid_start")):  # a command: its own group
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(st["pid"], signal.SIGKILL)
@@ -280,6 +279,22 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
             os.kill(launcher[0], signal.SIGKILL)
         _wait(lambda: proc_alive(*launcher), 10)  # its end, before the report reads it (it said "still running")
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
+
+
+def kill_all_of(pid: int) -> None:
+    """SIGKILL to `pid`'s process group (the supervisor leads one: setsid) and to every process it started:
+    torchrun starts each rank in a session of its own, which the group's SIGKILL leaves training on."""
+    import psutil
+
+    try:
+        tree = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
 
 
 def _record_killed(run_dir: Path, words: str) -> None:

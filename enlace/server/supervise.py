@@ -123,7 +123,7 @@ class Supervisor:
             except CannotStart as e:  # the command's program is not there: no retry can change that
                 self.child.record_cannot_start(str(e))
                 return Outcome(Status.FAILED, contract.FAILED, str(e))
-            self.child.reap()  # what a command's group left behind
+            self.child.reap()  # what the child left behind (a command's group; a killed torchrun's ranks)
             if self._owns_the_run():
                 self.child.record_end(code, stalled, bool(self.got))  # a command's ending (a trainer wrote its own)
             st = runs.read(self.run_dir)

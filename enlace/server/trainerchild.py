@@ -7,6 +7,8 @@ steps and errors in run.json, so ending it is the supervisor's only part:
                 SIGKILLs them 30 s later whatever their last checkpoint needs)
     stall       its Python stacks into train.log (SIGUSR2: the faulthandler it registers), SIGTERM, SIGKILL
                 of all it started after TERM_GRACE_S
+    crash       what it left running (torchrun's ranks, when torchrun itself was killed) SIGKILL, before
+                the restart starts ranks of its own
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 from enlace.state import runs
 
 TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
+LEFT_GRACE_S = 5.0  # what the trainer started gets this long to end by itself once the trainer has ended
+TREE_EVERY_S = 3.0  # how often the supervisor looks at what the trainer started (one pass over the processes)
 
 
 def from_newest(argv: list[str]) -> list[str]:
@@ -60,6 +64,7 @@ class TrainerChild:
     ):
         self.argv, self.env, self.say, self.beat, self.poll, self.run_dir = argv, env, say, beat, poll, run_dir
         self.proc: subprocess.Popen | None = None
+        self.started, self.tree_at = set(), 0.0  # what the child started, as last seen (tick), and when
 
     def start(self, restart: int, fds: tuple[int, ...]) -> subprocess.Popen:
         argv = again_argv(self.argv, self.run_dir, self.env.get("ENLACE_LAUNCH_ID")) if restart else self.argv
@@ -67,7 +72,15 @@ class TrainerChild:
         return self.proc
 
     def tick(self) -> None:
-        pass  # a stop's grace is the trainer's own (it saves, then exits)
+        """Every TREE_EVERY_S: what the child has started (torchrun's ranks), for reap. A stop's grace is the
+        trainer's own (it saves, then exits)."""
+        import psutil
+
+        if time.monotonic() - self.tree_at < TREE_EVERY_S:
+            return
+        self.tree_at = time.monotonic()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self.started |= set(psutil.Process(self.proc.pid).children(recursive=True))
 
     def ask_to_stop(self) -> None:
         """One SIGTERM to what trains: torchrun's ranks themselves, which end torchrun cleanly as they end."""
@@ -117,7 +130,21 @@ class TrainerChild:
         return self.proc.poll() is not None
 
     def reap(self) -> None:
-        pass  # torchrun ends its ranks; the trainer starts nothing that outlives it
+        """What the trainer left running: torchrun killed (SIGKILL, the OOM killer) cannot end its ranks (each in a
+        session of its own), which train on beside the restart's ranks and its checkpoints. They get SIGKILL, as
+        the crash they belong to: the restart resumes from the newest complete checkpoint."""
+        import psutil
+
+        left = [proc for proc in self.started if proc.is_running()]  # (a Process is its pid and its start time)
+        self.started = set()
+        _, left = psutil.wait_procs(left, timeout=LEFT_GRACE_S)  # (torch.compile's workers end on their own)
+        if not left:
+            return
+        self.say(f"the trainer's processes outlived it (pid {', '.join(str(p.pid) for p in left)}): killed (SIGKILL)")
+        for proc in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(left, timeout=TERM_GRACE_S)
 
     def record_end(self, code: int, stalled: bool, stopped: bool) -> None:
         pass  # the trainer wrote its own ending
