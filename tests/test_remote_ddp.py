@@ -54,6 +54,25 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     log = remote(user_repo, sshd.env, "logs", "long").stdout
     assert "the trainer's processes outlived it" in log and log.count("world 2") == 3, log[-3000:]
     remote(user_repo, sshd.env, "stop", "long")
+    # on one process with a --set: the trainer refuses the checkpoint (its world size) and says how to resume it;
+    # the run's line keeps its own --set items, here and on the server (a plain launch had repeated the refused ones)
+    line = runs.read(rd / "runs" / "long")["overrides"]
+    bad = remote(
+        user_repo,
+        sshd.env,
+        "launch",
+        "long",
+        "--no-preflight",
+        "--gpus",
+        "1",
+        "--set",
+        "training.log_every=1",
+        check=False,
+    )
+    assert bad.returncode != 0 and "resume on 2: launch it with --gpus 2" in bad.stderr, bad.stderr
+    assert runs.read(rd / "runs" / "long")["overrides"] == line and "training.log_every=1" not in line
+    remembered = json.loads((user_repo / ".enlace" / "last-runs.json").read_text())["_launched"]["testhost"]["long"]
+    assert remembered["placement"] == {"gpus": "2"} and "training.log_every=1" not in remembered["overrides"]
     bad = remote(user_repo, sshd.env, "launch", "long", "--gpus", "zero", check=False)
     assert bad.returncode == 2 and "--gpus" in bad.stderr
     (rd / "runs" / "long" / "preflight.json").unlink(missing_ok=True)

@@ -71,8 +71,6 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
             exit_code=None,
             error=None,
             launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
-            # what its checkpoints will need (config.resume_problem): an explicit --resume's once its line began
-            **(_line_fields(cfg) if resume == "latest" else {}),
             data=None,
         )
 
@@ -96,6 +94,10 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
                 f"warning: resuming on other data than the checkpoint's (sha256 {then['sha256'][:12]} then, "
                 f"{data_id['sha256'][:12]} now; --allow-data-change): this run is no longer an exact resume"
             )
+    # what its checkpoints will need (config.resume_problem), once its checkpoint is accepted (or there is none):
+    # a start the checkpoint refused (another world size) left its --set there, and a plain launch repeated them
+    if dist.is_main and resume == "latest":
+        run.update_status(**_line_fields(cfg))
     if dist.is_main and resume != "latest":  # loaded and accepted: from here on a restart resumes this line
         _start_line(cfg, run, resume, ckpt)
     start = Start(
@@ -114,8 +116,9 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
 
 def _line_fields(cfg: Config) -> dict[str, Any]:
     """What run.json keeps of the config the run's line trains with: its --set items (a plain launch inherits
-    them) and the values its checkpoints need (verify's resume check). A start that fails before its explicit
-    --resume began a line leaves them as they were (seen: the next launch inherited the failed start's --set)."""
+    them) and the values its checkpoints need (verify's resume check). A start that fails before its checkpoint
+    was accepted, or before its explicit --resume began a line, leaves them as they were (seen: the next launch
+    inherited the failed start's --set)."""
     return {"overrides": list(cfg.overrides), "fingerprint": cfg.fingerprint_fields()}
 
 

@@ -298,8 +298,9 @@ def check_compatible(
         )
     if len(trainer["ranks"]) != setup.dist.world:
         raise CheckpointError(
-            f"{where}: saved by {len(trainer['ranks'])} processes, resuming with "
-            f"{setup.dist.world} — resume with the same number of GPUs/processes"
+            f"{where}: saved by {len(trainer['ranks'])} processes, resuming with {setup.dist.world} — resume on "
+            f"{len(trainer['ranks'])}: launch it with --gpus {len(trainer['ranks'])} (across hosts or Slurm nodes: "
+            "processes per host × hosts)"
         )
     threads = torch.get_num_threads()
     if setup.cfg.runtime.deterministic and trainer["threads"] != threads and setup.device.type == "cpu":
