@@ -104,7 +104,7 @@ def preflight(
     "--gpus",
     default=None,
     metavar="N|all",
-    help="Run under torchrun with N processes per host (all: every visible GPU).",
+    help="Run under torchrun with N processes per host (all: every visible GPU); a later `launch NAME` keeps it.",
 )
 @click.option(
     "--hosts",
@@ -230,9 +230,9 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
         mine = own.command_of(remote.repo, run, None, None, overrides)  # a run of a command's file (a sweep's point)
         if mine is not None:
             return _command_plan(remote, run, mine, True, o, overrides, restarts_given)
-        if o.resume != "none":  # resumed on as many processes and hosts as it was launched on
-            name = ship.local_run_name(remote.repo, run, overrides)
-            o = SimpleNamespace(**{**vars(o), **choose.kept_placement(remote.repo, remote.host.name, name, o, given)})
+        # on as many processes and hosts as it was launched on (resumed, or started over with --resume none)
+        name = ship.local_run_name(remote.repo, run, overrides)
+        o = SimpleNamespace(**{**vars(o), **choose.kept_placement(remote.repo, remote.host.name, name, o, given)})
     slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
     spec = slurm_options(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
     train_args = (
