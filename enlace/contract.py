@@ -89,6 +89,7 @@ RUN_NAME_RULE = "a run_name is 1-64 characters of [A-Za-z0-9._-] starting with a
 # `supervisor: `, server/runfiles.supervisor_line)
 LOG_STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
 SUPERVISOR_LINE = re.compile(LOG_STAMP + "supervisor: ")
+LAUNCH_ID_ENV = "ENLACE_LAUNCH_ID"  # in the environment of every process a launch starts (enlace/server/launched.py)
 FETCH_ORIGIN = ".enlace-origin.json"  # in a run directory fetched from a host: which host and run dir it came from
 
 

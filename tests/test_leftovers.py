@@ -1,19 +1,22 @@
-"""What a run's processes leave behind is ended with it. torchrun starts each rank in a session of its own, so
-torchrun killed (SIGKILL, the OOM killer) leaves its ranks training on, and a SIGKILL to the supervisor's process
-group (stop --kill) missed them. Real processes: a parent that starts a child in a session of its own, as
-torchrun does (tests/test_remote_ddp.py does it with torchrun itself)."""
+"""What a launch leaves running is found and ended with it, wherever it went: torchrun starts each rank in a
+session of its own, and a killed parent's children go to init, so neither process groups nor parent links find
+them; the launch's id in their environment does (enlace/server/launched.py). Real processes: a parent that starts
+a child in a session of its own, as torchrun does (tests/test_remote_ddp.py does it with torchrun itself)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
+import pytest
 from support.remote import wait_until
 
-from enlace.server import trainerchild
-from enlace.server.lifecycle import kill_all_of
+from enlace.contract import LAUNCH_ID_ENV
+from enlace.server import launched, trainerchild
 
 # a parent (torchrun) that starts a child (a rank) in a session of its own, says its pid, then waits
 PARENT = (
@@ -24,44 +27,52 @@ PARENT = (
 )
 
 
-def _rank_of(proc: subprocess.Popen) -> psutil.Process:
-    return psutil.Process(int(proc.stdout.readline()))
+@pytest.fixture
+def launch_id():
+    """A launch id of this test's own; whatever carries it is ended at the end, whatever the test asserted."""
+    ident = f"test-{time.time_ns()}-{os.getpid()}"
+    yield ident
+    launched.send(launched.processes_of(ident), signal.SIGKILL)
 
 
-def test_kill_all_of_ends_what_the_process_started_in_sessions_of_their_own():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, start_new_session=True)
-    rank = _rank_of(parent)
+def _start(launch_id: str, **popen) -> tuple[subprocess.Popen, psutil.Process]:
+    env = {**os.environ, LAUNCH_ID_ENV: launch_id}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, env=env, **popen)
+    return parent, psutil.Process(int(parent.stdout.readline()))
+
+
+def test_a_launch_s_processes_are_found_by_its_id_once_their_parent_is_killed(launch_id):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # no id: never the launch's
     try:
-        kill_all_of(parent.pid)
-        assert parent.wait(timeout=30) == -signal.SIGKILL
-        _, alive = psutil.wait_procs([rank], timeout=30)
-        assert not alive  # a SIGKILL to the group alone left it running
+        parent, rank = _start(launch_id, start_new_session=True)
+        assert set(launched.processes_of(launch_id)) == {psutil.Process(parent.pid), rank}
+        parent.kill()
+        parent.wait(timeout=30)
+        assert launched.processes_of(launch_id) == [rank]  # re-parented, a session of its own: still found
+        assert launched.processes_of(None) == [] and launched.processes_of("another-launch") == []
     finally:
-        _end(rank)
+        other.kill()
 
 
-def test_the_supervisor_ends_what_a_killed_trainer_left_before_restarting_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainerchild, "TREE_EVERY_S", 0.0)
+def test_kill_launch_ends_the_group_and_every_process_of_the_launch(launch_id):
+    parent, rank = _start(launch_id, start_new_session=True)
+    launched.kill_launch(launch_id, parent.pid)
+    assert parent.wait(timeout=30) == -signal.SIGKILL
+    assert launched.wait([rank], 30) == []  # a SIGKILL to the group alone left it running
+
+
+def test_the_supervisor_ends_what_a_killed_trainer_left_before_restarting_it(launch_id, tmp_path, monkeypatch):
     monkeypatch.setattr(trainerchild, "LEFT_GRACE_S", 0.5)
     said = []
-    child = trainerchild.TrainerChild([sys.executable, "-c", PARENT], {}, said.append, lambda: None, 0.1, tmp_path)
-    proc, rank = child.start(0, ()), None  # (its rank is found the supervisor's way: what tick() sees)
-    try:
-        wait_until(lambda: child.tick() or len(child.started) == 1, 60, "the trainer's child to start")
-        (rank,) = child.started
-        proc.kill()
-        proc.wait(timeout=30)
-        child.reap()
-        _, alive = psutil.wait_procs([rank], timeout=30)
-        assert not alive and said == [f"the trainer's processes outlived it (pid {rank.pid}): killed (SIGKILL)"], said
-        child.reap()  # nothing left: nothing said
-        assert len(said) == 1
-    finally:
-        proc.kill()
-        _end(rank)
-
-
-def _end(proc: psutil.Process | None) -> None:
-    """A test's own leftovers, whatever it asserted."""
-    if proc is not None and proc.is_running():
-        proc.kill()
+    env = {**os.environ, LAUNCH_ID_ENV: launch_id}
+    child = trainerchild.TrainerChild([sys.executable, "-c", PARENT], env, said.append, lambda: None, 0.1, tmp_path)
+    proc = child.start(0, ())
+    wait_until(lambda: len(launched.processes_of(launch_id)) == 2, 60, "the trainer's child to start")
+    (rank,) = [p for p in launched.processes_of(launch_id) if p.pid != proc.pid]
+    proc.kill()
+    proc.wait(timeout=30)
+    child.reap()
+    assert launched.wait([rank], 30) == []
+    assert said == [f"the trainer ended, but processes it started did not (pid {rank.pid}): killed (SIGKILL)"]
+    child.reap()  # nothing left: nothing said
+    assert len(said) == 1

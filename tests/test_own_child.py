@@ -47,9 +47,33 @@ def test_what_a_command_leaves_behind_in_its_group_is_ended_with_it(project):
     row = _ended(project, "leaves")
     assert row["status"] == "crashed" and "the command exited 3" in row["error"], row
     log = (project / "runs" / "leaves" / "train.log").read_text()
-    assert "the command's process group outlived it: SIGTERM to what is left" in log, log
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
-    assert not left, left
+    assert "processes the command started outlived it: SIGTERM to what is left" in log, log
+    assert not _sleeping(marker)
+
+
+def _sleeping(marker: str) -> list:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
+
+
+def test_what_a_command_starts_in_a_session_of_its_own_is_ended_with_it_and_by_stop_kill(project):
+    """torchrun starts each rank in a session of its own (setsid here), where the group's signals never reach:
+    found by the launch's id in its environment. One ends with the command; one, ignoring SIGTERM beside a
+    command that does too, by `stop --kill` (it had outlived both)."""
+    marker = "1234.6"
+    _start(project, "apart", ["bash", "-c", f"setsid sleep {marker} & echo started; exit 3"], supervise={"grace": 2})
+    assert _ended(project, "apart")["status"] == "crashed"
+    assert not _sleeping(marker)
+    marker = "1234.7"
+    stubborn = (
+        f"setsid bash -c 'trap \"\" TERM; sleep {marker}' & trap '' TERM; echo ready; while :; do sleep 0.1; done"
+    )
+    _start(project, "apart2", ["bash", "-c", stubborn], supervise={"grace": 600})
+    log = project / "runs" / "apart2" / "train.log"
+    wait_until(lambda: "ready" in log.read_text() if log.exists() else False)
+    wait_until(lambda: bool(_sleeping(marker)), 30, "the sleep in a session of its own")
+    out = json.loads(enlace(project, "stop", "apart2", "--kill", "--grace", "1", "--json").stdout)
+    assert out["killed"] and out["status"] == "stopped", out
+    wait_until(lambda: not _sleeping(marker), 30, "stop --kill to end the sleep in a session of its own")
 
 
 def test_a_program_that_cannot_start_is_one_line_and_not_retried(project):

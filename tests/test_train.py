@@ -42,10 +42,15 @@ def test_finished_run_restarted_does_nothing_more(project):
 def test_missing_corpus_fails_cleanly_and_marks_run_failed(project):
     (project / "configs" / "data" / "gone.yaml").write_text("kind: bytes\npaths: ['data/gone/*.txt']\n")
     write_run(project, "nodata", data="gone")
-    out = enlace(project, "train", "nodata", check=False)
+    out = enlace(project, "train", "nodata", "--set", "training.max_steps=7", check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "data/gone/*.txt" in out.stderr
-    assert run_json(project / "runs" / "nodata")["status"] == "failed"
+    st = run_json(project / "runs" / "nodata")
+    # a first start cut short before its checkpoint step keeps its --set items as the run's (a plain launch dropped
+    # them); a later start's items count once its checkpoint is accepted (one refused by it left them behind)
+    assert st["status"] == "failed" and st["overrides"] == ["training.max_steps=7"], st
+    enlace(project, "train", "nodata", "--set", "training.max_steps=9", check=False)
+    assert run_json(project / "runs" / "nodata")["overrides"] == ["training.max_steps=7"]
 
 
 def test_cuda_profile_on_a_cpu_machine_says_how_to_fix(project):

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from enlace import contract
-from enlace.contract import ACTIVE, STOPPABLE, Status, describe_live
+from enlace.contract import ACTIVE, ENDED_CLEANLY, LAUNCH_ID_ENV, STOPPABLE, Status, describe_live
 from enlace.errors import AlreadyRunning
+from enlace.server.launched import kill_launch
 from enlace.server.ownchild import STALE
 from enlace.slurm import settings as slurm
 from enlace.state.runs import (
@@ -26,6 +27,7 @@ from enlace.state.runs import (
     proc_alive,
     proc_start,
     read,
+    recorded_status,
     status_of,
     trained_before,
     transition,
@@ -51,7 +53,7 @@ def launching(run_dir: Path, command: dict | None = None):
         st = read(run_dir)
         if not row["alive"] and proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
             # a frozen supervisor over a dead trainer: it would wake into this launch and act on it
-            kill_all_of(st["launcher_pid"])
+            kill_launch(st.get("launch_id"), st["launcher_pid"])
         if row["alive"] and row["supervisor"]:  # nothing heals it now: stop it at a checkpoint, resume below
             _say_in_log(
                 run_dir,
@@ -120,7 +122,7 @@ def start(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**torchrun_env(run_dir), **env, "ENLACE_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"},
+            env={**torchrun_env(run_dir), **env, LAUNCH_ID_ENV: launch_id, "PYTHONUNBUFFERED": "1"},
             pass_fds=pass_fds,
         )
         update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
@@ -245,9 +247,9 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
     row = observe(run_dir)
     if not row["alive"]:
         if st.get("launcher_pid") and proc_alive(st["launcher_pid"], st.get("launcher_start")):
-            # a frozen supervisor over a dead trainer: its group (the supervisor leads it: setsid), so a trainer
-            # it started and that has not recorded itself yet goes with it
-            kill_all_of(st["launcher_pid"])
+            # a frozen supervisor over a dead trainer: its group (the supervisor leads it: setsid) and the rest of
+            # its launch, so a trainer it started and that has not recorded itself yet goes with it
+            kill_launch(st.get("launch_id"), st["launcher_pid"])
         return _stop_report(run_dir, row, was_running=False, killed=False)
     if st.get("job_id"):
         return _stop_job(run_dir, st["job_id"], grace, kill)
@@ -266,35 +268,21 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
             os.kill(pid, signal.SIGTERM)
     killed = not _wait(lambda: proc_alive(pid, start_time), grace) and kill
     if killed:
-        kill_all_of(pid)
-        if pid != launcher[0] and proc_alive(*launcher):  # a frozen supervisor's torchrun and other ranks too
-            kill_all_of(launcher[0])
-        if st.get("command") and proc_alive(st.get("pid"), st.get("pid_start")):  # a command: its own group
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(st["pid"], signal.SIGKILL)
+        # it saved and recorded its stop, and only its exit was late: a clean stop, its stragglers killed
+        killed = recorded_status(read(run_dir)) not in ENDED_CLEANLY
+        # what leads a group of its own while alive (the supervisor: setsid; a command), then the whole launch:
+        # torchrun's ranks each lead a session of their own, and a dead parent's children are init's
+        kill_launch(
+            st.get("launch_id"), *(p for p, t in (launcher, (st.get("pid"), st.get("pid_start"))) if proc_alive(p, t))
+        )
         _wait(lambda: proc_alive(pid, start_time), 60)
-        _record_killed(run_dir, "killed by stop --kill")
+        if killed:
+            _record_killed(run_dir, "killed by stop --kill")
     if row["supervisor"] and proc_alive(*launcher):  # a frozen supervisor would linger (stopped) forever
         with contextlib.suppress(ProcessLookupError):
             os.kill(launcher[0], signal.SIGKILL)
         _wait(lambda: proc_alive(*launcher), 10)  # its end, before the report reads it (it said "still running")
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
-
-
-def kill_all_of(pid: int) -> None:
-    """SIGKILL to `pid`'s process group (the supervisor leads one: setsid) and to every process it started:
-    torchrun starts each rank in a session of its own, which the group's SIGKILL leaves training on."""
-    import psutil
-
-    try:
-        tree = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        tree = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
-    for proc in tree:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
 
 
 def _record_killed(run_dir: Path, words: str) -> None:

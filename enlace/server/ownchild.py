@@ -9,7 +9,8 @@ ending takes whole:
                 save short), SIGKILL to the group once `grace` s have passed
     stall       (only a script that logs steps with enlace.job has a stall clock) its stacks (enlace.job
                 registers faulthandler on SIGUSR2), SIGTERM, SIGKILL after the grace
-    the end     what its group left behind (a shell's child, a data loader) gets the same SIGTERM, then SIGKILL
+    the end     what its launch left behind (a shell's child, a data loader, a killed torchrun's ranks, each in a
+                session of its own: found by the launch's id, enlace/server/launched.py) gets SIGTERM, then SIGKILL
     a start that cannot happen (no such program, not executable) is one line and FAILED, never retried;
                 so is exit 2 at the first start before any step (a usage error: argparse's bad argument)
 """
@@ -29,10 +30,11 @@ from pathlib import Path
 
 from enlace import contract
 from enlace.config.command import CommandRun, expand
-from enlace.contract import UNLESS_STOPPING, Status
+from enlace.contract import LAUNCH_ID_ENV, UNLESS_STOPPING, Status
 from enlace.data.paths import link_shared_data
 from enlace.manifest import latest_checkpoint
 from enlace.names import find_root
+from enlace.server import launched
 from enlace.server.runfiles import last_line
 from enlace.state import runs
 
@@ -65,8 +67,15 @@ class CommandChild:
     records_itself = False  # what it did is said here, in run.json and train.log
     resumes = ""  # a command resumes its own way (its `resume:` arguments)
 
-    def __init__(self, command: CommandRun, run_dir: Path, env: dict[str, str], say: Callable[[str], None]):
-        self.command, self.run_dir, self.env, self.say = command, run_dir, env, say
+    def __init__(
+        self,
+        command: CommandRun,
+        run_dir: Path,
+        env: dict[str, str],
+        say: Callable[[str], None],
+        beat: Callable[[], None] = lambda: None,
+    ):
+        self.command, self.run_dir, self.env, self.say, self.beat = command, run_dir, env, say, beat
         self.proc: subprocess.Popen | None = None
         self.term_at: float | None = None
         self.killed = False
@@ -151,14 +160,18 @@ class CommandChild:
         self.ask_to_stop()
 
     def reap(self) -> None:
-        """After the group's leader ended: what it left behind gets SIGTERM, then SIGKILL after the grace."""
-        if not self._group(signal.SIGTERM):
+        """After the group's leader ended: what the launch left running (its group, torchrun's ranks in sessions of
+        their own and what they started) gets SIGTERM, then SIGKILL after the grace."""
+        left = launched.processes_of(self.env.get(LAUNCH_ID_ENV))
+        if not self._group(signal.SIGTERM) and not left:
             return
-        self.say("the command's process group outlived it: SIGTERM to what is left")
+        launched.send(left, signal.SIGTERM)
+        self.say("processes the command started outlived it: SIGTERM to what is left")
         deadline = time.monotonic() + self.grace
-        while self._group(0) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if self._group(signal.SIGKILL):
+        while (self._group(0) or left) and time.monotonic() < deadline:
+            left = launched.wait(left, 0.2, self.beat)
+        if self._group(signal.SIGKILL) | bool(left):
+            launched.send(left, signal.SIGKILL)
             self.say(f"what was left did not end within {self.grace:g} s: killed (SIGKILL)")
 
     def _group(self, signum: int) -> bool:

@@ -92,7 +92,7 @@ class Supervisor:
         self.beat = heartbeat.Heartbeat(run_dir / heartbeat.SUPERVISOR)  # status tells a gone or frozen one
         # what it runs: enlace's trainer, or a user's own command (enlace/config/command.py), behind one interface
         self.child: TrainerChild | CommandChild = (
-            CommandChild(command, run_dir, env, say)
+            CommandChild(command, run_dir, env, say, self.beat)
             if command
             else TrainerChild(argv, env, say, self.beat, poll, run_dir)
         )
@@ -103,7 +103,7 @@ class Supervisor:
         self.on_stop = on_stop
         self.got: set[str] = set()
         self._stall_s = 0.0
-        self.launch_id = env.get("ENLACE_LAUNCH_ID")  # the launch it serves: a later one owns the run
+        self.launch_id = env.get(contract.LAUNCH_ID_ENV)  # the launch it serves: a later one owns the run
 
     def on_signal(self, signum, frame) -> None:
         self.got.add(self.signals[signum])

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from enlace.contract import LAUNCH_ID_ENV
+from enlace.server import launched
 from enlace.state import runs
 
 TERM_GRACE_S = 60.0  # after SIGTERM to a stalled trainer, SIGKILL
 LEFT_GRACE_S = 5.0  # what the trainer started gets this long to end by itself once the trainer has ended
-TREE_EVERY_S = 3.0  # how often the supervisor looks at what the trainer started (one pass over the processes)
 
 
 def from_newest(argv: list[str]) -> list[str]:
@@ -64,23 +65,14 @@ class TrainerChild:
     ):
         self.argv, self.env, self.say, self.beat, self.poll, self.run_dir = argv, env, say, beat, poll, run_dir
         self.proc: subprocess.Popen | None = None
-        self.started, self.tree_at = set(), 0.0  # what the child started, as last seen (tick), and when
 
     def start(self, restart: int, fds: tuple[int, ...]) -> subprocess.Popen:
-        argv = again_argv(self.argv, self.run_dir, self.env.get("ENLACE_LAUNCH_ID")) if restart else self.argv
+        argv = again_argv(self.argv, self.run_dir, self.env.get(LAUNCH_ID_ENV)) if restart else self.argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=self.env, pass_fds=fds)
         return self.proc
 
     def tick(self) -> None:
-        """Every TREE_EVERY_S: what the child has started (torchrun's ranks), for reap. A stop's grace is the
-        trainer's own (it saves, then exits)."""
-        import psutil
-
-        if time.monotonic() - self.tree_at < TREE_EVERY_S:
-            return
-        self.tree_at = time.monotonic()
-        with contextlib.suppress(psutil.NoSuchProcess):
-            self.started |= set(psutil.Process(self.proc.pid).children(recursive=True))
+        pass  # a stop's grace is the trainer's own (it saves, then exits)
 
     def ask_to_stop(self) -> None:
         """One SIGTERM to what trains: torchrun's ranks themselves, which end torchrun cleanly as they end."""
@@ -130,21 +122,16 @@ class TrainerChild:
         return self.proc.poll() is not None
 
     def reap(self) -> None:
-        """What the trainer left running: torchrun killed (SIGKILL, the OOM killer) cannot end its ranks (each in a
-        session of its own), which train on beside the restart's ranks and its checkpoints. They get SIGKILL, as
-        the crash they belong to: the restart resumes from the newest complete checkpoint."""
-        import psutil
-
-        left = [proc for proc in self.started if proc.is_running()]  # (a Process is its pid and its start time)
-        self.started = set()
-        _, left = psutil.wait_procs(left, timeout=LEFT_GRACE_S)  # (torch.compile's workers end on their own)
-        if not left:
-            return
-        self.say(f"the trainer's processes outlived it (pid {', '.join(str(p.pid) for p in left)}): killed (SIGKILL)")
-        for proc in left:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-        psutil.wait_procs(left, timeout=TERM_GRACE_S)
+        """What the trainer's launch left running once the trainer ended: torchrun killed (SIGKILL, the OOM killer)
+        cannot end its ranks, which train on beside the restart's ranks and its checkpoints. After LEFT_GRACE_S
+        (torch.compile's workers end on their own) they get SIGKILL, as the crash they belong to: the restart
+        resumes from the newest complete checkpoint."""
+        left = launched.wait(launched.processes_of(self.env.get(LAUNCH_ID_ENV)), LEFT_GRACE_S, self.beat)
+        if left:
+            pids = ", ".join(str(p.pid) for p in left)
+            self.say(f"the trainer ended, but processes it started did not (pid {pids}): killed (SIGKILL)")
+            launched.send(left, signal.SIGKILL)
+            launched.wait(left, TERM_GRACE_S, self.beat)
 
     def record_end(self, code: int, stalled: bool, stopped: bool) -> None:
         pass  # the trainer wrote its own ending

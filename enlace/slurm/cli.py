@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import root_option
+from enlace.contract import LAUNCH_ID_ENV
 from enlace.names import find_root, validate_run_name
 
 spec_option = click.option(
@@ -72,7 +73,7 @@ def submit_cmd(
             run_name,
             shlex.quote(str(project)),
             shlex.quote(sys.executable),
-            {**env, "ENLACE_LAUNCH_ID": launch_id},
+            {**env, LAUNCH_ID_ENV: launch_id},
             job_args,
             header,
         )

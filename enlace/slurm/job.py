@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from enlace.config.command import CommandRun
-from enlace.contract import ACTIVE, Status
+from enlace.contract import ACTIVE, LAUNCH_ID_ENV, Status
 from enlace.errors import AlreadyRunning
 from enlace.server import lifecycle
 from enlace.server.runfiles import last_line
@@ -98,7 +98,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
     doc = st.get("command")  # the user's own command (submit kept it): started and healed as such
     own = CommandRun.from_doc(doc, "run.json command") if doc else None
     if restarts and own is None:  # a requeued trainer goes on from its newest checkpoint (once its line began)
-        train = again_argv(train, run_dir, os.environ.get("ENLACE_LAUNCH_ID"))
+        train = again_argv(train, run_dir, os.environ.get(LAUNCH_ID_ENV))
     argv = [sys.executable, *train]
     if gpus > 1 or nodes > 1:
         argv = distributed_argv(sys.executable, train, gpus, nodes, raw, run_dir / "train.log")
@@ -116,7 +116,7 @@ def run_job(run_dir: Path, train: list[str], gpus: int, nodes: int, max_requeues
         job_id=job_id,
         requeues=restarts,
         node=node,
-        launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
+        launch_id=os.environ.get(LAUNCH_ID_ENV),
     )
     left = time_left_s(raw)
     if left is not None and left <= grace + EARLY_S:  # Slurm may have sent USR1 while it was ignored

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from enlace.config.schema import Config
-from enlace.contract import Status
+from enlace.contract import LAUNCH_ID_ENV, Status
 from enlace.data.prefetch import Prefetched
 from enlace.data.streams import build_stream, data_identity
 from enlace.errors import AlreadyRunning, CheckpointError
@@ -58,6 +58,9 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
     run.freeze_config(cfg.to_dict())
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
+        # a run's first start: its --set items are its line's at once (a launch cut short before its checkpoint
+        # step below left the run with a run file and no --set, and a plain launch dropped them)
+        first = resume == "latest" and "fingerprint" not in runs.read(run.path)
         runs.record_self(
             run.path,
             run_name=cfg.run_name,
@@ -70,7 +73,8 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
             max_steps=t.max_steps,
             exit_code=None,
             error=None,
-            launch_id=os.environ.get("ENLACE_LAUNCH_ID"),
+            launch_id=os.environ.get(LAUNCH_ID_ENV),
+            **(_line_fields(cfg) if first else {}),
             data=None,
         )
 
@@ -125,7 +129,7 @@ def _line_fields(cfg: Config) -> dict[str, Any]:
 def _refuse_beside_a_live_trainer(run: RunDir) -> None:
     """An explicit --resume moves the run's checkpoints: refused while the run is live under another launch (a
     hand `enlace train RUN --resume X` beside a supervised run, even one waiting to restart or queued)."""
-    st, mine = runs.read(run.path), os.environ.get("ENLACE_LAUNCH_ID")
+    st, mine = runs.read(run.path), os.environ.get(LAUNCH_ID_ENV)
     if mine and st.get("launch_id") == mine:  # this launch's own start, restart or requeue
         return
     if runs.alive(st, run.path):  # a trainer, or its supervisor (waiting to restart, queued) or Slurm job
@@ -141,7 +145,7 @@ def _start_line(cfg: Config, run: RunDir, resume: str, ckpt: Path | None) -> Non
     moved = start_line(run.checkpoints, ckpt)
     run.reopen_metrics()  # metrics.jsonl now holds this line's records only
     run.freeze_config(cfg.to_dict(), new_line=True)
-    launch_id = os.environ.get("ENLACE_LAUNCH_ID")  # (trainerchild.py)
+    launch_id = os.environ.get(LAUNCH_ID_ENV)  # (trainerchild.py)
     aside = {"launch_id": launch_id, "path": str(moved.relative_to(run.path.parent.parent))} if moved else None
     runs.update(run.path, line_of=launch_id, set_aside=aside, **_line_fields(cfg))  # aside: launch's summary says it
     if moved is not None:
