@@ -194,6 +194,37 @@ def test_stop_kill_of_a_process_that_ignores_sigterm_says_killed_not_its_last_ph
         proc.wait()
 
 
+def test_stop_kill_of_a_run_that_saved_and_recorded_its_stop_but_exits_late_is_a_clean_stop(tmp_path):
+    """Past the grace, a run that had recorded `stopped` (its checkpoint saved) and was still exiting got SIGKILL
+    and was reported killed, its status overwritten with "killed by stop --kill". A real process that records its
+    stop on SIGTERM, then lingers, stands for the run's."""
+    import subprocess
+    import sys
+
+    from enlace.contract import Status
+    from enlace.server import lifecycle
+    from enlace.state import runs
+
+    run_dir = tmp_path / "late"
+    code = (
+        "import signal, sys, time\nfrom pathlib import Path\nfrom enlace.state import runs\n"
+        "def stop(*a):\n    runs.update(Path(sys.argv[1]), status='stopped', phase='stopped at step 5')\n"
+        "signal.signal(signal.SIGTERM, stop); print('ready', flush=True)\nwhile True: time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        runs.update(run_dir, status=Status.RUNNING, pid=proc.pid, pid_start=runs.proc_start(proc.pid))
+        report = lifecycle.stop(run_dir, grace=1, kill=True)
+        assert proc.wait(timeout=60) == -9  # its late exit is ended all the same
+        row = runs.read(run_dir)
+        assert not report["killed"] and (row["status"], row["phase"]) == ("stopped", "stopped at step 5"), row
+        assert row.get("error") is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.slow
 def test_five_double_stops_in_a_row_end_stopped_with_the_checkpoint_named(project):
     """Two `enlace stop` 0.3 s apart, five times over: each time the run ends `stopped` (never `stopping`
