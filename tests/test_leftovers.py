@@ -76,3 +76,31 @@ def test_the_supervisor_ends_what_a_killed_trainer_left_before_restarting_it(lau
     assert said == [f"the trainer ended, but processes it started did not (pid {rank.pid}): killed (SIGKILL)"]
     child.reap()  # nothing left: nothing said
     assert len(said) == 1
+
+
+def test_what_a_launch_s_process_started_without_the_id_is_found_and_a_respawner_is_ended(launch_id):
+    """A process whose environment lacks the id (setproctitle overwrites its memory; here it was started without
+    it) is found while its parent is; one that restarts its child whenever it dies, ignoring SIGTERM, is ended with
+    all it started, nothing of the launch left (one look, then SIGKILL, let a new child live)."""
+    bare = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env={}, start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", bare], stdout=subprocess.PIPE, env={**os.environ, LAUNCH_ID_ENV: launch_id}
+    )
+    child = psutil.Process(int(parent.stdout.readline()))
+    assert set(launched.processes_of(launch_id)) == {psutil.Process(parent.pid), child}
+    respawner = (
+        "import signal, subprocess, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "while True:\n    subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    )
+    env = {**os.environ, LAUNCH_ID_ENV: launch_id}
+    subprocess.Popen([sys.executable, "-c", respawner], env=env, start_new_session=True)
+    wait_until(lambda: len(launched.processes_of(launch_id)) == 4, 60, "the respawner's child")
+    killed = launched.kill_all(launch_id)
+    assert len(killed) >= 4 and launched.processes_of(launch_id) == []
+    assert not psutil.pid_exists(parent.pid) or psutil.Process(parent.pid).status() == psutil.STATUS_ZOMBIE

@@ -162,16 +162,16 @@ class CommandChild:
     def reap(self) -> None:
         """After the group's leader ended: what the launch left running (its group, torchrun's ranks in sessions of
         their own and what they started) gets SIGTERM, then SIGKILL after the grace."""
-        left = launched.processes_of(self.env.get(LAUNCH_ID_ENV))
+        launch = self.env.get(LAUNCH_ID_ENV)
+        left = launched.processes_of(launch)
         if not self._group(signal.SIGTERM) and not left:
             return
         launched.send(left, signal.SIGTERM)
         self.say("processes the command started outlived it: SIGTERM to what is left")
         deadline = time.monotonic() + self.grace
         while (self._group(0) or left) and time.monotonic() < deadline:
-            left = launched.wait(left, 0.2, self.beat)
-        if self._group(signal.SIGKILL) | bool(left):
-            launched.send(left, signal.SIGKILL)
+            left = launched.wait(left, 0.2, self.beat) or launched.processes_of(launch)  # (and what they started)
+        if self._group(signal.SIGKILL) | bool(launched.kill_all(launch, self.beat)):
             self.say(f"what was left did not end within {self.grace:g} s: killed (SIGKILL)")
 
     def _group(self, signum: int) -> bool:

@@ -10,6 +10,8 @@ outlives it, and heals the run without anyone watching:
     no sign of life for `stall_timeout` s once it has       its Python stacks into train.log (SIGUSR2:
       trained: no new step and no heartbeat (a hung            faulthandler), SIGTERM, SIGKILL after the
       collective, a dead mount)                                grace, and a restart as above
+    whatever way it ended, what it left running (a killed     ended first (the child's reap): found by the
+      torchrun's ranks, a command's children)                  launch's id (enlace/server/launched.py)
     SIGTERM to the supervisor (`stop`)                        one SIGTERM to the child; never restarted
     a queued run (enlace/server/queue.py)                     first waits for its turn (status `queued`),
                                                               then holds its GPUs or CPU slot through every

@@ -126,12 +126,10 @@ class TrainerChild:
         cannot end its ranks, which train on beside the restart's ranks and its checkpoints. After LEFT_GRACE_S
         (torch.compile's workers end on their own) they get SIGKILL, as the crash they belong to: the restart
         resumes from the newest complete checkpoint."""
-        left = launched.wait(launched.processes_of(self.env.get(LAUNCH_ID_ENV)), LEFT_GRACE_S, self.beat)
-        if left:
-            pids = ", ".join(str(p.pid) for p in left)
+        launch = self.env.get(LAUNCH_ID_ENV)
+        if launched.wait(launched.processes_of(launch), LEFT_GRACE_S, self.beat):
+            pids = ", ".join(map(str, launched.kill_all(launch, self.beat)))
             self.say(f"the trainer ended, but processes it started did not (pid {pids}): killed (SIGKILL)")
-            launched.send(left, signal.SIGKILL)
-            launched.wait(left, TERM_GRACE_S, self.beat)
 
     def record_end(self, code: int, stalled: bool, stopped: bool) -> None:
         pass  # the trainer wrote its own ending
