@@ -149,3 +149,44 @@ def test_a_killed_commands_last_logged_step_reaches_run_json(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 99, "time": "2024-05-01T12:00:00"}\n')  # a script's own form
     child.record_end(-9, False, False)  # (a str time against a float: the supervisor died of it)
     assert runs.read(tmp_path)["step"] == 0
+
+
+def test_a_command_whose_supervisor_died_is_stopped_not_crashed_and_what_it_left_is_ended(project):
+    """Its supervisor killed: `stop` of a command that ends on SIGTERM read `crashed` (nobody recorded the stop);
+    with the command gone too, a child in a session of its own (a rank, a slot's holder) trained on, and `stop`
+    said "nothing to stop" of it; a new launch started beside it."""
+    import os
+    import signal
+
+    _start(project, "orphan", ["bash", "-c", "trap 'exit 0' TERM; echo ready; while :; do sleep 0.1; done"])
+    run_dir = project / "runs" / "orphan"
+    wait_until(lambda: "ready" in (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else False)
+    os.kill(runs.read(run_dir)["launcher_pid"], signal.SIGKILL)
+    out = json.loads(enlace(project, "stop", "orphan", "--json").stdout)
+    assert out["status"] == "stopped" and "its supervisor was gone" in out["phase"], out
+
+    marker = "1234.8"
+    _start(project, "orphan2", ["bash", "-c", f"setsid sleep {marker} & echo ready; while :; do sleep 0.1; done"])
+    run_dir = project / "runs" / "orphan2"
+    wait_until(lambda: bool(_sleeping(marker)), 30, "the sleep in a session of its own")
+    st = runs.read(run_dir)
+    os.kill(st["launcher_pid"], signal.SIGKILL)
+    os.kill(st["pid"], signal.SIGKILL)
+    wait_until(lambda: not runs.observe(run_dir)["alive"], 30, "the run to read as not alive")
+    out = json.loads(enlace(project, "stop", "orphan2", "--json").stdout)
+    assert out["was_running"] and out["stopped"] and out["status"] == "stopped" and not _sleeping(marker), out
+    assert "processes of its launch are not" in (run_dir / "train.log").read_text()
+
+    marker = "1234.9"  # the same, then a new launch: what is left of the previous one does not run beside it
+    _start(project, "orphan3", ["bash", "-c", f"setsid sleep {marker} & echo ready; while :; do sleep 0.1; done"])
+    run_dir = project / "runs" / "orphan3"
+    wait_until(lambda: bool(_sleeping(marker)), 30, "the sleep in a session of its own")
+    st = runs.read(run_dir)
+    os.kill(st["launcher_pid"], signal.SIGKILL)
+    os.kill(st["pid"], signal.SIGKILL)
+    wait_until(lambda: not runs.observe(run_dir)["alive"], 30, "the run to read as not alive")
+    _start(project, "orphan3", ["bash", "-c", "exit 0"])
+    assert (
+        len(_sleeping(marker)) == 0
+        and "the previous launch's processes still ran" in (run_dir / "train.log").read_text()
+    )

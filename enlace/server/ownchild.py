@@ -148,6 +148,10 @@ class CommandChild:
         """While it runs: SIGKILL to the group once the grace after a SIGTERM is over."""
         if self.term_at is not None and time.monotonic() - self.term_at > self.grace:
             self._group(signal.SIGKILL)
+            # and the launch's other processes (torchrun's ranks lead sessions of their own), not waited for: the
+            # child is Popen's to reap (a psutil wait would take its exit code)
+            launch = [p for p in launched.processes_of(self.env.get(LAUNCH_ID_ENV)) if p.pid != self.proc.pid]
+            launched.send(launch, signal.SIGKILL)
             self.term_at, self.killed = None, True
 
     def end_stalled(self, stall_s: float, st: dict) -> None:
