@@ -18,10 +18,12 @@ from support.remote import wait_until
 from enlace.contract import LAUNCH_ID_ENV
 from enlace.server import launched, trainerchild
 
-# a parent (torchrun) that starts a child (a rank) in a session of its own, says its pid, then waits
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+# a parent (torchrun) that starts a child (a rank) in a session of its own with `env` (None: its own), says the
+# child's pid, then waits
 PARENT = (
-    "import subprocess, sys, time\n"
-    "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+    "import ast, subprocess, sys, time\n"
+    "rank = subprocess.Popen(ast.literal_eval(sys.argv[1]), env=ast.literal_eval(sys.argv[2]), start_new_session=True)\n"
     "print(rank.pid, flush=True)\n"
     "time.sleep(600)\n"
 )
@@ -32,43 +34,79 @@ def launch_id():
     """A launch id of this test's own; whatever carries it is ended at the end, whatever the test asserted."""
     ident = f"test-{time.time_ns()}-{os.getpid()}"
     yield ident
-    launched.send(launched.processes_of(ident), signal.SIGKILL)
+    launched.kill_all(ident, timeout=30)
 
 
-def _start(launch_id: str, **popen) -> tuple[subprocess.Popen, psutil.Process]:
+def _start(launch_id: str, child_env: dict | None = None) -> tuple[subprocess.Popen, psutil.Process]:
     env = {**os.environ, LAUNCH_ID_ENV: launch_id}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, env=env, **popen)
+    argv = [sys.executable, "-c", PARENT, repr(SLEEPER), repr(child_env)]
+    parent = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, start_new_session=True)
     return parent, psutil.Process(int(parent.stdout.readline()))
 
 
+def _reaped(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(timeout=30)
+    proc.stdout and proc.stdout.close()
+
+
 def test_a_launch_s_processes_are_found_by_its_id_once_their_parent_is_killed(launch_id):
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # no id: never the launch's
+    other = subprocess.Popen(SLEEPER)  # no id: never the launch's
     try:
-        parent, rank = _start(launch_id, start_new_session=True)
-        assert set(launched.processes_of(launch_id)) == {psutil.Process(parent.pid), rank}
-        parent.kill()
-        parent.wait(timeout=30)
+        parent, rank = _start(launch_id)
+        # the caller's own child is left out: its Popen reaps it (a psutil wait would take its exit code)
+        assert launched.processes_of(launch_id) == [rank]
+        _reaped(parent)
         assert launched.processes_of(launch_id) == [rank]  # re-parented, a session of its own: still found
         assert launched.processes_of(None) == [] and launched.processes_of("another-launch") == []
     finally:
-        other.kill()
+        _reaped(other)
+
+
+def test_what_a_launch_s_process_started_without_the_id_is_found_through_it(launch_id):
+    """setproctitle overwrites the environment's memory; here the child is started without the id. Found while
+    its parent, which has it, is not the caller's own child."""
+    outer = [sys.executable, "-c", PARENT, repr([sys.executable, "-c", PARENT, repr(SLEEPER), "{}"]), "None"]
+    starter = subprocess.Popen(outer, stdout=subprocess.DEVNULL, env={**os.environ, LAUNCH_ID_ENV: launch_id})
+    wait_until(lambda: len(psutil.Process(starter.pid).children()) == 1, 30, "the process with the id")
+    (middle,) = psutil.Process(starter.pid).children()  # has the id; its child has none
+    wait_until(lambda: len(middle.children()) == 1, 30, "the child without the id")
+    (bare,) = middle.children()
+    assert LAUNCH_ID_ENV not in bare.environ()
+    assert set(launched.processes_of(launch_id)) == {middle, bare}
+    _reaped(starter)
 
 
 def test_kill_launch_ends_the_group_and_every_process_of_the_launch(launch_id):
-    parent, rank = _start(launch_id, start_new_session=True)
+    parent, rank = _start(launch_id)
     launched.kill_launch(launch_id, parent.pid)
     assert parent.wait(timeout=30) == -signal.SIGKILL
     assert launched.wait([rank], 30) == []  # a SIGKILL to the group alone left it running
+
+
+def test_kill_all_ends_a_respawner_and_what_it_started(launch_id):
+    """A process that restarts its child whenever it dies, ignoring SIGTERM: nothing of the launch is left."""
+    respawner = (
+        "import signal, subprocess, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"while True:\n    subprocess.run({SLEEPER!r})\n"
+    )
+    argv = [sys.executable, "-c", PARENT, repr([sys.executable, "-c", respawner]), "None"]
+    starter = subprocess.Popen(argv, stdout=subprocess.PIPE, env={**os.environ, LAUNCH_ID_ENV: launch_id})
+    wait_until(lambda: len(launched.processes_of(launch_id)) == 2, 60, "the respawner's child")
+    assert len(launched.kill_all(launch_id)) >= 2 and launched.processes_of(launch_id) == []
+    _reaped(starter)
 
 
 def test_the_supervisor_ends_what_a_killed_trainer_left_before_restarting_it(launch_id, tmp_path, monkeypatch):
     monkeypatch.setattr(trainerchild, "LEFT_GRACE_S", 0.5)
     said = []
     env = {**os.environ, LAUNCH_ID_ENV: launch_id}
-    child = trainerchild.TrainerChild([sys.executable, "-c", PARENT], env, said.append, lambda: None, 0.1, tmp_path)
-    proc = child.start(0, ())
-    wait_until(lambda: len(launched.processes_of(launch_id)) == 2, 60, "the trainer's child to start")
-    (rank,) = [p for p in launched.processes_of(launch_id) if p.pid != proc.pid]
+    argv = [sys.executable, "-c", PARENT, repr(SLEEPER), "None"]
+    child = trainerchild.TrainerChild(argv, env, said.append, lambda: None, 0.1, tmp_path)
+    proc = child.start(0, ())  # (this process stands for the supervisor: the trainer is its child)
+    wait_until(lambda: len(launched.processes_of(launch_id)) == 1, 60, "the trainer's child to start")
+    (rank,) = launched.processes_of(launch_id)
     proc.kill()
     proc.wait(timeout=30)
     child.reap()
@@ -76,31 +114,3 @@ def test_the_supervisor_ends_what_a_killed_trainer_left_before_restarting_it(lau
     assert said == [f"the trainer ended, but processes it started did not (pid {rank.pid}): killed (SIGKILL)"]
     child.reap()  # nothing left: nothing said
     assert len(said) == 1
-
-
-def test_what_a_launch_s_process_started_without_the_id_is_found_and_a_respawner_is_ended(launch_id):
-    """A process whose environment lacks the id (setproctitle overwrites its memory; here it was started without
-    it) is found while its parent is; one that restarts its child whenever it dies, ignoring SIGTERM, is ended with
-    all it started, nothing of the launch left (one look, then SIGKILL, let a new child live)."""
-    bare = (
-        "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env={}, start_new_session=True)\n"
-        "print(child.pid, flush=True)\n"
-        "time.sleep(600)\n"
-    )
-    parent = subprocess.Popen(
-        [sys.executable, "-c", bare], stdout=subprocess.PIPE, env={**os.environ, LAUNCH_ID_ENV: launch_id}
-    )
-    child = psutil.Process(int(parent.stdout.readline()))
-    assert set(launched.processes_of(launch_id)) == {psutil.Process(parent.pid), child}
-    respawner = (
-        "import signal, subprocess, sys\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "while True:\n    subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-    )
-    env = {**os.environ, LAUNCH_ID_ENV: launch_id}
-    subprocess.Popen([sys.executable, "-c", respawner], env=env, start_new_session=True)
-    wait_until(lambda: len(launched.processes_of(launch_id)) == 4, 60, "the respawner's child")
-    killed = launched.kill_all(launch_id)
-    assert len(killed) >= 4 and launched.processes_of(launch_id) == []
-    assert not psutil.pid_exists(parent.pid) or psutil.Process(parent.pid).status() == psutil.STATUS_ZOMBIE

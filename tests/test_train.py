@@ -46,11 +46,11 @@ def test_missing_corpus_fails_cleanly_and_marks_run_failed(project):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "data/gone/*.txt" in out.stderr
     st = run_json(project / "runs" / "nodata")
-    # a first start cut short before its checkpoint step keeps its --set items as the run's (a plain launch dropped
-    # them); a later start's items count once its checkpoint is accepted (one refused by it left them behind)
+    # a start cut short before its checkpoint step, with no checkpoint that could refuse its --set items, keeps them
+    # as the run's (a plain launch dropped them); where a checkpoint refuses them they are not (test_remote_ddp.py)
     assert st["status"] == "failed" and st["overrides"] == ["training.max_steps=7"], st
     enlace(project, "train", "nodata", "--set", "training.max_steps=9", check=False)
-    assert run_json(project / "runs" / "nodata")["overrides"] == ["training.max_steps=7"]
+    assert run_json(project / "runs" / "nodata")["overrides"] == ["training.max_steps=9"]
 
 
 def test_cuda_profile_on_a_cpu_machine_says_how_to_fix(project):

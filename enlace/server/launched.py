@@ -22,19 +22,21 @@ KILL_WAIT_S = 60.0  # kill_all's longest wait for the launch's processes to be g
 
 
 def processes_of(launch_id: str | None) -> list[psutil.Process]:
-    """The live processes of launch `launch_id`, and what they started, but this one and its ancestors (a Slurm
-    batch step's script, a supervisor's own `enlace start`, carry the id too)."""
+    """The live processes of launch `launch_id`, and what they started, but the caller, its ancestors (a
+    supervisor's `enlace start` may share its environment) and its own children: a child is its Popen's to reap,
+    and a psutil wait would take its exit code (Popen then reads 0)."""
     if not launch_id:
         return []
     me = psutil.Process()
     mine = {me.pid, *(p.pid for p in me.parents())}
     uid, found, children = os.getuid(), {}, {}
     for proc in psutil.process_iter(["ppid", "uids", "status"]):
-        if proc.pid in mine or proc.info["status"] == psutil.STATUS_ZOMBIE:
+        info = proc.info
+        if proc.pid in mine or info["ppid"] == me.pid or info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        children.setdefault(proc.info["ppid"], []).append(proc)
-        if proc.info["uids"] is None or proc.info["uids"].real != uid:
-            continue  # (another user's processes: their environments are not ours to read)
+        if info["uids"] is None or info["uids"].real != uid:
+            continue  # (another user's processes: neither its environment nor a signal is ours)
+        children.setdefault(info["ppid"], []).append(proc)
         with contextlib.suppress(psutil.Error):
             if proc.environ().get(LAUNCH_ID_ENV) == launch_id:
                 found[proc.pid] = proc
@@ -47,7 +49,19 @@ def processes_of(launch_id: str | None) -> list[psutil.Process]:
     return list(found.values())
 
 
+def roots(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `procs` whose parent is not among them: what a stop's SIGTERM goes to (a rank, not its data
+    loader's workers, whose death by signal the rank would take for a crash)."""
+    pids = {p.pid for p in procs}
+    return [p for p in procs if p.info.get("ppid") not in pids]
+
+
+def pids(procs: list[psutil.Process]) -> str:
+    return ", ".join(str(p.pid) for p in procs)
+
+
 def send(procs: list[psutil.Process], signum: int) -> None:
+    """`signum` to each (one already gone, or not ours, is passed by)."""
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signum)
@@ -55,25 +69,33 @@ def send(procs: list[psutil.Process], signum: int) -> None:
 
 def wait(procs: list[psutil.Process], timeout: float, beat: Callable[[], None] = lambda: None) -> list[psutil.Process]:
     """Wait up to `timeout` s for `procs` to end, beating meanwhile (a supervisor that waits is not frozen); those
-    still running."""
+    still running (a zombie has ended: where no init reaps, it stays one)."""
     deadline = time.monotonic() + timeout
     while True:
         beat()
         _, procs = psutil.wait_procs(procs, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        procs = [p for p in procs if _running(p)]
         if not procs or time.monotonic() >= deadline:
             return procs
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def kill_all(launch_id: str | None, beat: Callable[[], None] = lambda: None, timeout: float = KILL_WAIT_S) -> list:
     """SIGKILL to every process of the launch, and again to what they started meanwhile, each waited for until
     gone (a restart's ranks then find the GPU's memory free), until none is left or `timeout` s have passed; the
-    pids killed."""
-    deadline, killed = time.monotonic() + timeout, []
+    processes signalled."""
+    deadline, signalled = time.monotonic() + timeout, {}
     while (left := processes_of(launch_id)) and time.monotonic() < deadline:
         send(left, signal.SIGKILL)
-        killed += [p.pid for p in left if p.pid not in killed]
+        signalled.update((p.pid, p) for p in left)
         wait(left, max(0.0, deadline - time.monotonic()), beat)
-    return killed
+    return list(signalled.values())
 
 
 def kill_launch(launch_id: str | None, *alive: int) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 from enlace import contract
 from enlace.contract import ACTIVE, ENDED_CLEANLY, LAUNCH_ID_ENV, STOPPABLE, Status, describe_live
 from enlace.errors import AlreadyRunning
-from enlace.server.launched import kill_all, kill_launch, processes_of, send, wait
+from enlace.server import launched
+from enlace.server.launched import kill_launch
 from enlace.server.ownchild import STALE
 from enlace.slurm import settings as slurm
 from enlace.state.runs import (
@@ -54,11 +55,12 @@ def launching(run_dir: Path, command: dict | None = None):
         if not row["alive"] and proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
             # a frozen supervisor over a dead trainer: it would wake into this launch and act on it
             kill_launch(st.get("launch_id"), st["launcher_pid"])
-        elif not row["alive"] and (left := processes_of(st.get("launch_id"))):
+        elif not row["alive"] and (left := launched.processes_of(st.get("launch_id"))):
             # its supervisor and trainer gone, what they started is not (a command's ranks, a slot's holder): it
             # would train beside this launch, or hold its slot
-            _say_in_log(run_dir, f"the previous launch's processes still ran (pid {_pids(left)}): killed (SIGKILL)")
-            kill_all(st.get("launch_id"))
+            said = f"the previous launch's processes still ran (pid {launched.pids(left)}): killed (SIGKILL)"
+            _say_in_log(run_dir, said)
+            launched.kill_all(st.get("launch_id"))
         if row["alive"] and row["supervisor"]:  # nothing heals it now: stop it at a checkpoint, resume below
             _say_in_log(
                 run_dir,
@@ -252,10 +254,12 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
     row = observe(run_dir)
     if not row["alive"]:
         if st.get("launcher_pid") and proc_alive(st["launcher_pid"], st.get("launcher_start")):
-            # a frozen supervisor over a dead trainer: its group (the supervisor leads it: setsid) and the rest of
-            # its launch, so a trainer it started and that has not recorded itself yet goes with it
-            kill_launch(st.get("launch_id"), st["launcher_pid"])
-        elif left := processes_of(st.get("launch_id")):
+            # a frozen supervisor over a dead trainer: its group (the supervisor leads it: setsid), so a trainer it
+            # started and that has not recorded itself yet goes with it; what else of its launch is left, below
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(st["launcher_pid"], signal.SIGKILL)
+            _wait(lambda: proc_alive(st["launcher_pid"], st.get("launcher_start")), 10)
+        if left := launched.processes_of(st.get("launch_id")):
             return _stop_what_is_left(run_dir, st, left, grace, kill)
         return _stop_report(run_dir, row, was_running=False, killed=False)
     if st.get("job_id"):
@@ -275,45 +279,47 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
             os.kill(pid, signal.SIGTERM)
     killed = not _wait(lambda: proc_alive(pid, start_time), grace) and kill
     if killed:
-        # it saved and recorded its stop, and only its exit was late: a clean stop, its stragglers killed
-        killed = recorded_status(read(run_dir)) not in ENDED_CLEANLY
         # what leads a group of its own while alive (the supervisor: setsid; a command), then the whole launch:
         # torchrun's ranks each lead a session of their own, and a dead parent's children are init's
         kill_launch(
             st.get("launch_id"), *(p for p, t in (launcher, (st.get("pid"), st.get("pid_start"))) if proc_alive(p, t))
         )
         _wait(lambda: proc_alive(pid, start_time), 60)
+        # it saved and recorded its stop, and only its exit was late: a clean stop, its stragglers killed
+        killed = recorded_status(read(run_dir)) not in ENDED_CLEANLY
         if killed:
             _record_killed(run_dir, "killed by stop --kill")
     if row["supervisor"] and proc_alive(*launcher):  # a frozen supervisor would linger (stopped) forever
         with contextlib.suppress(ProcessLookupError):
             os.kill(launcher[0], signal.SIGKILL)
         _wait(lambda: proc_alive(*launcher), 10)  # its end, before the report reads it (it said "still running")
-    if st.get("command") and not proc_alive(*launcher) and not proc_alive(pid, start_time):
-        # a command records nothing itself, and its supervisor that would is gone: it stopped (it was "crashed")
-        words = "stopped: the command ended on SIGTERM (its supervisor was gone)"
-        transition(run_dir, Status.STOPPED, frozenset({Status.STOPPING}), phase=words)
+    # a command records nothing itself, and its supervisor that would is gone: it stopped (it read "crashed");
+    # checked first, as transition() writes the phase whether or not the status moves
+    gone = not proc_alive(*launcher) and not proc_alive(pid, start_time)
+    if st.get("command") and gone and recorded_status(read(run_dir)) == Status.STOPPING:
+        update(run_dir, status=Status.STOPPED, phase="stopped: the command ended on SIGTERM (its supervisor was gone)")
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
 
 
 def _stop_what_is_left(run_dir: Path, st: dict[str, Any], left: list, grace: float, kill: bool) -> dict[str, Any]:
     """A run whose supervisor and recorded process are gone, while processes of its launch are not (a command's
-    ranks, a child holding the run's queue slot): SIGTERM, the grace, with `kill` SIGKILL; stopped once none is
-    left (status said `crashed` while they trained on)."""
-    _say_in_log(run_dir, f"stop: its supervisor is gone, processes of its launch are not (pid {_pids(left)}): SIGTERM")
-    send(left, signal.SIGTERM)
-    killed = bool(wait(left, grace)) and kill
+    ranks, a child holding the run's queue slot): SIGTERM to the first of each tree (a rank, not its data loader's
+    workers), the grace, with `kill` SIGKILL; stopped once none is left (it read `crashed` while they trained)."""
+    said = f"its supervisor is gone, processes of its launch are not (pid {launched.pids(left)}): SIGTERM"
+    _say_in_log(run_dir, f"stop: {said}")
+    launched.send(launched.roots(left), signal.SIGTERM)
+    killed = bool(launched.wait(left, grace)) and kill
     if killed:
-        kill_all(st.get("launch_id"))
-    words = "killed by stop --kill" if killed else "stopped: what was left of it ended on SIGTERM"
-    if not (left := processes_of(st.get("launch_id"))):
-        update(run_dir, status=Status.STOPPED, phase=words, **({"error": words, "exit_code": 137} if killed else {}))
-        _say_in_log(run_dir, f"stop: {words}")
+        launched.kill_all(st.get("launch_id"))
+    if not (left := launched.processes_of(st.get("launch_id"))):
+        if killed:
+            _record_killed(run_dir, "killed by stop --kill")
+        else:
+            words = "stopped: what was left of it ended on SIGTERM"
+            if recorded_status(read(run_dir)) in ACTIVE | {Status.CRASHED}:  # (a finished run's straggler: finished)
+                update(run_dir, status=Status.STOPPED, phase=words)
+            _say_in_log(run_dir, f"stop: {words}")
     return {**_stop_report(run_dir, observe(run_dir), was_running=True, killed=killed), "stopped": not left}
-
-
-def _pids(procs: list) -> str:
-    return ", ".join(str(p.pid) for p in procs)
 
 
 def _record_killed(run_dir: Path, words: str) -> None:

@@ -147,11 +147,8 @@ class CommandChild:
     def tick(self) -> None:
         """While it runs: SIGKILL to the group once the grace after a SIGTERM is over."""
         if self.term_at is not None and time.monotonic() - self.term_at > self.grace:
-            self._group(signal.SIGKILL)
-            # and the launch's other processes (torchrun's ranks lead sessions of their own), not waited for: the
-            # child is Popen's to reap (a psutil wait would take its exit code)
-            launch = [p for p in launched.processes_of(self.env.get(LAUNCH_ID_ENV)) if p.pid != self.proc.pid]
-            launched.send(launch, signal.SIGKILL)
+            self._group(signal.SIGKILL)  # and the rest of the launch: torchrun's ranks lead sessions of their own
+            launched.send(launched.processes_of(self.env.get(LAUNCH_ID_ENV)), signal.SIGKILL)
             self.term_at, self.killed = None, True
 
     def end_stalled(self, stall_s: float, st: dict) -> None:
@@ -170,11 +167,12 @@ class CommandChild:
         left = launched.processes_of(launch)
         if not self._group(signal.SIGTERM) and not left:
             return
-        launched.send(left, signal.SIGTERM)
+        launched.send(launched.roots(left), signal.SIGTERM)  # (a rank's data loader workers: the rank ends them)
         self.say("processes the command started outlived it: SIGTERM to what is left")
         deadline = time.monotonic() + self.grace
         while (self._group(0) or left) and time.monotonic() < deadline:
-            left = launched.wait(left, 0.2, self.beat) or launched.processes_of(launch)  # (and what they started)
+            launched.wait(left, 1.0, self.beat) if left else (self.beat(), time.sleep(1.0))
+            left = launched.processes_of(launch)  # (and what they started meanwhile)
         if self._group(signal.SIGKILL) | bool(launched.kill_all(launch, self.beat)):
             self.say(f"what was left did not end within {self.grace:g} s: killed (SIGKILL)")
 

@@ -127,8 +127,9 @@ class TrainerChild:
         (torch.compile's workers end on their own) they get SIGKILL, as the crash they belong to: the restart
         resumes from the newest complete checkpoint."""
         launch = self.env.get(LAUNCH_ID_ENV)
-        if launched.wait(launched.processes_of(launch), LEFT_GRACE_S, self.beat):
-            pids = ", ".join(map(str, launched.kill_all(launch, self.beat)))
+        left = launched.wait(launched.processes_of(launch), LEFT_GRACE_S, self.beat)
+        if left and (killed := launched.kill_all(launch, self.beat)):
+            pids = launched.pids(killed)
             self.say(f"the trainer ended, but processes it started did not (pid {pids}): killed (SIGKILL)")
 
     def record_end(self, code: int, stalled: bool, stopped: bool) -> None:

@@ -16,7 +16,7 @@ from enlace.contract import LAUNCH_ID_ENV, Status
 from enlace.data.prefetch import Prefetched
 from enlace.data.streams import build_stream, data_identity
 from enlace.errors import AlreadyRunning, CheckpointError
-from enlace.manifest import incomplete_checkpoints, skipped_latest
+from enlace.manifest import incomplete_checkpoints, latest_checkpoint, skipped_latest
 from enlace.state import runs
 from enlace.sysinfo import git_commit, hostname
 from enlace.train import engine
@@ -58,9 +58,9 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
     run.freeze_config(cfg.to_dict())
     if dist.is_main:
         remove_stale_temps(run.checkpoints)
-        # a run's first start: its --set items are its line's at once (a launch cut short before its checkpoint
-        # step below left the run with a run file and no --set, and a plain launch dropped them)
-        first = resume == "latest" and "fingerprint" not in runs.read(run.path)
+        # no checkpoint yet: its --set items are its line's at once (a launch cut short before the checkpoint step
+        # below left the run with a run file and no --set, and a plain launch dropped them)
+        first = resume == "latest" and latest_checkpoint(run.checkpoints) is None  # nothing that could refuse them
         runs.record_self(
             run.path,
             run_name=cfg.run_name,
