@@ -165,28 +165,29 @@ def test_a_command_whose_supervisor_died_is_stopped_not_crashed_and_what_it_left
     out = json.loads(enlace(project, "stop", "orphan", "--json").stdout)
     assert out["status"] == "stopped" and "its supervisor was gone" in out["phase"], out
 
-    marker = "1234.8"
-    _start(project, "orphan2", ["bash", "-c", f"setsid sleep {marker} & echo ready; while :; do sleep 0.1; done"])
-    run_dir = project / "runs" / "orphan2"
-    wait_until(lambda: bool(_sleeping(marker)), 30, "the sleep in a session of its own")
-    st = runs.read(run_dir)
-    os.kill(st["launcher_pid"], signal.SIGKILL)
-    os.kill(st["pid"], signal.SIGKILL)
-    wait_until(lambda: not runs.observe(run_dir)["alive"], 30, "the run to read as not alive")
+    run_dir = _orphaned(project, "orphan2", "1234.8")
     out = json.loads(enlace(project, "stop", "orphan2", "--json").stdout)
-    assert out["was_running"] and out["stopped"] and out["status"] == "stopped" and not _sleeping(marker), out
+    assert out["was_running"] and out["stopped"] and out["status"] == "stopped" and not _sleeping("1234.8"), out
     assert "processes of its launch are not" in (run_dir / "train.log").read_text()
 
-    marker = "1234.9"  # the same, then a new launch: what is left of the previous one does not run beside it
-    _start(project, "orphan3", ["bash", "-c", f"setsid sleep {marker} & echo ready; while :; do sleep 0.1; done"])
-    run_dir = project / "runs" / "orphan3"
+    run_dir = _orphaned(project, "orphan3", "1234.9")  # then a new launch: what is left does not run beside it
+    _start(project, "orphan3", ["bash", "-c", "exit 0"])
+    assert (
+        not _sleeping("1234.9") and "the previous launch's processes still ran" in (run_dir / "train.log").read_text()
+    )
+
+
+def _orphaned(project, name: str, marker: str):
+    """A command that started a sleep in a session of its own, then it and its supervisor SIGKILLed: the sleep is
+    all that is left of the run (its run directory)."""
+    import os
+    import signal
+
+    _start(project, name, ["bash", "-c", f"setsid sleep {marker} & echo ready; while :; do sleep 0.1; done"])
+    run_dir = project / "runs" / name
     wait_until(lambda: bool(_sleeping(marker)), 30, "the sleep in a session of its own")
     st = runs.read(run_dir)
     os.kill(st["launcher_pid"], signal.SIGKILL)
     os.kill(st["pid"], signal.SIGKILL)
     wait_until(lambda: not runs.observe(run_dir)["alive"], 30, "the run to read as not alive")
-    _start(project, "orphan3", ["bash", "-c", "exit 0"])
-    assert (
-        len(_sleeping(marker)) == 0
-        and "the previous launch's processes still ran" in (run_dir / "train.log").read_text()
-    )
+    return run_dir
