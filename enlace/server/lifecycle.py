@@ -17,7 +17,6 @@ from enlace import contract
 from enlace.contract import ACTIVE, ENDED_CLEANLY, LAUNCH_ID_ENV, STOPPABLE, Status, describe_live
 from enlace.errors import AlreadyRunning
 from enlace.server import launched
-from enlace.server.launched import kill_launch
 from enlace.server.ownchild import STALE
 from enlace.slurm import settings as slurm
 from enlace.state.runs import (
@@ -54,8 +53,8 @@ def launching(run_dir: Path, command: dict | None = None):
         st = read(run_dir)
         if not row["alive"] and proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
             # a frozen supervisor over a dead trainer: it would wake into this launch and act on it
-            kill_launch(st.get("launch_id"), st["launcher_pid"])
-        elif not row["alive"] and (left := launched.processes_of(st.get("launch_id"))):
+            launched.kill_launch(st.get("launch_id"), st["launcher_pid"])
+        elif not row["alive"] and (left := _left_unsupervised(st)):
             # its supervisor and trainer gone, what they started is not (a command's ranks, a slot's holder): it
             # would train beside this launch, or hold its slot
             said = f"the previous launch's processes still ran (pid {launched.pids(left)}): killed (SIGKILL)"
@@ -259,7 +258,7 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(st["launcher_pid"], signal.SIGKILL)
             _wait(lambda: proc_alive(st["launcher_pid"], st.get("launcher_start")), 10)
-        if left := launched.processes_of(st.get("launch_id")):
+        if left := _left_unsupervised(st):
             return _stop_what_is_left(run_dir, st, left, grace, kill)
         return _stop_report(run_dir, row, was_running=False, killed=False)
     if st.get("job_id"):
@@ -281,7 +280,7 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
     if killed:
         # what leads a group of its own while alive (the supervisor: setsid; a command), then the whole launch:
         # torchrun's ranks each lead a session of their own, and a dead parent's children are init's
-        kill_launch(
+        launched.kill_launch(
             st.get("launch_id"), *(p for p, t in (launcher, (st.get("pid"), st.get("pid_start"))) if proc_alive(p, t))
         )
         _wait(lambda: proc_alive(pid, start_time), 60)
@@ -301,6 +300,12 @@ def _stop(run_dir: Path, st: dict[str, Any], grace: float, kill: bool) -> dict[s
     return _stop_report(run_dir, observe(run_dir), was_running=True, killed=killed)
 
 
+def _left_unsupervised(st: dict[str, Any]) -> list:
+    """What of a run's launch still runs, where its supervisor died before it recorded an end (a supervisor that
+    recorded one reaped them first): looked for only then, as the look reads every process's environment."""
+    return launched.processes_of(st.get("launch_id")) if recorded_status(st) in ACTIVE else []
+
+
 def _stop_what_is_left(run_dir: Path, st: dict[str, Any], left: list, grace: float, kill: bool) -> dict[str, Any]:
     """A run whose supervisor and recorded process are gone, while processes of its launch are not (a command's
     ranks, a child holding the run's queue slot): SIGTERM to the first of each tree (a rank, not its data loader's
@@ -316,8 +321,7 @@ def _stop_what_is_left(run_dir: Path, st: dict[str, Any], left: list, grace: flo
             _record_killed(run_dir, "killed by stop --kill")
         else:
             words = "stopped: what was left of it ended on SIGTERM"
-            if recorded_status(read(run_dir)) in ACTIVE | {Status.CRASHED}:  # (a finished run's straggler: finished)
-                update(run_dir, status=Status.STOPPED, phase=words)
+            update(run_dir, status=Status.STOPPED, phase=words)  # (it recorded no end: _left_unsupervised)
             _say_in_log(run_dir, f"stop: {words}")
     return {**_stop_report(run_dir, observe(run_dir), was_running=True, killed=killed), "stopped": not left}
 

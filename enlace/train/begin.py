@@ -98,9 +98,9 @@ def begin(cfg: Config, run: RunDir, dist: Dist, resume: str, allow: frozenset[st
                 f"warning: resuming on other data than the checkpoint's (sha256 {then['sha256'][:12]} then, "
                 f"{data_id['sha256'][:12]} now; --allow-data-change): this run is no longer an exact resume"
             )
-    # what its checkpoints will need (config.resume_problem), once its checkpoint is accepted (or there is none):
-    # a start the checkpoint refused (another world size) left its --set there, and a plain launch repeated them
-    if dist.is_main and resume == "latest":
+    # what its checkpoints will need (config.resume_problem), once its checkpoint is accepted (without one: written
+    # above): a start the checkpoint refused (another world size) left its --set there, and a plain launch repeated them
+    if ckpt is not None and dist.is_main and resume == "latest":
         run.update_status(**_line_fields(cfg))
     if dist.is_main and resume != "latest":  # loaded and accepted: from here on a restart resumes this line
         _start_line(cfg, run, resume, ckpt)
