@@ -344,7 +344,7 @@ def test_the_venv_key_is_the_same_in_bash_and_python(tmp_path, files):
 
 def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_over_starts():
     """The driver's table for what the server's rows now carry: a supervisor gone or frozen (with the command
-    that re-attaches), a forced data push's warning, and ELAPSED over every start with this start's beside it."""
+    that resumes it under a new supervisor), a forced data push's warning, and ELAPSED over every start with this start's beside it."""
     from orchestrator.view.status import format_status
 
     row = {"run_name": "r", "status": "running", "step": 3, "max_steps": 10, "loss": None, "tokens_per_s": None}
@@ -352,7 +352,9 @@ def test_status_table_says_an_unsupervised_run_a_forced_data_change_and_elapsed_
     row |= {"supervisor": {"state": "gone", "since": 0.0}, "data_warning": "its data was changed by a data push"}
     lines = format_status([row]).splitlines()
     assert lines[1].split()[:3] == ["r", "running,", "unsupervised"] and "2m05s (0m05s this start)" in lines[1]
-    assert "supervisor gone since" in lines[2] and "enlace-remote launch r re-attaches" in lines[2], lines
+    assert (
+        "supervisor gone since" in lines[2] and "enlace-remote launch r resumes it under a new supervisor" in lines[2]
+    ), lines
     assert "warning: its data was changed by a data push" in lines[3], lines
     alone = format_status([{**row, "supervisor": None, "data_warning": None, "elapsed_s": 5.0}]).splitlines()
     assert len(alone) == 2 and "unsupervised" not in alone[1] and "this start" not in alone[1]

@@ -294,7 +294,7 @@ def status(remote: Remote, run_name: str | None, everywhere: bool, sweep_name: s
     Slurm job waiting), queued (waiting for the host's GPUs or a CPU slot), starting, running, stopping,
     stopped, finished, failed, crashed (its restarts spent, or it vanished without a final status) or dropped
     (queued, and its waiter is gone); `, unsupervised` when its supervisor is gone or frozen (`launch
-    RUN_NAME` re-attaches); docs/troubleshooting.md says what to do for each. --all: every host, one table; a host
+    RUN_NAME` resumes it under a new supervisor); docs/troubleshooting.md says what to do for each. --all: every host, one table; a host
     that does not answer is a row saying so. --json: the rows as JSON."""
     from orchestrator.hosts.resolve import list_hosts
     from orchestrator.view import status as table

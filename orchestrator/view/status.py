@@ -88,7 +88,7 @@ def _details(row: dict, full: bool, host: str = "") -> list[str]:
         when = time.strftime("%H:%M:%S", time.localtime(sup["since"])) if sup.get("since") else "?"
         found.append(
             f"supervisor {sup['state']} since {when}, nothing heals it: enlace-remote launch {row['run_name']}"
-            " re-attaches"
+            " resumes it under a new supervisor"
         )
     ended = row.get("command") and row["status"] in ("finished", "stopped") and row.get("phase")
     if row.get("command"):  # a run of the user's own command: how it ended (first: a long command is cut), what ran
