@@ -148,6 +148,13 @@ def test_slurm_print_writes_the_launch_script_without_touching_a_host(user_repo)
     assert "/bin/python -m enlace slurm-job tiny --gpus 4 --nodes 2" in script and "-m enlace train tiny" in script
     assert "exec python " not in script  # no bare python: a Debian login node has only python3
     assert not (user_repo / ".enlace").exists()  # nothing was synced or started
+    # launched from here before on 2 nodes × 4: printed on as many, as `launch tiny` would submit it
+    from orchestrator.launch.choose import remember_run
+
+    remember_run(user_repo, "local", "tiny", "tiny", (), {"nodes": 2, "gpus": "4"})
+    kept = remote(user_repo, {}, "launch", "tiny", "--slurm", "--print", host="local")
+    assert "#SBATCH --nodes=2" in kept.stdout and "#SBATCH --gpus-per-node=4" in kept.stdout, kept.stdout
+    assert "keeps --nodes 2 --gpus 4" in kept.stderr or "keeps --gpus 4 --nodes 2" in kept.stderr, kept.stderr
     bad = remote(user_repo, {}, "launch", "tiny", "--slurm", host="local", check=False)
     assert bad.returncode == 2 and "not a Slurm host" in bad.stderr and "--slurm --print" in bad.stderr
     # a run file of your own command: refused (it printed the trainer's script, `-m enlace train mine`)

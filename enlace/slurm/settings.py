@@ -227,7 +227,7 @@ def job_script(
             f"export {exports} ENLACE_ROOT={tree} PYTHONPATH={path}",
             # submitted by hand, no launch names the job: its id does, the same across its requeues (a requeue
             # of `--resume none` goes on from the line it began, not from step 0: trainerchild.again_argv)
-            *(['export ENLACE_LAUNCH_ID="slurm-$SLURM_JOB_ID"'] if log_here else []),
+            *([f'export {contract.LAUNCH_ID_ENV}="slurm-$SLURM_JOB_ID"'] if log_here else []),
             f"cd {tree}",
             "trap '' USR1  # ignored until Python's handler is in place: by default USR1 would kill the step",
             f"exec {python} -m enlace slurm-job {shlex.join(job_args)}",
@@ -258,7 +258,7 @@ def array_script(
         log = f"{tree}/runs/{task['run']}"
         arms.append(
             f"  {i}) mkdir -p {log} && exec >>{log}/train.log 2>&1; "
-            f"export ENLACE_LAUNCH_ID={shlex.quote(task['launch_id'])}; set -- {shlex.join(step)} ;;"
+            f"export {contract.LAUNCH_ID_ENV}={shlex.quote(task['launch_id'])}; set -- {shlex.join(step)} ;;"
         )
     return "\n".join(
         [

@@ -230,9 +230,9 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
         mine = own.command_of(remote.repo, run, None, None, overrides)  # a run of a command's file (a sweep's point)
         if mine is not None:
             return _command_plan(remote, run, mine, True, o, overrides, restarts_given)
-        # on as many processes and hosts as it was launched on (resumed, or started over with --resume none)
-        name = ship.local_run_name(remote.repo, run, overrides)
-        o = SimpleNamespace(**{**vars(o), **choose.kept_placement(remote.repo, remote.host.name, name, o, given)})
+    # on as many processes and hosts as it was launched on (resumed, or started over with --resume none)
+    name = ship.local_run_name(remote.repo, run, overrides)
+    o = SimpleNamespace(**{**vars(o), **choose.kept_placement(remote.repo, remote.host.name, name, o, given)})
     slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
     spec = slurm_options(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
     train_args = (
@@ -248,7 +248,6 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
         from orchestrator.transfer.gitsync import local_checks
 
         commit = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit
-        name = ship.local_run_name(remote.repo, run, overrides)
         click.echo(print_script(spec, remote.host, remote.repo, commit, run, name, nproc, train_args))
         return None
     if spec and o.notify:
