@@ -3,11 +3,12 @@ checkpoints/ are complete (the newest, the one `latest` names). Both halves use 
 server verbs list and serve, the driver's fetch reads what the server offers. Standard library only: no torch.
 
     {"version": 1, "step": N, "files": {NAME: {"sha256", "bytes"}},
-     "data": {"files", "bytes", "sha256", "sampled"}, "teacher": SHA256}
+     "data": {"files", "bytes", "sha256", "sampled"}, "teacher": SHA256, "world": N}
 
 `data` and `teacher` (the trainer's checkpoints since 2026-12-07; `teacher` a distilled run's): the identity
-of the data it was trained on and of its teacher checkpoint, as its trainer.pt holds them; verify compares them
-with the server's before a launch resumes the run (RECORDED: the keys).
+of the data it was trained on and of its teacher checkpoint, as its trainer.pt holds them; `world` (since
+2026-12-08): how many processes saved it. verify compares them with what a launch would resume it with, before
+it starts anything (RECORDED: the keys).
 """
 
 from __future__ import annotations
@@ -180,7 +181,15 @@ def skipped_latest(ckpt_root: Path, fallback: Path | None) -> str | None:
     return f"{name} is incomplete ({reason}): {where}; {int(m.group(1)) - start} steps will be trained again"
 
 
-RECORDED = ("data", "teacher")  # what a trainer's checkpoint was made from, readable without torch
+RECORDED = ("data", "teacher", "world")  # what a trainer's checkpoint was made from, readable without torch
+
+
+def world_refused(saved: int, now: int) -> str:
+    """The trainer's refusal of a checkpoint saved by `saved` processes, resumed by `now` (verify says it first)."""
+    return (
+        f"saved by {saved} processes, resuming with {now} — resume on {saved}: launch it with --gpus {saved} "
+        "(across hosts or Slurm nodes: processes per host × hosts), or start afresh with --resume none"
+    )
 
 
 def write_manifest(directory: Path, step: int, names: list[str], record: dict[str, Any] | None = None) -> None:

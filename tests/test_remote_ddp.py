@@ -9,6 +9,7 @@ import psutil
 import pytest
 from support.remote import keeps_stepping, remote, tiny_corpus, wait_until
 
+from enlace.manifest import read_manifest
 from enlace.state import runs
 from enlace.train.checkpoint import load_checkpoint
 
@@ -34,6 +35,7 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     latest = (user_repo / "runs" / "long" / "checkpoints" / "latest").read_text().strip()
     files = load_checkpoint(user_repo / "runs" / "long" / "checkpoints" / latest)
     assert len(files["trainer.pt"]["ranks"]) == 2
+    assert read_manifest(user_repo / "runs" / "long" / "checkpoints" / latest)["world"] == 2  # verify reads it
     # `launch long` again (the hint a run's end prints) resumes on 2 processes: its checkpoint's world size,
     # which the trainer refuses to change (before, one process started and was refused)
     out = remote(user_repo, sshd.env, "launch", "long", "--no-preflight")
@@ -54,8 +56,9 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
     log = remote(user_repo, sshd.env, "logs", "long").stdout
     assert "the trainer ended, but processes it started did not" in log and log.count("world 2") == 3, log[-3000:]
     remote(user_repo, sshd.env, "stop", "long")
-    # on one process with a --set: the trainer refuses the checkpoint (its world size) and says how to resume it;
-    # the run's line keeps its own --set items, here and on the server (a plain launch had repeated the refused ones)
+    # on one process with a --set: refused before anything starts (verify reads the checkpoint's world size, which
+    # the trainer refuses; it had started one, amid torchrun's error lines), saying how to resume it; the run's line
+    # keeps its own --set items, here and on the server (a plain launch had repeated the refused ones)
     line = runs.read(rd / "runs" / "long")["overrides"]
     bad = remote(
         user_repo,
@@ -69,7 +72,8 @@ def test_launch_with_two_processes_then_stop_logs_fetch(sshd, user_repo):
         "training.log_every=1",
         check=False,
     )
-    assert bad.returncode != 0 and "resume on 2: launch it with --gpus 2" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "resume on 2: launch it with --gpus 2" in bad.stderr, bad.stderr
+    assert "world 1" not in remote(user_repo, sshd.env, "logs", "long").stdout  # no trainer started
     assert runs.read(rd / "runs" / "long")["overrides"] == line and "training.log_every=1" not in line
     remembered = json.loads((user_repo / ".enlace" / "last-runs.json").read_text())["_launched"]["testhost"]["long"]
     assert remembered["placement"] == {"gpus": "2"} and "training.log_every=1" not in remembered["overrides"]

@@ -181,6 +181,7 @@ def main() -> int:
     if for_launch and cfg.get("ok") and not spec:  # a command from launch's command line names no data
         resumes = at[0] if at else "latest" if resumes_line else None  # the checkpoint it would resume
         allow = [a for a in rest if a in ("--allow-data-change", "--allow-teacher-change")]
+        allow += [a for w in _after(rest, "--world") for a in ("--world", w)]  # the processes it would resume on
         against = ["--against-checkpoint", resumes, *allow] if resumes and cfg.get("kind") != "command" else []
         check, changed = _data_check(run_ref, set_args, against)
         add(*check)

@@ -65,6 +65,13 @@ def data_receive_cmd(root: Path | None, as_json: bool) -> None:
 )
 @click.option("--allow-data-change", is_flag=True, help="Other data than the checkpoint's is no refusal.")
 @click.option("--allow-teacher-change", is_flag=True, help="A teacher other than the checkpoint's is no refusal.")
+@click.option(
+    "--world",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --against-checkpoint: the processes the launch would resume it with (its MANIFEST records how many "
+    "saved it; the trainer refuses another number).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def data_files_cmd(
     run: str,
@@ -74,6 +81,7 @@ def data_files_cmd(
     against: str | None,
     allow_data_change: bool,
     allow_teacher_change: bool,
+    world: int | None,
     as_json: bool,
 ) -> None:
     """The files RUN reads; exit 3 naming what is missing (for verify --for-launch)."""
@@ -85,7 +93,7 @@ def data_files_cmd(
         if own:
             files = _command_data_files(own, find_root(root), run)
         else:
-            allow = (allow_data_change, allow_teacher_change)
+            allow = (allow_data_change, allow_teacher_change, world)
             files, changed = _trainer_data_files(run, overrides, root, fresh, against, allow)
     except EnlaceError as e:
         click.echo(json.dumps(contract.error_doc(e.message, contract.VERIFY, files=[])) if as_json else e.message)
@@ -105,7 +113,7 @@ def _trainer_data_files(
     run: str, overrides: tuple[str, ...], root: Path | None, fresh: bool, against: str | None, allow: tuple
 ) -> tuple[list[str], str | None]:
     """The files the trainer's run reads, and (`against`: a checkpoint as --resume takes it) what of its making
-    differs now (enlace/server/resumecheck.py; `allow`: --allow-data-change, --allow-teacher-change)."""
+    differs now (enlace/server/resumecheck.py; `allow`: --allow-data-change, --allow-teacher-change, --world)."""
     from enlace.config.recorded import load_run_config
     from enlace.data.streams import data_files, require_splits
     from enlace.server.resumecheck import resume_refused

@@ -1,9 +1,11 @@
-"""What a trainer would refuse as it loads a checkpoint to resume, said before a launch starts anything: data other
-than the checkpoint was trained on, or (distillation) another teacher, by the record its MANIFEST keeps
+"""What a trainer would refuse as it loads a checkpoint to resume, said before a launch starts anything: another
+number of processes than saved it, data other than the checkpoint was trained on, or (distillation) another
+teacher, by the record its MANIFEST keeps
 (enlace/manifest.py RECORDED: what trainer.pt holds, readable without torch). verify asks it (`enlace data-files
 --against-checkpoint`); launch refuses it once it knows the run would train. A finished run's data replaced by
 a push passed verify, queued, and failed as it started; a student whose teacher was trained further failed after
-its preflight, and a finished one then read `failed`.
+its preflight, and a finished one then read `failed`; a run saved by 2 processes, launched on 1, started a trainer
+that refused it (torchrun's error lines around the words).
 """
 
 from __future__ import annotations
@@ -14,19 +16,24 @@ from enlace.config.machine import teacher_checkpoint
 from enlace.config.schema import Config
 from enlace.data.streams import data_identity
 from enlace.errors import CheckpointError
-from enlace.manifest import complete_checkpoints, identity, read_manifest
+from enlace.manifest import complete_checkpoints, identity, read_manifest, world_refused
 from enlace.train.checkpoint import resolve_resume
 
 
-def resume_refused(cfg: Config, resume: str, allow_data_change: bool, allow_teacher_change: bool) -> str | None:
-    """The refusal the trainer would give resuming `resume` (latest or a PATH, as --resume takes them), in its words
-    and fixes; None when it would resume, or there is nothing to compare (no such checkpoint: verify's --resume
-    check says it; one saved before MANIFESTs recorded what it was made from)."""
+def resume_refused(
+    cfg: Config, resume: str, allow_data_change: bool, allow_teacher_change: bool, world: int | None = None
+) -> str | None:
+    """The refusal the trainer would give resuming `resume` (latest or a PATH, as --resume takes them) on `world`
+    processes (None: not known before it starts, --gpus all), in its words and fixes; None when it would resume, or
+    there is nothing to compare (no such checkpoint: verify's --resume check says it; one saved before MANIFESTs
+    recorded what it was made from)."""
     try:
         ckpt = resolve_resume(cfg.run_dir / "checkpoints", resume)
     except CheckpointError:
         return None
     made = read_manifest(ckpt) if ckpt else {}
+    if world and made.get("world") and made["world"] != world:
+        return f"{cfg.run_name}'s checkpoint {ckpt.name} was {world_refused(made['world'], world)}"
     if not allow_data_change and (said := _data_refused(cfg, ckpt, made.get("data") or {})):
         return said
     if "teacher" in made and not allow_teacher_change:

@@ -19,6 +19,7 @@ import torch
 from enlace.config.rules import no_cuda_error
 from enlace.config.schema import Config
 from enlace.errors import CheckpointError
+from enlace.manifest import world_refused
 from enlace.train import determinism
 from enlace.train.checkpoint import first_difference
 from enlace.train.dist import Dist
@@ -297,11 +298,7 @@ def check_compatible(
             "— put the same teacher back, or continue with this one: --allow-teacher-change"
         )
     if len(trainer["ranks"]) != setup.dist.world:
-        raise CheckpointError(
-            f"{where}: saved by {len(trainer['ranks'])} processes, resuming with {setup.dist.world} — resume on "
-            f"{len(trainer['ranks'])}: launch it with --gpus {len(trainer['ranks'])} (across hosts or Slurm nodes: "
-            "processes per host × hosts)"
-        )
+        raise CheckpointError(f"{where}: {world_refused(len(trainer['ranks']), setup.dist.world)}")
     threads = torch.get_num_threads()
     if setup.cfg.runtime.deterministic and trainer["threads"] != threads and setup.device.type == "cpu":
         raise CheckpointError(

@@ -34,7 +34,8 @@ class Saver:
         t0 = time.monotonic()
         with self.run.beating():  # however long the write takes (a large model on a slow file system)
             state = engine.capture_state(start.setup, states, start.progress, start.commit, start.data_id)
-            made_from = {"data": state["trainer.pt"]["data"], "teacher": state["trainer.pt"].get("teacher")}
+            trainer = state["trainer.pt"]
+            made_from = {"data": trainer["data"], "teacher": trainer.get("teacher"), "world": len(trainer["ranks"])}
             step, keep = start.progress["step"], self.cfg.checkpoint.keep
             path = save_checkpoint(self.run.checkpoints, step, state, keep, made_from)  # verify's resume check
         self.run.update_status(last_save_s=round(time.monotonic() - t0, 3))  # a stop's grace is sized from it

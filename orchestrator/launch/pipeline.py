@@ -83,6 +83,13 @@ class Plan:
         return self.resume not in ("latest", "none")
 
     @property
+    def world(self) -> int | None:  # the processes that train (their checkpoints record it); None: the host says
+        per = self.nproc if self.slurm else self.gpus or "1"  # SSH: --gpus per host, one process without it
+        if not str(per).isdigit():  # --gpus all: as many as the host has
+            return None
+        return int(per) * (self.slurm.nodes if self.slurm else len(self.targets))
+
+    @property
     def allow_teacher_change(self) -> bool:  # the trainer's flag, in train_args: verify's resume check heeds it too
         return "--allow-teacher-change" in self.train_args
 
@@ -179,6 +186,12 @@ def _ship(launch: Launch):
             click.echo(f"== {host.name}", err=True)
         if plan.command:
             own_launch.check_tracked(launch.repo, plan.command)
+        # rank 0's host resumes the run: its checkpoint checked against --resume PATH and the processes it would take
+        resumes = host is plan.targets[0]
+        extra = (own_launch.spec_args(plan.command) if plan.command and not plan.command_file else []) + (
+            ["--resume-at", plan.resume] if plan.elsewhere and resumes else []
+        )
+        extra += ["--world", str(plan.world)] if plan.world and not plan.command and resumes else []
         shipped = ship.ship(
             launch.session_for(host),
             launch.repo,
@@ -191,11 +204,10 @@ def _ship(launch: Launch):
             data=plan.data,
             allow_data_change=plan.allow_data_change,
             allow_teacher_change=plan.allow_teacher_change,
-            extra=(own_launch.spec_args(plan.command) if plan.command and not plan.command_file else [])
-            + (["--resume-at", plan.resume] if plan.elsewhere and host is plan.targets[0] else []),
+            extra=extra,
         )
         launch.sha, launch.run_name, launch.device = shipped[:3]
-        if host is plan.targets[0]:  # the host whose checkpoints the run resumes from (rank 0's)
+        if resumes:
             launch.resume_refused = shipped.resume_refused
     if plan.command:
         own_launch.say_no_preflight(plan.command)
