@@ -182,6 +182,17 @@ def test_a_plain_host_and_a_slurm_host_run_the_same_pipeline(planned):
     assert stages_for(slurm) == stages_for(ssh)  # the same stages; only `start` differs by backend
 
 
+def test_a_host_named_twice_is_refused_before_anything_starts(planned):
+    """--hosts local,local started the run's rank 0 there twice: the second was refused, the first waited for its
+    peer until a stop --kill, and `launch NAME` kept the pair."""
+    for verb in (["launch", "tiny", "--gpus", "1"], ["sweep", "tiny", "--set", "optim.learning_rate=1e-3,2e-3"]):
+        result = CliRunner().invoke(main, [*verb, "--hosts", "gpu, gpu"])
+        assert result.exit_code == 2 and "--hosts: gpu is named twice: name each host once" in result.output, (
+            result.output
+        )
+        assert "Traceback" not in result.output
+
+
 def test_the_log_under_a_failed_starts_error_does_not_say_it_again():
     """The error, the trainer's `error:` line and its CLI's `Error:` line were the same words three times."""
     from orchestrator.launch.stages import tail_under

@@ -36,14 +36,13 @@ def data() -> None:
 
 
 def _targets(remote: Remote, hosts: str | None) -> list:
-    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.hosts.resolve import resolve_hosts
 
     if not hosts:
         return [remote.host]
-    names = [h.strip() for h in hosts.split(",") if h.strip()]
-    if not names:
+    if not (targets := resolve_hosts(hosts, remote.repo)):
         raise click.BadParameter("name at least one host, e.g. --hosts gpu1,gpu2", param_hint="--hosts")
-    return [resolve_host(name, remote.repo) for name in dict.fromkeys(names)]
+    return targets
 
 
 def local_data_of(

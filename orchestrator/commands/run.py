@@ -215,7 +215,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
     """launch's options turned into the pipeline's Plan, in this one place (None: --print said it all). `given`:
     those on the command line (a run launched again keeps the rest of its placement: choose.kept_placement)."""
     from orchestrator.commands.data import local_data_of
-    from orchestrator.hosts.resolve import resolve_host
+    from orchestrator.hosts.resolve import resolve_hosts
     from orchestrator.launch import choose, own, pipeline, ship
     from orchestrator.launch.slurm import nproc_of, slurm_options
 
@@ -253,7 +253,7 @@ def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: b
     if spec and o.notify:
         raise click.UsageError("--notify: a Slurm run does not notify yet (docs/sweeps.md says what does)")
     hosts = o.hosts
-    targets = [resolve_host(h.strip(), remote.repo) for h in hosts.split(",")] if hosts else [remote.host]
+    targets = resolve_hosts(hosts, remote.repo) or [remote.host]
     if hosts and (len(targets) < 2 or not o.gpus):
         raise click.UsageError("--hosts needs at least two hosts and --gpus N")
     policy = ["--restarts", str(0 if hosts else o.restarts)]  # one host's trainer alone would wait for its peers

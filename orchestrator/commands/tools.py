@@ -242,15 +242,11 @@ def board(remote: Remote, port: int, hosts: str | None, no_browser: bool) -> Non
     overlaid. Served here on 127.0.0.1 only, behind a token in the URL; read-only. Ctrl-C ends it."""
     import webbrowser
 
-    from orchestrator.hosts.resolve import list_hosts, resolve_host
+    from orchestrator.hosts.resolve import list_hosts, resolve_hosts
     from orchestrator.view.board import Board
     from orchestrator.view.board_http import BoardServer
 
-    targets = (
-        [resolve_host(h.strip(), remote.repo) for h in hosts.split(",") if h.strip()]
-        if hosts
-        else list_hosts(remote.repo)
-    )
+    targets = resolve_hosts(hosts, remote.repo) or list_hosts(remote.repo)
     server = BoardServer(Board(remote.repo, targets, remote.session_for), port)
     server.board.warm()
     click.echo(f"board of {', '.join(h.name for h in targets)}: {server.url}", err=True)

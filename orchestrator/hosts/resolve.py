@@ -138,6 +138,16 @@ def resolve_host(name: str, repo: Path) -> Host:
     return _resolve(name, repo, load_host_table(repo))
 
 
+def resolve_hosts(given: str | None, repo: Path) -> list[Host]:
+    """--hosts H1,H2,...: each host once, in order ([] for none given). A host named twice started a run's two
+    ranks 0 on it, the second refused, and the first waited for its peer until a stop --kill."""
+    names = [h.strip() for h in (given or "").split(",") if h.strip()]
+    twice = next((h for h in names if names.count(h) > 1), None)
+    if twice:
+        raise click.BadParameter(f"{twice} is named twice: name each host once", param_hint="--hosts")
+    return [resolve_host(name, repo) for name in names]
+
+
 def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
     if name in loaded.invalid:
         raise UsageError(loaded.invalid[name])

@@ -16,7 +16,7 @@ from enlace.config import command
 from enlace.contract import trainer_args
 from enlace.errors import EnlaceError
 from orchestrator.errors import UsageError
-from orchestrator.hosts.resolve import resolve_host
+from orchestrator.hosts.resolve import resolve_host, resolve_hosts
 from orchestrator.launch import choose, ship, stages
 from orchestrator.launch import own as own_launch
 from orchestrator.sweep import grid, record
@@ -96,7 +96,7 @@ def _launch(remote, run: str, own, swept: dict, fixed: list[str], name: str, hos
     procs = str(own.nproc) if own is not None and own.nproc > 1 else None
     if record.exists(repo, name):  # the same command again: what an interrupted launch never started
         return _finish(remote, record.load(repo, name), run, fixed, list(swept), points, mine, hosts, o)
-    targets = [resolve_host(h.strip(), repo) for h in hosts.split(",")] if hosts else [remote.host]
+    targets = resolve_hosts(hosts, repo) or [remote.host]
     if procs and any(h.slurm for h in targets):
         raise UsageError(f"{run}: nproc > 1 on a Slurm host is not supported yet")
     if any(h.slurm for h in targets):
