@@ -305,3 +305,20 @@ def test_a_remote_dir_with_a_percent_sign_is_synced_where_it_says(sshd, user_rep
     out = remote(user_repo, sshd.env, "sync")
     assert (there / "trees" / head(user_repo) / "configs").is_dir(), out.stderr
     assert not (tmp_path / "rdA x#y").exists()
+
+
+def test_what_the_driver_keeps_in_a_repository_of_your_own_is_ignored_by_git(tmp_path):
+    """`git add -A` after a sync to `local` staged .enlace/ (a bare repository, and trees git took for embedded
+    repositories), and launch then refused the tree: .enlace/ holds a .gitignore of `*`."""
+    repo = tmp_path / "mine"
+    (repo / "configs" / "runs").mkdir(parents=True)
+    (repo / "train.py").write_text("print('hi')\n")
+    (repo / "configs" / "runs" / "mine.yaml").write_text("command: [python, train.py]\n")
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "mine")
+    remote(repo, {}, "sync", host="local")
+    assert (repo / ".enlace" / "local").is_dir()
+    git("add", "-A")
+    assert git("status", "--porcelain") == "", git("status", "--porcelain")

@@ -138,6 +138,17 @@ def resolve_host(name: str, repo: Path) -> Host:
     return _resolve(name, repo, load_host_table(repo))
 
 
+def driver_dir(repo: Path) -> Path:
+    """<repo>/.enlace, what the driver keeps in a repository (the `local` host's runs, the last runs, sweeps, the
+    board's copies), made with a .gitignore of `*`: a `git add -A` staged it (a bare repository, and trees git took
+    for embedded repositories), and launch then refused the tree as uncommitted."""
+    folder = repo / ".enlace"
+    folder.mkdir(exist_ok=True)
+    if not (folder / ".gitignore").exists():
+        (folder / ".gitignore").write_text("# enlace-remote's own state in this repository: never committed\n*\n")
+    return folder
+
+
 def resolve_hosts(given: str | None, repo: Path) -> list[Host]:
     """--hosts H1,H2,...: each host once, in order ([] for none given). A host named twice started a run's two
     ranks 0 on it, the second refused, and the first waited for its peer until a stop --kill."""

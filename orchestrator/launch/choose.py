@@ -14,6 +14,7 @@ from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.names import RunFile, RunName, validate_run_file, validate_run_name
 from orchestrator.errors import UsageError
+from orchestrator.hosts.resolve import driver_dir
 
 
 def _last_runs_file(repo: Path) -> Path:
@@ -94,7 +95,7 @@ def forget_launch(repo: Path, host: str, run: RunName, before: dict | None) -> N
 
 def _write(repo: Path, table: dict) -> None:
     path = _last_runs_file(repo)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    driver_dir(repo)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(table, indent=1) + "\n")
     tmp.replace(path)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from enlace.contract import RUN_NAME_RE
 from orchestrator.errors import UsageError
+from orchestrator.hosts.resolve import driver_dir
 
 NAME_RULE = "a sweep name is 1-40 characters of [A-Za-z0-9._-] starting with a letter or digit"
 
@@ -42,7 +43,8 @@ def check_name(name: str) -> str:
 def save(repo: Path, sweep: Sweep, last: bool = True) -> None:
     """Write the record (and, with `last`, make it the one a bare --sweep means), each file replaced whole."""
     d = _dir(repo)
-    d.mkdir(parents=True, exist_ok=True)
+    driver_dir(repo)
+    d.mkdir(exist_ok=True)
     files = [(d / f"{sweep.name}.json", json.dumps(asdict(sweep), indent=1) + "\n")]
     for path, text in files + ([(d / "last", sweep.name)] if last else []):
         tmp = path.with_name(path.name + ".tmp")

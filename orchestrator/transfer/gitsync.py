@@ -18,6 +18,7 @@ import click
 
 from enlace import remote
 from orchestrator.errors import UsageError, VerifyError
+from orchestrator.hosts.resolve import driver_dir
 from orchestrator.ssh.session import SHA_RE, Session
 
 SHIPPED_DIRS = ("enlace", "configs", "scripts")
@@ -123,6 +124,8 @@ def sync(session: Session, repo: Path, allow_dirty: bool = False, check_ignored:
     """Push HEAD to <remote_dir>/repo.git, check it out under trees/<sha>, prepare the python."""
     t0 = time.perf_counter()
     report = local_checks(repo, allow_dirty, check_ignored)
+    if Path(session.host.remote_dir).is_relative_to(repo / ".enlace"):  # the `local` host's, by default
+        driver_dir(repo)
     state = session.setup(report.commit)
     if session.server_half and not state.get("server_half"):  # a repository of the user's own: enlace beside it
         install_server_half(session)

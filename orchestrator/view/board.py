@@ -28,6 +28,7 @@ from typing import Any
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError
 from enlace.tools.curves import Curves
+from orchestrator.hosts.resolve import driver_dir
 from orchestrator.sweep import record, table
 from orchestrator.transfer.fetch import fetch_run_files
 
@@ -159,7 +160,7 @@ class Board:
         """One run's curves, its run.json and its log from `log_offset`, after fetching what is new (for at
         most READ_DEADLINE_S: past it, what was fetched before, saying so)."""
 
-        dest = self.repo / ".enlace" / "board" / host / run_name
+        dest = driver_dir(self.repo) / "board" / host / run_name
         self.session(host)  # KeyError for an unknown host, before any thread
         st = self._state[host]
         with st.guard:  # a host known to be down gets no new fetch (it would hold a worker for the retry window)
