@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from enlace import contract
-from enlace.clitypes import fresh_option, parse_size, resume_option, root_option, set_option
+from enlace.clitypes import LocalPath, fresh_option, parse_size, resume_option, root_option, set_option
 from enlace.server import cli as cli_server
 from enlace.server import filescli as cli_files
 from enlace.slurm import cli as cli_slurm
@@ -160,7 +160,7 @@ def check_config(
 )
 @click.option(
     "--runs-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=LocalPath(file_okay=False),
     default=None,
     help="Put the run directory under this dir instead of <root>/runs.",
 )
@@ -201,7 +201,7 @@ def train(
 
 @main.command()
 @click.argument("data")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to create (must not exist).")
+@click.option("--out", required=True, type=LocalPath(), help="Directory to create (must not exist).")
 @click.option("--dtype", type=click.Choice(["uint8", "uint16"]), default="uint8", show_default=True)
 @click.option(
     "--shard-tokens", type=click.IntRange(min=1024), default=1 << 24, show_default=True, help="Tokens per shard file."

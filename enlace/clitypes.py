@@ -19,6 +19,25 @@ from enlace.contract import (
 )
 
 
+class LocalPath(click.Path):
+    """A path option's value: never empty (`--dest ''` read as `.`, and fetch wrote a run's files into the
+    repository's root); `suffixes`: what it must end in (a plot's image: matplotlib refused `.txt` in a traceback)."""
+
+    def __init__(self, *, suffixes: tuple[str, ...] = (), **kwargs):
+        super().__init__(path_type=Path, **kwargs)
+        self.suffixes = suffixes
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path: name one (`.` for the current directory)", param, ctx)
+        if self.suffixes and Path(value).suffix.lower() not in self.suffixes:
+            self.fail(f"{value}: name a file ending in {', '.join(self.suffixes)}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")  # what `plot --out` writes (matplotlib's format from the suffix)
+
+
 class Seconds(click.ParamType):
     """A duration in seconds: finite, above 0, at most a day (the longest grace a stop waits: no option's
     duration is longer; nan, inf and negatives are refused)."""
@@ -63,7 +82,7 @@ set_option = set_option_saying(
 )
 root_option = click.option(
     "--root",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=LocalPath(file_okay=False),
     default=None,
     help="Project root holding configs/ and runs/ (default: the nearest one above the current directory).",
 )

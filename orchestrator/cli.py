@@ -250,6 +250,11 @@ def run_main() -> None:
     except KeyboardInterrupt:  # e.g. during close: no chained tracebacks, ever
         Interrupted().show()
         code = Interrupted.exit_code
+    except OSError as e:  # a path here it could not make, write or read (fetch --dest /proc/x, a hosts file that is a
+        if e.filename is None:  # folder): one line, where each verb's own checks cannot foresee it
+            raise
+        click.echo(f"Error: {e.filename}: {e.strerror} — name a path this machine lets you create and write", err=True)
+        code = contract.USAGE
     leave(code)  # every verb has closed its files, processes and connections by now
 
 

@@ -254,3 +254,45 @@ def test_verify_of_a_run_file_not_yet_committed_says_to_commit_it(tmp_path, monk
     result = _cli(["--host", "local", "verify", "wd"], repo, tmp_path, monkeypatch)
     assert result.exit_code == 3 and "configs/runs/wd.yaml is not in HEAD" in result.output, result.output
     assert "commit it" in result.output and not (repo / ".enlace" / "local" / "trees").exists()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["fetch", "tiny", "--dest", ""], "Invalid value for '--dest': an empty path"),  # it fetched into the root
+        (["plot", "tiny", "--dest", " "], "Invalid value for '--dest': an empty path"),
+        (["export", "tiny", "--out", ""], "Invalid value for '--out': an empty path"),
+        (["plot", "tiny", "--out", "curves.txt"], "curves.txt: name a file ending in .png, .svg, .pdf"),  # matplotlib
+    ],
+)
+def test_a_path_option_given_empty_or_of_the_wrong_kind_is_refused_before_anything(tmp_path, monkeypatch, args, words):
+    result = _cli(["--host", "local", *args], REPO, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert isinstance(result.exception, SystemExit)
+    from click.testing import CliRunner
+
+    from enlace.cli import main
+
+    for trainer_args in (["plot", "tiny", "--out", "x.txt"], ["prepare", "smoke", "--out", ""]):
+        said = CliRunner().invoke(main, trainer_args)
+        assert said.exit_code == 2 and "Invalid value for '--out'" in said.output, said.output
+
+
+def test_a_local_path_it_cannot_create_is_one_line_and_leaves_nothing(tmp_path):
+    """A hosts file that is a folder was read as none, and `hosts add` failed into it in a traceback, leaving a
+    temporary copy beside it; a path the driver cannot create (under /proc) was a traceback too."""
+    folder = tmp_path / "hosts-folder"
+    folder.mkdir()
+    for hosts_file, words in (
+        (folder, f"{folder}: a folder, not a hosts file"),
+        (tmp_path / "file" / "hosts.yaml", f"{tmp_path / 'file'}: File exists — name a path"),
+    ):
+        (tmp_path / "file").write_text("a file, where the hosts file's folder should be\n")
+        env = {**os.environ, "ENLACE_HOSTS_FILE": str(hosts_file)}
+        for verb in (["hosts", "add", "g1", "--ssh", "x@y"], ["hosts"]):
+            out = subprocess.run([*DRIVER, *verb], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+            if verb == ["hosts"] and hosts_file != folder:
+                continue  # (no such file: no hosts of the user's, as without one)
+            assert out.returncode == 2 and out.stderr.startswith(f"Error: {words}"), out.stderr
+            assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hosts-folder"] and not list(folder.iterdir())

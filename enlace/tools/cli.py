@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from enlace.clitypes import root_option
+from enlace.clitypes import IMAGE_SUFFIXES, LocalPath, root_option
 from enlace.errors import CheckpointError
 from enlace.names import find_root
 from enlace.tools.plot import metrics_option
@@ -101,7 +101,7 @@ def sample_cmd(
 @click.argument("runs", nargs=-1, required=True, metavar="RUN...")
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=LocalPath(dir_okay=False, suffixes=IMAGE_SUFFIXES),
     default=None,
     help="PNG to write (default: runs/RUN/curves.png, or runs/RUN1+RUN2.png for several).",
 )
@@ -125,9 +125,7 @@ def plot_cmd(runs: tuple[str, ...], out: Path | None, metrics: list[str], root: 
 @click.command("generate")
 @click.argument("teacher", metavar="RUN|CHECKPOINT_DIR")
 @click.option("--bytes", "n_bytes", type=click.IntRange(1024, 10**10), required=True, help="How many bytes in all.")
-@click.option(
-    "--out", type=click.Path(path_type=Path), required=True, help="Shard directory to create (must not exist)."
-)
+@click.option("--out", type=LocalPath(), required=True, help="Shard directory to create (must not exist).")
 @click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True)
 @click.option(
     "--seed", type=click.IntRange(0, 2**63 - 1), default=1337, show_default=True, help="Same seed, same bytes."
@@ -183,7 +181,7 @@ def generate_cmd(
     help="hf: a directory transformers loads as GPT-2 (config, weights, byte tokenizer, model card); "
     "safetensors: the model's own tensors and a JSON of its config.",
 )
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Directory to create (must not exist).")
+@click.option("--out", type=LocalPath(), default=None, help="Directory to create (must not exist).")
 @click.option(
     "--in-run",
     is_flag=True,

@@ -9,7 +9,15 @@ from types import SimpleNamespace
 
 import click
 
-from enlace.clitypes import Seconds, grace_option, notify_option, resume_option_saying, set_option, supervisor_options
+from enlace.clitypes import (
+    LocalPath,
+    Seconds,
+    grace_option,
+    notify_option,
+    resume_option_saying,
+    set_option,
+    supervisor_options,
+)
 from enlace.contract import VERDICT as VERDICT_EXIT
 from enlace.contract import ErrorKind
 from enlace.errors import EnlaceError, shown
@@ -175,12 +183,13 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
 
     Your own script: a run file with `command:`, or `launch --name NAME -- python train.py ...` — synced,
     verified, supervised, stopped and fetched the same way (docs/own-script.md)."""
+    from orchestrator.commands import plans
     from orchestrator.launch import choose, own, pipeline
 
     o = SimpleNamespace(**options)
     after = ctx.meta.get("after_dash")
     name = run if after is not None or o.name else choose.choose_run(remote.repo, remote.host, run)  # (--name: said)
-    # a run file (of your own command too) goes through _plan: `launch NAME` keeps the --set it was launched with
+    # a run file (of your own command too) goes through plans.plan: `launch NAME` keeps the --set it was launched with
     command = own.command_of(remote.repo, name if after is not None else None, after, o.name, o.overrides)
     by_name = command is None and after is None  # `launch NAME`: perhaps a command the host recorded
     ran_before = own.recorded(remote.session, remote.repo, name, o.overrides) if by_name else None
@@ -188,9 +197,9 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
     given = {key for key in ctx.params if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE}
     restarts_given = "restarts" in given
     if command is None:
-        plan = _plan(remote, name, o, restarts_given, given)
+        plan = plans.plan(remote, name, o, restarts_given, given)
     else:
-        plan = _command_plan(remote, name, command, after is None, o, o.overrides, restarts_given)
+        plan = plans.command_plan(remote, name, command, after is None, o, o.overrides, restarts_given)
     if plan is None:
         return
     if o.overrides and name:  # a sweep's point launched again with new values: its record follows, once started
@@ -198,87 +207,6 @@ def launch(remote: Remote, ctx: click.Context, run: str | None, **options) -> No
 
         plan.on_start = lambda: record.note_launch(remote.repo, remote.host.name, name, o.overrides)
     pipeline.run(plan, remote.session_for, remote.repo)
-
-
-def _command_plan(remote: Remote, run: str, command, from_file: bool, o: SimpleNamespace, overrides, restarts_given):
-    """The pipeline's Plan for your own command (`from_file`: RUN's run file, else given after `--`), with these
-    --set items (launch's own, or a recorded run's with them)."""
-    from orchestrator.commands.data import local_data_of
-    from orchestrator.launch import own, pipeline
-
-    data = local_data_of(remote, run, overrides) if o.push_data and from_file else None
-    given = SimpleNamespace(**{**vars(o), "overrides": overrides})
-    return pipeline.Plan(**own.plan_fields(remote, run, command, from_file, given, restarts_given, data))
-
-
-def _plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: bool = False, given=frozenset()):
-    """launch's options turned into the pipeline's Plan, in this one place (None: --print said it all). `given`:
-    those on the command line (a run launched again keeps the rest of its placement: choose.kept_placement)."""
-    from orchestrator.commands.data import local_data_of
-    from orchestrator.hosts.resolve import resolve_hosts
-    from orchestrator.launch import choose, own, pipeline, ship
-    from orchestrator.launch.slurm import nproc_of, slurm_options
-
-    name, overrides = run, o.overrides
-    if o.print_only:  # touches nothing: the run file as named (of enlace's trainer: a command's is refused)
-        run = ship.check_run_config(remote.repo, name)
-        if (mine := own.command_of(remote.repo, run, None, None, overrides)) is not None:
-            own.refuse_trainer_options(o, mine)
-    else:  # a run file, or an existing run's name (resumed, or extended with --set training.max_steps=M)
-        run, overrides = choose.launch_target(remote.session, remote.repo, name, overrides, o.resume == "none")
-        run = ship.check_run_config(remote.repo, run)
-        mine = own.command_of(remote.repo, run, None, None, overrides)  # a run of a command's file (a sweep's point)
-        if mine is not None:
-            return _command_plan(remote, run, mine, True, o, overrides, restarts_given)
-    # on as many processes and hosts as it was launched on (resumed, or started over with --resume none)
-    name = ship.local_run_name(remote.repo, run, overrides)
-    o = SimpleNamespace(**{**vars(o), **choose.kept_placement(remote.repo, remote.host.name, name, o, given)})
-    slurm_wanted = o.slurm or o.print_only or o.nodes or remote.host.slurm
-    spec = slurm_options(remote, o.slurm, o.print_only, o.nodes, o.hosts, o.gpus) if slurm_wanted else None
-    train_args = (
-        (["--until", str(o.until)] if o.until else [])
-        + (["--resume", o.resume] if o.resume != "latest" else [])
-        + (["--allow-data-change"] if o.allow_data_change else [])
-        + (["--allow-teacher-change"] if o.allow_teacher_change else [])
-        + ship.set_args(overrides)
-    )
-    nproc = nproc_of(o.gpus, spec)
-    if o.print_only:
-        from orchestrator.launch.slurm import print_script
-        from orchestrator.transfer.gitsync import local_checks
-
-        commit = local_checks(remote.repo, allow_dirty=True, check_ignored=False).commit
-        click.echo(print_script(spec, remote.host, remote.repo, commit, run, name, nproc, train_args))
-        return None
-    if spec and o.notify:
-        raise click.UsageError("--notify: a Slurm run does not notify yet (docs/sweeps.md says what does)")
-    hosts = o.hosts
-    targets = resolve_hosts(hosts, remote.repo) or [remote.host]
-    if hosts and (len(targets) < 2 or not o.gpus):
-        raise click.UsageError("--hosts needs at least two hosts and --gpus N")
-    policy = ["--restarts", str(0 if hosts else o.restarts)]  # one host's trainer alone would wait for its peers
-    policy += ["--stall-timeout", str(o.stall_timeout)] if o.stall_timeout else []
-    return pipeline.Plan(
-        run_file=run,
-        targets=targets,
-        train_args=train_args,
-        overrides=overrides,
-        allow_dirty=o.allow_dirty,
-        resume=o.resume,
-        allow_data_change=o.allow_data_change,
-        data=local_data_of(remote, run, overrides) if o.push_data else None,
-        preflight=not o.no_preflight,
-        force=o.force,
-        wait=not o.no_wait,
-        follow=o.follow,
-        gpus=o.gpus,
-        nproc=nproc,
-        master_port=o.master_port,
-        policy=policy,
-        slurm=spec,
-        notify=o.notify,
-        placement=choose.placement_of(o),
-    )
 
 
 @click.command(cls=HostOptionsCommand)
@@ -368,7 +296,7 @@ def logs(remote: Remote, run_name: str, follow: bool, tail_lines: int | None, re
 @click.option("--all", "which", flag_value="all", help="Every complete checkpoint.")
 @click.option(
     "--dest",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=LocalPath(file_okay=False),
     default=None,
     help="Local run directory (default: runs/RUN_NAME in this repo).",
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from enlace.clitypes import gc_options
+from enlace.clitypes import IMAGE_SUFFIXES, LocalPath, gc_options
 from enlace.names import validate_run_name
 from enlace.tools.plot import metrics_option
 from orchestrator.commands import sweep as sweeps
@@ -55,14 +55,14 @@ def sample(
 @click.argument("run_names", nargs=-1, metavar="[RUN_NAME...]")
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=LocalPath(dir_okay=False, suffixes=IMAGE_SUFFIXES),
     default=None,
     help="PNG to write (default: runs/RUN_NAME/curves.png; several runs: runs/A+B.png).",
 )
 @metrics_option
 @click.option(
     "--dest",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=LocalPath(file_okay=False),
     default=None,
     help="Local run directory to fetch into (default: runs/RUN_NAME here), as fetch's --dest; one RUN_NAME.",
 )
@@ -164,7 +164,7 @@ def generate(remote: Remote, teacher: str, n_bytes: int, out: str, temperature: 
 @click.command(cls=HostOptionsCommand)
 @click.argument("run_name", required=False)
 @click.option("--format", "fmt", type=click.Choice(["hf", "safetensors"]), default="hf", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: exports/RUN_NAME-FORMAT here.")
+@click.option("--out", type=LocalPath(), default=None, help="Default: exports/RUN_NAME-FORMAT here.")
 @with_remote
 def export(remote: Remote, run_name: str | None, fmt: str, out: Path | None) -> None:
     """Export RUN_NAME's newest complete checkpoint on the server (`enlace export`, docs/export.md: a directory

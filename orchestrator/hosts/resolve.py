@@ -338,11 +338,14 @@ def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     data["hosts"] = hosts
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(
-        "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
-        + yaml.safe_dump(data, sort_keys=False)
-    )
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(
+            "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
+            + yaml.safe_dump(data, sort_keys=False)
+        )
+        os.replace(tmp, path)
+    finally:  # a hosts file that is a folder: no temporary copy left beside it
+        tmp.unlink(missing_ok=True)
     return path, hosts[name]
 
 

@@ -208,6 +208,8 @@ def load(path: Path, strict: bool = True) -> dict[str, Any]:
     whose entry is wrong is left out of `hosts` and its one-line error kept under `invalid` (NAME → error),
     so that one bad entry makes only that host unusable."""
 
+    if path.is_dir():  # ENLACE_HOSTS_FILE naming a folder was read as no file, and `hosts add` failed into it
+        raise UsageError(f"{path}: a folder, not a hosts file — name a YAML file (ENLACE_HOSTS_FILE, or the default)")
     if not path.is_file():
         return {}
     try:
