@@ -132,7 +132,8 @@ def check_config(
                     "warnings": cfg.warnings,
                     "fingerprint": cfg.fingerprint(),
                     "resume_problem": resume_problem(cfg, overrides),
-                    "resume_at_problem": resume_at and resume_problem_at(cfg.run_dir / "checkpoints", resume_at),
+                    "resume_at_problem": resume_at is not None
+                    and resume_problem_at(cfg.run_dir / "checkpoints", resume_at),
                     "config": cfg.to_dict(),
                 },
                 indent=1,

@@ -94,9 +94,22 @@ fresh_option = click.option(
 )
 
 
+def _check_resume(ctx, param, value: str) -> str:
+    if not value.strip():  # it passed verify as "a complete checkpoint", then the trainer refused it
+        raise click.BadParameter("an empty value: latest, none, or a checkpoint's path (checkpoints/step-N)")
+    return value
+
+
 def resume_option_saying(help_text: str):
     """--resume latest|none|PATH, with what it does in this command."""
-    return click.option("--resume", default="latest", show_default=True, metavar="latest|none|PATH", help=help_text)
+    return click.option(
+        "--resume",
+        default="latest",
+        show_default=True,
+        metavar="latest|none|PATH",
+        callback=_check_resume,
+        help=help_text,
+    )
 
 
 resume_option = resume_option_saying(

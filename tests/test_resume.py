@@ -119,6 +119,14 @@ def test_keep_bounds_checkpoints_and_resume_flag(project):
         and "(no such directory) — complete checkpoints of this run: checkpoints/step-000005, checkpoints/step-000006"
         in bad.stderr
     )
+    # a run that never started: refused before its directory is made (it was left with a `failed` run.json); an
+    # empty --resume is refused as such (it passed verify's check as "a complete checkpoint")
+    write_run(project, "never")
+    bad = enlace(project, "train", "never", "--resume", "/etc", check=False)
+    assert bad.returncode == 2 and "--resume /etc: not a complete checkpoint" in bad.stderr, bad.stderr
+    assert not (project / "runs" / "never").exists()
+    bad = enlace(project, "train", "keep", "--resume", "", check=False)
+    assert bad.returncode == 2 and "Invalid value for '--resume': an empty value" in bad.stderr, bad.stderr
 
 
 def test_deterministic_with_compile_refused_at_load(project):

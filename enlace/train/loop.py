@@ -27,6 +27,7 @@ from enlace.errors import EnlaceError, OutOfMemory
 from enlace.sysinfo import mib, peak_rss_bytes
 from enlace.train import engine
 from enlace.train.begin import Start, begin
+from enlace.train.checkpoint import resolve_resume
 from enlace.train.dist import Dist
 from enlace.train.rundir import RunDir
 from enlace.train.saving import Saver
@@ -63,6 +64,8 @@ def train(
     cfg: Config, resume: str = "latest", until: int | None = None, allow: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
     """Train `cfg` (resuming by default); returns the final run.json fields."""
+    if resume not in ("latest", "none"):  # refused before the run's directory is made (it was left half-written)
+        resolve_resume(cfg.run_dir / "checkpoints", resume)
     dist = Dist.from_env()
     dist.init(cfg.runtime.device)
     run = RunDir(cfg.run_dir, enabled=dist.is_main)
