@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -296,3 +297,25 @@ def test_a_local_path_it_cannot_create_is_one_line_and_leaves_nothing(tmp_path):
             assert out.returncode == 2 and out.stderr.startswith(f"Error: {words}"), out.stderr
             assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hosts-folder"] and not list(folder.iterdir())
+
+
+def test_a_command_given_after_dash_dash_takes_args_and_env_sets_and_refuses_the_rest(tmp_path):
+    """launch --name X --set args.lr=3 --set env.FOO=1 -- CMD ran CMD without either, and took a trainer's key or a
+    run_name without a word; a --name that is a run file here would take that file's run over."""
+    from enlace.config.command import Bad
+    from orchestrator.errors import UsageError
+    from orchestrator.launch.own import command_of
+
+    argv = ["python", "train.py", "--lr=1"]
+    own = command_of(tmp_path, None, argv, "ex6", ("args.lr=3", "env.FOO=1", "args.seed=7"))
+    assert list(own.argv) == ["python", "train.py", "--lr=3", "--seed=7"] and dict(own.env) == {"FOO": "1"}
+    for item, words in (
+        ("training.max_steps=5", "--set training.max_steps: launch -- COMMAND runs your own command"),
+        ("run_name=zzz", "--set run_name: launch -- COMMAND takes its run's name from --name NAME alone"),
+    ):
+        with pytest.raises(Bad, match=re.escape(words)):
+            command_of(tmp_path, None, argv, "ex6", (item,))
+    (tmp_path / "configs" / "runs").mkdir(parents=True)
+    (tmp_path / "configs" / "runs" / "smoke.yaml").write_text("data: smoke\n")
+    with pytest.raises(UsageError, match=r"--name smoke: configs/runs/smoke.yaml is a run file here"):
+        command_of(tmp_path, None, argv, "smoke", ())

@@ -477,3 +477,22 @@ def test_elapsed_stands_while_a_resumed_run_waits_and_runs_while_it_trains(tmp_p
     assert row["status"] == "queued" and (row["elapsed_s"], row["start_elapsed_s"]) == (40.0, 30.0), row
     runs.update(run_dir, status="running", pid=os.getpid(), pid_start=runs.proc_start(os.getpid()))
     assert runs.observe(run_dir)["start_elapsed_s"] >= 100  # training: this start's clock runs
+
+
+def test_a_run_of_one_kind_is_not_taken_over_by_a_launch_of_the_other(tmp_path):
+    """`launch --name smoke-cpu -- CMD` replaced a trainer run's run.json with a command's, and `launch smoke-cpu`
+    then called the trainer's run finished at `step 0 of None`; the reverse mixes them as well."""
+    from enlace.errors import ConfigError
+    from enlace.server import lifecycle
+
+    trainer, own = tmp_path / "runs" / "trained", tmp_path / "runs" / "scripted"
+    runs.update(trainer, run_name="trained", status=Status.STOPPED, step=55, command=None)
+    runs.update(own, run_name="scripted", status=Status.FINISHED, command={"command": ["python", "t.py"]})
+    for run_dir, command in ((trainer, {"command": ["python", "-c", "1"]}), (own, None)):
+        before = (run_dir / "run.json").read_bytes()
+        refused = pytest.raises(ConfigError, match=r"a run of .* here, and this launch starts .* under its name")
+        with refused, lifecycle.launching(run_dir, command):
+            pass
+        assert (run_dir / "run.json").read_bytes() == before
+    with lifecycle.launching(trainer, None) as (launch_id, _):  # the same kind goes ahead
+        assert runs.read(trainer)["launch_id"] == launch_id

@@ -263,9 +263,13 @@ def is_command(layer: Any) -> bool:
     return isinstance(layer, dict) and "command" in layer
 
 
-def adhoc(argv: list[str], run_name: str) -> CommandRun:
-    """`launch --name NAME -- ARGV...`: the command with enlace's defaults."""
-    return parse({"command": list(argv), "run_name": run_name}, "launch -- COMMAND", default_name=None)
+def adhoc(argv: list[str], run_name: str, overrides=()) -> CommandRun:
+    """`launch --name NAME -- ARGV...`: the command with enlace's defaults, and launch's --set args.NAME=V and
+    env.NAME=V applied (they were ignored, without a word)."""
+    where = "launch -- COMMAND"
+    if any(item.partition("=")[0] == "run_name" for item in overrides):
+        raise Bad(f"--set run_name: {where} takes its run's name from --name NAME alone")
+    return parse(with_sets({"command": list(argv), "run_name": run_name}, overrides, where), where, default_name=None)
 
 
 def run_file(run: str, root: Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 from enlace import contract
 from enlace.contract import ACTIVE, ENDED_CLEANLY, LAUNCH_ID_ENV, STOPPABLE, Status, describe_live
-from enlace.errors import AlreadyRunning
+from enlace.errors import AlreadyRunning, ConfigError
 from enlace.server import launched
 from enlace.server.ownchild import STALE
 from enlace.slurm import settings as slurm
@@ -70,6 +70,7 @@ def launching(run_dir: Path, command: dict | None = None):
             row = observe(run_dir)
         if row["alive"]:
             raise AlreadyRunning(f"{run_dir.name} is already running ({describe_live(row)})")
+        _refuse_other_kind(run_dir, st, command)
         log = run_dir / "train.log"
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"
@@ -133,6 +134,15 @@ def start(
         )
         update(run_dir, launcher_pid=proc.pid, launcher_start=proc_start(proc.pid))
     return {"ok": True, "pid": proc.pid, "log_offset": offset, "launch_id": launch_id}
+
+
+def _refuse_other_kind(run_dir: Path, st: dict, command: dict | None) -> None:
+    """A run of enlace's trainer launched as a command (`launch --name NAME -- …`), or the reverse: its run.json
+    was taken over, and `launch NAME` then called the trainer's run finished at `step 0 of None`."""
+    if st.get("status") and (st.get("command") is None) != (command is None):
+        was, now = ("enlace's trainer", "a command") if command else ("a command", "enlace's trainer")
+        fix = "name this run otherwise (launch --name, or --set run_name=), or remove the run's directory first"
+        raise ConfigError(run_dir.name, "", f"a run of {was} here, and this launch starts {now} under its name", fix)
 
 
 def torchrun_env(run_dir: Path) -> dict[str, str]:

@@ -43,7 +43,12 @@ def command_of(repo: Path, run: str | None, argv: list[str] | None, name: str | 
             raise UsageError(
                 "launch -- COMMAND needs --name NAME: the run's name (status, logs, stop and fetch use it)"
             )
-        return command.adhoc(argv, name)
+        if (repo / "configs" / "runs" / f"{name}.yaml").is_file():  # its run would be taken for the file's
+            raise UsageError(
+                f"--name {name}: configs/runs/{name}.yaml is a run file here (launch {name} launches "
+                "it) — name this command otherwise"
+            )
+        return command.adhoc(argv, name, overrides)
     if name:
         raise UsageError("--name names a command given after `--` (launch --name NAME -- python train.py ...)")
     return command.load(run, repo, overrides) if run else None
