@@ -144,6 +144,24 @@ def test_a_hosts_file_named_by_the_environment_that_is_not_there_is_said(tmp_pat
     assert capsys.readouterr().err == ""
 
 
+def test_the_local_host_refuses_a_relative_remote_dir_and_an_ssh_key(tmp_path, monkeypatch):
+    """A relative remote_dir made a server in each folder enlace-remote ran from (docs/relative/dir inside the
+    repository); `ssh:` on `local` was ignored without a word."""
+    from orchestrator.errors import UsageError
+    from orchestrator.hosts.resolve import resolve_host
+
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "hosts.yaml"))
+    for entry, words in (
+        ("{remote_dir: relative/dir}", "remote_dir: 'relative/dir' is relative"),
+        ("{ssh: b@h}", "ssh: `local` runs on this machine without SSH"),
+    ):
+        (tmp_path / "hosts.yaml").write_text(f"hosts:\n  local: {entry}\n")
+        with pytest.raises(UsageError, match=re.escape(f"hosts.yaml: hosts.local: {words}")):
+            resolve_host("local", tmp_path)
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  local: {remote_dir: ~/enlace-local}\n")
+    assert resolve_host("local", tmp_path).remote_dir == str(Path("~/enlace-local").expanduser())
+
+
 def test_paramiko_loads_without_invoke_and_match_exec_still_works(tmp_path):
     """The driver's paramiko import leaves out `invoke` (paramiko's import 100 -> 61 ms, on every remote command);
     an ssh config paramiko reads (no ssh client) that uses `Match exec` gets it back and resolves."""

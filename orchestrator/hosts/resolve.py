@@ -166,6 +166,7 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
     defaults, table = loaded.defaults, loaded.hosts
     entry = {**defaults, **table.get(name, {})}
     if name == "local":
+        _check_local(table.get("local", {}), _where(loaded, "local", table.get("local", {})))
         remote_dir = table.get("local", {}).get("remote_dir") or str(repo / ".enlace" / "local")
         python = table.get("local", {}).get("python") or sys.executable
         return Host(
@@ -235,6 +236,19 @@ def _resolve(name: str, repo: Path, loaded: HostTable) -> Host:
         connection=entry.get("connection") or "direct",
         persist=entry.get("persist"),
     )
+
+
+def _check_local(entry: dict[str, Any], where: str) -> None:
+    """`local` runs on this machine, from wherever enlace-remote runs: a relative remote_dir made a new server in
+    each folder it ran from, and an `ssh:` was ignored without a word."""
+    if "ssh" in entry:
+        raise UsageError(f"{where}: ssh: `local` runs on this machine without SSH — remove it, or name another host")
+    remote_dir = entry.get("remote_dir")
+    if remote_dir and not Path(remote_dir).expanduser().is_absolute():
+        raise UsageError(
+            f"{where}: remote_dir: {remote_dir!r} is relative (to each folder enlace-remote runs from) — "
+            "use an absolute path, ~ or ~/DIR"
+        )
 
 
 def _unless_none(value: str | None) -> str | None:
