@@ -248,6 +248,9 @@ def test_server_side_refusals_are_one_clear_line(sshd, user_repo, tmp_path):
     out = remote(user_repo, env, "sync", host="local", check=False)
     assert out.returncode == 3 and "no usable python on the server" in out.stderr and "Traceback" not in out.stderr
     assert "python: /nonexistent/python (hosts.yaml) is not a command here: no such file" in out.stderr, out.stderr
+    out = remote(user_repo, env, "verify", "tiny", host="local", check=False)  # it said "see the messages above"
+    said = "python: /nonexistent/python (hosts.yaml) is not a command on the server (no such file or not executable)"
+    assert out.returncode == 3 and said in out.stderr and "above" not in out.stderr, out.stderr
 
 
 def test_unwritable_remote_dir_is_explained(sshd, user_repo, tmp_path):

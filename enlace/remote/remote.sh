@@ -131,6 +131,12 @@ resolve_python() {  # SHA PYTHON [PIP_ARG...] -> prints the interpreter path (st
   echo "$link/bin/python"
 }
 NO_PYTHON="no usable python on the server (the venv build failed, or python: names none): see the messages above; set python: in hosts.yaml to venv (pip_args: for another wheel index) or to a python with torch"
+no_python() {  # PYTHON: NO_PYTHON, naming the cause where resolve_python's own lines are not shown (verify)
+  if [ "$1" != venv ] && ! command -v "$1" >/dev/null 2>&1; then
+    die "python: $1 (hosts.yaml) is not a command on the server ($( [ "${1#/}" != "$1" ] && echo "no such file or not executable" || echo "not on the PATH of a non-interactive ssh session")) — set python: in hosts.yaml to venv or to a python with torch"
+  fi
+  die "$NO_PYTHON"
+}
 
 case $VERB in
   setup)
@@ -187,7 +193,7 @@ case $VERB in
     sha=$1; check_sha "$sha"
     tree=$RD/trees/$sha
     [ -d "$tree" ] || die "commit $sha is not checked out on the server: run enlace-remote sync"
-    py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
+    py=$(resolve_python "$sha" "$2") || no_python "$2"; shift 2
     home=$(enlace_home "$tree") || die "$NO_HOME"
     cd "$tree" && ENLACE_DATA_DIR=$RD/data exec "$py" "$home/enlace/remote/verify_tree.py" "$sha" "$@"
     ;;
@@ -196,7 +202,7 @@ case $VERB in
     if [ "$sha" = latest ]; then
       sha=$(newest_tree) || die "$NOT_SYNCED" $EXIT_USAGE not_synced
     fi
-    check_sha "$sha"; py=$(resolve_python "$sha" "$2") || die "$NO_PYTHON"; shift 2
+    check_sha "$sha"; py=$(resolve_python "$sha" "$2") || no_python "$2"; shift 2
     home=$(enlace_home "$RD/trees/$sha") || die "$NO_HOME"
     path=$RD/trees/$sha; [ "$home" = "$path" ] || path=$home:$path  # the server half first, then the user's tree
     cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD ENLACE_DATA_DIR=$RD/data PYTHONPATH=$path \
