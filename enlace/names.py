@@ -27,9 +27,11 @@ def quoted(value: object, limit: int = QUOTED_MAX) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
-def validate_run_name(name: str, source: str = "run_name") -> RunName:
+def validate_run_name(name: str, source: str | None = None) -> RunName:
+    """`source`: where the name was given (a file, an option), said before `run_name:` (None: run_name alone)."""
     if not isinstance(name, str) or not RUN_NAME_RE.fullmatch(name):
-        raise ConfigError(source, "run_name", f"{quoted(name)} is not a valid name", RUN_NAME_RULE)
+        where = (source, "run_name") if source else ("run_name", "")
+        raise ConfigError(*where, f"{quoted(name)} is not a valid name", RUN_NAME_RULE)
     return RunName(name)
 
 

@@ -49,8 +49,8 @@ def _options(cmd: click.Command) -> list[str]:
 
 
 def _usage(cmd: click.Command) -> str:
-    args = [
-        p.human_readable_name if p.required else f"[{p.human_readable_name}]"
+    args = [  # (a metavar such as [HOST] already says it is optional)
+        p.human_readable_name if p.required or p.human_readable_name.startswith("[") else f"[{p.human_readable_name}]"
         for p in cmd.params
         if isinstance(p, click.Argument)
     ]

@@ -319,3 +319,32 @@ def test_a_command_given_after_dash_dash_takes_args_and_env_sets_and_refuses_the
     (tmp_path / "configs" / "runs" / "smoke.yaml").write_text("data: smoke\n")
     with pytest.raises(UsageError, match=r"--name smoke: configs/runs/smoke.yaml is a run file here"):
         command_of(tmp_path, None, argv, "smoke", ())
+
+
+def test_small_words_name_the_key_once_and_the_verb_given(tmp_path, monkeypatch):
+    """`run_name: run_name: 'a b'` (a name given without a file, or in a command's run file); logout on the local
+    host said `e.g. login gpu1`; sample and export of a command's run said a launch would train it again."""
+    from enlace.config.command import parse
+    from enlace.errors import ConfigError
+    from enlace.names import validate_run_name
+    from enlace.state import runs
+    from enlace.train.trained import find_checkpoint
+
+    for call, said in (
+        (lambda: validate_run_name("a b"), "run_name: 'a b' is not a valid name"),
+        (lambda: validate_run_name("a b", "--set"), "--set: run_name: 'a b' is not a valid name"),
+        (
+            lambda: parse({"command": ["t"], "run_name": "../x"}, "configs/runs/b9.yaml", None),
+            "configs/runs/b9.yaml: run_name: '",
+        ),
+    ):
+        with pytest.raises(ConfigError) as e:
+            call()
+        assert e.value.format_message().startswith(said) and "run_name: run_name" not in e.value.format_message()
+    result = _cli(["logout"], REPO, tmp_path, monkeypatch)
+    assert result.exit_code == 2 and "name an SSH host, e.g. logout gpu1" in result.output, result.output
+    run_dir = tmp_path / "runs" / "ex2"
+    runs.update(run_dir, run_name="ex2", status="finished", command={"command": ["python", "t.py"]})
+    monkeypatch.setenv("ENLACE_ROOT", str(tmp_path))  # on the server it ran on
+    with pytest.raises(Exception, match=r"ex2 runs your own command: it has no checkpoint of enlace's trainer"):
+        find_checkpoint(run_dir)

@@ -205,7 +205,7 @@ def parse(layer: Any, where: str, default_name: str | None, recorded: bool = Fal
     name = doc.get("run_name") or default_name
     if not name:
         raise Bad(f"{where}: run_name: missing — name the run (launch --name NAME)")
-    name = validate_run_name(name, f"{where}: run_name")
+    name = validate_run_name(name, where)
     env = doc.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.fullmatch(k) for k in env):
         raise Bad(f"{where}: env: {env!r} is not a mapping of variable names to values")

@@ -40,6 +40,11 @@ def _no_checkpoint_yet(target: Path, row: dict[str, Any]) -> None:
     or, on the server it trains on (ENLACE_ROOT), one training towards its first, or one that ended before it.
     Elsewhere (a run fetched here) nothing: the caller says to fetch it."""
     name, status = target.name, row["status"]
+    if row.get("command"):  # (it said a launch would train it again from step 0)
+        raise CheckpointError(
+            f"{name} runs your own command: it has no checkpoint of enlace's trainer to load — "
+            f"`enlace-remote fetch {name}` brings back what your script saved"
+        )
     said = not_started(name, status, "no checkpoint yet")  # (it said to fetch it)
     if said:
         raise CheckpointError(said)

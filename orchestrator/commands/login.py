@@ -10,14 +10,14 @@ from orchestrator.commands.common import HostOptionsCommand, Remote, with_remote
 host_argument = click.argument("host_name", required=False, metavar="[HOST]")
 
 
-def _transport(remote: Remote, host_name: str | None):
+def _transport(remote: Remote, host_name: str | None, verb: str):
     from orchestrator.errors import UsageError
     from orchestrator.hosts.resolve import resolve_host
     from orchestrator.ssh.openssh import SharedTransport
 
     host = resolve_host(host_name, remote.repo) if host_name else remote.host
     if host.local:
-        raise UsageError("host local is this machine: it needs no login — name an SSH host, e.g. login gpu1")
+        raise UsageError(f"host local is this machine: it needs no login — name an SSH host, e.g. {verb} gpu1")
     return SharedTransport(host, remote.accept_new)
 
 
@@ -48,7 +48,7 @@ def login(remote: Remote, host_name: str | None, persist: str | None) -> None:
     from orchestrator.ssh.openssh import LOGIN_PERSIST
     from orchestrator.ssh.openssh import login as open_login
 
-    transport = _transport(remote, host_name)
+    transport = _transport(remote, host_name, "login")
     name = transport.host.name
     persist = persist or transport.host.persist or LOGIN_PERSIST
     try:
@@ -70,7 +70,7 @@ def login(remote: Remote, host_name: str | None, persist: str | None) -> None:
 @with_remote
 def logout(remote: Remote, host_name: str | None) -> None:
     """Close HOST's login (the shared connection `login` opened); later verbs there need a new login."""
-    transport = _transport(remote, host_name)
+    transport = _transport(remote, host_name, "logout")
     name = transport.host.name
     closed = transport.close_master()
     click.echo(f"logged out of {name}" if closed else f"no login was open for {name}", err=True)

@@ -163,6 +163,4 @@ def ship(
     # line trained with another learning rate was refused against the current line's)
     allow = {"allow_data_change": allow_data_change, "allow_teacher_change": allow_teacher_change}
     doc = verify(session, rep.commit, run, for_launch, overrides, fresh, extra=extra, elsewhere=elsewhere, **allow)
-    return Shipped(
-        rep.commit, validate_run_name(doc["run_name"], "run_name"), doc.get("device"), doc.get("resume_refused")
-    )
+    return Shipped(rep.commit, validate_run_name(doc["run_name"]), doc.get("device"), doc.get("resume_refused"))
