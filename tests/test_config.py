@@ -202,3 +202,12 @@ def test_a_section_given_a_value_and_a_warmup_past_the_run_say_the_fix(project):
     assert e.source == "--set" and e.key == "training.max_steps"  # two keys wrong together: the one just --set
     e = _error(project, "model.d_model=131")  # it blamed the run file's model.n_head
     assert (e.source, e.key) == ("--set", "model.d_model") and "not divisible by n_head" in e.message, e.message
+
+
+def test_an_empty_run_file_says_it_is_empty_and_what_a_run_file_holds(project):
+    """It said `data: missing — name a file in configs/data/`, the trainer's word, in a script's repository."""
+    (project / "configs" / "runs" / "b15.yaml").write_text("")
+    with pytest.raises(ConfigError) as e:
+        load_config("b15", root=project)
+    said = e.value.format_message()
+    assert said.startswith("configs/runs/b15.yaml: is empty — your own script: command: [python, train.py]"), said

@@ -316,6 +316,9 @@ def load_config(run: str, overrides: typing.Sequence[str] = (), root: Path | Non
     run_path = _resolve_file(root, "runs", run, "RUN", "")
     run_src = str(run_path.relative_to(root) if run_path.is_relative_to(root) else run_path)
     run_layer = read_yaml(run_path, "run", run_src)
+    if not run_layer:  # it was told `data: missing`, the trainer's word, in a repository of a script of one's own
+        fix = "your own script: command: [python, train.py] (docs/own-script.md); enlace's trainer: data: and profile:"
+        raise ConfigError(run_src, "", "is empty", fix)
     # a file with the trainer's sections mistyped only `command:` if anything of your own command's
     trainer_like = any((k in SECTIONS and k != "data") or k == "profile" for k in run_layer)
     check_top(run_layer, RUN_TOP_KEYS, run_src, ("command",) if trainer_like else OWN_COMMAND_KEYS, FIELD_HOME)
