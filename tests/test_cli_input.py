@@ -348,3 +348,13 @@ def test_small_words_name_the_key_once_and_the_verb_given(tmp_path, monkeypatch)
     monkeypatch.setenv("ENLACE_ROOT", str(tmp_path))  # on the server it ran on
     with pytest.raises(Exception, match=r"ex2 runs your own command: it has no checkpoint of enlace's trainer"):
         find_checkpoint(run_dir)
+
+
+def test_a_path_the_server_verbs_cannot_create_is_one_line_exit_2(project):
+    """`enlace prepare --out /proc/x/p1`, `enlace train --runs-dir /proc/x` were FileNotFoundError tracebacks."""
+    from support.cli import enlace
+
+    said = "Error: /proc/x: No such file or directory — name a path this machine lets you create and write"
+    for args in (["prepare", "tiny", "--out", "/proc/x/p1"], ["train", "smoke-cpu", "--runs-dir", "/proc/x"]):
+        out = enlace(project, *args, check=False, fresh=True)
+        assert out.returncode == 2 and out.stderr.strip() == said, out.stderr
