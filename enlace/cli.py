@@ -314,6 +314,7 @@ def verify_resume_cmd(
     "--memory-limit",
     default=None,
     metavar="SIZE",
+    callback=lambda ctx, param, value: parse_size(value),  # refused naming the option (it said only the value)
     help="Treat a peak above SIZE (e.g. 2GiB) as out of memory. On CPU this is how a batch that "
     "does not fit is found; default: the machine's memory.",
 )
@@ -336,7 +337,7 @@ def preflight_cmd(
     root: Path | None,
     resume: str,
     as_json: bool,
-    memory_limit: str | None,
+    memory_limit: int | None,
     max_batch: bool,
     budget_s: float,
 ) -> None:
@@ -354,7 +355,7 @@ def preflight_cmd(
     from enlace.preflight.report import format_report
     from enlace.train.rundir import atomic_write
 
-    limit = parse_size(memory_limit)
+    limit = memory_limit
     cfg = load_run_config(run, overrides, root, fresh=resume == "none")
     check_environment(cfg)
     quiet = os.environ.get("RANK", "0") != "0"

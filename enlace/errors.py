@@ -21,6 +21,12 @@ def shown(text: str) -> str:
     return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
+def for_stream(text: str, stream) -> str:
+    """`text` as written to `stream`: a terminal gets its controls written out (shown: a sample's ESC bytes moved the
+    cursor and recoloured the terminal), a pipe or a file the text as it is."""
+    return shown(text) if stream.isatty() else text
+
+
 class EnlaceError(click.ClickException):
     """An error the user can fix; `str()` is the whole message."""
 

@@ -341,6 +341,12 @@ def test_small_words_name_the_key_once_and_the_verb_given(tmp_path, monkeypatch)
         with pytest.raises(ConfigError) as e:
             call()
         assert e.value.format_message().startswith(said) and "run_name: run_name" not in e.value.format_message()
+    from click.testing import CliRunner
+
+    from enlace.cli import main
+
+    size = CliRunner().invoke(main, ["preflight", "smoke-cpu", "--memory-limit", "abc"])  # it named only the value
+    assert size.exit_code == 2 and "Invalid value for '--memory-limit': 'abc' is not a size" in size.output
     result = _cli(["logout"], REPO, tmp_path, monkeypatch)
     assert result.exit_code == 2 and "name an SSH host, e.g. logout gpu1" in result.output, result.output
     run_dir = tmp_path / "runs" / "ex2"
@@ -358,3 +364,18 @@ def test_a_path_the_server_verbs_cannot_create_is_one_line_exit_2(project):
     for args in (["prepare", "tiny", "--out", "/proc/x/p1"], ["train", "smoke-cpu", "--runs-dir", "/proc/x"]):
         out = enlace(project, *args, check=False, fresh=True)
         assert out.returncode == 2 and out.stderr.strip() == said, out.stderr
+
+
+def test_sampled_text_reaches_a_terminal_with_its_controls_written_out_and_a_pipe_as_it_is():
+    """An untrained model's sample wrote ESC bytes to the terminal (15 in 3000 bytes)."""
+    import io
+
+    from enlace.errors import for_stream
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    text = "def f():\n\treturn 1\x1b[2J\x07"
+    assert for_stream(text, Terminal()) == "def f():\n\treturn 1\\x1b[2J\\x07"
+    assert for_stream(text, io.StringIO()) == text  # `sample > out.txt`: the bytes the model drew

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import IMAGE_SUFFIXES, LocalPath, root_option
-from enlace.errors import CheckpointError
+from enlace.errors import CheckpointError, for_stream
 from enlace.names import find_root
 from enlace.tools.plot import metrics_option
 
@@ -90,7 +90,7 @@ def sample_cmd(
     if as_json:
         click.echo(json.dumps(rep))
         return
-    sys.stdout.write(rep["text"] + "\n")
+    sys.stdout.write(for_stream(rep["text"], sys.stdout) + "\n")
     click.echo(
         f"[{rep['bytes']} bytes at {rep['bytes_per_s']} bytes/s on {rep['device']}, step {rep['step']}, seed {seed}]",
         err=True,

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from enlace.clitypes import IMAGE_SUFFIXES, LocalPath, gc_options
+from enlace.errors import for_stream
 from enlace.names import validate_run_name
 from enlace.tools.plot import metrics_option
 from orchestrator.commands import sweep as sweeps
@@ -43,7 +44,7 @@ def sample(
     args = ["sample", run_name, "--bytes", str(n_bytes), "--temperature", str(temperature), "--seed", str(seed)]
     args += (["--prompt", prompt] if prompt is not None else []) + (["--top-k", str(top_k)] if top_k else [])
     rep = remote.session.enlace_json("latest", *args, timeout=3600)
-    sys.stdout.write(rep["text"] + "\n")
+    sys.stdout.write(for_stream(rep["text"], sys.stdout) + "\n")
     click.echo(
         f"[{rep['bytes']} bytes at {rep['bytes_per_s']} bytes/s on {remote.host.name} ({rep['device']}), "
         f"step {rep['step']}, seed {seed}]",
