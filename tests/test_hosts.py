@@ -162,6 +162,22 @@ def test_the_local_host_refuses_a_relative_remote_dir_and_an_ssh_key(tmp_path, m
     assert resolve_host("local", tmp_path).remote_dir == str(Path("~/enlace-local").expanduser())
 
 
+def test_hosts_add_keeps_the_files_comments_and_layout(tmp_path, monkeypatch):
+    """It rewrote the file through YAML, dropping every comment of a file whose header says `edit freely`."""
+    from orchestrator.hosts import schema
+    from orchestrator.hosts.resolve import add_host
+
+    monkeypatch.setenv("ENLACE_HOSTS_FILE", str(tmp_path / "hosts.yaml"))
+    mine = "# my hosts\nhosts:\n  # the big box\n  gpu1: {ssh: a@b}   # keep me\n  gpu2:\n    ssh: c@d\n# the end\n"
+    (tmp_path / "hosts.yaml").write_text(mine)
+    add_host("g1", {"ssh": "x@y"})
+    assert (tmp_path / "hosts.yaml").read_text() == mine.replace("# the end", "  g1: {ssh: x@y}\n# the end")
+    assert schema.load(tmp_path / "hosts.yaml")["hosts"]["g1"] == {"ssh": "x@y"}
+    (tmp_path / "hosts.yaml").write_text("hosts: {a: {ssh: b@c}}  # flow style: no block to add a line to\n")
+    add_host("g1", {"ssh": "x@y"})  # written whole, every host kept
+    assert schema.load(tmp_path / "hosts.yaml")["hosts"] == {"a": {"ssh": "b@c"}, "g1": {"ssh": "x@y"}}
+
+
 def test_paramiko_loads_without_invoke_and_match_exec_still_works(tmp_path):
     """The driver's paramiko import leaves out `invoke` (paramiko's import 100 -> 61 ms, on every remote command);
     an ssh config paramiko reads (no ssh client) that uses `Match exec` gets it back and resolves."""

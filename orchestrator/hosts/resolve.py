@@ -348,15 +348,15 @@ def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     path = user_hosts_file()
     data = hostfile.load(path)  # refuses a broken or duplicated file instead of appending to it
     hosts = data.get("hosts") or {}
+    old = path.read_text() if path.is_file() and name not in hosts else ""
     hosts[name] = {**(hosts.get(name) or {}), **given}
     data["hosts"] = hosts
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(
-            "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
-            + yaml.safe_dump(data, sort_keys=False)
-        )
+        header = "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
+        kept = hostfile.with_new_host(old, name, given) if old else None  # its comments and layout kept
+        tmp.write_text(kept or header + yaml.safe_dump(data, sort_keys=False))  # (else written whole)
         os.replace(tmp, path)
     finally:  # a hosts file that is a folder: no temporary copy left beside it
         tmp.unlink(missing_ok=True)

@@ -251,3 +251,30 @@ def load(path: Path, strict: bool = True) -> dict[str, Any]:
             invalid[str(name)[:64]] = e.message
             del hosts[name]
     return {**data, "invalid": invalid} if invalid else data
+
+
+def with_new_host(text: str, name: str, entry: dict[str, Any]) -> str | None:
+    """`text` (a hosts file) with host `name` added as one line at the end of its block-style `hosts:` mapping,
+    every other line as it was, comments included (a rewrite through YAML dropped them); None where the file has
+    no such block to add to, or where the result would not read as the file plus that host (the caller then
+    rewrites it whole)."""
+    lines = text.splitlines()
+    top = [i for i, line in enumerate(lines) if re.match(r"hosts:\s*(#.*)?$", line)]
+    if len(top) != 1:
+        return None
+    end = top[0] + 1
+    for i in range(top[0] + 1, len(lines)):
+        if lines[i][:1] not in ("", " ", "#"):  # the next top-level key
+            break
+        if lines[i].startswith(" ") and lines[i].strip() and not lines[i].lstrip().startswith("#"):
+            end = i + 1  # after the block's last entry line
+    entries = [ln for ln in lines[top[0] + 1 : end] if ln.strip() and not ln.lstrip().startswith("#")]
+    indent = len(entries[0]) - len(entries[0].lstrip()) if entries else 2
+    flow = yaml.safe_dump({name: entry}, default_flow_style=True, width=10**6).strip()[1:-1]  # `g1: {ssh: x@y}`
+    new = "\n".join([*lines[:end], " " * indent + flow, *lines[end:]]) + "\n"
+    try:
+        before, after = yaml.safe_load(text), yaml.safe_load(new)
+    except yaml.YAMLError:
+        return None
+    expected = {**before, "hosts": {**(before.get("hosts") or {}), name: entry}} if isinstance(before, dict) else None
+    return new if after == expected else None
