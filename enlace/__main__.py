@@ -1,6 +1,5 @@
 """`python -m enlace` and the `enlace` console script."""
 
-import errno
 import json
 import sys
 
@@ -8,16 +7,7 @@ import click
 
 from enlace import contract
 from enlace.cli import main
-from enlace.errors import BadOut
-
-# what a path that cannot be made or written says (--out /proc/x, --runs-dir on a read-only disk): its owner's fix
-PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST}
-
-
-def _said(e: OSError) -> BadOut:
-    if e.filename is None or e.errno not in PATH_ERRNOS:
-        raise e
-    return BadOut(f"{e.filename}: {e.strerror} — name a path this machine lets you create and write")
+from enlace.errors import path_given
 
 
 def run() -> None:
@@ -28,8 +18,10 @@ def run() -> None:
         code = result if isinstance(result, int) else 0
     except SystemExit as e:
         code = e.code
-    except (click.ClickException, OSError) as e:
-        e = _said(e) if isinstance(e, OSError) else e
+    except (click.ClickException, OSError) as caught:  # an OSError: only where it is about a path given here
+        e = path_given(caught, sys.argv[1:]) if isinstance(caught, OSError) else caught
+        if e is None:
+            raise
         if "--json" in sys.argv[1:]:
             doc = contract.error_doc(e.format_message(), e.exit_code, getattr(e, "kind", None))
             print(json.dumps(doc), flush=True)

@@ -35,7 +35,8 @@ class LocalPath(click.Path):
         return super().convert(value, param, ctx)
 
 
-IMAGE_SUFFIXES = (".png", ".svg", ".pdf")  # what `plot --out` writes (matplotlib's format from the suffix)
+# what `plot --out` writes: matplotlib's formats (its savefig takes the format from the suffix)
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".eps", ".ps", ".svgz")
 
 
 class Seconds(click.ParamType):

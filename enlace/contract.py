@@ -221,6 +221,14 @@ def ended_message(row: dict[str, Any], from_file: bool = True) -> str:
     return f"{row['run_name']} {what}; {where}{again}"
 
 
+def other_kind(was_command: bool) -> tuple[str, str]:
+    """What is wrong with a launch of enlace's trainer under the name of a run of a command, or the reverse (both
+    halves refuse it), and the fix."""
+    was, now = ("a command", "enlace's trainer") if was_command else ("enlace's trainer", "a command")
+    fix = "name this run otherwise (launch --name, or --set run_name=), or remove the run's directory first"
+    return f"a run of {was} here, and this launch starts {now} under its name", fix
+
+
 def describe_live(row: dict[str, Any]) -> str:
     """What a live run is doing, in a few words: `running, step 24 of 500, pid 4242`, `starting: building
     the model`, `pending, Slurm job 3`. Only what is known (no `pid None`, no `step 0/None`)."""

@@ -4,7 +4,10 @@ it. Light (click only): the driver imports it."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+from pathlib import Path
 
 import click
 
@@ -84,3 +87,24 @@ class NoSpaceError(EnlaceError):
 
     exit_code = contract.NO_SPACE
     kind = contract.ErrorKind.NO_SPACE
+
+
+# what a path that cannot be made or written says (--out /proc/x, --runs-dir on a read-only disk)
+PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST}
+
+
+def path_given(e: OSError, argv: list[str]) -> BadOut | None:
+    """`e` as one line (exit 2) when it is about a path the command line gave, or one inside or above it (what the
+    user can fix by naming another); None for any other (a compiler's cache under a trainer, a full disk, a
+    missing program): a trainer's exit 2 is a config error its supervisor never retries."""
+    if e.filename is None or e.errno not in PATH_ERRNOS:
+        return None
+    failed = Path(os.fsdecode(e.filename)).absolute()
+    if Path.cwd().is_relative_to(failed):  # the working directory or above it: no path the user named
+        return None
+    for arg in argv:
+        value = arg.partition("=")[2] if arg.startswith("--") else arg  # --out=PATH, or PATH
+        given = Path(value).absolute() if value else None
+        if given and (failed.is_relative_to(given) or given.is_relative_to(failed)):
+            return BadOut(f"{failed}: {e.strerror} — name a path this machine lets you create and write")
+    return None

@@ -6,7 +6,9 @@ orchestrator/commands/ (run.py, tools.py, data.py, sweep.py) and is added here. 
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -14,7 +16,7 @@ import click
 from enlace import contract
 from enlace.clitypes import set_option
 from enlace.contract import leave
-from enlace.errors import EnlaceError
+from enlace.errors import EnlaceError, path_given
 from orchestrator.commands import data as cli_data
 from orchestrator.commands import init as cli_init
 from orchestrator.commands import login as cli_login
@@ -250,11 +252,12 @@ def run_main() -> None:
     except KeyboardInterrupt:  # e.g. during close: no chained tracebacks, ever
         Interrupted().show()
         code = Interrupted.exit_code
-    except OSError as e:  # a path here it could not make, write or read (fetch --dest /proc/x, a hosts file that is a
-        if e.filename is None:  # folder): one line, where each verb's own checks cannot foresee it
+    except OSError as e:  # a path given here it could not make or write (fetch --dest /proc/x, a hosts file's folder)
+        said = path_given(e, [*sys.argv[1:], os.environ.get("ENLACE_HOSTS_FILE", "")])
+        if said is None:
             raise
-        click.echo(f"Error: {e.filename}: {e.strerror} — name a path this machine lets you create and write", err=True)
-        code = contract.USAGE
+        click.echo(f"Error: {said.format_message()}", err=True)
+        code = said.exit_code
     leave(code)  # every verb has closed its files, processes and connections by now
 
 

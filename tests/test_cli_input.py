@@ -263,7 +263,10 @@ def test_verify_of_a_run_file_not_yet_committed_says_to_commit_it(tmp_path, monk
         (["fetch", "tiny", "--dest", ""], "Invalid value for '--dest': an empty path"),  # it fetched into the root
         (["plot", "tiny", "--dest", " "], "Invalid value for '--dest': an empty path"),
         (["export", "tiny", "--out", ""], "Invalid value for '--out': an empty path"),
-        (["plot", "tiny", "--out", "curves.txt"], "curves.txt: name a file ending in .png, .svg, .pdf"),  # matplotlib
+        (
+            ["plot", "tiny", "--out", "curves.txt"],
+            "curves.txt: name a file ending in .png, .svg, .pdf, .jpg",
+        ),  # matplotlib
     ],
 )
 def test_a_path_option_given_empty_or_of_the_wrong_kind_is_refused_before_anything(tmp_path, monkeypatch, args, words):
@@ -379,3 +382,21 @@ def test_sampled_text_reaches_a_terminal_with_its_controls_written_out_and_a_pip
     text = "def f():\n\treturn 1\x1b[2J\x07"
     assert for_stream(text, Terminal()) == "def f():\n\treturn 1\\x1b[2J\\x07"
     assert for_stream(text, io.StringIO()) == text  # `sample > out.txt`: the bytes the model drew
+
+
+def test_only_an_error_about_a_path_given_on_the_command_line_becomes_a_usage_error(tmp_path, monkeypatch):
+    """Under its supervisor a trainer's exit 2 is a config error, never retried: an OSError about a compiler's
+    cache (not a path the command named) must stay a crash; a full disk keeps its own exit."""
+    import errno
+
+    from enlace.errors import path_given
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "smoke-cpu", "--runs-dir", "/proc/x", "--out=/srv/out"]
+    gone = lambda path, code=errno.ENOENT: OSError(code, os.strerror(code), path)
+    said = path_given(gone("/proc/x"), argv)
+    assert said is not None and said.exit_code == 2 and said.message.startswith("/proc/x: No such file or directory")
+    assert path_given(gone("/srv/out/a.png", errno.EACCES), argv) is not None  # inside a path given (--out=)
+    assert path_given(gone("/proc"), ["prepare", "tiny", "--out", "/proc/x/p1"]) is not None  # above one
+    for not_given in (gone("/root/.triton/cache/x"), gone("/proc/x", errno.ENOSPC), gone(str(tmp_path)), gone("/")):
+        assert path_given(not_given, argv) is None, not_given

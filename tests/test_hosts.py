@@ -173,6 +173,11 @@ def test_hosts_add_keeps_the_files_comments_and_layout(tmp_path, monkeypatch):
     add_host("g1", {"ssh": "x@y"})
     assert (tmp_path / "hosts.yaml").read_text() == mine.replace("# the end", "  g1: {ssh: x@y}\n# the end")
     assert schema.load(tmp_path / "hosts.yaml")["hosts"]["g1"] == {"ssh": "x@y"}
+    (tmp_path / "hosts.yaml").write_text("# mine\ndefaults: {remote_dir: ~/e}  # keep\n")  # no hosts: yet
+    add_host("g1", {"ssh": "x@y"})
+    assert (
+        tmp_path / "hosts.yaml"
+    ).read_text() == "# mine\ndefaults: {remote_dir: ~/e}  # keep\nhosts:\n  g1: {ssh: x@y}\n"
     (tmp_path / "hosts.yaml").write_text("hosts: {a: {ssh: b@c}}  # flow style: no block to add a line to\n")
     add_host("g1", {"ssh": "x@y"})  # written whole, every host kept
     assert schema.load(tmp_path / "hosts.yaml")["hosts"] == {"a": {"ssh": "b@c"}, "g1": {"ssh": "x@y"}}

@@ -357,6 +357,19 @@ def test_a_run_stopped_at_its_last_step_is_not_launched_again_without_an_extensi
     assert worth_launching(there, "r") is False
 
 
+def test_a_launch_of_the_other_kind_under_a_runs_name_is_refused_before_its_preflight():
+    """A finished command run launched as enlace's trainer (a trainer file added under its name) was said
+    `finished: step None of None`, with a --set training.max_steps hint; the reverse went on to the server."""
+    from orchestrator.errors import UsageError
+    from orchestrator.launch.stages import worth_launching
+
+    row = {"run_name": "x", "status": "finished", "alive": False, "step": None, "max_steps": None}
+    for kind, launched_as_command in (({"command_spec": {"command": ["python", "t.py"]}}, False), ({}, True)):
+        session = SimpleNamespace(enlace_json=lambda *a, r={**row, **kind}, **k: [r], host=SimpleNamespace(name="h"))
+        with pytest.raises(UsageError, match=r"x: a run of .* here, and this launch starts .* under its name"):
+            worth_launching(session, "x", command=launched_as_command)
+
+
 def test_fetch_sweep_fetches_every_run_it_can_and_says_the_one_it_could_not(capsys, monkeypatch, tmp_path):
     """One run's corrupt checkpoint ended `fetch --sweep` there: the runs after it were left unfetched. (The
     fetch stands in for the host's; the error is the one a corrupt checkpoint raises.)"""

@@ -263,10 +263,13 @@ def is_command(layer: Any) -> bool:
     return isinstance(layer, dict) and "command" in layer
 
 
+ADHOC = "launch -- COMMAND"  # where a command given after `--` comes from, as its errors say
+
+
 def adhoc(argv: list[str], run_name: str, overrides=()) -> CommandRun:
     """`launch --name NAME -- ARGV...`: the command with enlace's defaults, and launch's --set args.NAME=V and
     env.NAME=V applied (they were ignored, without a word)."""
-    where = "launch -- COMMAND"
+    where = ADHOC
     if any(item.partition("=")[0] == "run_name" for item in overrides):
         raise Bad(f"--set run_name: {where} takes its run's name from --name NAME alone")
     return parse(with_sets({"command": list(argv), "run_name": run_name}, overrides, where), where, default_name=None)
@@ -313,10 +316,11 @@ def with_sets(layer: dict, overrides, where: str) -> dict:
             if isinstance(argv, list):  # (not a list: parse names it) an earlier --NAME=V gives way: one value
                 layer["command"] = [*(a for a in argv if not (isinstance(a, str) and a.startswith(flag))), arg]
         else:
+            file = where != ADHOC  # (launch -- COMMAND: named by --name, its own arguments given after `--`)
             raise Bad(
-                f"--set {key}: {where} runs your own command, which takes --set run_name=NAME, env.NAME=VALUE (an "
-                "environment variable) or args.NAME=VALUE (--NAME=VALUE appended to the command) — anything else "
-                "belongs in the run file's command"
+                f"--set {key}: {where} runs your own command, which takes --set {'run_name=NAME, ' * file}"
+                "env.NAME=VALUE (an environment variable) or args.NAME=VALUE (--NAME=VALUE appended to the command) "
+                f"— anything else belongs in {'the run file' if file else 'the command after `--`'}"
             )
     return layer
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from enlace import contract
-from enlace.contract import ACTIVE, ENDED_CLEANLY, LAUNCH_ID_ENV, STOPPABLE, Status, describe_live
+from enlace.contract import ACTIVE, ENDED_CLEANLY, LAUNCH_ID_ENV, STOPPABLE, Status, describe_live, other_kind
 from enlace.errors import AlreadyRunning, ConfigError
 from enlace.server import launched
 from enlace.server.ownchild import STALE
@@ -51,6 +51,7 @@ def launching(run_dir: Path, command: dict | None = None):
             _wait(lambda: alive(read(run_dir), run_dir), 30)
             row = observe(run_dir)
         st = read(run_dir)
+        _refuse_other_kind(run_dir, st, command)  # before anything of the run is stopped or killed
         if not row["alive"] and proc_alive(st.get("launcher_pid"), st.get("launcher_start")):
             # a frozen supervisor over a dead trainer: it would wake into this launch and act on it
             launched.kill_launch(st.get("launch_id"), st["launcher_pid"])
@@ -70,7 +71,6 @@ def launching(run_dir: Path, command: dict | None = None):
             row = observe(run_dir)
         if row["alive"]:
             raise AlreadyRunning(f"{run_dir.name} is already running ({describe_live(row)})")
-        _refuse_other_kind(run_dir, st, command)
         log = run_dir / "train.log"
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"
@@ -140,9 +140,7 @@ def _refuse_other_kind(run_dir: Path, st: dict, command: dict | None) -> None:
     """A run of enlace's trainer launched as a command (`launch --name NAME -- …`), or the reverse: its run.json
     was taken over, and `launch NAME` then called the trainer's run finished at `step 0 of None`."""
     if st.get("status") and (st.get("command") is None) != (command is None):
-        was, now = ("enlace's trainer", "a command") if command else ("a command", "enlace's trainer")
-        fix = "name this run otherwise (launch --name, or --set run_name=), or remove the run's directory first"
-        raise ConfigError(run_dir.name, "", f"a run of {was} here, and this launch starts {now} under its name", fix)
+        raise ConfigError(run_dir.name, "", *other_kind(was_command=command is None))
 
 
 def torchrun_env(run_dir: Path) -> dict[str, str]:

@@ -33,7 +33,7 @@ def resume_refused(
         return None
     made = read_manifest(ckpt) if ckpt else {}
     if world and made.get("world") and made["world"] != world:
-        return f"{cfg.run_name}'s checkpoint {ckpt.name} was {world_refused(made['world'], world)}"
+        return f"{_named(cfg, ckpt)} was {world_refused(made['world'], world)}"
     if not allow_data_change and (said := _data_refused(cfg, ckpt, made.get("data") or {})):
         return said
     if "teacher" in made and not allow_teacher_change:
@@ -41,12 +41,18 @@ def resume_refused(
     return None
 
 
+def _named(cfg: Config, ckpt: Path) -> str:
+    """The checkpoint as its refusal names it: the run's own by its name, another (--resume PATH) by its path."""
+    own = ckpt.resolve().parent == (cfg.run_dir / "checkpoints").resolve()
+    return f"{cfg.run_name}'s checkpoint {ckpt.name}" if own else f"checkpoint {ckpt}"
+
+
 def _data_refused(cfg: Config, ckpt: Path, then: dict) -> str | None:
     now = data_identity(cfg) if then.get("sha256") else {}
     if not now or (then["sha256"], then.get("bytes")) == (now["sha256"], now["bytes"]):
         return None
     return (
-        f"the data differs from what {cfg.run_name}'s checkpoint {ckpt.name} was trained on ({then.get('files')} "
+        f"the data differs from what {_named(cfg, ckpt)} was trained on ({then.get('files')} "
         f"files, {then.get('bytes')} bytes then; {now['files']} files, {now['bytes']} bytes now): its resume would "
         "refuse it — put the same data back, resume on this data anyway with launch --allow-data-change (not "
         "exact), or start afresh with --resume none"
@@ -68,7 +74,7 @@ def _teacher_refused(cfg: Config, ckpt: Path, then: str | None) -> str | None:
     back = f"--set distill.teacher={same.relative_to(cfg.root)}" if found else "distill.teacher: the one it began with"
     shown = lambda t: t[:12] if t else "none"
     return (
-        f"the teacher changed: {cfg.run_name}'s checkpoint {ckpt.name} was distilled from teacher {shown(then)}, "
+        f"the teacher changed: {_named(cfg, ckpt)} was distilled from teacher {shown(then)}, "
         f"this config's is {shown(now)} ({cfg.distill.teacher or 'no distill.teacher'}) — put the same teacher back "
         f"({back}), continue with this one: launch --allow-teacher-change, or start afresh with --resume none"
     )

@@ -260,6 +260,8 @@ def with_new_host(text: str, name: str, entry: dict[str, Any]) -> str | None:
     rewrites it whole)."""
     lines = text.splitlines()
     top = [i for i, line in enumerate(lines) if re.match(r"hosts:\s*(#.*)?$", line)]
+    if not top and not any(line.startswith("hosts:") for line in lines):  # only defaults: and comments
+        lines, top = [*lines, "hosts:"], [len(lines)]
     if len(top) != 1:
         return None
     end = top[0] + 1
@@ -273,7 +275,7 @@ def with_new_host(text: str, name: str, entry: dict[str, Any]) -> str | None:
     flow = yaml.safe_dump({name: entry}, default_flow_style=True, width=10**6).strip()[1:-1]  # `g1: {ssh: x@y}`
     new = "\n".join([*lines[:end], " " * indent + flow, *lines[end:]]) + "\n"
     try:
-        before, after = yaml.safe_load(text), yaml.safe_load(new)
+        before, after = yaml.safe_load(text) or {}, yaml.safe_load(new)
     except yaml.YAMLError:
         return None
     expected = {**before, "hosts": {**(before.get("hosts") or {}), name: entry}} if isinstance(before, dict) else None

@@ -13,7 +13,16 @@ from pathlib import Path
 import click
 
 from enlace.config.command import run_file
-from enlace.contract import LOG_STAMP, VERDICT, Status, describe_live, ended_message, exit_code_of, trainer_args
+from enlace.contract import (
+    LOG_STAMP,
+    VERDICT,
+    Status,
+    describe_live,
+    ended_message,
+    exit_code_of,
+    other_kind,
+    trainer_args,
+)
 from enlace.errors import EnlaceError, shown
 from enlace.manifest import STEP_RE
 from enlace.preflight.report import format_report
@@ -57,6 +66,9 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     if not rows:
         return True
     row = rows[0]
+    if bool(row.get("command_spec")) != command:  # (said as the server's launch would: before a preflight)
+        problem, fix = other_kind(was_command=not command)
+        raise UsageError(f"{run_name}: {problem} — {fix}")
     if row.get("checkpoint_warning"):
         said = f"enlace-remote launch {run_name} --resume checkpoints/step-N (or --resume none to start afresh)"
         click.echo(
