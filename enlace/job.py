@@ -38,6 +38,7 @@ from enlace.manifest import complete_checkpoints, latest_checkpoint, publish, re
 from enlace.state import heartbeat, runs
 
 KEEP = 2  # complete checkpoints kept (checkpoint(keep=...) changes it)
+SHOWN = ("loss", "val_loss", "val_bpb", "tokens_per_s")  # the logged values run.json keeps: status shows them
 STATUS_EVERY_S = 1.0  # run.json's step and loss at most this often (a flock and an fsync: not on every step)
 _state: dict = {"stop": False, "watching": False, "beat": None, "metrics": None, "pending": {}, "written": 0.0}
 
@@ -64,8 +65,26 @@ def restart() -> int:
 
 
 def resume_from() -> Path | None:
-    """The newest complete checkpoint of this run (one job.checkpoint wrote), or None: start afresh."""
-    return latest_checkpoint(run_dir() / "checkpoints")
+    """The newest complete checkpoint of this run (one job.checkpoint wrote), or None: start afresh. Under enlace
+    it is said in run.json (`resumed_from`, the launch says it) with the step and figures logged up to it: status
+    showed none until the next eval (a launch and a restart begin the run's figures anew)."""
+    ckpt = latest_checkpoint(run_dir() / "checkpoints")
+    if ckpt is not None and rank() == 0 and os.environ.get("ENLACE_RUN_DIR"):
+        step = step_of(ckpt)
+        runs.update(run_dir(), resumed_from=ckpt.name, step=step, **_figures_up_to(step))
+    return ckpt
+
+
+def _figures_up_to(step: int) -> dict[str, float]:
+    """The last of each value status shows, in metrics.jsonl's records up to `step` (those past it were not kept)."""
+    figures: dict[str, float] = {}
+    with contextlib.suppress(FileNotFoundError), open(run_dir() / "metrics.jsonl") as records:
+        for line in records:
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                rec = json.loads(line)
+                if rec["step"] <= step:
+                    figures |= {k: float(rec[k]) for k in SHOWN if rec.get(k) is not None}
+    return figures
 
 
 def step_of(ckpt: Path) -> int:
@@ -108,7 +127,7 @@ def log(step: int, kind: str = "train", **metrics: float) -> None:
     if _state["metrics"] is None:
         _state["metrics"] = open(run_dir() / "metrics.jsonl", "a", buffering=1)
     _state["metrics"].write(json.dumps({"kind": kind, "step": step, "time": time.time(), **values}) + "\n")
-    shown = {k: v for k, v in values.items() if k in ("loss", "val_loss", "val_bpb", "tokens_per_s")}
+    shown = {k: v for k, v in values.items() if k in SHOWN}
     _state["pending"].update(step=step, **shown)
     if time.monotonic() - _state["written"] > STATUS_EVERY_S:
         _flush_status()

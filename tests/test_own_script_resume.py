@@ -120,6 +120,24 @@ def test_a_script_using_enlace_job_killed_twice_ends_byte_equal_to_a_straight_ru
     assert (rd / "job" / "final.bin").read_bytes() == (rd / "straight" / "final.bin").read_bytes()
     assert 0 <= runs.read(rd / "job")["last_save_s"] < 60  # enlace.job's saves size a stop's grace too (ms here)
 
+    # a finished script launched again resumes from its newest checkpoint: said, with the figures logged up to it
+    # (status showed none); --resume none starts it afresh, its checkpoints and metrics set aside (it was refused,
+    # and a relaunch after a code change silently kept the old result)
+    straight = (rd / "straight" / "final.bin").read_bytes()
+    out = remote(job_repo, env, "launch", "straight", host="local")
+    assert "(resumed from checkpoints/step-000040): python scripts/tiny_train.py" in out.stderr, out.stderr
+    remote(job_repo, env, "logs", "straight", "-f", host="local")
+    again = status_row(job_repo, env, "local", "straight")
+    assert again["step"] == 40 and again["loss"] == pytest.approx(status_row(job_repo, env, "local", "job")["loss"])
+    out = remote(job_repo, env, "launch", "straight", "--resume", "none", host="local")
+    assert "the line it left (checkpoints, metrics.jsonl) is kept in runs/straight/checkpoints-set-aside/" in out.stderr
+    remote(job_repo, env, "logs", "straight", "-f", host="local")
+    assert (
+        runs.read(rd / "straight")["resumed_from"] is None and (rd / "straight" / "final.bin").read_bytes() == straight
+    )
+    records = [json.loads(line) for line in (rd / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 41))  # this line's own history
+
     proc, url = _start_board(job_repo, env, "local")
     try:
         token, base = url.split("token=")[1], url.split("/?")[0]

@@ -74,6 +74,11 @@ def runs_cmd(run_name: str | None, root: Path | None, as_json: bool) -> None:
     metavar="JSON",
     help="Run the user's own command (enlace/config/command.py's JSON form) instead of `python PYARGS`.",
 )
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="With --command-spec (launch --resume none): set the run's checkpoints and metrics aside, to start afresh.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def start_cmd(
     run_name: str,
@@ -91,6 +96,7 @@ def start_cmd(
     sweep: str | None,
     sweep_share: int,
     command_spec: str | None,
+    fresh: bool,
     as_json: bool,
 ) -> None:
     """Start `python PYARGS` (the trainer, or torchrun) detached as RUN_NAME under its supervisor, unless
@@ -120,7 +126,7 @@ def start_cmd(
     env = {**os.environ, **({NOTIFY_ENV: notify} if notify else {})}  # not argv: `ps` shows argv to everyone
     try:
         fds = (ticket.file.fileno(),) if ticket else ()
-        doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, env, fds, command)
+        doc = lifecycle.start(_runs_root(root) / run_name, [*supervisor, *pyargs], project, env, fds, command, fresh)
     except BaseException:
         if ticket:  # refused (already running): its place goes
             ticket.close()

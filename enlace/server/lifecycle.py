@@ -17,7 +17,7 @@ from enlace import contract
 from enlace.contract import ACTIVE, ENDED_CLEANLY, LAUNCH_ID_ENV, STOPPABLE, Status, describe_live, other_kind
 from enlace.errors import AlreadyRunning, ConfigError
 from enlace.server import launched
-from enlace.server.ownchild import STALE
+from enlace.server.ownchild import STALE, afresh
 from enlace.slurm import settings as slurm
 from enlace.state.runs import (
     alive,
@@ -40,10 +40,11 @@ ADOPT_GRACE_S = 120.0  # launch of a run nobody supervises: how long its trainer
 
 
 @contextlib.contextmanager
-def launching(run_dir: Path, command: dict | None = None):
+def launching(run_dir: Path, command: dict | None = None, fresh: bool = False):
     """One launch of a run at a time (a lock beside its directory); a live run is refused (exit 7).
     Yields (launch_id, log_offset) once run.json says `starting` for this launch. `command`: a run of the
-    user's own command (enlace/config/command.py's JSON form), kept in run.json; None for enlace's trainer."""
+    user's own command (enlace/config/command.py's JSON form), kept in run.json; None for enlace's trainer.
+    `fresh` (a command's launch --resume none): its checkpoints and metrics set aside first (ownchild.afresh)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with locked(run_dir.parent, blocking=False, name=f".{run_dir.name}.launch-lock"):
         row = observe(run_dir)
@@ -74,6 +75,7 @@ def launching(run_dir: Path, command: dict | None = None):
         log = run_dir / "train.log"
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"
+        aside = afresh(run_dir, launch_id) if fresh and command else None
         # the old trainer's identity goes before the new one starts: it records its own pid itself
         update(
             run_dir,
@@ -94,6 +96,7 @@ def launching(run_dir: Path, command: dict | None = None):
             need=None,  # the queue's: set by this launch's supervisor if it queues
             gpus=None,
             command=command,  # what the supervisor starts (and status shows); None: enlace's trainer
+            **({"set_aside": aside} if aside else {}),
             attempt_argv=None,
             # a command starts afresh: no trainer's (or earlier attempt's) figures, no old step for the stall clock
             # (its ELAPSED goes on over its launches, as a trainer's over its starts)
@@ -115,13 +118,14 @@ def start(
     env: dict[str, str],
     pass_fds: tuple[int, ...] = (),
     command: dict | None = None,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Start `argv` (the trainer, or torchrun) detached, unless the run is alive; one launch at a time.
 
     setsid (its own session and process group), all three streams redirected: it survives the SSH
     session that started it. Its pid and start time go into run.json before this returns. `pass_fds`:
     descriptors it inherits (its ticket in the queue)."""
-    with launching(run_dir, command) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
+    with launching(run_dir, command, fresh) as (launch_id, offset), open(run_dir / "train.log", "ab") as out:
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
@@ -149,10 +153,10 @@ def torchrun_env(run_dir: Path) -> dict[str, str]:
     return {"PET_LOG_DIR": str(run_dir.resolve() / "torchrun")}
 
 
-def submit(run_dir: Path, submit_job, command: dict | None = None) -> dict[str, Any]:
+def submit(run_dir: Path, submit_job, command: dict | None = None, fresh: bool = False) -> dict[str, Any]:
     """Submit the run as a Slurm job (`submit_job(launch_id)` → job id), unless it is alive. `command`: the
-    user's own command, kept in run.json for the job's batch step."""
-    with launching(run_dir, command) as (launch_id, offset):
+    user's own command, kept in run.json for the job's batch step (`fresh`: as launching's)."""
+    with launching(run_dir, command, fresh) as (launch_id, offset):
         update(run_dir, status=Status.PENDING, phase="submitted to Slurm", launcher_pid=None, launcher_start=None)
         try:
             job_id = submit_job(launch_id)

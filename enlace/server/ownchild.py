@@ -37,6 +37,7 @@ from enlace.names import find_root
 from enlace.server import launched
 from enlace.server.runfiles import last_line
 from enlace.state import runs
+from enlace.train.checkpoint import start_line
 
 # what a new launch or start of a command clears: a trainer's or an earlier attempt's figures would show
 # as this one's, and an old step would start the stall clock before the command logged anything
@@ -45,6 +46,15 @@ STALE = {
     for k in ("loss", "val_loss", "val_bpb", "max_steps", "tokens", "tokens_per_s", "resumed_from", "start_step")
 }
 STALE["step"] = 0  # no step yet (the stall clock starts at the first one enlace.job logs)
+
+
+def afresh(run_dir: Path, launch_id: str) -> dict | None:
+    """A command launched with --resume none: its checkpoints (enlace.job's) and metrics.jsonl go aside, as the
+    trainer's explicit --resume sets a line aside (never deleted; gc lists them), so that enlace.job.resume_from()
+    finds none. It resumed from the newest one, whatever the commit or the arguments. Returns run.json's
+    `set_aside` ({launch_id, path}), or None when there was nothing to set aside."""
+    moved = start_line(run_dir / "checkpoints", None)
+    return {"launch_id": launch_id, "path": str(moved.relative_to(run_dir.parent.parent))} if moved else None
 
 
 USAGE_EXIT = 2  # argparse's (and bash's, and python's for a missing script) exit for a command line it refuses

@@ -38,6 +38,7 @@ def _spec(spec_json: str):
 @spec_option
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="Processes per node.")
 @click.option("--command-spec", default=None, metavar="JSON", help="The user's own command instead of PYARGS.")
+@click.option("--fresh", is_flag=True, help="With --command-spec: set its checkpoints and metrics aside first.")
 @root_option
 @click.option("--json", "as_json", is_flag=True)
 def submit_cmd(
@@ -46,6 +47,7 @@ def submit_cmd(
     spec_json: str,
     gpus: int,
     command_spec: str | None,
+    fresh: bool,
     root: Path | None,
     as_json: bool,
 ) -> None:
@@ -82,7 +84,7 @@ def submit_cmd(
     from enlace.config.command import from_spec  # the run file's rules: loaded only by the verb that needs them
 
     own = from_spec(command_spec, run_name).to_doc() if command_spec else None  # run.json keeps it for the job
-    doc = lifecycle.submit(run_dir, submit_job, own)
+    doc = lifecycle.submit(run_dir, submit_job, own, fresh)
     click.echo(json.dumps(doc) if as_json else f"submitted {run_name}: Slurm job {doc['job_id']}")
 
 

@@ -83,9 +83,10 @@ def refuse_trainer_options(o: SimpleNamespace, own: CommandRun) -> None:
     for key, why in TRAINER_ONLY.items():
         if getattr(o, key, None):
             raise UsageError(f"{why} ({own.run_name} runs your own command)")
-    if getattr(o, "resume", "latest") != "latest":
+    if getattr(o, "resume", "latest") not in ("latest", "none"):
         raise UsageError(
-            "--resume: enlace's trainer's option — a command resumes its own way: `resume:` in the run file "
+            "--resume PATH: enlace's trainer's option — a command resumes its own way (`resume:` in the run file, "
+            "enlace.job's newest checkpoint); --resume none starts it afresh, its checkpoints set aside "
             "(docs/own-script.md)"
         )
 
@@ -107,10 +108,11 @@ def policy(own: CommandRun) -> list[str]:
     return ["--restarts", str(sup.restarts), "--backoff", str(sup.backoff), *stall]
 
 
-def spec_args(own: CommandRun) -> list[str]:
+def spec_args(own: CommandRun, fresh: bool = False) -> list[str]:
     """`--command-spec JSON`: the command itself, for `enlace start` (for a run file too: the server runs what
-    was verified) and for verify of launch's `-- ARGV` (which has no run file to check)."""
-    return ["--command-spec", json.dumps(own.to_doc(), separators=(",", ":"))]
+    was verified) and for verify of launch's `-- ARGV` (which has no run file to check); `fresh` (start and submit:
+    launch --resume none) adds --fresh."""
+    return ["--command-spec", json.dumps(own.to_doc(), separators=(",", ":")), *(["--fresh"] if fresh else [])]
 
 
 def refuse_preflight(repo: Path, run: str, overrides) -> None:
@@ -182,6 +184,7 @@ def plan_fields(
         train_args=[],
         overrides=o.overrides,
         allow_dirty=o.allow_dirty,
+        resume=getattr(o, "resume", "latest"),  # none: its checkpoints and metrics set aside (ownchild.afresh)
         data=data,
         preflight=False,
         force=o.force,

@@ -139,7 +139,7 @@ class SSHBackend(Backend):
                 addr = plan.targets[0].hostname or "127.0.0.1"
                 rdzv = {"nnodes": len(plan.targets), "node_rank": rank, "addr": addr, "port": plan.master_port}
             command = stages.train_command(plan.run_file, plan.train_args, plan.gpus, rdzv) if not plan.command else []
-            own = own_launch.spec_args(plan.command) if plan.command else []
+            own = own_launch.spec_args(plan.command, plan.fresh) if plan.command else []
             procs = str(plan.command.nproc) if plan.command and plan.command.nproc > 1 else plan.gpus
             # one run across hosts starts on every host at once: a queue per host could start half of it
             queue = [] if many else [*stages.queue_args(host, launch.device, procs), *own]
@@ -164,7 +164,7 @@ class SlurmBackend(Backend):
         if plan.command and plan.command.nproc > 1:
             raise UsageError(f"{plan.command.run_name}: nproc > 1 on a Slurm host is not supported yet")
         pyargs = trainer_args(plan.run_file, plan.train_args) if not plan.command else []
-        own = own_launch.spec_args(plan.command) if plan.command else []
+        own = own_launch.spec_args(plan.command, plan.fresh) if plan.command else []
         started = submit(launch.first, launch.sha, launch.run_name, plan.slurm, plan.nproc or 1, pyargs, own)
         host = plan.targets[0].name
         before = choose.remember_run(launch.repo, host, launch.run_name, plan.run_file, plan.overrides, plan.placement)

@@ -244,8 +244,14 @@ def wait_first_step(
         ended = from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row), host=host)
         ended.run_ended = True  # (not a wait that timed out, nor a start its supervisor retries)
         raise ended
-    if row.get("command"):
-        click.echo(f"{run_name}: {row['status']}: {shlex.join(row['command'])}", err=True)
+    aside = row.get("set_aside") or {}  # where this launch's --resume put the line it left, if it began one
+    past = "" if row.get("command") else " past its start"  # (a command's --resume none: all of them)
+    left = f"  the line it left (checkpoints{past}, metrics.jsonl) is kept in {aside.get('path')}/"
+    if row.get("command"):  # (enlace.job's resume_from says where it resumed, as it loads)
+        how = f" (resumed from checkpoints/{row['resumed_from']})" if row.get("resumed_from") else ""
+        click.echo(f"{run_name}: {row['status']}{how}: {shlex.join(row['command'])}", err=True)
+        if aside.get("launch_id") == started["launch_id"]:  # launch --resume none set its line aside
+            click.echo(left, err=True)
         return row
     how = (
         f"resumed from checkpoints/{row['resumed_from']}"
@@ -255,9 +261,6 @@ def wait_first_step(
         else "no complete checkpoint: starting from step 0"
     )
     click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
-    aside = row.get("set_aside") or {}  # where this launch's --resume put the line it left, if it began one
     if aside.get("launch_id") == started["launch_id"]:
-        click.echo(
-            f"  the line it left (checkpoints past its start, metrics.jsonl) is kept in {aside['path']}/", err=True
-        )
+        click.echo(left, err=True)
     return row
