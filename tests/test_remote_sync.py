@@ -325,3 +325,29 @@ def test_what_the_driver_keeps_in_a_repository_of_your_own_is_ignored_by_git(tmp
     assert (repo / ".enlace" / "local").is_dir()
     git("add", "-A")
     assert git("status", "--porcelain") == "", git("status", "--porcelain")
+
+
+def test_a_repository_without_a_commit_and_an_ignore_rule_over_committed_files_are_said_as_they_are(tmp_path):
+    """No commit: --allow-dirty, the fix offered, ended in git's `ambiguous argument 'HEAD'`. A bare `runs/` over run
+    files already committed said they would never arrive and to add and commit them."""
+    from orchestrator.errors import UsageError, VerifyError
+    from orchestrator.transfer.gitsync import local_checks
+
+    repo = tmp_path / "mine"
+    (repo / "configs" / "runs").mkdir(parents=True)
+    (repo / "configs" / "runs" / "toy.yaml").write_text("command: [python, t.py]\n")
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    git("add", "-A")
+    for allow_dirty in (False, True):
+        with pytest.raises(UsageError, match=r"has no commit yet, and the server reads a commit — `git add` your"):
+            local_checks(repo, allow_dirty)
+    git("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "mine")
+    (repo / ".gitignore").write_text("runs/\n")
+    git("add", ".gitignore")
+    git("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "ignore")
+    with pytest.raises(VerifyError) as e:
+        local_checks(repo, False)
+    said = e.value.format_message()
+    assert "configs/runs/toy.yaml   (ignored by .gitignore:1:runs/; committed, it arrives, but a new file" in said
+    assert said.endswith("(anchor root-only entries with a leading slash, e.g. /data/)"), said

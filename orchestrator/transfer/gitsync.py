@@ -88,6 +88,9 @@ def not_in_head(dirty: list[str]) -> list[str]:
 
 
 def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> SyncReport:
+    sha = git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False).strip()
+    if not SHA_RE.fullmatch(sha):  # (--allow-dirty, the other fix offered below, ended in git's own words)
+        raise UsageError(f"{repo} has no commit yet, and the server reads a commit — `git add` your files, commit")
     status = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
     # in a repository of the user's own, what the driver writes here (last runs, fetched runs) is not a change
     own = () if remote.is_enlace_checkout(repo) else DRIVER_LOCAL
@@ -108,15 +111,16 @@ def local_checks(repo: Path, allow_dirty: bool, check_ignored: bool = True) -> S
     if check_ignored:
         bad = ignored_shipped_files(repo)
         if bad:
-            listing = "\n".join(f"  {path}   (ignored by {source})" for path, source in bad[:40])
-            raise VerifyError(
-                f"git ignores {len(bad)} file(s) the server needs — they would never arrive:\n{listing}\n"
-                "fix .gitignore (anchor root-only entries with a leading slash, e.g. /data/), "
-                "then add and commit the files"
+            committed = set(git(repo, "ls-files", "--cached", "--", *(path for path, _ in bad)).splitlines())
+            said = lambda path: (
+                "; committed, it arrives, but a new file beside it would not" if path in committed else ""
             )
-    sha = git(repo, "rev-parse", "HEAD").strip()
-    if not SHA_RE.fullmatch(sha):
-        raise UsageError(f"cannot read HEAD in {repo} — make a first commit")
+            listing = "\n".join(f"  {path}   (ignored by {source}{said(path)})" for path, source in bad[:40])
+            raise VerifyError(
+                f"git ignores {len(bad)} file(s) the server needs — a file it ignores never arrives:\n{listing}\n"
+                "fix .gitignore (anchor root-only entries with a leading slash, e.g. /data/)"
+                + ("" if committed >= {path for path, _ in bad} else ", then add and commit the files")
+            )
     return SyncReport(commit=sha, dirty=dirty)
 
 
