@@ -66,6 +66,23 @@ def test_init_warns_when_git_ignores_the_run_file_it_wrote(tmp_path, monkeypatch
     assert "(.gitignore:1:configs/: the rule that matches it)" in result.output and "remove or narrow" in result.output
 
 
+def test_init_from_a_subdirectory_names_the_scripts_path_from_the_root(tmp_path, monkeypatch):
+    """From scripts/, `init hello -- python hello.py` wrote a run file that never verified (the command runs in the
+    repository's root) and printed a `git add` that failed there; a script that is nowhere passed without a word."""
+    repo = tmp_path / "mine"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "hello.py").write_text("print('hi')\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    result = _cli(["init", "hello", "--", "python", "hello.py"], repo / "scripts", tmp_path, monkeypatch)
+    said = "hello.py: the command runs in the repository's root"
+    assert result.exit_code == 2 and said in result.output and "this file is scripts/hello.py" in result.output
+    assert not (repo / "configs").exists()
+    result = _cli(["init", "hello", "--", "python", "scripts/hello.py"], repo / "scripts", tmp_path, monkeypatch)
+    assert result.exit_code == 0 and "next: git add ../configs/runs/hello.yaml" in result.output, result.output
+    result = _cli(["init", "nofile", "--", "python", "nosuch.py"], repo, tmp_path, monkeypatch)
+    assert result.exit_code == 0 and "note: nosuch.py is not in this repository" in result.output, result.output
+
+
 def _a_run_file_not_yet_committed(repo, name: str):
     """A repository of your own: train.py committed, configs/runs/NAME.yaml written after (as `init` leaves it)."""
     from support.repocopy import commit_all
@@ -400,3 +417,10 @@ def test_only_an_error_about_a_path_given_on_the_command_line_becomes_a_usage_er
     assert path_given(gone("/proc"), ["prepare", "tiny", "--out", "/proc/x/p1"]) is not None  # above one
     for not_given in (gone("/root/.triton/cache/x"), gone("/proc/x", errno.ENOSPC), gone(str(tmp_path)), gone("/")):
         assert path_given(not_given, argv) is None, not_given
+
+
+def test_verify_says_a_commands_paths_are_the_repository_roots(user_repo):
+    """From a subdirectory, `launch --name x -- python hello.py` said `missing: hello.py` and no more."""
+    out = remote(user_repo, {}, "launch", "--name", "x", "--", "python", "nope.py", host="local", check=False)
+    said = "[FAIL] the command's files present — missing: nope.py (paths from the repository's root, where the command"
+    assert out.returncode == 3 and said in out.stderr, out.stderr

@@ -164,10 +164,14 @@ def main() -> int:
     add(f"enlace check-config {run_ref}", cfg.get("ok"), cfg.get("error", ""))
     if cfg.get("ok"):
         absent = [f for f in cfg["files"].values() if not Path(f).is_file()]
+        own = cfg.get("kind") == "command"  # its paths are the repository root's, where it runs (not the caller's)
+        where = " (paths from the repository's root, where the command runs)" if own else ""
         add(
-            "the command's files present" if cfg.get("kind") == "command" else "referenced configs present",
+            "the command's files present" if own else "referenced configs present",
             not absent,
-            "missing: " + ", ".join(absent) if absent else ", ".join(os.path.relpath(f) for f in cfg["files"].values()),
+            f"missing: {', '.join(absent)}{where}"
+            if absent
+            else ", ".join(os.path.relpath(f) for f in cfg["files"].values()),
         )
     resume_at_check = f"--resume {at[0]}" if at else None  # its detail: ok, or why train would refuse it
     if at and cfg.get("ok"):

@@ -3,6 +3,7 @@ one run file, configs/runs/NAME.yaml, and nothing else in your tree (docs/own-sc
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
     repo = repo_root(Path.cwd())
     argv = ctx.meta.get("after_dash") or ["python", "train.py"]
     # what launch would refuse (a single `{`) is refused now, before anything is written
-    command.parse({"command": argv}, f"init {name} -- COMMAND", default_name=name)
+    own = command.parse({"command": argv}, f"init {name} -- COMMAND", default_name=name)
+    _check_scripts(repo, [s for s in own.scripts() if not (repo / s).is_file()])
     path = repo / "configs" / "runs" / f"{name}.yaml"
     if path.exists() and not force:
         raise UsageError(f"{path.relative_to(repo)} exists — edit it, or pass --force to write it anew")
@@ -69,11 +71,27 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
             f"it and sync would not send it — {fix}, then:",
             err=True,
         )
-    click.echo(
-        f"next: git add {path.relative_to(repo)} && git commit -m 'enlace run {name}', then "
+    click.echo(  # (a path from here: git add takes it so from a subdirectory)
+        f"next: git add {os.path.relpath(path)} && git commit -m 'enlace run {name}', then "
         f"enlace-remote --host HOST launch {name}",
         err=True,
     )
+
+
+def _check_scripts(repo: Path, absent: list[str]) -> None:
+    """The command's scripts not in the repository: it runs in the repository's root, so `init NAME -- python
+    hello.py` from scripts/ wrote a run file that never verified (refused, naming the path from the root); one
+    nowhere is said (an earlier step of the command may make it)."""
+    from orchestrator.errors import UsageError
+
+    for script in absent:
+        if (Path.cwd() / script).is_file():
+            rooted = (Path.cwd() / script).resolve().relative_to(repo.resolve())
+            raise UsageError(
+                f"{script}: the command runs in the repository's root ({repo}), where this file is {rooted} — "
+                "give that path after `--`"
+            )
+        click.echo(f"note: {script} is not in this repository (the command runs in its root, {repo})", err=True)
 
 
 def _yaml_word(word: str) -> str:
