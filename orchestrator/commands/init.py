@@ -22,7 +22,7 @@ command: {command}
 # device: cuda                      # what it waits for in the host's queue (cpu, cuda, auto)
 # nproc: 1                          # > 1: torchrun with that many processes
 # env: {{SEED: "0"}}                  # its environment; `--set env.SEED=1,2` on sweep (or launch) changes it
-# run_name: {name}                  # the run's name (status, logs, stop, fetch use it)
+{name_line}# the run's name (status, logs, stop, fetch use it)
 # `--set args.NAME=V` on launch or sweep appends --NAME=V to the command (docs/sweeps.md)
 """
 
@@ -56,7 +56,8 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
         raise UsageError(f"{path.relative_to(repo)} exists — edit it, or pass --force to write it anew")
     command = "[" + ", ".join(_yaml_word(a) for a in argv) + "]"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(RUN_FILE.format(name=name, command=command))
+    name_line = f"# run_name: {name}".ljust(36)  # its comment in the column of the others'
+    path.write_text(RUN_FILE.format(name=name, command=command, name_line=name_line))
     click.echo(f"wrote {path.relative_to(repo)}: {shlex.join(argv)}", err=True)
     rule = ignore_rule(repo, str(path.relative_to(repo)))
     if rule:  # `git add` would refuse it (a bare `runs/` matches configs/runs/ too)
