@@ -357,19 +357,6 @@ def test_a_run_stopped_at_its_last_step_is_not_launched_again_without_an_extensi
     assert worth_launching(there, "r") is False
 
 
-def test_a_launch_of_the_other_kind_under_a_runs_name_is_refused_before_its_preflight():
-    """A finished command run launched as enlace's trainer (a trainer file added under its name) was said
-    `finished: step None of None`, with a --set training.max_steps hint; the reverse went on to the server."""
-    from orchestrator.errors import UsageError
-    from orchestrator.launch.stages import worth_launching
-
-    row = {"run_name": "x", "status": "finished", "alive": False, "step": None, "max_steps": None}
-    for kind, launched_as_command in (({"command_spec": {"command": ["python", "t.py"]}}, False), ({}, True)):
-        session = SimpleNamespace(enlace_json=lambda *a, r={**row, **kind}, **k: [r], host=SimpleNamespace(name="h"))
-        with pytest.raises(UsageError, match=r"x: a run of .* here, and this launch starts .* under its name"):
-            worth_launching(session, "x", command=launched_as_command)
-
-
 def test_fetch_sweep_fetches_every_run_it_can_and_says_the_one_it_could_not(capsys, monkeypatch, tmp_path):
     """One run's corrupt checkpoint ended `fetch --sweep` there: the runs after it were left unfetched. (The
     fetch stands in for the host's; the error is the one a corrupt checkpoint raises.)"""
@@ -392,42 +379,3 @@ def test_fetch_sweep_fetches_every_run_it_can_and_says_the_one_it_could_not(caps
     out, err = capsys.readouterr()
     assert ended.value.code == 1 and out.count(": step-000010 →") == 2 and "fetch c (h)" in out, out
     assert "fetch b (h): not fetched — checkpoints/step-000010/model.pt of b" in err, err
-
-
-def test_a_plan_knows_how_many_processes_resume_the_run():
-    """verify's resume check compares it with the number its checkpoint's MANIFEST records (None: not known here)."""
-    plan = lambda targets=("a",), **kw: Plan(run_file="tiny", targets=list(targets), train_args=[], **kw)
-    assert plan().world == 1 and plan(gpus="4").world == 4 and plan(gpus="all").world is None
-    assert plan(("a", "b"), gpus="2").world == 4  # --hosts a,b --gpus 2: two per host
-    assert plan(slurm=SimpleNamespace(nodes=3), nproc=2).world == 6  # --nodes 3, two per node
-
-
-def test_a_checkpoint_saved_by_two_processes_is_refused_for_a_launch_on_one_before_it_starts(project):
-    """verify's resume check (data-files --against-checkpoint --world N) reads the number from the MANIFEST, in
-    the trainer's own words; a launch on one started a trainer that refused it, among torchrun's error lines."""
-    import json
-
-    from support.cli import enlace
-    from support.configs import write_run
-
-    from enlace.manifest import publish, read_manifest
-
-    write_run(project, "two")
-    ckpts = project / "runs" / "two" / "checkpoints"
-    for step, record in ((5, {"world": 2}), (10, {})):  # step 10 saved before MANIFESTs recorded it
-        tmp = ckpts / f".tmp-{step}"
-        tmp.mkdir(parents=True)
-        (tmp / "trainer.pt").write_bytes(b"stands in for the state: only its MANIFEST is read")
-        publish(ckpts, tmp, step, keep=5, record=record)
-    assert read_manifest(ckpts / "step-000005")["world"] == 2
-
-    def refused(*args: str) -> str | None:
-        out = enlace(project, "data-files", "two", "--json", "--against-checkpoint", *args)
-        return json.loads(out.stdout)["changed"]
-
-    said = refused("checkpoints/step-000005", "--world", "1") or ""
-    assert said.startswith("two's checkpoint step-000005 was saved by 2 processes, resuming with 1"), said
-    assert "launch it with --gpus 2" in said and "--resume none" in said, said
-    assert refused("checkpoints/step-000005", "--world", "2") is None
-    assert refused("checkpoints/step-000005") is None  # --gpus all: the number is not known before it starts
-    assert refused("latest", "--world", "1") is None  # nothing recorded: the trainer alone can say
