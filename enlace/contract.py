@@ -191,10 +191,12 @@ def exit_code_of(row: dict[str, Any]) -> int:
     return code if isinstance(code, int) and code not in (0, CRASHED) else FAILED
 
 
-def ended_message(row: dict[str, Any], from_file: bool = True) -> str:
+def ended_message(row: dict[str, Any], from_file: bool = True, again_as: str | None = None) -> str:
     """One line for a run that has ended badly: what happened (the supervisor's or the run's own words where
     there are any), the last step, and what a relaunch resumes from. `from_file`: a command's run has a run file
-    (the driver knows: run.json records the command, not where it came from); False: it was given after `--`."""
+    (the driver knows: run.json records the command, not where it came from); False: it was given after `--`.
+    `again_as`: the launch that runs it again, where `launch NAME` would not (a run file's command under another
+    name, whose failed start the host recorded: `launch NAME` ran that again)."""
     ckpt = row.get("latest_checkpoint")
     if row["status"] == Status.DROPPED:
         what = "was queued and its waiter is gone (a reboot or a kill): it never started"
@@ -204,7 +206,7 @@ def ended_message(row: dict[str, Any], from_file: bool = True) -> str:
         what = f"failed: {row.get('error') or 'exit code ' + str(row.get('exit_code'))}"
     step = f"{row.get('step') or 0}/{row['max_steps']}" if row.get("max_steps") else str(row.get("step") or 0)
     where = f"last logged step {step}, " if row.get("step") or row.get("max_steps") else ""
-    launch = f"`enlace-remote launch {row['run_name']}`"  # (the driver adds --host where the host is not the default)
+    launch = f"`{again_as or 'enlace-remote launch ' + row['run_name']}`"  # (the driver adds --host where it is needed)
     adhoc = row.get("command") and not from_file  # given after `--`: `launch NAME` runs it as it was
     if row["status"] == Status.FAILED and adhoc:  # its own error: the same command fails again
         again = f"fix the command, then `enlace-remote launch --name {row['run_name']} -- COMMAND`"

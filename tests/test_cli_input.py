@@ -336,3 +336,21 @@ def test_verify_says_a_commands_paths_are_the_repository_roots(user_repo):
     out = remote(user_repo, {}, "launch", "--name", "x", "--", "python", "nope.py", host="local", check=False)
     said = "[FAIL] the command's files present — missing: nope.py (paths from the repository's root, where the command"
     assert out.returncode == 3 and said in out.stderr, out.stderr
+
+
+def test_a_failed_start_of_a_run_files_command_under_another_name_says_to_launch_the_file_again(monkeypatch):
+    """`launch toy --set args.learning_rate=0.1 --set run_name=typo`, refused by the script's argparse, said to
+    `launch --name typo -- COMMAND`; `launch typo` would run the refused command the host recorded again."""
+    from types import SimpleNamespace
+
+    from orchestrator.launch import stages
+
+    monkeypatch.setattr(stages, "log_since", lambda session, run, offset: "usage: train.py [--lr LR]\n")
+    row = {"run_name": "typo", "status": "failed", "error": "the command exited 2", "command": ["python", "t.py"]}
+    row |= {"step": 0, "max_steps": None, "latest_checkpoint": None, "exit_code": 2}
+    session = SimpleNamespace(repo=REPO, host=SimpleNamespace(name="local"))
+    sets = ("args.learning_rate=0.1", "run_name=typo")
+    said = stages._ended_badly(session, row, {"log_offset": 0}, ("toy", sets)).format_message()
+    assert "fix what it says, then `enlace-remote launch toy --set args.learning_rate=0.1 --set run_name=typo`" in said
+    adhoc = stages._ended_badly(session, row, {"log_offset": 0}, None).format_message()
+    assert "fix the command, then `enlace-remote launch --name typo -- COMMAND`" in adhoc, adhoc

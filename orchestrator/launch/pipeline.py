@@ -259,8 +259,10 @@ def _start(launch: Launch):
 
 def _wait(launch: Launch):
     try:
+        plan = launch.plan
+        as_file = (plan.run_file, plan.overrides) if plan.command and plan.command_file else None
         stages.wait_first_step(
-            launch.first, launch.run_name, launch.started, launch.plan.follow, fresh=launch.plan.fresh
+            launch.first, launch.run_name, launch.started, plan.follow, fresh=plan.fresh, launched_as=as_file
         )
     except EnlaceError as e:  # its first start ended badly: what it was launched with is not what the run is
         for host, before in launch.remembered if getattr(e, "run_ended", False) else ():

@@ -27,6 +27,7 @@ from enlace.errors import EnlaceError, shown
 from enlace.manifest import STEP_RE
 from enlace.preflight.report import format_report
 from orchestrator.errors import AlreadyRunning, FirstStartCrashed, UsageError, from_doc, on_host
+from orchestrator.launch.ship import set_args
 from orchestrator.launch.slurm import on_node
 from orchestrator.ssh.session import Session
 
@@ -191,7 +192,13 @@ def tail_under(error: str, log: str, lines: int = 20) -> str:
 
 
 def wait_first_step(
-    session: Session, run_name: str, started: dict, follow: bool, wait_s: float = 600, fresh: bool = False
+    session: Session,
+    run_name: str,
+    started: dict,
+    follow: bool,
+    wait_s: float = 600,
+    fresh: bool = False,
+    launched_as: tuple[str, tuple[str, ...]] | None = None,
 ) -> dict:
     """Wait (on the server, one call) until the trainer we started logged a step or ended; show its
     phases meanwhile (`fresh`: it was asked to start afresh, --resume none). A run that ended badly fails here with its error and log tail; one whose first start
@@ -239,11 +246,28 @@ def wait_first_step(
         )
         raise EnlaceError(on_host(said, host))
     if row["status"] not in ("running", "finished", "stopped"):
-        error = ended_message(row, run_file(run_name, session.repo).is_file())
-        tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
-        ended = from_doc({"error": f"{error}\n{tail}", "exit_code": exit_code_of(row)}, exit_code_of(row), host=host)
-        ended.run_ended = True  # (not a wait that timed out, nor a start its supervisor retries)
-        raise ended
+        raise _ended_badly(session, row, started, launched_as)
+    _say_how_it_started(row, started, fresh)
+    return row
+
+
+def _ended_badly(session: Session, row: dict, started: dict, launched_as: tuple | None) -> EnlaceError:
+    """The error of a run whose first start ended badly, with its log's tail; `launched_as` (a run file's command,
+    its --set): a run file's command under another name (--set run_name=) is, fixed, launched again as it was."""
+    run_name = row["run_name"]
+    from_file = launched_as is not None or run_file(run_name, session.repo).is_file()
+    again = shlex.join(["enlace-remote", "launch", launched_as[0], *set_args(launched_as[1])]) if launched_as else None
+    error = ended_message(row, from_file, again if launched_as and launched_as[0] != run_name else None)
+    tail = tail_under(error, log_since(session, run_name, started["log_offset"]))
+    code = exit_code_of(row)
+    ended = from_doc({"error": f"{error}\n{tail}", "exit_code": code}, code, host=session.host.name)
+    ended.run_ended = True  # (not a wait that timed out, nor a start its supervisor retries)
+    return ended
+
+
+def _say_how_it_started(row: dict, started: dict, fresh: bool) -> None:
+    """Where the run started from (a checkpoint, step 0), and where a --resume put the line it left."""
+    run_name = row["run_name"]
     aside = row.get("set_aside") or {}  # where this launch's --resume put the line it left, if it began one
     past = "" if row.get("command") else " past its start"  # (a command's --resume none: all of them)
     left = f"  the line it left (checkpoints{past}, metrics.jsonl) is kept in {aside.get('path')}/"
@@ -252,7 +276,7 @@ def wait_first_step(
         click.echo(f"{run_name}: {row['status']}{how}: {shlex.join(row['command'])}", err=True)
         if aside.get("launch_id") == started["launch_id"]:  # launch --resume none set its line aside
             click.echo(left, err=True)
-        return row
+        return
     how = (
         f"resumed from checkpoints/{row['resumed_from']}"
         if row["resumed_from"]
@@ -263,4 +287,3 @@ def wait_first_step(
     click.echo(f"{run_name}: {how}; step {row['step']}/{row['max_steps']}, status {row['status']}", err=True)
     if aside.get("launch_id") == started["launch_id"]:
         click.echo(left, err=True)
-    return row
