@@ -102,6 +102,17 @@ def _data_check(run_ref: str, set_args: list[str], against: list[str]) -> tuple[
     return ("data the run reads exists", bool(data.get("ok")), detail), data.get("changed") or ""
 
 
+def _files_check(cfg: dict) -> tuple[str, bool, str]:
+    """The check that the files the config names are here (name, ok, detail): a command's scripts, or the trainer's
+    data and profile configs. A command's paths are the repository root's, where it runs (not the caller's)."""
+    absent = [f for f in cfg["files"].values() if not Path(f).is_file()]
+    own = cfg.get("kind") == "command"
+    where = " (paths from the repository's root, where the command runs)" if own else ""
+    listed = ", ".join(os.path.relpath(f) for f in cfg["files"].values())
+    detail = f"missing: {', '.join(absent)}{where}" if absent else listed
+    return ("the command's files present" if own else "referenced configs present"), not absent, detail
+
+
 def _exit_code(checks: list[dict], cfg: dict, run_ref: str, resume_at_check: str | None) -> int:
     """0, or 2 where only config or checkpoint errors failed (exit 2 whichever verb finds them: a wrong key, a
     bad value, a config the run's checkpoints cannot resume, a --resume PATH that is no complete checkpoint, as
@@ -163,16 +174,7 @@ def main() -> int:
         cfg = {"ok": False, "error": import_detail(cc.stderr) or "no output"}
     add(f"enlace check-config {run_ref}", cfg.get("ok"), cfg.get("error", ""))
     if cfg.get("ok"):
-        absent = [f for f in cfg["files"].values() if not Path(f).is_file()]
-        own = cfg.get("kind") == "command"  # its paths are the repository root's, where it runs (not the caller's)
-        where = " (paths from the repository's root, where the command runs)" if own else ""
-        add(
-            "the command's files present" if own else "referenced configs present",
-            not absent,
-            f"missing: {', '.join(absent)}{where}"
-            if absent
-            else ", ".join(os.path.relpath(f) for f in cfg["files"].values()),
-        )
+        add(*_files_check(cfg))
     resume_at_check = f"--resume {at[0]}" if at else None  # its detail: ok, or why train would refuse it
     if at and cfg.get("ok"):
         problem = cfg.get("resume_at_problem")
