@@ -211,3 +211,12 @@ def test_an_empty_run_file_says_it_is_empty_and_what_a_run_file_holds(project):
         load_config("b15", root=project)
     said = e.value.format_message()
     assert said.startswith("configs/runs/b15.yaml: is empty — your own script: command: [python, train.py]"), said
+
+
+def test_a_run_named_outside_any_project_says_where_it_looked(tmp_path):
+    """Outside a project it said `one of: none`, with no word of --root."""
+    with pytest.raises(ConfigError) as e:
+        load_config("smoke-cpu", root=tmp_path)
+    assert e.value.format_message().endswith(
+        f"{tmp_path} holds no configs/runs/: run it in a project's folder, or give --root"
+    )

@@ -223,11 +223,13 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
         )
     if not path.is_file():
         have = sorted(p.stem for p in (root / "configs" / kind).glob("*.yaml"))
+        elsewhere = f"{root} holds no configs/{kind}/: run it in a project's folder, or give --root"  # (said "none")
+        elsewhere = f"configs/{kind}/ holds no .yaml file" if (root / "configs" / kind).is_dir() else elsewhere
         raise ConfigError(
             source,
             key,
             f"{kind.rstrip('s')} config {ref!r} not found ({shown})",
-            f"one of: {', '.join(have) or 'none'}",
+            f"one of: {', '.join(have)}" if have else elsewhere,
         )
     return path
 
