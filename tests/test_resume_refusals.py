@@ -61,3 +61,42 @@ def test_a_checkpoint_saved_by_two_processes_is_refused_for_a_launch_on_one_befo
     assert refused("checkpoints/step-000005", "--world", "2") is None
     assert refused("checkpoints/step-000005") is None  # --gpus all: the number is not known before it starts
     assert refused("latest", "--world", "1") is None  # nothing recorded: the trainer alone can say
+
+
+def test_a_commands_fresh_start_on_slurm_sets_its_line_aside_before_the_job_is_submitted(project, monkeypatch):
+    """launch NAME --resume none of a command on a Slurm host: `submit --fresh` (sbatch stands in: the Slurm
+    tests run real jobs, whose minute-long limits this wiring need not pay for; docs/own-script.md)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from enlace.manifest import publish
+    from enlace.slurm import cli, settings
+    from enlace.state import runs
+
+    run_dir = project / "runs" / "mine"
+    tmp = run_dir / "checkpoints" / ".tmp-3"
+    tmp.mkdir(parents=True)
+    (tmp / "state.pt").write_bytes(b"a script's own state")
+    publish(run_dir / "checkpoints", tmp, 3, keep=2)
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 3, "loss": 1.0}\n')
+    runs.update(run_dir, run_name="mine", status="finished", command={"command": ["python", "t.py"]})
+    seen = []
+    monkeypatch.setattr(settings, "submit", lambda script, where, out: seen.append(sorted(run_dir.iterdir())) or "77")
+    spec = json.dumps({"command": ["python", "t.py"], "run_name": "mine"})
+    args = [
+        "mine",
+        "--slurm",
+        json.dumps({"partition": "cpu"}),
+        "--command-spec",
+        spec,
+        "--fresh",
+        "--root",
+        str(project),
+    ]
+    result = CliRunner().invoke(cli.submit_cmd, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    aside = runs.read(run_dir)["set_aside"]["path"]
+    assert aside.startswith("runs/mine/checkpoints-set-aside/") and (project / aside / "step-000003").is_dir()
+    assert not (run_dir / "checkpoints" / "step-000003").exists() and (run_dir / "metrics.jsonl").read_text() == ""
+    assert seen and run_dir / "checkpoints-set-aside" in seen[0]  # set aside before the job could start
