@@ -172,3 +172,23 @@ def test_a_run_launched_again_keeps_its_placement_unless_an_option_is_given(tmp_
     assert choose.kept_placement(tmp_path, "a", "small", options(), set()) == vars(options())
     assert choose.kept_placement(tmp_path, "cluster", "big", options(), set()) == vars(options())  # another host's
     assert capsys.readouterr().err.count("keeps") == 1
+
+
+def test_a_sweeps_point_started_afresh_keeps_its_swept_values(tmp_path):
+    """`launch fast-sweep1-lr0.2 --resume none` trained the file's lr 0.1 under the point's name, which its sweep's
+    table still ranked as lr 0.2; other recorded --set items are still left out, as for any run."""
+    from types import SimpleNamespace
+
+    from orchestrator.launch import choose
+    from orchestrator.sweep import record
+
+    (tmp_path / "configs" / "runs").mkdir(parents=True)
+    (tmp_path / "configs" / "runs" / "fast.yaml").write_text("command: [python, train.py]\n")
+    point = {"run_name": "fast-sweep1-lr0.2", "host": "local", "values": {"args.lr": "0.2"}}
+    record.save(tmp_path, record.Sweep("fast-sweep1", "fast", ["args.steps=30"], ["args.lr"], [point]))
+    sets = ("args.steps=30", "args.lr=0.2", "env.X=1", "run_name=fast-sweep1-lr0.2")
+    choose.remember_run(tmp_path, "local", "fast-sweep1-lr0.2", "fast", sets)
+    session = SimpleNamespace(host=SimpleNamespace(name="local"), enlace_json=lambda *a, **k: [])  # (no run.json)
+    for fresh, kept in ((False, sets), (True, ("args.lr=0.2", "run_name=fast-sweep1-lr0.2"))):
+        file, overrides = choose.launch_target(session, tmp_path, "fast-sweep1-lr0.2", (), fresh)
+        assert file == "fast" and sorted(overrides) == sorted(kept), overrides

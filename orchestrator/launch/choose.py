@@ -15,6 +15,7 @@ from enlace.errors import EnlaceError
 from enlace.names import RunFile, RunName, validate_run_file, validate_run_name
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import driver_dir
+from orchestrator.sweep.record import point_values
 
 
 def _last_runs_file(repo: Path) -> Path:
@@ -184,7 +185,9 @@ def launch_target(
         row = there if there and there.get("run_file") else row
     if not row.get("run_file") or not (runs_dir / f"{row['run_file']}.yaml").is_file():
         return validate_run_file(name), overrides
-    recorded = [] if fresh else row.get("overrides") or []
+    # --resume none: the file's config again, but a sweep's point keeps its swept values (it is its table's row)
+    swept = [f"{k}={v}" for k, v in point_values(repo, session.host.name, name).items()]
+    recorded = swept if fresh else row.get("overrides") or []
     merged = {item.partition("=")[0].strip(): item for item in recorded}  # a recorded run's
     merged["run_name"] = f"run_name={name}"
     merged.update({item.partition("=")[0].strip(): item for item in overrides})

@@ -4,6 +4,7 @@ the fixed --set items, and each point (run name, host, values). `status --sweep`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -65,6 +66,17 @@ def note_launch(repo: Path, host: str, run_name: str, overrides) -> None:
         if point is not None and sets.keys() & point["values"].keys():
             point["values"] = {k: sets.get(k, v) for k, v in point["values"].items()}
             save(repo, sweep, last=False)
+
+
+def point_values(repo: Path, host: str, run_name: str) -> dict[str, str]:
+    """The swept values of `run_name` on `host` when it is a point of a sweep launched from here ({} if not):
+    what it is in its sweep's table, kept by a `launch RUN_NAME --resume none` (which trained the file's)."""
+    for name in names(repo):
+        with contextlib.suppress(UsageError):  # a record this enlace cannot read: status --sweep says so
+            point = next((p for p in load(repo, name).points if (p["run_name"], p["host"]) == (run_name, host)), None)
+            if point is not None:
+                return dict(point["values"])
+    return {}
 
 
 def exists(repo: Path, name: str) -> bool:
