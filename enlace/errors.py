@@ -93,17 +93,32 @@ class NoSpaceError(EnlaceError):
 PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST}
 
 
+PATH_OPTIONS = ("--dest", "--out", "--runs-dir", "--root")  # the options, on either command line, that name a path
+
+
+def given_paths(argv: list[str]) -> list[str]:
+    """The paths argv's path options name (`--out X`, `--out=X`), up to a `--` (a command's own words follow)."""
+    paths = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        name, eq, value = arg.partition("=")
+        if name in PATH_OPTIONS:
+            paths.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
+    return paths
+
+
 def path_given(e: OSError, argv: list[str]) -> BadOut | None:
-    """`e` as one line (exit 2) when it is about a path the command line gave, or one inside or above it (what the
-    user can fix by naming another); None for any other (a compiler's cache under a trainer, a full disk, a
-    missing program): a trainer's exit 2 is a config error its supervisor never retries."""
+    """`e` as one line (exit 2) when it is about a path a path option of the command line gave, or one inside or
+    above it (what the user can fix by naming another); None for any other (a compiler's cache under a trainer, a
+    full disk, a missing program, enlace's own files, a path among a command's arguments): a trainer's exit 2 is a
+    config error its supervisor never retries."""
     if e.filename is None or e.errno not in PATH_ERRNOS:
         return None
     failed = Path(os.fsdecode(e.filename)).absolute()
     if Path.cwd().is_relative_to(failed):  # the working directory or above it: no path the user named
         return None
-    for arg in argv:
-        value = arg.partition("=")[2] if arg.startswith("--") else arg  # --out=PATH, or PATH
+    for value in given_paths(argv):
         given = Path(value).absolute() if value else None
         if given and (failed.is_relative_to(given) or given.is_relative_to(failed)):
             return BadOut(f"{failed}: {e.strerror} — name a path this machine lets you create and write")

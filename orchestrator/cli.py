@@ -6,7 +6,6 @@ orchestrator/commands/ (run.py, tools.py, data.py, sweep.py) and is added here. 
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -253,7 +252,7 @@ def run_main() -> None:
         Interrupted().show()
         code = Interrupted.exit_code
     except OSError as e:  # a path given here it could not make or write (fetch --dest /proc/x, a hosts file's folder)
-        said = path_given(e, [*sys.argv[1:], os.environ.get("ENLACE_HOSTS_FILE", "")])
+        said = path_given(e, sys.argv[1:])
         if said is None:
             raise
         click.echo(f"Error: {said.format_message()}", err=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from support import REPO
@@ -46,13 +47,17 @@ def test_a_local_path_it_cannot_create_is_one_line_and_leaves_nothing(tmp_path):
     folder.mkdir()
     for hosts_file, words in (
         (folder, f"{folder}: a folder, not a hosts file"),
-        (tmp_path / "file" / "hosts.yaml", f"{tmp_path / 'file'}: File exists — name a path"),
+        (tmp_path / "file" / "hosts.yaml", f"{tmp_path / 'file' / 'hosts.yaml'}: cannot write it (File exists) — name"),
+        (
+            Path("/proc/hosts.yaml"),
+            "/proc/hosts.yaml: cannot write it (",
+        ),  # (its temporary copy beside it: a traceback)
     ):
         (tmp_path / "file").write_text("a file, where the hosts file's folder should be\n")
         env = {**os.environ, "ENLACE_HOSTS_FILE": str(hosts_file)}
         for verb in (["hosts", "add", "g1", "--ssh", "x@y"], ["hosts"]):
             out = subprocess.run([*DRIVER, *verb], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-            if verb == ["hosts"] and hosts_file != folder:
+            if verb == ["hosts"] and hosts_file.parent != tmp_path:
                 continue  # (no such file: no hosts of the user's, as without one)
             assert out.returncode == 2 and out.stderr.startswith(f"Error: {words}"), out.stderr
             assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
@@ -100,3 +105,6 @@ def test_only_an_error_about_a_path_given_on_the_command_line_becomes_a_usage_er
     assert path_given(gone("/proc"), ["prepare", "tiny", "--out", "/proc/x/p1"]) is not None  # above one
     for not_given in (gone("/root/.triton/cache/x"), gone("/proc/x", errno.ENOSPC), gone(str(tmp_path)), gone("/")):
         assert path_given(not_given, argv) is None, not_given
+    # enlace's own file, where the command's own words name a path (`launch --name z -- python t.py --out=.`)
+    own = ["launch", "--name", "z", "--", "python", "t.py", "--out=.", "/"]
+    assert path_given(gone(str(tmp_path / ".enlace" / "last-runs.json"), errno.EISDIR), own) is None

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from enlace.contract import CPU_SLOTS, GPU_FREE_BELOW
 from enlace.errors import EnlaceError
@@ -351,15 +350,7 @@ def add_host(name: str, entry: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     old = path.read_text() if path.is_file() and name not in hosts else ""
     hosts[name] = {**(hosts.get(name) or {}), **given}
     data["hosts"] = hosts
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        header = "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
-        kept = hostfile.with_new_host(old, name, given) if old else None  # its comments and layout kept
-        tmp.write_text(kept or header + yaml.safe_dump(data, sort_keys=False))  # (else written whole)
-        os.replace(tmp, path)
-    finally:  # a hosts file that is a folder: no temporary copy left beside it
-        tmp.unlink(missing_ok=True)
+    hostfile.write(path, data, hostfile.with_new_host(old, name, given) if old else None)  # its comments kept
     return path, hosts[name]
 
 

@@ -7,7 +7,9 @@ The Slurm keys are checked by the contract's SlurmSpec (enlace/slurm/settings.py
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -280,3 +282,20 @@ def with_new_host(text: str, name: str, entry: dict[str, Any]) -> str | None:
         return None
     expected = {**before, "hosts": {**(before.get("hosts") or {}), name: entry}} if isinstance(before, dict) else None
     return new if after == expected else None
+
+
+def write(path: Path, data: dict[str, Any], kept: str | None) -> None:
+    """The hosts file replaced whole, in one rename: `kept` (the file with a new host's line, comments and all),
+    else `data` written anew under a header. A place it cannot write is one line naming the file (its place is
+    ENLACE_HOSTS_FILE's, not the command line's: it was a traceback), with no temporary copy left beside it."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = "# enlace-remote hosts (written by `enlace-remote hosts add`; edit freely)\n"
+        tmp.write_text(kept or header + yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write it ({e.strerror}) — name a hosts file you can write") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
