@@ -294,6 +294,9 @@ def test_a_command_given_after_dash_dash_takes_args_and_env_sets_and_refuses_the
     (tmp_path / "configs" / "runs" / "smoke.yaml").write_text("data: smoke\n")
     with pytest.raises(UsageError, match=r"--name smoke: configs/runs/smoke.yaml is a run file here"):
         command_of(tmp_path, None, argv, "smoke", ())
+    (tmp_path / "configs" / "runs" / "rn.yaml").write_text("command: [python, t.py]\nrun_name: speedy\n")
+    with pytest.raises(UsageError, match=r"--name speedy: configs/runs/rn.yaml is a run file here for that name"):
+        command_of(tmp_path, None, argv, "speedy", ())  # (two commands then shared one run's directory)
 
 
 def test_small_words_name_the_key_once_and_the_verb_given(tmp_path, monkeypatch):

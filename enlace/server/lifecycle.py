@@ -96,7 +96,7 @@ def launching(run_dir: Path, command: dict | None = None, fresh: bool = False):
             need=None,  # the queue's: set by this launch's supervisor if it queues
             gpus=None,
             command=command,  # what the supervisor starts (and status shows); None: enlace's trainer
-            **({"set_aside": aside} if aside else {}),
+            set_aside=aside,  # this launch's (a trainer's explicit --resume writes its own): an earlier one's is gone
             attempt_argv=None,
             # a command starts afresh: no trainer's (or earlier attempt's) figures, no old step for the stall clock
             # (its ELAPSED goes on over its launches, as a trainer's over its starts)

@@ -50,7 +50,7 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
     argv = ctx.meta.get("after_dash") or ["python", "train.py"]
     # what launch would refuse (a single `{`) is refused now, before anything is written
     own = command.parse({"command": argv}, f"init {name} -- COMMAND", default_name=name)
-    _check_scripts(repo, [s for s in own.scripts() if not (repo / s).is_file()])
+    _check_scripts(repo, [s for s in own.scripts() if not (repo / s).is_file() and not any(c.isspace() for c in s)])
     path = repo / "configs" / "runs" / f"{name}.yaml"
     if path.exists() and not force:
         raise UsageError(f"{path.relative_to(repo)} exists — edit it, or pass --force to write it anew")

@@ -4,6 +4,7 @@ files and data on the server), start under the supervisor, wait, follow; preflig
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
@@ -11,9 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import click
+import yaml
 
 from enlace.config import command
 from enlace.config.command import CommandRun
+from enlace.contract import run_name_of
 from enlace.errors import EnlaceError
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.launch.choose import launched_here
@@ -43,15 +46,25 @@ def command_of(repo: Path, run: str | None, argv: list[str] | None, name: str | 
             raise UsageError(
                 "launch -- COMMAND needs --name NAME: the run's name (status, logs, stop and fetch use it)"
             )
-        if (repo / "configs" / "runs" / f"{name}.yaml").is_file():  # its run would be taken for the file's
+        if file := _run_file_named(repo, name):  # its run would be taken for the file's, and the file's for it
             raise UsageError(
-                f"--name {name}: configs/runs/{name}.yaml is a run file here (launch {name} launches "
+                f"--name {name}: configs/runs/{file}.yaml is a run file here for that name (launch {file} launches "
                 "it) — name this command otherwise"
             )
         return command.adhoc(argv, name, overrides)
     if name:
         raise UsageError("--name names a command given after `--` (launch --name NAME -- python train.py ...)")
     return command.load(run, repo, overrides) if run else None
+
+
+def _run_file_named(repo: Path, name: str) -> str | None:
+    """The run file here whose run is `name` (its stem, or its `run_name:`), or None."""
+    for path in sorted((repo / "configs" / "runs").glob("*.yaml")):
+        with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError):
+            doc = yaml.safe_load(path.read_text())
+            if name in (path.stem, run_name_of(doc if isinstance(doc, dict) else {}, path.stem, {})[0]):
+                return path.stem
+    return None
 
 
 def recorded(session, repo: Path, name: str | None, overrides=()) -> CommandRun | None:
