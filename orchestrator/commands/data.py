@@ -63,9 +63,9 @@ def local_data_of(
     return local
 
 
-def _each_host(remote: Remote, targets: list, work) -> list:
+def _each_host(remote: Remote, targets: list, work, verb: str) -> list:
     """work(session) on every target, in parallel when there are several; one host's failure is its
-    own line, and the command fails after all have finished."""
+    own line, and the command (`verb`: push, ls) fails after all have finished."""
     sessions = [remote.session_for(h) for h in targets]
     if len(sessions) == 1:
         return [work(sessions[0])]
@@ -78,7 +78,7 @@ def _each_host(remote: Remote, targets: list, work) -> list:
             except click.ClickException as e:
                 failed.append(f"{session.host.name}: {e.format_message()}")
     if failed:
-        raise UsageError("data push failed on " + "; ".join(failed))
+        raise UsageError(f"data {verb} failed on " + "; ".join(failed))
     return results
 
 
@@ -137,7 +137,7 @@ def push(
             for rel in plan.delete[:20]:
                 click.echo(f"  delete {rel}", err=True)
 
-    _each_host(remote, _targets(remote, hosts), work)
+    _each_host(remote, _targets(remote, hosts), work, "push")
 
 
 @data.command("ls")
@@ -170,7 +170,7 @@ def ls(
         for rel, _ in sorted(extra)[:20]:  # (push --delete removes them)
             click.echo(f"  there, not here: {rel}")
 
-    _each_host(remote, _targets(remote, hosts), work)
+    _each_host(remote, _targets(remote, hosts), work, "ls")
 
 
 COMMANDS = (data,)
