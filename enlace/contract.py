@@ -227,7 +227,7 @@ def other_kind(was_command: bool) -> tuple[str, str]:
     """What is wrong with a launch of enlace's trainer under the name of a run of a command, or the reverse (both
     halves refuse it), and the fix."""
     was, now = ("a command", "enlace's trainer") if was_command else ("enlace's trainer", "a command")
-    fix = "name this run otherwise (launch --name, or --set run_name=), or remove the run's directory first"
+    fix = "name this run otherwise (launch --name, or --set run_name=), or, once it has ended, remove its directory"
     return f"a run of {was} here, and this launch starts {now} under its name", fix
 
 

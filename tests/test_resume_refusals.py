@@ -100,3 +100,16 @@ def test_a_commands_fresh_start_on_slurm_sets_its_line_aside_before_the_job_is_s
     assert aside.startswith("runs/mine/checkpoints-set-aside/") and (project / aside / "step-000003").is_dir()
     assert not (run_dir / "checkpoints" / "step-000003").exists() and (run_dir / "metrics.jsonl").read_text() == ""
     assert seen and run_dir / "checkpoints-set-aside" in seen[0]  # set aside before the job could start
+
+
+def test_a_fresh_start_says_what_it_set_aside(tmp_path):
+    """A script that never checkpointed, started afresh, was said to leave "checkpoints" it never had."""
+    from enlace.server.ownchild import afresh
+
+    run_dir = tmp_path / "runs" / "once"
+    run_dir.mkdir(parents=True)
+    assert afresh(run_dir, "L1") is None  # nothing there: nothing set aside
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 1.0}\n')
+    aside = afresh(run_dir, "L2")
+    assert aside["what"] == "metrics.jsonl" and aside["path"].startswith("runs/once/checkpoints-set-aside/")
+    assert (tmp_path / aside["path"] / "metrics.jsonl").read_text().startswith('{"kind": "train"')

@@ -54,7 +54,10 @@ def afresh(run_dir: Path, launch_id: str) -> dict | None:
     finds none. It resumed from the newest one, whatever the commit or the arguments. Returns run.json's
     `set_aside` ({launch_id, path}), or None when there was nothing to set aside."""
     moved = start_line(run_dir / "checkpoints", None)
-    return {"launch_id": launch_id, "path": str(moved.relative_to(run_dir.parent.parent))} if moved else None
+    if moved is None:
+        return None
+    what = "checkpoints, metrics.jsonl" if any(p.is_dir() for p in moved.iterdir()) else "metrics.jsonl"
+    return {"launch_id": launch_id, "path": str(moved.relative_to(run_dir.parent.parent)), "what": what}
 
 
 USAGE_EXIT = 2  # argparse's (and bash's, and python's for a missing script) exit for a command line it refuses

@@ -269,8 +269,8 @@ def _say_how_it_started(row: dict, started: dict, fresh: bool) -> None:
     """Where the run started from (a checkpoint, step 0), and where a --resume put the line it left."""
     run_name = row["run_name"]
     aside = row.get("set_aside") or {}  # where this launch's --resume put the line it left, if it began one
-    past = "" if row.get("command") else " past its start"  # (a command's --resume none: all of them)
-    left = f"  the line it left (checkpoints{past}, metrics.jsonl) is kept in {aside.get('path')}/"
+    what = aside.get("what") or "checkpoints past its start, metrics.jsonl"  # (a command's: what there was of it)
+    left = f"  the line it left ({what}) is kept in {aside.get('path')}/"
     if row.get("command"):  # (enlace.job's resume_from says where it resumed, as it loads)
         how = f" (resumed from checkpoints/{row['resumed_from']})" if row.get("resumed_from") else ""
         click.echo(f"{run_name}: {row['status']}{how}: {shlex.join(row['command'])}", err=True)
