@@ -223,8 +223,11 @@ def _resolve_file(root: Path, kind: str, ref: str, source: str, key: str) -> Pat
         )
     if not path.is_file():
         have = sorted(p.stem for p in (root / "configs" / kind).glob("*.yaml"))
-        elsewhere = f"{root} holds no configs/{kind}/: run it in a project's folder, or give --root"  # (said "none")
-        elsewhere = f"configs/{kind}/ holds no .yaml file" if (root / "configs" / kind).is_dir() else elsewhere
+        elsewhere = (  # (it said "one of: none")
+            f"configs/{kind}/ holds no .yaml file"
+            if (root / "configs" / kind).is_dir()
+            else f"{root} holds no configs/{kind}/: run it in a project's folder, or give --root"
+        )
         raise ConfigError(
             source,
             key,

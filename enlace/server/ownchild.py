@@ -184,7 +184,11 @@ class CommandChild:
         self.say("processes the command started outlived it: SIGTERM to what is left")
         deadline = time.monotonic() + self.grace
         while (self._group(0) or left) and time.monotonic() < deadline:
-            launched.wait(left, 1.0, self.beat) if left else (self.beat(), time.sleep(1.0))
+            if left:
+                launched.wait(left, 1.0, self.beat)
+            else:  # (its group alone is left)
+                self.beat()
+                time.sleep(1.0)
             left = launched.processes_of(launch)  # (and what they started meanwhile)
         if self._group(signal.SIGKILL) | bool(launched.kill_all(launch, self.beat)):
             self.say(f"what was left did not end within {self.grace:g} s: killed (SIGKILL)")

@@ -186,8 +186,10 @@ def launch_target(
     if not row.get("run_file") or not (runs_dir / f"{row['run_file']}.yaml").is_file():
         return validate_run_file(name), overrides
     # --resume none: the file's config again, but a sweep's point keeps its swept values (it is its table's row)
-    swept = [f"{k}={v}" for k, v in point_values(repo, session.host.name, name).items()]
-    recorded = swept if fresh else row.get("overrides") or []
+    if fresh:
+        recorded = [f"{k}={v}" for k, v in point_values(repo, session.host.name, name).items()]
+    else:
+        recorded = row.get("overrides") or []
     merged = {item.partition("=")[0].strip(): item for item in recorded}  # a recorded run's
     merged["run_name"] = f"run_name={name}"
     merged.update({item.partition("=")[0].strip(): item for item in overrides})

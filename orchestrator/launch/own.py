@@ -12,14 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import click
-import yaml
 
 from enlace.config import command
 from enlace.config.command import CommandRun
-from enlace.contract import run_name_of
 from enlace.errors import EnlaceError
 from orchestrator.errors import UsageError, VerifyError
 from orchestrator.launch.choose import launched_here
+from orchestrator.launch.ship import local_run_name
 
 # launch's options that only enlace's trainer takes, and what to do instead
 TRAINER_ONLY = {
@@ -58,11 +57,11 @@ def command_of(repo: Path, run: str | None, argv: list[str] | None, name: str | 
 
 
 def _run_file_named(repo: Path, name: str) -> str | None:
-    """The run file here whose run is `name` (its stem, or its `run_name:`), or None."""
+    """The run file here whose run is `name` (its stem, or its `run_name:`), or None (a file that cannot be read
+    is its own launch's to say)."""
     for path in sorted((repo / "configs" / "runs").glob("*.yaml")):
-        with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError):
-            doc = yaml.safe_load(path.read_text())
-            if name in (path.stem, run_name_of(doc if isinstance(doc, dict) else {}, path.stem, {})[0]):
+        with contextlib.suppress(EnlaceError):
+            if name in (path.stem, local_run_name(repo, path.stem)):
                 return path.stem
     return None
 

@@ -54,6 +54,7 @@ class _HostState:
 class Board:
     def __init__(self, repo: Path, hosts: list, session_for):
         self.repo, self.hosts = repo, {h.name: h for h in hosts}
+        self._copies = driver_dir(repo) / "board"  # each run's files as last fetched: <host>/<run>/
         self._session_for = session_for
         self._locks = {name: threading.Lock() for name in self.hosts}
         self._state = {name: _HostState() for name in self.hosts}
@@ -160,7 +161,7 @@ class Board:
         """One run's curves, its run.json and its log from `log_offset`, after fetching what is new (for at
         most READ_DEADLINE_S: past it, what was fetched before, saying so)."""
 
-        dest = driver_dir(self.repo) / "board" / host / run_name
+        dest = self._copies / host / run_name
         self.session(host)  # KeyError for an unknown host, before any thread
         st = self._state[host]
         with st.guard:  # a host known to be down gets no new fetch (it would hold a worker for the retry window)
