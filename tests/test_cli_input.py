@@ -78,7 +78,9 @@ def test_init_from_a_subdirectory_names_the_scripts_path_from_the_root(tmp_path,
     assert result.exit_code == 2 and said in result.output and "this file is scripts/hello.py" in result.output
     assert not (repo / "configs").exists()
     result = _cli(["init", "hello", "--", "python", "scripts/hello.py"], repo / "scripts", tmp_path, monkeypatch)
-    assert result.exit_code == 0 and "next: git add ../configs/runs/hello.yaml" in result.output, result.output
+    assert result.exit_code == 0 and "next: git add ../configs/runs/hello.yaml hello.py && git" in result.output, (
+        result.output
+    )
     result = _cli(["init", "nofile", "--", "python", "nosuch.py"], repo, tmp_path, monkeypatch)
     assert result.exit_code == 0 and "note: nosuch.py is not in this repository" in result.output, result.output
 

@@ -113,3 +113,16 @@ def test_a_fresh_start_says_what_it_set_aside(tmp_path):
     aside = afresh(run_dir, "L2")
     assert aside["what"] == "metrics.jsonl" and aside["path"].startswith("runs/once/checkpoints-set-aside/")
     assert (tmp_path / aside["path"] / "metrics.jsonl").read_text().startswith('{"kind": "train"')
+
+
+def test_a_commands_fresh_start_counts_its_elapsed_time_from_zero(tmp_path):
+    """ELAPSED went on over the launches set aside (7 s shown for a line of 5)."""
+    from enlace.server import lifecycle
+    from enlace.state import runs
+
+    run_dir = tmp_path / "runs" / "own"
+    command = {"command": ["python", "t.py"]}
+    for fresh, counted in ((False, 100.0), (True, 0.0)):
+        runs.update(run_dir, run_name="own", status="stopped", command=command, trained_before_s=100.0)
+        with lifecycle.launching(run_dir, command, fresh):
+            assert runs.read(run_dir)["trained_before_s"] == counted

@@ -76,6 +76,7 @@ def launching(run_dir: Path, command: dict | None = None, fresh: bool = False):
         offset = log.stat().st_size if log.exists() else 0
         launch_id = f"{time.time_ns()}-{os.getpid()}"
         aside = afresh(run_dir, launch_id) if fresh and command else None
+        before = 0.0 if fresh else trained_before(st)  # a command's ELAPSED: over its launches, since its fresh start
         # the old trainer's identity goes before the new one starts: it records its own pid itself
         update(
             run_dir,
@@ -100,11 +101,7 @@ def launching(run_dir: Path, command: dict | None = None, fresh: bool = False):
             attempt_argv=None,
             # a command starts afresh: no trainer's (or earlier attempt's) figures, no old step for the stall clock
             # (its ELAPSED goes on over its launches, as a trainer's over its starts)
-            **(
-                {**STALE, "started_at": None, "trained_before_s": trained_before(st), "start_trained_s": None}
-                if command
-                else {}
-            ),
+            **({**STALE, "started_at": None, "trained_before_s": before, "start_trained_s": None} if command else {}),
             # the tree it will start in, from now: gc keeps it for a run that waits hours in the queue
             **({"commit": os.environ["ENLACE_COMMIT"]} if os.environ.get("ENLACE_COMMIT") else {}),
         )

@@ -72,9 +72,10 @@ def init(ctx: click.Context, name: str, force: bool) -> None:
             f"it and sync would not send it — {fix}, then:",
             err=True,
         )
-    click.echo(  # (a path from here: git add takes it so from a subdirectory)
-        f"next: git add {os.path.relpath(path)} && git commit -m 'enlace run {name}', then "
-        f"enlace-remote --host HOST launch {name}",
+    # paths from here (git add takes them so from a subdirectory), the command's scripts too (they ship with it)
+    added = shlex.join(os.path.relpath(p) for p in [path, *(repo / s for s in own.scripts() if (repo / s).is_file())])
+    click.echo(
+        f"next: git add {added} && git commit -m 'enlace run {name}', then enlace-remote --host HOST launch {name}",
         err=True,
     )
 

@@ -106,7 +106,8 @@ def preflight(
     type=click.IntRange(min=1),
     default=None,
     metavar="STEP",
-    help="Stop at STEP (checkpointed, status `stopped`); a later launch resumes it from there.",
+    help="Stop at STEP (checkpointed, status `stopped`); a later launch resumes it from there. enlace's trainer "
+    "only: your own command ends when it ends.",
 )
 @click.option(
     "--gpus",
