@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -148,6 +149,35 @@ def test_remote_sh_refuses_a_remote_dir_it_would_misread(tmp_path, remote_dir):
     doc = json.loads(out.stdout)
     assert out.returncode == 2 and doc["exit_code"] == 2 and "absolute path, ~ or ~/DIR" in doc["error"]
     assert list(tmp_path.iterdir()) == []  # nothing created, no option read
+
+
+def test_a_driver_upgrade_is_said_as_one_where_its_server_half_is_not_installed_yet(tmp_path):
+    """A repository of the user's own (no enlace/) launched by one driver, then `status` from an upgraded one:
+    its server half (ENLACE_SERVER) is not on the host, an older one is; the words say so and what to run."""
+    sha = "a" * 40
+    tree = tmp_path / "trees" / sha
+    tree.mkdir(parents=True)
+    (tree / ".enlace-ready").touch()
+    (tmp_path / "server" / "0123456789abcdef" / "enlace").mkdir(parents=True)
+    (tmp_path / "server" / "0123456789abcdef" / "enlace" / "__init__.py").touch()
+    script = str(REPO / "enlace" / "remote" / "remote.sh")
+
+    def status(key: str) -> dict:
+        env = {**os.environ, "ENLACE_SERVER": key}
+        out = subprocess.run(
+            ["bash", script, str(tmp_path), "enlace", "latest", "python3", "status"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert out.returncode == 3, out
+        return json.loads(out.stdout)
+
+    upgraded = status("fedcba9876543210")["error"]
+    assert "server half (fedcba9876543210) is not installed" in upgraded and "(0123456789abcdef)" in upgraded
+    assert "driver upgrade run enlace-remote sync once" in upgraded
+    shutil.rmtree(tmp_path / "server")  # none at all: the plain words
+    assert "server half is not installed here: run enlace-remote sync" in status("fedcba9876543210")["error"]
 
 
 def test_run_name_typo_is_caught_before_connecting(sshd, user_repo):

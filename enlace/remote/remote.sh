@@ -55,7 +55,14 @@ enlace_home() {  # TREE -> the directory whose enlace/ package runs there: the t
   else return 1; fi
 }
 NOT_SYNCED="nothing was launched or synced to $RD yet: enlace-remote launch RUN ships this repository there and starts RUN (enlace-remote sync ships it alone)"
-NO_HOME="this tree has no enlace/ and enlace's server half is not installed here: run enlace-remote sync (it installs it)"
+no_home() {  # a tree with no enlace/ and no server half of this driver's key: after a driver upgrade, say so
+  local h others=()
+  for h in "$RD"/server/*/enlace/__init__.py; do [ -f "$h" ] && { h=${h%/enlace/__init__.py}; others+=("${h##*/}"); }; done
+  if [ -n "$SERVER" ] && [ ${#others[@]} -gt 0 ]; then
+    die "this driver's server half ($SERVER) is not installed here; $RD/server holds another driver version's (${others[*]}): after a driver upgrade run enlace-remote sync once, which installs it (runs go on as they are)"
+  fi
+  die "this tree has no enlace/ and enlace's server half is not installed here: run enlace-remote sync (it installs it)"
+}
 newest_tree() {  # the most recently checked-out commit (for status/logs/fetch, which any tree can answer),
   local t newest=""  # by bash builtins alone: every driver command that names no commit asks for it
   for t in "$RD"/trees/*/.enlace-ready; do
@@ -194,7 +201,7 @@ case $VERB in
     tree=$RD/trees/$sha
     [ -d "$tree" ] || die "commit $sha is not checked out on the server: run enlace-remote sync"
     py=$(resolve_python "$sha" "$2") || no_python "$2"; shift 2
-    home=$(enlace_home "$tree") || die "$NO_HOME"
+    home=$(enlace_home "$tree") || no_home
     cd "$tree" && ENLACE_DATA_DIR=$RD/data exec "$py" "$home/enlace/remote/verify_tree.py" "$sha" "$@"
     ;;
   enlace)
@@ -203,7 +210,7 @@ case $VERB in
       sha=$(newest_tree) || die "$NOT_SYNCED" $EXIT_USAGE not_synced
     fi
     check_sha "$sha"; py=$(resolve_python "$sha" "$2") || no_python "$2"; shift 2
-    home=$(enlace_home "$RD/trees/$sha") || die "$NO_HOME"
+    home=$(enlace_home "$RD/trees/$sha") || no_home
     path=$RD/trees/$sha; [ "$home" = "$path" ] || path=$home:$path  # the server half first, then the user's tree
     cd "$RD/trees/$sha" && ENLACE_COMMIT=$sha ENLACE_ROOT=$PWD ENLACE_DATA_DIR=$RD/data PYTHONPATH=$path \
       exec "$py" -m enlace "$@"
