@@ -181,6 +181,39 @@ def skipped_latest(ckpt_root: Path, fallback: Path | None) -> str | None:
     return f"{name} is incomplete ({reason}): {where}; {int(m.group(1)) - start} steps will be trained again"
 
 
+def set_aside_listing(run_dir: Path) -> list[dict[str, Any]]:
+    """The complete checkpoints in run_dir/SET_ASIDE/ ({folder, name, files}): what a fresh start or an explicit
+    --resume moved out of the run's line (fetch-serve offers it; a fetched copy follows with `set_aside_copies`)."""
+    listed = []
+    for ckpt in sorted((run_dir / SET_ASIDE).glob("*/step-*")):
+        if STEP_RE.fullmatch(ckpt.name) and manifest_problem(ckpt) is None:
+            listed.append({"folder": ckpt.parent.name, "name": ckpt.name, "files": read_manifest(ckpt)["files"]})
+    return listed
+
+
+def set_aside_copies(ckpt_root: Path, aside: list[dict[str, Any]], present: dict[str, Any]) -> list[str]:
+    """Copies in `ckpt_root` of checkpoints another copy of the run set aside (`aside`, as `set_aside_listing`
+    gives it): each whose MANIFEST lists the same files moves to ../SET_ASIDE/FOLDER/NAME, so that this copy's
+    checkpoints/ holds the run's present line alone (`present`: {name: files} of that line; one of its checkpoints
+    is never moved). Names that are not a step-N in a plain folder are left alone (they come from another
+    machine). Returns FOLDER/NAME of each moved."""
+    moved = []
+    for entry in aside:
+        name, folder = str(entry.get("name")), str(entry.get("folder"))
+        if not STEP_RE.fullmatch(name) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", folder):
+            continue
+        if present.get(name) == entry.get("files"):
+            continue
+        here, there = ckpt_root / name, ckpt_root.parent / SET_ASIDE / folder / name
+        if here.is_symlink() or manifest_problem(here) or read_manifest(here)["files"] != entry.get("files"):
+            continue
+        if not there.exists():
+            there.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(here, there)
+            moved.append(f"{folder}/{name}")
+    return moved
+
+
 RECORDED = ("data", "teacher", "world")  # what a trainer's checkpoint was made from, readable without torch
 
 

@@ -58,6 +58,32 @@ def test_offer_lists_complete_checkpoints_and_run_files(run_dir, tmp_path):
     }
 
 
+def test_a_fetched_copy_of_a_checkpoint_the_server_set_aside_goes_aside_and_no_other(run_dir, tmp_path):
+    """A launch that started afresh moved the old line to checkpoints-set-aside/ on the server: the offer lists
+    it, and the driver's copies go aside too, matched by their MANIFEST's files (a copy of the same name with
+    other bytes, a step the server pruned, the present line's step-N: left where they are)."""
+    from enlace.manifest import set_aside_copies
+
+    aside = run_dir / "checkpoints-set-aside" / "20261208-010359-31772"
+    aside.mkdir(parents=True)
+    shutil.move(run_dir / "checkpoints" / "step-000002", aside / "step-000002")
+    offer, _ = converse(run_dir, tmp_path, [])
+    assert [(e["folder"], e["name"]) for e in offer["set_aside"]] == [(aside.name, "step-000002")]
+    here = tmp_path / "here" / "checkpoints"
+    for step, body in ((2, bytes(range(256)) * 102), (3, b"pruned on the server"), (4, bytes(range(256)) * 104)):
+        save_checkpoint(here, step, {"model.pt": body}, keep=5)
+    other = [{**offer["set_aside"][0], "name": "step-000003"}, {**offer["set_aside"][0], "name": "../../x"}]
+    present = {c["name"]: c["files"] for c in offer["checkpoints"]}
+    assert set_aside_copies(here, offer["set_aside"] + other, present) == [f"{aside.name}/step-000002"]
+    assert sorted(p.name for p in here.glob("step-*")) == ["step-000003", "step-000004"]
+    moved = here.parent / "checkpoints-set-aside" / aside.name / "step-000002" / "model.pt"
+    assert moved.read_bytes() == (aside / "step-000002" / "model.pt").read_bytes()
+    # the present line holds a step-N with the set-aside one's very files (--resume named it): it stays
+    same = {"folder": aside.name, "name": "step-000004", "files": present["step-000004"]}
+    assert set_aside_copies(here, [same], present) == [] and (here / "step-000004").is_dir()
+    assert set_aside_copies(here, [same], {}) == [f"{aside.name}/step-000004"]  # (what `present` kept)
+
+
 def test_a_file_resumes_only_when_the_driver_holds_its_true_start(run_dir, tmp_path):
     model = (run_dir / "checkpoints" / "step-000004" / "model.pt").read_bytes()
     metrics = (run_dir / "metrics.jsonl").read_bytes()

@@ -189,10 +189,19 @@ def test_a_config_its_checkpoints_cannot_resume_is_refused_before_anything_start
     assert "tiny's checkpoints were trained with model.n_layer=2, this config gives 3" in out.stderr
     assert "enlace-remote launch tiny --resume none" in out.stderr
     assert status_row(user_repo, sshd.env, "testhost", "tiny")["status"] == "stopped"  # nothing was started
+    remote(user_repo, sshd.env, "fetch", "tiny")  # the n_layer 2 line's step-000002, here
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2")
+    # a fetch of the new line sets the old line's copy aside here as there (it was overwritten by the new line's
+    # step-000002, or kept beside it under checkpoints/ when the names differed)
+    (aside,) = (server_dir(sshd, "testhost") / "runs" / "tiny" / "checkpoints-set-aside").iterdir()
+    out = remote(user_repo, sshd.env, "fetch", "tiny")
+    assert "1 of an earlier line moved to checkpoints-set-aside/, as there" in out.stdout + out.stderr
+    here, there = user_repo / "runs" / "tiny", server_dir(sshd, "testhost") / "runs" / "tiny"
+    for rel in (f"checkpoints-set-aside/{aside.name}/step-000002", "checkpoints/step-000002"):
+        assert (here / rel / "model.pt").read_bytes() == (there / rel / "model.pt").read_bytes(), rel
+    assert (here / "checkpoints/step-000002/model.pt").read_bytes() != (aside / "step-000002/model.pt").read_bytes()
     # back to the line set aside, trained with n_layer 2: the checkpoint named must fit, not the line left (seen:
     # verify refused it against the n_layer 3 line)
-    (aside,) = (server_dir(sshd, "testhost") / "runs" / "tiny" / "checkpoints-set-aside").iterdir()
     back = ("--resume", f"checkpoints-set-aside/{aside.name}/step-000002", "--set", "model.n_layer=2", "--until", "3")
     out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", *back)
     assert "resumed from checkpoints/step-000002; step 3/30" in out.stderr, out.stderr  # linked in as this run's

@@ -6,8 +6,8 @@ The wire, on this process's stdin/stdout:
 
     server → driver   one JSON line: the offer — complete checkpoints with their MANIFEST entries, the
                       exports kept in the run (exports/NAME/, with theirs), the run files with their sizes,
-                      a command run's outputs with theirs and "output_digests": "trailing" (or {"ok": false,
-                      "error", "exit_code"}, then exit)
+                      a command run's outputs with theirs and "output_digests": "trailing", the checkpoints set
+                      aside with their MANIFESTs' files (or {"ok": false, "error", "exit_code"}, then exit)
     driver → server   one JSON line: {"send": [[PATH, OFFSET, PREFIX_SHA256], ...]}, PATHs relative
                       to the run dir, each one the offer lists; OFFSET > 0 resumes a file the driver
                       holds the first OFFSET bytes of, whose sha256 is PREFIX_SHA256 (an output the driver
@@ -42,7 +42,7 @@ from enlace.contract import FRAME, RUN_FILES
 from enlace.data.paths import real_dir
 from enlace.errors import CheckpointError, EnlaceError
 from enlace.hashing import fd_sha256, write_all
-from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest
+from enlace.manifest import MANIFEST, complete_checkpoints, latest_checkpoint, read_manifest, set_aside_listing
 from enlace.state import runs
 from enlace.sysinfo import grow_pipe
 
@@ -120,6 +120,7 @@ def open_offer(run_dir: Path, outputs: bool = False) -> tuple[dict[str, Any], di
         "command": bool(command),  # a run of the user's own command (no checkpoint due)
         "output_globs": (command or {}).get("outputs") or [],  # its `outputs:`, for a driver to say what matched none
         "latest": latest.name if latest else None,
+        "set_aside": set_aside_listing(run_dir),  # a fresh start's old line: the driver moves its copies aside too
     }
     return offer, held
 

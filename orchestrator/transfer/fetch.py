@@ -30,7 +30,7 @@ from enlace import contract
 from enlace.contract import FRAME, NOT_STARTED, Status, not_started
 from enlace.errors import EnlaceError
 from enlace.hashing import file_sha256, write_all
-from enlace.manifest import EXPORT_NAME
+from enlace.manifest import EXPORT_NAME, SET_ASIDE, set_aside_copies
 from orchestrator.errors import UsageError
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.outputs import (
@@ -120,14 +120,8 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
     t0 = time.perf_counter()
     offer, want, got = _converse(session, run_name, root / STAGING, plan, outputs=True)
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-    report = {
-        "run_name": run_name,
-        "dest": str(root),
-        "fetched": [],
-        "skipped": [],
-        "bytes": got,
-        "method": "local" if session.host.local else "ssh",
-    }
+    method = "local" if session.host.local else "ssh"
+    report = {"run_name": run_name, "dest": str(root), "fetched": [], "skipped": [], "bytes": got, "method": method}
     _install_checkpoints(root, offer, want, report)
     for fname in offer["files"]:
         os.replace(root / STAGING / fname, root / fname)
@@ -251,7 +245,10 @@ def _converse_once(
 
 def _install_checkpoints(root: Path, offer: dict[str, Any], want: dict, report: dict[str, Any]) -> None:
     """Each checkpoint whose every file arrived verified renamed into place (one here already: skipped), and
-    `latest`: the server's, where it is here verified; else (a corrupt one left out) the newest that is."""
+    `latest`: the server's, where it is here verified; else (a corrupt one left out) the newest that is. Copies
+    here of checkpoints the server set aside (a launch that started afresh) go aside here too, first."""
+    present = {ck["name"]: ck["files"] for ck in offer["checkpoints"]}  # (its new step-N may have an old one's name)
+    report["set_aside"] = set_aside_copies(root / "checkpoints", offer.get("set_aside", []), present)
     for ck in offer["checkpoints"]:
         final = root / "checkpoints" / ck["name"]
         partial = root / STAGING / "checkpoints" / ck["name"]
@@ -391,9 +388,13 @@ def summary(run_name: str, rep: dict) -> str:
     """fetch's one line: what came, what was here, the bytes and their rate, where it all is."""
     mib = rep["bytes"] / 2**20
     rate = mib / rep["seconds"] if rep["seconds"] > 0 else 0
+    aside = (
+        f"{len(rep['set_aside'])} of an earlier line moved to {SET_ASIDE}/, as there; " if rep.get("set_aside") else ""
+    )
     return (
         f"fetch {run_name}: {len(rep['fetched'])} checkpoint(s) fetched ({', '.join(rep['fetched']) or '-'}), "
         f"{len(rep['skipped'])} already here; "
         + (f"{rep['outputs']} output file(s) verified; " if rep.get("outputs") else "")
+        + aside
         + f"{mib:.1f} MiB in {rep['seconds']:.2f}s ({rate:.0f} MiB/s, {rep['method']}) → {rep['dest']}"
     )
