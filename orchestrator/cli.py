@@ -126,7 +126,7 @@ def hosts(ctx: click.Context) -> None:
     metavar="FRACTION",
     help="The queue: a GPU whose other processes hold less than this share of its memory is free (default 0.1).",
 )
-@click.option("--notify", default=None, metavar="URL", help="POSTed to when a run there ends (docs/sharing.md).")
+@click.option("--notify", default=None, metavar="URL", help="POSTed to when a run there ends (docs/sweeps.md).")
 def hosts_add(
     name: str,
     target: str,

@@ -111,6 +111,26 @@ def test_a_sweeps_end_is_told_once_when_its_last_run_here_ends(tmp_path):
     assert told[0]["text"] == "enlace: sweep s on box ended: 2/2 finished; best s-b (val bpb 1.5000)"
 
 
+def test_a_sweeps_end_waits_for_the_run_end_its_last_supervisor_is_telling(tmp_path):
+    """Runs stopped together: s-a's supervisor told its end and saw s-b ended, but s-b's supervisor (alive) had
+    not told s-b's yet: sweep_end went out between the two run_ends. It now waits for that supervisor, which
+    tells it after its own; a supervisor that is gone (stop --kill) holds nothing up."""
+    root = tmp_path / "runs"
+    supervisor = {"launcher_pid": os.getpid(), "launcher_start": runs.proc_start(os.getpid()), "launch_id": "L2"}
+    for name, extra in (("s-a", {"end_told": "L1", "launch_id": "L1"}), ("s-b", supervisor)):
+        (root / name).mkdir(parents=True)
+        doc = {"status": "stopped", "sweep": "s", "sweep_share": 2, **extra}
+        (root / name / "run.json").write_text(json.dumps(doc))
+    assert notify.sweep_end(root, "s", 2, "box") is None  # s-b's supervisor is about to tell its end
+    runs.update(root / "s-b", end_told="L1")  # an earlier launch's end: not this one's
+    assert notify.sweep_end(root, "s", 2, "box") is None
+    runs.update(root / "s-b", end_told="L2")
+    assert notify.sweep_end(root, "s", 2, "box")["runs"] == {"s-a": "stopped", "s-b": "stopped"}
+    (root / ".sweep-s.told").unlink()
+    runs.update(root / "s-b", end_told=None, launcher_start=1.0)  # gone: another process's start time
+    assert notify.sweep_end(root, "s", 2, "box") is not None
+
+
 def test_a_sweep_of_a_script_is_told_with_its_val_loss(tmp_path):
     root = tmp_path / "runs"
     for name, loss in (("m-a", 0.5), ("m-b", 0.25)):

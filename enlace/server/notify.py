@@ -5,8 +5,11 @@ each try is bounded (TIMEOUT_S), there are TRIES of them, and each outcome is a 
 train.log. The URL is never written whole (a webhook's path is its secret): only its scheme and host; the
 supervisor has it in its environment, which only its own account can read.
 
-A sweep's end on this host is told once, by the supervisor of whichever of its runs here ends last: when
-every run of the sweep this host was given has ended. A marker file created exclusively makes it once.
+A sweep's end on this host is told once, by the supervisor of whichever of its runs here tells its end last:
+when every run of the sweep this host was given has ended and each one's end was told (run.json's `end_told`
+names the launch whose end was), or its supervisor is gone and never will (stop --kill). So `sweep_end` comes
+after every `run_end` (runs stopped together had it arrive between two). A marker file created exclusively
+makes it once.
 Stdlib only.
 """
 
@@ -102,8 +105,11 @@ def run_end(run_dir: Path, host: str) -> dict[str, Any]:
 def sweep_end(runs_root: Path, sweep: str, share: int, host: str) -> dict[str, Any] | None:
     """The document for the end of `sweep` on this host, once all `share` of its runs here have ended and only
     for the first caller to see it; else None."""
-    rows = [runs.observe(d) for d in sorted(runs_root.iterdir()) if d.is_dir() and runs.read(d).get("sweep") == sweep]
+    states = {d: runs.read(d) for d in sorted(runs_root.iterdir()) if d.is_dir()}
+    rows = [runs.observe(d) for d, st in states.items() if st.get("sweep") == sweep]
     if len(rows) < share or any(Status(r["status"]) in ACTIVE for r in rows):
+        return None
+    if not all(_told(st) for st in states.values() if st.get("sweep") == sweep):  # its supervisor tells it next
         return None
     try:
         os.close(os.open(runs_root / f".sweep-{sweep}.told", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -128,12 +134,19 @@ def sweep_end(runs_root: Path, sweep: str, share: int, host: str) -> dict[str, A
     }
 
 
+def _told(st: dict[str, Any]) -> bool:
+    """Whether a run's end was told (tried) by this launch's supervisor, or can no longer be: it is gone."""
+    told = st.get("end_told") is not None and st.get("end_told") == st.get("launch_id")
+    return told or not runs.proc_alive(st.get("launcher_pid"), st.get("launcher_start"))
+
+
 def after_run(run_dir: Path, url: str, host: str, say: Callable[[str], None]) -> None:
     """Tell `url` that the run ended, then, if it was its sweep's last here, that the sweep did."""
     post(url, run_end(run_dir, host), say)
     st = runs.read(run_dir)
     if st.get("sweep"):
         with contextlib.suppress(OSError):
+            runs.update(run_dir, end_told=st.get("launch_id"))
             doc = sweep_end(run_dir.parent, st["sweep"], int(st.get("sweep_share") or 1), host)
             if doc:
                 post(url, doc, say)
