@@ -98,8 +98,10 @@ def ema(values: list[float], alpha: float = EMA) -> list[float]:
     return out
 
 
-def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
-    """Draw `metrics` of every run into `out` (PNG); returns what was drawn (for tests and --json)."""
+def plot(run_dirs: list[Path], out: Path, metrics: list[str], title: str | None = None) -> dict[str, Any]:
+    """Draw `metrics` of every run into `out` (PNG); returns what was drawn (for tests and --json). `title`: what
+    the runs are together (a sweep's name); else their names, the first two and a count past three (the legend
+    names each: six sweep points' names ran off both edges)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,7 +158,9 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str]) -> dict[str, Any]:
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("step")
-    title = ", ".join(r["name"] for r in runs)
+    names = [r["name"] for r in runs]
+    title = title or (", ".join(names) if len(names) <= 3 else f"{names[0]}, {names[1]} and {len(names) - 2} more")
+    drawn["title"] = title
     first = runs[0]
     details = [
         f"commit {first['commit'][:12]}" if first.get("commit") else "",

@@ -240,6 +240,9 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
         sys.exit(1)
 
 
+NEVER = "not launched (`status --sweep` shows it)"  # a point its host has no run of
+
+
 def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) -> Path:
     """The curves of every run of the sweep, overlaid in one PNG (runs/sweep-NAME.png by default)."""
     from enlace.tools.plot import plot as draw
@@ -247,15 +250,23 @@ def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) ->
     from orchestrator.transfer.fetch import fetch_run_files
 
     sweep = record.load(remote.repo, name)
+    status = {(r["host"], r["run_name"]): r["status"] for r in _rows(remote, sweep)}  # hosts asked in parallel, once
     dirs = []
     for point in sweep.points:
+        here, where = remote.repo / "runs" / point["run_name"], status.get((point["host"], point["run_name"]))
+        if where in (table.NO_ANSWER, table.NOT_LAUNCHED):  # (a host down was asked again for 90 s, per point)
+            before = where == table.NO_ANSWER and (here / "metrics.jsonl").is_file()
+            why = NEVER if where == table.NOT_LAUNCHED else "its host did not answer"
+            click.echo(f"warning: {point['run_name']}: {why}{': as fetched before' if before else ''}", err=True)
+            dirs += [here] if before else []
+            continue
         session = remote.session_for(resolve_host(point["host"], remote.repo))
-        dirs.append(remote.repo / "runs" / point["run_name"])
+        dirs.append(here)
         try:
             fetch_run_files(session, point["run_name"], dirs[-1], ("metrics.jsonl", "run.json"))
         except EnlaceError as e:  # a run that never started (still queued, or never launched): left out, said
             unknown = getattr(e, "kind", None) == ErrorKind.NO_SUCH_RUN  # (its error lists the host's every run)
-            why = "not launched (`status --sweep` shows it)" if unknown else e.format_message().splitlines()[0]
+            why = NEVER if unknown else e.format_message().splitlines()[0]
             click.echo(f"warning: {point['run_name']}: {why}", err=True)
             dirs.pop()
             continue
@@ -268,7 +279,7 @@ def plot_all(remote: Remote, name: str, out: Path | None, metrics: list[str]) ->
             "your own through enlace.job's job.log) — nothing to plot"
         )
     target = out or remote.repo / "runs" / f"sweep-{sweep.name}.png"
-    draw(dirs, target, metrics)
+    draw(dirs, target, metrics, f"sweep {sweep.name}: {len(dirs)} of its {len(sweep.points)} runs")
     return target
 
 
