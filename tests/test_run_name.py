@@ -192,3 +192,23 @@ def test_a_sweeps_point_started_afresh_keeps_its_swept_values(tmp_path):
     for fresh, kept in ((False, sets), (True, ("args.lr=0.2", "run_name=fast-sweep1-lr0.2"))):
         file, overrides = choose.launch_target(session, tmp_path, "fast-sweep1-lr0.2", (), fresh)
         assert file == "fast" and sorted(overrides) == sorted(kept), overrides
+
+
+def test_verifys_hints_name_the_host_they_are_for(monkeypatch, capsys):
+    """The server's refusal of a config its checkpoints cannot resume ends with the command that starts afresh; on
+    `--host box` it read `enlace-remote launch smoke-cpu ... --resume none`, and run as printed it set aside the
+    default host's run of that name and started it from step 0. (The session stands in for box's answer.)"""
+    from types import SimpleNamespace
+
+    from orchestrator.errors import HOST_ENV
+    from orchestrator.launch.ship import verify
+
+    monkeypatch.delenv(HOST_ENV, raising=False)  # a bare command reaches `local`
+    hint = "cannot resume it — start afresh: enlace-remote launch smoke-cpu --set a.b=1 --resume none"
+    doc = {"ok": False, "exit_code": 3, "checks": [{"name": "resume", "ok": False, "detail": hint}], "warnings": [hint]}
+    session = SimpleNamespace(host=SimpleNamespace(name="box", python="python3"), call_json=lambda *a, **k: doc)
+    with pytest.raises(Exception, match="enlace-remote --host box launch smoke-cpu") as refused:
+        verify(session, "a" * 40, "smoke-cpu")
+    assert "enlace-remote launch" not in str(refused.value)
+    err = capsys.readouterr().err
+    assert err.count("enlace-remote --host box launch smoke-cpu --set a.b=1 --resume none") == 2, err

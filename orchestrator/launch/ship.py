@@ -14,7 +14,7 @@ from enlace.contract import run_name_of
 from enlace.errors import EnlaceError, shown
 from enlace.names import validate_run_name
 from enlace.yamlio import load_yaml_unique, read_bounded
-from orchestrator.errors import UsageError, VerifyError
+from orchestrator.errors import UsageError, VerifyError, on_host
 from orchestrator.launch.choose import run_argument
 from orchestrator.ssh.session import Session
 from orchestrator.transfer.datapush import push
@@ -113,13 +113,15 @@ def verify(
     doc = session.call_json("verify", *args, ok_codes=(0, contract.USAGE, contract.VERIFY))
     if "checks" not in doc:
         raise VerifyError(f"verify on {session.host.name}: {doc.get('error', 'failed')}")
+    host = session.host.name  # the server's hints (`enlace-remote launch RUN --resume none`) name no host: on_host
     for c in doc["checks"]:
+        c["detail"] = on_host(c["detail"] or "", host)
         if quiet and c["ok"]:
             continue
         mark = " ok " if c["ok"] else "FAIL"
         click.echo(shown(f"  [{mark}] {c['name']}" + (f" — {c['detail']}" if c["detail"] else "")), err=True)
     for warning in doc.get("warnings") or []:
-        click.echo(shown(f"  [warn] {warning}"), err=True)
+        click.echo(shown(f"  [warn] {on_host(warning, host)}"), err=True)
     if not doc["ok"]:
         failed = "; ".join(f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["ok"])
         error = UsageError if doc.get("exit_code") == contract.USAGE else VerifyError  # a config error is exit 2
