@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+from support.canned import CannedWire, canned_session
 
 from enlace.contract import FRAME
 from enlace.server.fetchserve import BadRequest, serve
@@ -129,15 +130,14 @@ def test_nothing_off_the_offer_is_served(run_dir, tmp_path, path):
 def test_the_driver_lands_a_frame_after_what_it_holds_and_drops_the_rest(tmp_path, held, start):
     """The driver's half: the frame's bytes land at START, whatever the staging file held beyond START
     is dropped (a file the server restarted, or one that shrank), and the hash covers the whole file."""
-    from orchestrator.transfer.fetch import _receive
-    from orchestrator.transfer.wire import Progress, Reader
+    from orchestrator.transfer.wire import Progress, Reader, receive
 
     body, local = b"0123456789", tmp_path / "f"
     if held is not None:
         local.write_bytes(held)
     hasher = hashlib.sha256((held or b"")[:start])
     reader = Reader(io.BytesIO(FRAME.pack(start, len(body)) + body))
-    hasher, n = _receive(reader, local, start, hasher, Progress("fetch", len(body), tty=False))
+    hasher, n = receive(reader, local, start, hasher, Progress("fetch", len(body), tty=False))
     want = (held or b"")[:start] + body
     assert n == len(body) and local.read_bytes() == want and hasher.hexdigest() == sha(want)
 
@@ -302,8 +302,7 @@ def test_the_driver_never_writes_through_a_copy_fetched_before(tmp_path, case):
     was until the new one is verified and installed."""
     import os
 
-    from orchestrator.transfer.fetch import _receive
-    from orchestrator.transfer.wire import Progress, Reader
+    from orchestrator.transfer.wire import Progress, Reader, receive
 
     mine, backup, staged = tmp_path / "out.txt", tmp_path / "backup.txt", tmp_path / "staged.txt"
     mine.write_bytes(b"line1\n")
@@ -313,39 +312,11 @@ def test_the_driver_never_writes_through_a_copy_fetched_before(tmp_path, case):
     start, body = {"unchanged": (6, b""), "grown": (6, b"line2\n"), "changed": (0, b"LINE1\n")}[case]
     hasher = hashlib.sha256(b"line1\n")
     reader = Reader(io.BytesIO(FRAME.pack(start, len(body)) + body))
-    hasher, n = _receive(reader, str(staged), 6, hasher, Progress("fetch", len(body), tty=False))
+    hasher, n = receive(reader, str(staged), 6, hasher, Progress("fetch", len(body), tty=False))
     want = b"line1\n"[:start] + body
     assert n == len(body) and staged.read_bytes() == want and hasher.hexdigest() == sha(want)
     assert mine.read_bytes() == backup.read_bytes() == b"line1\n" and mine.stat().st_mtime_ns == 10**18
     assert (staged.stat().st_ino == mine.stat().st_ino) == (case == "unchanged")
-
-
-class _CannedWire:
-    """A stand-in for the SSH channel (the server's bytes given, what the driver writes dropped): what is tested
-    is the driver's reading of them. The real server half is exercised over sshd in test_fetch/test_own_script."""
-
-    def __init__(self, data: bytes, code: int = 0, err: str = ""):
-        self.data, self.code, self.err = io.BytesIO(data), code, err
-
-    def read(self, n):
-        return self.data.read(n)
-
-    def write(self, data):
-        pass
-
-    def finish(self):
-        return self.code, self.err
-
-
-def _session(wire):
-    import contextlib
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        enlace_argv=lambda *a, **k: ["enlace"],
-        transport=SimpleNamespace(duplex=lambda *a, **k: contextlib.nullcontext(wire)),
-        host=SimpleNamespace(name="gpu1"),
-    )
 
 
 def test_an_output_whose_trailing_sha256_disagrees_is_refused_and_not_kept(tmp_path):
@@ -358,12 +329,12 @@ def test_an_output_whose_trailing_sha256_disagrees_is_refused_and_not_kept(tmp_p
     frame = FRAME.pack(0, 5) + b"hello"
     plan = lambda offer: {"out/a.txt": TRAILING}
     staging = tmp_path / "staging"
-    good = _CannedWire(offer + frame + hashlib.sha256(b"hello").digest())
-    _, want, got = _converse_once(_session(good), "r", staging, plan, lambda: None, False, True)
+    good = CannedWire(offer + frame + hashlib.sha256(b"hello").digest())
+    _, want, got = _converse_once(canned_session(good), "r", staging, plan, lambda: None, False, True)
     assert got == 5 and want == {"out/a.txt": sha(b"hello")} and (staging / "out/a.txt").read_bytes() == b"hello"
-    bad = _CannedWire(offer + frame + hashlib.sha256(b"hellO").digest())
+    bad = CannedWire(offer + frame + hashlib.sha256(b"hellO").digest())
     with pytest.raises(CorruptCheckpoint, match=r"out/a\.txt: sha256 does not match"):
-        _converse_once(_session(bad), "r", staging, plan, lambda: None, False, True)
+        _converse_once(canned_session(bad), "r", staging, plan, lambda: None, False, True)
     assert not (staging / "out/a.txt").exists()
 
 
@@ -378,9 +349,11 @@ def test_a_server_that_stops_in_mid_stream_is_one_error_in_its_own_words(tmp_pat
         json.dumps({"files": {}, "outputs": {"out/a.txt": {"bytes": 5}}, "output_digests": "trailing"}).encode() + b"\n"
     )
     said = "Error: fetch: the output out/a.txt was deleted on the server while it was fetched\n"
-    wire = _CannedWire(offer + FRAME.pack(0, 5) + b"he", code=1, err=said)
+    wire = CannedWire(offer + FRAME.pack(0, 5) + b"he", code=1, err=said)
     with pytest.raises(EnlaceError, match=r"stopped in mid-transfer \(exit 1\): Error: fetch: the output out/a\.txt"):
-        _converse_once(_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True)
+        _converse_once(
+            canned_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True
+        )
 
 
 def test_a_connection_lost_in_mid_stream_is_transient_so_the_fetch_resumes(tmp_path):
@@ -390,14 +363,16 @@ def test_a_connection_lost_in_mid_stream_is_transient_so_the_fetch_resumes(tmp_p
     from orchestrator.transfer.fetch import _converse_once
     from orchestrator.transfer.outputs import TRAILING
 
-    class Dropped(_CannedWire):
+    class Dropped(CannedWire):
         def finish(self):
             raise Transient("ssh: connection to gpu1 lost", started=True)
 
     offer = json.dumps({"files": {}, "outputs": {"out/a.txt": {"bytes": 5}}, "output_digests": "trailing"}).encode()
     wire = Dropped(offer + b"\n" + FRAME.pack(0, 5) + b"he")
     with pytest.raises(Transient, match="connection to gpu1 lost"):
-        _converse_once(_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True)
+        _converse_once(
+            canned_session(wire), "r", tmp_path, lambda offer: {"out/a.txt": TRAILING}, lambda: None, False, True
+        )
     assert (tmp_path / "out" / "a.txt").read_bytes() == b"he"  # what arrived stays: the next try resumes from it
 
 
@@ -490,7 +465,9 @@ def test_a_corrupt_checkpoint_is_left_out_and_the_others_still_land(tmp_path):
         "checkpoints/step-000020/MANIFEST": None,
     }
     staging = tmp_path / "staging"
-    got_offer, want, _ = _converse_once(_session(_CannedWire(wire)), "r", staging, plan, lambda: None, False, False)
+    got_offer, want, _ = _converse_once(
+        canned_session(CannedWire(wire)), "r", staging, plan, lambda: None, False, False
+    )
     assert got_offer["corrupt"] == ["checkpoints/step-000020/model.pt"]
     assert sorted(want) == ["checkpoints/step-000010/MANIFEST", "checkpoints/step-000010/model.pt"]
     assert not (staging / "checkpoints/step-000020/model.pt").exists()

@@ -14,12 +14,12 @@ can land outside the destination.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,9 @@ from typing import Any
 import click
 
 from enlace import contract
-from enlace.contract import FRAME, NOT_STARTED, Status, not_started
+from enlace.contract import NOT_STARTED, Status, not_started
 from enlace.errors import EnlaceError
-from enlace.hashing import file_sha256, write_all
+from enlace.hashing import file_sha256
 from enlace.manifest import EXPORT_NAME, SET_ASIDE, set_aside_copies
 from orchestrator.errors import UsageError
 from orchestrator.ssh.session import Session
@@ -38,11 +38,12 @@ from orchestrator.transfer.outputs import (
     TRAILING,
     in_dir,
     install_outputs,
+    one_fetch,
     one_name_each,
     regular_in,
     want_outputs,
 )
-from orchestrator.transfer.wire import Progress, Reader, ServerEnded, retrying
+from orchestrator.transfer.wire import Progress, Reader, ServerEnded, receive, retrying
 
 ENDED = {s.value for s in Status if s.is_terminal} - {s.value for s in NOT_STARTED}  # (dropped: not started)
 CKPT_NAME = re.compile(r"step-\d{6,}")
@@ -72,8 +73,12 @@ def _already_here(final: Path, files: dict) -> bool:
 
 
 def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict[str, Any]:
-    """Fetch RUN's newest (or every) complete checkpoint and its run files into `dest`."""
-    root = dest.resolve()
+    """Fetch RUN's newest (or every) complete checkpoint and its run files into `dest`, one fetch there at once."""
+    with one_fetch(str(dest.resolve())):
+        return _fetch(session, run_name, dest.resolve(), all_checkpoints)
+
+
+def _fetch(session: Session, run_name: str, root: Path, all_checkpoints: bool) -> dict[str, Any]:
 
     def plan(offer: dict[str, Any]) -> dict[str, str | None]:
         if not offer["checkpoints"] and not offer.get("outputs") and offer.get("command"):
@@ -114,7 +119,7 @@ def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) ->
                 want[f"checkpoints/{name}/{_safe(fname, FILE_NAME, 'file')}"] = entry["sha256"]
             want[f"checkpoints/{name}/MANIFEST"] = None
         for fname in offer["files"]:
-            want[_seed(root, _safe(fname, FILE_NAME, "file"))] = None
+            want[_seed(root, root / STAGING, _safe(fname, FILE_NAME, "file"))] = None
         return {**want, **want_outputs(str(root), offer)}
 
     t0 = time.perf_counter()
@@ -160,12 +165,12 @@ def fetch_export(session: Session, run_name: str, export_name: str, target: Path
     return {"dest": str(target), "bytes": got, "seconds": time.perf_counter() - t0}
 
 
-def _seed(root: Path, name: str) -> str:
+def _seed(root: Path, staging: Path, name: str) -> str:
     """Start a run file's staging copy from the one fetched before: when its bytes are still the start
     of the server's file (metrics.jsonl and train.log only grow), only the rest travels."""
-    if (root / name).is_file() and not (root / STAGING / name).exists():
-        (root / STAGING).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / name, root / STAGING / name)
+    if (root / name).is_file() and not (staging / name).exists():
+        staging.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, staging / name)
     return name
 
 
@@ -176,17 +181,19 @@ def fetch_run_files(
     still the start of the server's file is only extended (_seed). Returns the names fetched. `shared`: over
     the host's one connection (Transport.duplex)."""
     root = dest.resolve()
+    staging = root / f"{STAGING}-{os.getpid()}-{threading.get_ident()}"  # its own: a fetch (or plot) may be under way
 
     def plan(offer: dict[str, Any]) -> dict[str, str | None]:
         _claim(root, session.host.name, offer["run_dir"], run_name)
-        return {_seed(root, _safe(n, FILE_NAME, "file")): None for n in names if n in offer["files"]}
+        return {_seed(root, staging, _safe(n, FILE_NAME, "file")): None for n in names if n in offer["files"]}
 
-    offer, _, _ = _converse(session, run_name, root / STAGING, plan, shared)
-    fetched = [n for n in names if n in offer["files"]]
-    for name in fetched:
-        os.replace(root / STAGING / name, root / name)
-    with contextlib.suppress(OSError):  # emptied: no .partial-fetch/ left behind (one still holding bytes stays)
-        (root / STAGING).rmdir()
+    try:
+        offer, _, _ = _converse(session, run_name, staging, plan, shared)
+        fetched = [n for n in names if n in offer["files"]]
+        for name in fetched:
+            os.replace(staging / name, root / name)
+    finally:  # its run files come whole again next time: nothing of it is kept
+        shutil.rmtree(staging, ignore_errors=True)
     return fetched
 
 
@@ -223,7 +230,7 @@ def _converse_once(
         with Progress("fetch", sum(_size(offer, rel) for rel in want)) as bar:
             for rel, offset, _ in request:
                 try:
-                    hashers[rel], n = _receive(reader, at + rel, offset, hashers[rel], bar)
+                    hashers[rel], n = receive(reader, at + rel, offset, hashers[rel], bar)
                     if want[rel] == TRAILING:
                         want[rel] = reader.exactly(32).hex()
                 except ServerEnded:
@@ -309,52 +316,6 @@ def _size(offer: dict[str, Any], rel: str) -> int:
     kind, name, fname = rel.split("/")  # checkpoints/NAME/FILE or exports/NAME/FILE
     entry = next(c for c in offer[kind] if c["name"] == name)
     return entry["manifest_bytes"] if fname == "MANIFEST" else entry["files"][fname]["bytes"]
-
-
-def _receive(reader: Reader, local: str, offset: int, hasher, bar):
-    """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0), hashed
-    as it arrives. Returns the file's sha256 object and the bytes received."""
-    start, count = FRAME.unpack(reader.exactly(FRAME.size))
-    if start != offset:  # the server's file is not what we hold the start of: take it whole
-        hasher = hashlib.sha256()
-    bar.skip(start)
-    if count == 0 and start == offset > 0:  # held whole already (a copy fetched before, linked): left untouched
-        return hasher, 0
-    left = count
-    if start == 0 and offset:  # started anew: a new file, never this one truncated (it may be a link to the copy
-        with contextlib.suppress(FileNotFoundError):  # fetched before; ext4 writes a file truncated to 0 back to disk
-            os.unlink(local)  # when it is closed, auto_da_alloc, and the fetch's last rmdir would wait for that)
-    fd = os.open(local, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        st = os.fstat(fd) if start else None
-        if st is not None and st.st_nlink > 1:  # a link to the copy fetched before (grown on the server since):
-            fd = _own_copy(fd, local, start)  # never written through, so that copy stays until this one is verified
-        elif st is not None and st.st_size > start:  # more than the server's true start: dropped
-            os.ftruncate(fd, start)
-        os.lseek(fd, start, os.SEEK_SET)
-        while left:
-            chunk = memoryview(reader.some(left))  # what has arrived, up to the frame's end
-            hasher.update(chunk)
-            bar.update(len(chunk))
-            left -= len(chunk)
-            write_all(fd, chunk)
-    finally:
-        os.close(fd)
-    return hasher, count
-
-
-def _own_copy(fd: int, local: str, start: int) -> int:
-    """The first `start` bytes of a staged file linked to another name, as a file of their own in its place, open
-    for writing; `fd` (the linked one) is closed. Shorter than `start` (changed here meanwhile), the sha256 check
-    after the transfer refuses it."""
-    os.close(fd)
-    tmp = local + ".own"
-    shutil.copyfile(local, tmp)
-    own = os.open(tmp, os.O_WRONLY | getattr(os, "O_BINARY", 0))
-    if os.fstat(own).st_size > start:
-        os.ftruncate(own, start)
-    os.replace(tmp, local)
-    return own
 
 
 ORIGIN = contract.FETCH_ORIGIN

@@ -14,14 +14,43 @@ from stat import S_ISREG
 from typing import Any
 
 from enlace.data.paths import stat_in
-from enlace.errors import EnlaceError
+from enlace.errors import AlreadyRunning, EnlaceError
 from enlace.hashing import file_sha256
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory lock, so two fetches into one folder are not kept apart there
+    fcntl = None
+
 STAGING = ".partial-fetch"
+LOCK = ".fetch.lock"
 TRAILING = "after its bytes"  # what a plan holds for a file whose sha256 the server sends after it
 
 # a part empty, `.`, `..` or hidden (so a leading `/` too), a control character or a backslash anywhere
 BAD_OUTPUT = re.compile(r"(?:^|/)(?:[./]|$)|[\x00-\x1f\\]")
+
+
+@contextlib.contextmanager
+def one_fetch(root: str):
+    """One fetch into `root` at a time: a second one (another terminal) is refused in one line, where it swept
+    the first one's staging away under it (a traceback). A folder made only for it is not left behind."""
+    made = not os.path.isdir(root)
+    os.makedirs(root, exist_ok=True)
+    try:
+        with open(os.path.join(root, LOCK), "a") as lock:
+            try:
+                if fcntl:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AlreadyRunning(
+                    f"another fetch into {root} is under way — let it end (or Ctrl-C it), then fetch again"
+                ) from None
+            yield
+    finally:
+        with contextlib.suppress(OSError):
+            if made and os.listdir(root) == [LOCK]:
+                os.unlink(os.path.join(root, LOCK))
+                os.rmdir(root)
 
 
 def safe_output(rel: str) -> str:

@@ -1,10 +1,13 @@
 """What fetch and data push share on their one-channel conversations with the server: reading lines and
 exact byte counts from a duplex, a conversation retried (resuming) after a dropped connection while
-Ctrl-C stays ours, and progress on stderr (bytes, rate, ETA)."""
+Ctrl-C stays ours, progress on stderr (bytes, rate, ETA), and one file's frame written and hashed as it arrives."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -14,7 +17,9 @@ from typing import TypeVar
 
 import click
 
+from enlace.contract import FRAME
 from enlace.errors import EnlaceError, shown
+from enlace.hashing import write_all
 from orchestrator.errors import Transient
 from orchestrator.ssh import retry
 
@@ -164,3 +169,49 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.bar.close()
+
+
+def receive(reader: Reader, local: str, offset: int, hasher, bar):
+    """One file's frame into `local` (appended at `offset`, or anew when the server starts it from 0), hashed
+    as it arrives. Returns the file's sha256 object and the bytes received."""
+    start, count = FRAME.unpack(reader.exactly(FRAME.size))
+    if start != offset:  # the server's file is not what we hold the start of: take it whole
+        hasher = hashlib.sha256()
+    bar.skip(start)
+    if count == 0 and start == offset > 0:  # held whole already (a copy fetched before, linked): left untouched
+        return hasher, 0
+    left = count
+    if start == 0 and offset:  # started anew: a new file, never this one truncated (it may be a link to the copy
+        with contextlib.suppress(FileNotFoundError):  # fetched before; ext4 writes a file truncated to 0 back to disk
+            os.unlink(local)  # when it is closed, auto_da_alloc, and the fetch's last rmdir would wait for that)
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        st = os.fstat(fd) if start else None
+        if st is not None and st.st_nlink > 1:  # a link to the copy fetched before (grown on the server since):
+            fd = _own_copy(fd, local, start)  # never written through, so that copy stays until this one is verified
+        elif st is not None and st.st_size > start:  # more than the server's true start: dropped
+            os.ftruncate(fd, start)
+        os.lseek(fd, start, os.SEEK_SET)
+        while left:
+            chunk = memoryview(reader.some(left))  # what has arrived, up to the frame's end
+            hasher.update(chunk)
+            bar.update(len(chunk))
+            left -= len(chunk)
+            write_all(fd, chunk)
+    finally:
+        os.close(fd)
+    return hasher, count
+
+
+def _own_copy(fd: int, local: str, start: int) -> int:
+    """The first `start` bytes of a staged file linked to another name, as a file of their own in its place, open
+    for writing; `fd` (the linked one) is closed. Shorter than `start` (changed here meanwhile), the sha256 check
+    after the transfer refuses it."""
+    os.close(fd)
+    tmp = local + ".own"
+    shutil.copyfile(local, tmp)
+    own = os.open(tmp, os.O_WRONLY | getattr(os, "O_BINARY", 0))
+    if os.fstat(own).st_size > start:
+        os.ftruncate(own, start)
+    os.replace(tmp, local)
+    return own
