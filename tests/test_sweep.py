@@ -395,10 +395,17 @@ def test_stop_sweep_stops_its_queued_and_running_runs_and_nothing_else(sshd, use
     )
     assert not (user_repo / ".enlace" / "sweeps" / "s.json").exists()  # nothing recorded, nothing started
     bad = remote(
-        user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,abc,xyz", "--name", "t", check=False
+        user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=abc,1e-3,xyz", "--name", "t", check=False
     )
-    assert bad.returncode == 2 and "expected a number, got 'abc'" in bad.stderr  # its second point is wrong,
-    # and its third: each said at once (the third was found only once the second was fixed)
+    assert bad.returncode == 2 and "expected a number, got 'abc'" in bad.stderr  # its first point is wrong, and
+    # its third: each said at once (the third was found only once the first was fixed; the first, verified with
+    # the sync, ended the sweep before any point's check)
     assert "2 of the sweep's 3 points fail their check; nothing was started" in bad.stderr, bad.stderr
     assert "expected a number, got 'xyz'" in bad.stderr and bad.stderr.count("Error:") == 1, bad.stderr
     assert "t-lr1e-3" not in state() and not (user_repo / ".enlace" / "sweeps" / "t.json").exists()  # none started
+    with record.launching(user_repo, "u"):  # a `sweep --name u` under way in another terminal: a second is refused
+        two = remote(
+            user_repo, sshd.env, "sweep", "long", "--set", "optim.learning_rate=1e-3,2e-3", "--name", "u", check=False
+        )
+    assert two.returncode == 7 and "another `enlace-remote sweep` of that name is under way" in two.stderr, two.stderr
+    assert "u-lr1e-3" not in state() and not (user_repo / ".enlace" / "sweeps" / "u.json").exists()

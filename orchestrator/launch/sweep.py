@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from types import SimpleNamespace
 
 import click
 
@@ -20,6 +21,7 @@ from orchestrator.hosts.resolve import resolve_host, resolve_hosts
 from orchestrator.launch import choose, ship, stages
 from orchestrator.launch import own as own_launch
 from orchestrator.sweep import grid, record
+from orchestrator.transfer.gitsync import git
 
 
 def default_name(repo, run: str) -> str:
@@ -79,7 +81,8 @@ def launch_sweep(remote, run: str, items: tuple[str, ...], hosts: str | None, na
     swept, fixed = grid.parse_sets(items)
     name = record.check_name(name or default_name(repo, run))
     try:
-        return _launch(remote, run, own, swept, fixed, name, hosts, o)
+        with record.launching(repo, name):
+            return _launch(remote, run, own, swept, fixed, name, hosts, o)
     except KeyboardInterrupt:  # click would say only "Aborted!"
         again = f"the same command with --name {name} starts the points it did not (`status --sweep {name}`)"
         said = f"any runs it started go on; {again}" if record.exists(repo, name) else "nothing was started"
@@ -109,7 +112,12 @@ def _launch(remote, run: str, own, swept: dict, fixed: list[str], name: str, hos
     for host in targets:
         click.echo(f"== {host.name}", err=True)
         # a point's --set (its run_name): the base run's own record, if it was ever launched, is no point's
-        shipped[host.name] = ship.ship(remote.session_for(host), repo, run, o.allow_dirty, False, first)
+        try:
+            shipped[host.name] = ship.ship(remote.session_for(host), repo, run, o.allow_dirty, False, first)
+        except UsageError:  # the first point's config: every point checked, so that the error names each bad one
+            head = SimpleNamespace(commit=git(repo, "rev-parse", "HEAD").strip())  # (what sync shipped)
+            _check_points(remote, run, fixed, [(p, host.name) for p in points], {host.name: head}, {host.name: host})
+            raise
         rooms[host.name] = _room(remote.session_for(host), host, shipped[host.name].device, procs)
     _refuse_taken(remote, targets, points)
     placement = place(points, [h.name for h in targets], rooms)

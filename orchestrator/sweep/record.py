@@ -5,12 +5,14 @@ the fixed --set items, and each point (run name, host, values). `status --sweep`
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from enlace.contract import RUN_NAME_RE
+from enlace.errors import AlreadyRunning
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import driver_dir
 
@@ -39,6 +41,24 @@ def check_name(name: str) -> str:
     if not (RUN_NAME_RE.fullmatch(name) and len(name) <= 40):
         raise UsageError(f"sweep name {name!r}: {NAME_RULE}")
     return name
+
+
+@contextlib.contextmanager
+def launching(repo: Path, name: str):
+    """One `sweep` command of a name at a time from this repo: a second at once (another terminal) is refused; both
+    were taken, and the record kept one grid while the other's runs said they were the sweep's."""
+    d = _dir(repo)
+    driver_dir(repo)
+    d.mkdir(exist_ok=True)
+    with open(d / f".{name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AlreadyRunning(
+                f"sweep {name}: another `enlace-remote sweep` of that name is under way from this repo — let it end"
+                f" (then the same command with --name {name} starts the points it did not), or give another --name"
+            ) from None
+        yield
 
 
 def save(repo: Path, sweep: Sweep, last: bool = True) -> None:
