@@ -84,6 +84,17 @@ def test_kill_launch_ends_the_group_and_every_process_of_the_launch(launch_id):
     assert launched.wait([rank], 30) == []  # a SIGKILL to the group alone left it running
 
 
+def test_kill_launch_ends_what_its_process_started_with_an_emptied_environment(launch_id):
+    """A script of your own that starts a server in a session of its own with an emptied environment (no id), both
+    deaf to SIGTERM: the group's SIGKILL sent the server to init, where nothing found it, and it outlived `stop
+    --kill`. Here the parent is this process's own child, as the command is its supervisor's."""
+    parent, rank = _start(launch_id, child_env={})
+    assert LAUNCH_ID_ENV not in rank.environ() and launched.processes_of(launch_id) == [rank]  # through its parent
+    launched.kill_launch(launch_id, parent.pid)
+    assert parent.wait(timeout=30) == -signal.SIGKILL
+    assert launched.wait([rank], 30) == []
+
+
 def test_kill_all_ends_a_respawner_and_what_it_started(launch_id):
     """A process that restarts its child whenever it dies, ignoring SIGTERM: nothing of the launch is left."""
     respawner = (

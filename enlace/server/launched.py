@@ -24,23 +24,27 @@ KILL_WAIT_S = 60.0  # kill_all's longest wait for the launch's processes to be g
 def processes_of(launch_id: str | None) -> list[psutil.Process]:
     """The live processes of launch `launch_id`, and what they started, but the caller, its ancestors (a
     supervisor's `enlace start` may share its environment) and its own children: a child is its Popen's to reap,
-    and a psutil wait would take its exit code (Popen then reads 0)."""
+    and a psutil wait would take its exit code (Popen then reads 0). What its own children started is taken (a
+    command's server, started with an emptied environment: once the command is killed it goes to init, where
+    nothing finds it: take these before killing their parent)."""
     if not launch_id:
         return []
     me = psutil.Process()
     mine = {me.pid, *(p.pid for p in me.parents())}
-    uid, found, children = os.getuid(), {}, {}
+    uid, found, children, own = os.getuid(), {}, {}, []
     for proc in psutil.process_iter(["ppid", "uids", "status"]):
         info = proc.info
-        if proc.pid in mine or info["ppid"] == me.pid or info["status"] == psutil.STATUS_ZOMBIE:
+        if proc.pid in mine or info["status"] == psutil.STATUS_ZOMBIE:
             continue
         if info["uids"] is None or info["uids"].real != uid:
             continue  # (another user's processes: neither its environment nor a signal is ours)
         children.setdefault(info["ppid"], []).append(proc)
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get(LAUNCH_ID_ENV) == launch_id:
+            if info["ppid"] == me.pid:
+                own += [proc] if proc.environ().get(LAUNCH_ID_ENV) == launch_id else []
+            elif proc.environ().get(LAUNCH_ID_ENV) == launch_id:
                 found[proc.pid] = proc
-    todo = list(found.values())
+    todo = [*found.values(), *own]
     while todo:  # what they started (found or not by its own environment)
         for child in children.get(todo.pop().pid, ()):
             if child.pid not in found:
@@ -101,7 +105,9 @@ def kill_all(launch_id: str | None, beat: Callable[[], None] = lambda: None, tim
 def kill_launch(launch_id: str | None, *alive: int) -> None:
     """SIGKILL to the process groups of the `alive` pids (the supervisor leads one: setsid; a command leads its
     own, where what emptied its environment still is), then to every process of the launch, until none is left."""
+    left = processes_of(launch_id)  # first: what a killed parent started without the id would go to init, unfound
     for pid in alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
+    send(left, signal.SIGKILL)
     kill_all(launch_id)

@@ -160,8 +160,9 @@ class CommandChild:
     def tick(self) -> None:
         """While it runs: SIGKILL to the group once the grace after a SIGTERM is over."""
         if self.term_at is not None and time.monotonic() - self.term_at > self.grace:
+            left = launched.processes_of(self.env.get(LAUNCH_ID_ENV))  # before their parents die (launched.py)
             self._group(signal.SIGKILL)  # and the rest of the launch: torchrun's ranks lead sessions of their own
-            launched.send(launched.processes_of(self.env.get(LAUNCH_ID_ENV)), signal.SIGKILL)
+            launched.send(left, signal.SIGKILL)
             self.term_at, self.killed = None, True
 
     def end_stalled(self, stall_s: float, st: dict) -> None:
