@@ -162,6 +162,14 @@ def test_an_extended_run_resumes_with_a_plain_train_and_keeps_its_schedule(proje
     assert problem.endswith(
         "enlace-remote launch ext --set training.max_steps=10 --set model.n_layer=3 --resume none"
     ), problem
+    # a max_steps below the newest checkpoint's step: said as such (it read as another config's, "resume with the
+    # same training.max_steps", where any M above the step extends it), before a launch and by the trainer
+    lower = json.loads(enlace(project, "check-config", "ext", "--json", "--set", "training.max_steps=8").stdout)
+    assert lower["resume_problem"].startswith(
+        "ext's newest checkpoint is at step 10, past training.max_steps=8: nothing to train — extend it with"
+    ) and lower["resume_problem"].endswith("--set training.max_steps=8 --resume none"), lower["resume_problem"]
+    out = enlace(project, "train", "ext", "--set", "training.max_steps=8", check=False)
+    assert out.returncode == 2 and "the checkpoint is at step 10, past training.max_steps=8" in out.stderr
     # what verify checks for `launch ext --resume none`: the config without the recorded --set, and no word
     # that they apply (verify said they did, then the launch started without them, as documented)
     afresh = json.loads(enlace(project, "check-config", "ext", "--json", "--fresh").stdout)

@@ -9,6 +9,7 @@ import typing
 from pathlib import Path
 
 from enlace.config.schema import Config, load_config
+from enlace.manifest import latest_checkpoint, read_manifest
 from enlace.state.runs import read
 
 
@@ -48,19 +49,28 @@ def _inherited(run_dir: Path, overrides: typing.Sequence[str]) -> list[str]:
 def resume_problem(cfg: Config, overrides: typing.Sequence[str] = ()) -> str | None:
     """Before a launch that resumes: the first value a checkpoint must share (fingerprint_fields) on which
     this config and the one the run last trained with (run.json) disagree, said with what to type. None
-    when it would resume, or there is nothing to resume. training.max_steps may differ: that extends.
-    `overrides`: this launch's --set items; the start-afresh command carries them and the recorded ones, so
-    that it starts the very config this launch asked for (--resume none alone drops the recorded ones)."""
+    when it would resume, or there is nothing to resume. training.max_steps may differ: that extends (one below
+    the newest checkpoint's step is said as such: it read as another config's). `overrides`: this launch's --set
+    items; the start-afresh command carries them and the recorded ones, so that it starts the very config this
+    launch asked for (--resume none alone drops the recorded ones)."""
     saved, now = dict(read(cfg.run_dir).get("fingerprint") or {}), cfg.fingerprint_fields()
     if not saved or not (cfg.run_dir / "checkpoints" / "latest").exists():
         return None
+    sets = "".join(f" --set {shlex.quote(o)}" for o in [*_inherited(cfg.run_dir, overrides), *overrides])
+    afresh = f"start afresh with this config (its checkpoints are set aside): enlace-remote launch {cfg.run_name}"
+    afresh += f"{sets} --resume none"
     for key in sorted(set(saved) | set(now)):
         if key != "training.max_steps" and key in saved and saved.get(key) != now.get(key):
             old, new = saved.get(key), now.get(key)
-            sets = "".join(f" --set {shlex.quote(o)}" for o in [*_inherited(cfg.run_dir, overrides), *overrides])
             return (
                 f"{cfg.run_name}'s checkpoints were trained with {key}={old!r}, this config gives {new!r}: they "
-                f"cannot resume it — put it back (--set {key}={old}), or start afresh with this config (its "
-                f"checkpoints are set aside): enlace-remote launch {cfg.run_name}{sets} --resume none"
+                f"cannot resume it — put it back (--set {key}={old}), or {afresh}"
             )
+    latest = latest_checkpoint(cfg.run_dir / "checkpoints")
+    reached, steps = read_manifest(latest)["step"] if latest else 0, now["training.max_steps"]
+    if steps < reached:
+        return (
+            f"{cfg.run_name}'s newest checkpoint is at step {reached}, past training.max_steps={steps}: nothing to "
+            f"train — extend it with --set training.max_steps=M, M above {reached}, or {afresh}"
+        )
     return None

@@ -270,6 +270,11 @@ def check_compatible(
     if current["training.max_steps"] > trainer["step"]:
         saved["training.max_steps"] = current["training.max_steps"]
     diff = first_difference(saved, current)
+    if diff and diff[0] == "training.max_steps":  # lowered below the step reached (it read as another config's)
+        raise CheckpointError(
+            f"{where}: the checkpoint is at step {trainer['step']}, past training.max_steps={diff[2]}: nothing to "
+            f"train — extend it with a training.max_steps above {trainer['step']}, or start afresh with --resume none"
+        )
     if diff:
         key, old, new = diff
         raise CheckpointError(
