@@ -174,6 +174,9 @@ def test_an_extended_run_resumes_with_a_plain_train_and_keeps_its_schedule(proje
     # that they apply (verify said they did, then the launch started without them, as documented)
     afresh = json.loads(enlace(project, "check-config", "ext", "--json", "--fresh").stdout)
     assert afresh["config"]["training"]["max_steps"] == 6 and afresh["warnings"] == [], afresh["warnings"]
+    enlace(project, "train", "ext", "--set", "training.max_steps=12", "--until", "4")  # --until behind the step:
+    log = (project / "runs" / "ext" / "train.log").read_text()  # raising max_steps, as it said, changes nothing
+    assert "nothing to train: at step 10 of 12 (--until 4) — give --until above 10, or none" in log
 
 
 @pytest.mark.slow

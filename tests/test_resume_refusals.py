@@ -24,6 +24,26 @@ def test_a_launch_of_the_other_kind_under_a_runs_name_is_refused_before_its_pref
             worth_launching(session, "x", command=launched_as_command)
 
 
+def test_an_until_the_newest_checkpoint_has_reached_is_refused_before_anything_starts(monkeypatch):
+    """`launch r --until 600` where r's newest checkpoint is step-000647: it resumed, trained nothing, exited 0,
+    and its log said to raise training.max_steps. (The session stands in for the host's `runs`.)"""
+    from orchestrator.errors import HOST_ENV, UsageError
+    from orchestrator.launch.stages import worth_launching
+
+    monkeypatch.delenv(HOST_ENV, raising=False)
+    row = {"run_name": "r", "status": "stopped", "alive": False, "step": 650, "max_steps": 1600}
+    session = SimpleNamespace(
+        enlace_json=lambda *a, **k: [{**row, "latest_checkpoint": "step-000647"}], host=SimpleNamespace(name="box")
+    )
+    for until in (600, 647):
+        with pytest.raises(UsageError, match=f"step 647: --until {until} trains nothing — give --until above 647"):
+            worth_launching(session, "r", until=until)
+    assert worth_launching(session, "r", until=648) and worth_launching(session, "r")
+    assert worth_launching(session, "r", fresh=True, until=600)  # --resume none: from step 0
+    with pytest.raises(UsageError, match="`enlace-remote --host box launch r` trains to its max_steps"):
+        worth_launching(session, "r", until=1)
+
+
 def test_a_plan_knows_how_many_processes_resume_the_run():
     """verify's resume check compares it with the number its checkpoint's MANIFEST records (None: not known here)."""
     plan = lambda targets=("a",), **kw: Plan(run_file="tiny", targets=list(targets), train_args=[], **kw)

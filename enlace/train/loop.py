@@ -130,11 +130,16 @@ def _train(
         run.phase("evaluating the untrained model")
         _eval(run, setup, start.val_stream, 0)  # the baseline the final eval is compared with
     target = min(until or t.max_steps, t.max_steps)
-    if progress["step"] >= target:
+    if progress["step"] >= target:  # (--until behind the step: raising max_steps, as it said, changed nothing)
+        behind = until is not None and until < t.max_steps and progress["step"] < t.max_steps
         run.log(
             f"nothing to train: at step {progress['step']} of {t.max_steps}"
             + (f" (--until {until})" if until else "")
-            + " — raise training.max_steps to train further"
+            + (
+                f" — give --until above {progress['step']}, or none"
+                if behind
+                else " — raise training.max_steps to train further"
+            )
         )
     _enter_training(cfg, run, start)
     saver, meter, last_eval = Saver(cfg, run, dist, start), Meter(start.tokens_per_step), -1

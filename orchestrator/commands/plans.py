@@ -70,6 +70,7 @@ def plan(remote: Remote, run: str | None, o: SimpleNamespace, restarts_given: bo
         overrides=overrides,
         allow_dirty=o.allow_dirty,
         resume=o.resume,
+        until=o.until,
         allow_data_change=o.allow_data_change,
         data=local_data_of(remote, run, overrides) if o.push_data else None,
         preflight=not o.no_preflight,

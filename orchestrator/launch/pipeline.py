@@ -57,6 +57,7 @@ class Plan:
     overrides: tuple[str, ...] = ()
     allow_dirty: bool = False
     resume: str = "latest"  # launch's --resume (also in train_args): latest, none or a checkpoint's PATH
+    until: int | None = None  # launch's --until (also in train_args): the step this start stops at
     allow_data_change: bool = False  # --allow-data-change (the trainer's, in train_args; --push-data asks it too)
     data: Any = None  # --push-data: the run's local data files (orchestrator/transfer/datapush.py)
     preflight: bool = True
@@ -217,7 +218,7 @@ def _decide(launch: Launch):
     plan = launch.plan
     # --resume none or PATH starts where it says, finished or not (seen: a finished run ignored --resume PATH)
     again = plan.fresh or plan.elsewhere
-    worth = stages.worth_launching(launch.first, launch.run_name, plan.overrides, bool(plan.command), again)
+    worth = stages.worth_launching(launch.first, launch.run_name, plan.overrides, bool(plan.command), again, plan.until)
     if worth and launch.resume_refused:  # it would train, and its resume would refuse: said before it queues
         raise UsageError(f"{launch.run_name} on {plan.targets[0].name}: {launch.resume_refused}")
     if worth and plan.slurm and (why := no_gpu_asked(plan.slurm, plan.targets[0].name, launch.run_name, launch.device)):

@@ -59,10 +59,13 @@ def remote_preflight(
     return report
 
 
-def worth_launching(session: Session, run_name: str, overrides=(), command: bool = False, fresh: bool = False) -> bool:
+def worth_launching(
+    session: Session, run_name: str, overrides=(), command: bool = False, fresh: bool = False, until: int | None = None
+) -> bool:
     """Before any preflight: a live run is refused at once (its preflight would compete with it); a
     finished run is said to be finished, with how to extend it (False: nothing to launch) — unless `fresh`
-    (--resume none or PATH: it starts where that says)."""
+    (--resume none or PATH: it starts where that says); an `until` (--until) its newest checkpoint has reached is
+    refused (it resumed, trained nothing, and said to raise max_steps)."""
     rows, host = [r for r in session.enlace_json("latest", "runs") if r["run_name"] == run_name], session.host.name
     if not rows:
         return True
@@ -94,6 +97,12 @@ def worth_launching(session: Session, run_name: str, overrides=(), command: bool
     # start that built the model to say "nothing to train")
     # (by its checkpoint's step: a stop --kill during the final save leaves step N of N logged, its checkpoint older)
     kept = int(STEP_RE.fullmatch(row["latest_checkpoint"])[1]) if row.get("latest_checkpoint") else 0
+    if until is not None and until <= kept:
+        there = on_host(f"enlace-remote launch {run_name}", host)
+        raise UsageError(
+            f"{run_name}'s newest checkpoint is at step {kept}: --until {until} trains nothing — give --until above"
+            f" {kept} (or none: `{there}` trains to its max_steps)"
+        )
     at_end = row["status"] == "stopped" and bool(row["max_steps"]) and kept >= row["max_steps"]
     # its final checkpoint incomplete (said above): the steps since the newest complete one are trained again
     lost = bool(row.get("checkpoint_warning")) and kept < (row["max_steps"] or 0)
