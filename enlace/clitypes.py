@@ -78,8 +78,9 @@ def set_option_saying(help_text: str):
 
 set_option = set_option_saying(
     "Override one config value (highest precedence), e.g. --set training.max_steps=50; a launch records it "
-    "in the run's config.yaml and run.json. A run file of your own command takes args.NAME=V (--NAME=V appended), "
-    "env.NAME=V and run_name=NAME. Repeatable."
+    "in the run's run.json (a later launch of the run applies it again), and a line's first start in its "
+    "config.yaml. A run file of your own command takes args.NAME=V (--NAME=V appended), env.NAME=V and "
+    "run_name=NAME. Repeatable."
 )
 root_option = click.option(
     "--root",

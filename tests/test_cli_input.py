@@ -128,6 +128,7 @@ def test_an_uncommitted_new_run_file_is_not_offered_allow_dirty(tmp_path, monkey
         (["launch", "tiny", "--set", "training.max_steps"], ["SECTION.KEY=VALUE"]),
         (["launch", "/path/x.yaml"], ["run config's stem, not a path", "launch 'x'"]),
         (["launch", "configs/runs/smoke-cpu.yaml"], ["stem, not a path", "launch 'smoke-cpu'"]),
+        (["launch", "f2", "--", "python", "a b.py"], ["not both", "launch --name f2 -- python 'a b.py'"]),
     ],
 )
 def test_names_are_refused_where_they_are_given(tmp_path, monkeypatch, args, words):

@@ -172,6 +172,24 @@ def test_a_dead_waiters_ticket_is_dropped(make_queue):
     assert q.seated()[1] == "third -"
 
 
+def test_cpu_slots_raised_by_a_later_launch_seat_a_run_already_waiting(make_queue):
+    """hosts.yaml's cpu_slots raised from 1 to 2 while a run waited: the waiter kept its own launch's 1, and the
+    new slot stayed idle while it (and the launch behind it) waited. The latest launch's number is the queue's;
+    a waiter (a restart's wait too) never sets it back."""
+    q = make_queue()  # each waiter launched with cpu_slots 1
+    q.wait("first", "cpu:1")
+    wait_until(lambda: len(q.seated()) == 1, 60, "first seated")
+    q.wait("second", "cpu:1")
+    wait_until(lambda: "position 1" in q.waits("second"), 60, "second waiting behind first's slot")
+    queue.note_slots(needs.Settings(2, 0.1, q.dir))  # `enlace start` of a launch whose host entry says 2
+    wait_until(lambda: len(q.seated()) == 2, 60, "second seated on the added slot")
+    q.wait("third", "cpu:1")  # launched with 1 again, and waits: it does not take the number back
+    wait_until(lambda: "position 1" in q.waits("third"), 60, "third waiting")
+    assert (q.dir / "cpu_slots").read_text() == "2\n" and len(q.seated()) == 2
+    q.release("first")
+    wait_until(lambda: len(q.seated()) == 3, 60, "third seated")
+
+
 def test_another_users_process_keeps_a_gpu_out_until_it_goes(tmp_path, make_queue):
     """GPU 1 holds another user's 21.3 GiB process (over 10% of its memory): a run takes GPU 0; the next waits,
     naming the process; when it ends, the waiter gets GPU 1. A process under the threshold does not count."""

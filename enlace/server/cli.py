@@ -114,6 +114,7 @@ def start_cmd(
     if device is not None:  # its place in the queue is taken now: first come is the launch that came first
         settings = needs.Settings(cpu_slots, gpu_free_below)
         need = needs.need_for(device, procs, settings)
+        queue.note_slots(settings)  # this launch's hosts.yaml entry: the queue's number of CPU slots from now on
         ticket = queue.enqueue(_runs_root(root) / run_name, need, settings)
         policy += ["--need", str(need), "--cpu-slots", str(cpu_slots), "--gpu-free-below", str(gpu_free_below)]
         policy += ["--ticket", str(ticket.path), "--ticket-fd", str(ticket.file.fileno())]

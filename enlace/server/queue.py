@@ -6,6 +6,8 @@ file that the kernel releases when its holder dies.
     QUEUE_DIR/seq             the last ticket's number
     QUEUE_DIR/tickets/N.json  a waiting run (name, run dir, need); flocked by its waiter as long as it waits:
                               a ticket whose lock is free belongs to a waiter that died, and is dropped
+    QUEUE_DIR/cpu_slots       how many CPU slots the account has: the latest launch's host entry's (a run
+                              already waiting takes a slot added since it was launched)
     QUEUE_DIR/slot-gpu-UUID   one per GPU, one per CPU slot (slot-cpu-I): flocked by the run that holds it,
     QUEUE_DIR/slot-cpu-I      for as long as its supervisor or its trainer lives (the trainer inherits the
                               descriptor); the file says which run, for `status`. Never deleted (a lock on
@@ -40,6 +42,7 @@ from enlace.server.needs import Need, Settings, inventory
 from enlace.state.runs import atomic_write
 
 POLL_S = 2.0  # a waiter looks at the queue this often
+SLOTS = "cpu_slots"
 
 
 @dataclass
@@ -183,7 +186,28 @@ class QueueBusy(EnlaceError):
 def _pool(kind: str, settings: Settings) -> list[Slot]:
     if kind == "gpu":
         return [Slot(f"slot-gpu-{g.uuid}", f"GPU {g.index}", g) for g in inventory(settings.dir)]
-    return [Slot(f"slot-cpu-{i}", f"CPU slot {i}") for i in range(settings.cpu_slots)]
+    return [Slot(f"slot-cpu-{i}", f"CPU slot {i}") for i in range(_cpu_slots(settings))]
+
+
+def _cpu_slots(settings: Settings) -> int:
+    """The account's CPU slots: the latest launch's (QUEUE_DIR/cpu_slots), else `settings`'. A waiter's own were
+    its launch's: raising cpu_slots in hosts.yaml left the new slot idle while runs waited."""
+    try:
+        return max(1, int((settings.dir / SLOTS).read_text()))
+    except (OSError, ValueError):
+        return settings.cpu_slots
+
+
+def note_slots(settings: Settings) -> None:
+    """A launch's cpu_slots become the queue's (`enlace start`'s; a restart's wait, with its launch's, does not)."""
+    with _decision(settings.dir):
+        _note_slots(settings)
+
+
+def _note_slots(settings: Settings) -> None:
+    """A launch's (or its preflight's, a sweep's placement's) cpu_slots become the queue's (under the lock)."""
+    if _cpu_slots(settings) != settings.cpu_slots or not (settings.dir / SLOTS).exists():
+        atomic_write(settings.dir / SLOTS, f"{settings.cpu_slots}\n")
 
 
 def _who(doc: dict, here: str) -> str:
@@ -273,6 +297,7 @@ def seat_now(run: str, need: Need, settings: Settings, here: str = "") -> tuple[
     """The seat `need` asks for, if it is free now and no run waits for one of its kind (preflight takes it for
     as long as it measures: on what a run would get, beside nobody); else (None, why not; `here`: the run's dir)."""
     with _decision(settings.dir):
+        _note_slots(settings)
         pool = _pool(need.kind, settings)
         free, taken = _look(pool, settings, here)
         waiting = [_who(doc, here) for _, doc in _waiting(settings.dir) if Need.parse(doc["need"]).kind == need.kind]
@@ -288,6 +313,7 @@ def seat_now(run: str, need: Need, settings: Settings, here: str = "") -> tuple[
 def capacity(need: Need, settings: Settings) -> dict:
     """How much room this server has now for runs that need what `need` does (a sweep spreads by it)."""
     with _decision(settings.dir):
+        _note_slots(settings)
         pool = _pool(need.kind, settings)
         free, _ = _look(pool, settings)
         waiting = sum(Need.parse(doc["need"]).kind == need.kind for _, doc in _waiting(settings.dir))

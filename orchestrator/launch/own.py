@@ -40,7 +40,10 @@ def command_of(repo: Path, run: str | None, argv: list[str] | None, name: str | 
         if not argv:
             raise UsageError("launch --name NAME -- COMMAND...: nothing after `--` — give the command to run")
         if run:
-            raise UsageError(f"launch {run} -- COMMAND: give either a run file or a command, not both")
+            raise UsageError(
+                f"launch {run} -- COMMAND: give either a run file or a command, not both — a command is launched "
+                f"under a name of yours: enlace-remote launch --name {shlex.quote(run)} -- {shlex.join(argv)}"
+            )
         if not name:
             raise UsageError(
                 "launch -- COMMAND needs --name NAME: the run's name (status, logs, stop and fetch use it)"
