@@ -97,8 +97,18 @@ def hosts(ctx: click.Context) -> None:
         ctx.exit(contract.USAGE)
 
 
+def _not_local(ctx: click.Context, param: click.Parameter, name: str) -> str:
+    """`local` is built in (said before a missing --ssh is: it takes none)."""
+    if name == "local":
+        raise click.BadParameter(
+            "`local` is this machine, built in: hosts add does not write it — its keys (remote_dir, cpu_slots, "
+            "gpu_free_below, notify) go by hand under `hosts:` / `  local:` in your hosts file (docs/sharing.md)"
+        )
+    return name
+
+
 @hosts.command("add")
-@click.argument("name")
+@click.argument("name", is_eager=True, callback=_not_local)
 @click.option("--ssh", "target", required=True, metavar="USER@HOST[:PORT]", help="How to reach it (or an ssh alias).")
 @click.option("--remote-dir", default=None, help="Where enlace lives on the server (default ~/enlace).")
 @click.option("--python", default=None, help="`venv` (default: built from constraints.txt) or a python with torch.")

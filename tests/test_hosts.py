@@ -160,6 +160,14 @@ def test_the_local_host_refuses_a_relative_remote_dir_and_an_ssh_key(tmp_path, m
             resolve_host("local", tmp_path)
     (tmp_path / "hosts.yaml").write_text("hosts:\n  local: {remote_dir: ~/enlace-local}\n")
     assert resolve_host("local", tmp_path).remote_dir == str(Path("~/enlace-local").expanduser())
+    # `hosts add local --cpu-slots 2` (as docs/sharing.md sets local's slots) said "Missing option '--ssh'"
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+
+    said = CliRunner().invoke(main, ["hosts", "add", "local", "--cpu-slots", "2"])
+    assert said.exit_code == 2 and "--ssh" not in said.output, said.output
+    assert "go by hand under `hosts:` / `  local:` in your hosts file (docs/sharing.md)" in said.output
 
 
 def test_hosts_add_keeps_the_files_comments_and_layout(tmp_path, monkeypatch):
