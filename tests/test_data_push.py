@@ -238,7 +238,7 @@ def test_launch_push_data_is_a_stage_before_verify_and_verify_names_data_push(ss
     write_tiny_corpus(user_repo / "data" / "tiny")
     remote(user_repo, sshd.env, "sync")
     out = remote(user_repo, sshd.env, "verify", "tiny", "--for-launch", check=False)
-    assert out.returncode == 3 and "enlace-remote data push" in out.stderr, out.stderr
+    assert out.returncode == 3 and "enlace-remote --host testhost data push tiny" in out.stderr, out.stderr
     out = remote(user_repo, sshd.env, "launch", "tiny", "--push-data", "--no-preflight", "--until", "2")
     err = out.stderr
     assert err.index("sync:") < err.index("data push tiny → testhost: sent") < err.index("verify: tiny ready"), err
@@ -283,8 +283,7 @@ def test_received_bytes_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_path, mo
     stalled in write() (a 1 GiB push fell below rsync's speed; the figures are in docs/benchmarks.md).
     Both receiving ends, data push's server and fetch's driver, write a 3 MiB file in pieces."""
     from enlace.hashing import WRITE_PIECE
-    from orchestrator.transfer.fetch import _receive
-    from orchestrator.transfer.wire import Progress, Reader
+    from orchestrator.transfer.wire import Progress, Reader, receive
 
     sizes = file_write_sizes(monkeypatch)
     body = os.urandom(3 << 20)
@@ -296,7 +295,7 @@ def test_received_bytes_reach_the_disk_in_pieces_of_at_most_256_kib(tmp_path, mo
     assert report["written"] == [rel] and (tmp_path / "data" / rel).read_bytes() == body
     pushed, sizes[:] = list(sizes), []
     reader = Reader(io.BytesIO(FRAME.pack(0, len(body)) + body))
-    _receive(reader, tmp_path / "fetched", 0, hashlib.sha256(), Progress("fetch", len(body), tty=False))
+    receive(reader, tmp_path / "fetched", 0, hashlib.sha256(), Progress("fetch", len(body), tty=False))
     assert (tmp_path / "fetched").read_bytes() == body
     assert sum(pushed) == sum(sizes) == len(body) and max(pushed + sizes) == WRITE_PIECE, (pushed, sizes)
 

@@ -187,7 +187,7 @@ def test_a_config_its_checkpoints_cannot_resume_is_refused_before_anything_start
     out = remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", check=False)
     assert out.returncode == 2, out.stderr  # a checkpoint error, as train refuses it (docs/troubleshooting.md)
     assert "tiny's checkpoints were trained with model.n_layer=2, this config gives 3" in out.stderr
-    assert "enlace-remote launch tiny --resume none" in out.stderr
+    assert "enlace-remote --host testhost launch tiny --resume none" in out.stderr  # (it named no host)
     assert status_row(user_repo, sshd.env, "testhost", "tiny")["status"] == "stopped"  # nothing was started
     remote(user_repo, sshd.env, "fetch", "tiny")  # the n_layer 2 line's step-000002, here
     remote(user_repo, sshd.env, "launch", "tiny", "--no-preflight", "--resume", "none", "--until", "2")
