@@ -7,9 +7,10 @@ in Python. A process is identified by its pid *and* its start time (psutil's cre
 when it started), so a reused pid or an unrelated process never counts as the run.
 
 run.json (written only here, under a lock, replaced atomically):
-    status, pid + pid_start (the trainer, rank 0), launcher_pid + launcher_start (what `start`
-    spawned: the trainer or torchrun), launch_id, phase, step, max_steps, loss, val_bpb, tokens,
-    tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from, set_aside;
+    status, pid + pid_start (the trainer, rank 0), launcher_pid + launcher_start (what `start` spawned: the
+    run's supervisor), launch_id, phase, step, max_steps, loss, val_bpb, tokens, end_told (notify.py),
+    tokens_per_s, commit, host, torch, exit_code, error, started_at, updated_at, resumed_from, set_aside, until
+    (where this start stops, --until; status's ETA counts to it);
     under Slurm also job_id, node, requeues, requeue_limit_reached: liveness is then the job's
     state (the login node cannot see a compute node's processes), from enlace/slurm/settings.py.
 Stdlib and psutil only: the driver's server verbs answer without importing torch.
@@ -216,9 +217,9 @@ def observe(run_dir: Path) -> dict[str, Any]:
     end = now if training else st.get("updated_at", now)
     this_start = (now - started if training else st.get("start_trained_s") or end - started) if started else None
     step, max_steps = st.get("step", 0), st.get("max_steps")
-    eta = None
-    if status == Status.RUNNING and st.get("tokens_per_s") and step and max_steps:
-        eta = (max_steps - step) * (st.get("tokens", 0) / step) / st["tokens_per_s"]
+    eta, stop_at = None, st.get("until") or max_steps  # (--until: this start stops there; the ETA ignored it)
+    if status == Status.RUNNING and st.get("tokens_per_s") and step and stop_at:
+        eta = max(0, stop_at - step) * (st.get("tokens", 0) / step) / st["tokens_per_s"]
     latest = latest_checkpoint(run_dir / "checkpoints")
     return {
         "run_name": run_dir.name,

@@ -130,6 +130,7 @@ def _train(
         run.phase("evaluating the untrained model")
         _eval(run, setup, start.val_stream, 0)  # the baseline the final eval is compared with
     target = min(until or t.max_steps, t.max_steps)
+    run.update_status(until=target if target < t.max_steps else None)  # where this start stops: status's ETA
     if progress["step"] >= target:  # (--until behind the step: raising max_steps, as it said, changed nothing)
         behind = until is not None and until < t.max_steps and progress["step"] < t.max_steps
         run.log(
