@@ -186,9 +186,10 @@ def ask_to_stop(session, host: str, run_name: str, grace: float | None, kill: bo
     except KeyboardInterrupt:
         there = f"enlace-remote --host {host}"
         click.echo(
-            f"\n{run_name} on {host} may already have been sent SIGTERM (the server sends it before it waits for the"
-            f" checkpoint); then it saves one and exits on its own{', not killed' if kill else ''}. `{there} status"
-            f" {run_name}` says where it stands (stopping: saving); `{there} stop {run_name}` waits for it again",
+            f"\n{run_name} on {host} may already have been sent SIGTERM (the server sends it before it waits for its"
+            f" end); then it ends on its own, enlace's trainer and a script using enlace.job once they have saved a"
+            f" checkpoint{', not killed' if kill else ''}. `{there} status {run_name}` says where it stands;"
+            f" `{there} stop {run_name}` waits for it again",
             err=True,
         )
         raise
