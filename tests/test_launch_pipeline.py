@@ -142,7 +142,10 @@ def test_ctrl_c_in_stop_says_the_run_may_be_stopping_on_its_own(capsys):
     with pytest.raises(KeyboardInterrupt):
         ask_to_stop(Waiting(), "gpu", "long", 30.0, kill=True)
     err = capsys.readouterr().err
-    assert "long on gpu may already have been sent SIGTERM" in err and "once they have saved a checkpoint, not killed" in err
+    assert (
+        "long on gpu may already have been sent SIGTERM" in err
+        and "once they have saved a checkpoint, not killed" in err
+    )
     assert "`enlace-remote --host gpu status long`" in err and "`enlace-remote --host gpu stop long` waits" in err
 
 
