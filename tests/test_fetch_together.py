@@ -5,6 +5,8 @@ the folder is refused in one line, where it swept the first one's staging away u
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 from support.canned import CannedWire, canned_session
@@ -33,10 +35,15 @@ def test_run_files_fetched_beside_a_fetch_leave_its_staging_be(tmp_path):
     staged = root / ".partial-fetch" / "checkpoints" / "step-000010" / "model.pt"  # a fetch's, under way
     staged.parent.mkdir(parents=True)
     staged.write_bytes(b"half a checkpoint")
+    dead = subprocess.Popen(["true"])  # a process that is gone: its pid
+    dead.wait()
+    (root / f".partial-fetch-{dead.pid}-1").mkdir()  # a plot's, killed by SIGKILL: it stayed for good
+    (root / f".partial-fetch-{os.getpid()}-1").mkdir()  # a live one's (this process's other thread)
     bodies = {"metrics.jsonl": b'{"step": 1}\n', "run.json": b'{"status": "running"}\n'}
     offer = {"files": {n: len(b) for n, b in bodies.items()}, "checkpoints": [], "run_dir": "/srv/runs/r"}
     wire = json.dumps(offer).encode() + b"\n" + b"".join(FRAME.pack(0, len(b)) + b for b in bodies.values())
     assert fetch_run_files(canned_session(CannedWire(wire)), "r", root, tuple(bodies)) == list(bodies)
     assert {n: (root / n).read_bytes() for n in bodies} == bodies
     assert staged.read_bytes() == b"half a checkpoint"  # left as it was (it was its staging too, then removed)
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".partial-fetch")) == [".partial-fetch"]
+    left = sorted(p.name for p in root.iterdir() if p.name.startswith(".partial-fetch"))
+    assert left == [".partial-fetch", f".partial-fetch-{os.getpid()}-1"]

@@ -147,6 +147,8 @@ def test_an_extended_run_resumes_with_a_plain_train_and_keeps_its_schedule(proje
     enlace(project, "train", "ext")
     enlace(project, "train", "ext", "--set", "training.max_steps=10", "--until", "8")
     assert run_json(project / "runs" / "ext")["status"] == "stopped"
+    at = json.loads(enlace(project, "check-config", "ext", "--json", "--set", "training.max_steps=8").stdout)
+    assert "at step 8, and training.max_steps=8 is not above it" in at["resume_problem"]  # (it passed, then failed)
     out = enlace(project, "train", "ext")  # plain: the run's recorded --set applies
     state = run_json(project / "runs" / "ext")
     assert state["status"] == "finished" and state["step"] == 10, out.stdout[-2000:]
@@ -166,10 +168,14 @@ def test_an_extended_run_resumes_with_a_plain_train_and_keeps_its_schedule(proje
     # same training.max_steps", where any M above the step extends it), before a launch and by the trainer
     lower = json.loads(enlace(project, "check-config", "ext", "--json", "--set", "training.max_steps=8").stdout)
     assert lower["resume_problem"].startswith(
-        "ext's newest checkpoint is at step 10, past training.max_steps=8: nothing to train — extend it with"
+        "ext's newest checkpoint is at step 10, and training.max_steps=8 is not above it: nothing to train — extend"
     ) and lower["resume_problem"].endswith("--set training.max_steps=8 --resume none"), lower["resume_problem"]
     out = enlace(project, "train", "ext", "--set", "training.max_steps=8", check=False)
-    assert out.returncode == 2 and "the checkpoint is at step 10, past training.max_steps=8" in out.stderr
+    assert (
+        out.returncode == 2 and "the checkpoint is at step 10, and training.max_steps=8 is not above it" in out.stderr
+    )
+    # its recorded max_steps (10) at the step: resumes to say it is finished; another equal to the step is refused
+    assert json.loads(enlace(project, "check-config", "ext", "--json").stdout)["resume_problem"] is None
     # what verify checks for `launch ext --resume none`: the config without the recorded --set, and no word
     # that they apply (verify said they did, then the launch started without them, as documented)
     afresh = json.loads(enlace(project, "check-config", "ext", "--json", "--fresh").stdout)

@@ -68,9 +68,9 @@ def resume_problem(cfg: Config, overrides: typing.Sequence[str] = ()) -> str | N
             )
     latest = latest_checkpoint(cfg.run_dir / "checkpoints")
     reached, steps = read_manifest(latest)["step"] if latest else 0, now["training.max_steps"]
-    if steps < reached:
+    if steps <= reached and steps != saved.get("training.max_steps"):  # as the trainer's check_compatible refuses
         return (
-            f"{cfg.run_name}'s newest checkpoint is at step {reached}, past training.max_steps={steps}: nothing to "
-            f"train — extend it with --set training.max_steps=M, M above {reached}, or {afresh}"
+            f"{cfg.run_name}'s newest checkpoint is at step {reached}, and training.max_steps={steps} is not above it: "
+            f"nothing to train — extend it with --set training.max_steps=M, M above {reached}, or {afresh}"
         )
     return None

@@ -272,8 +272,9 @@ def check_compatible(
     diff = first_difference(saved, current)
     if diff and diff[0] == "training.max_steps":  # lowered below the step reached (it read as another config's)
         raise CheckpointError(
-            f"{where}: the checkpoint is at step {trainer['step']}, past training.max_steps={diff[2]}: nothing to "
-            f"train — extend it with a training.max_steps above {trainer['step']}, or start afresh with --resume none"
+            f"{where}: the checkpoint is at step {trainer['step']}, and training.max_steps={diff[2]} is not above it:"
+            f" nothing to train — extend it with a training.max_steps above {trainer['step']}, or start afresh with"
+            " --resume none"
         )
     if diff:
         key, old, new = diff

@@ -235,6 +235,11 @@ def fetch_all(remote: Remote, name: str, best: bool, which_all: bool) -> None:
             click.echo(f"fetch {row['run_name']} ({row['host']}): not fetched — {e.format_message()}", err=True)
             continue
         got = [*rep["fetched"], *([f"{rep['outputs']} output file(s) verified"] if rep.get("outputs") else [])]
+        got += (
+            [f"{len(rep['set_aside'])} of an earlier line moved to checkpoints-set-aside/"]
+            if rep.get("set_aside")
+            else []
+        )
         click.echo(f"fetch {row['run_name']} ({row['host']}): {', '.join(got) or 'up to date'} → {rep['dest']}")
     if failed:
         sys.exit(1)

@@ -182,6 +182,7 @@ def fetch_run_files(
     the host's one connection (Transport.duplex)."""
     root = dest.resolve()
     staging = root / f"{STAGING}-{os.getpid()}-{threading.get_ident()}"  # its own: a fetch (or plot) may be under way
+    _drop_dead_stagings(root)
 
     def plan(offer: dict[str, Any]) -> dict[str, str | None]:
         _claim(root, session.host.name, offer["run_dir"], run_name)
@@ -195,6 +196,18 @@ def fetch_run_files(
     finally:  # its run files come whole again next time: nothing of it is kept
         shutil.rmtree(staging, ignore_errors=True)
     return fetched
+
+
+def _drop_dead_stagings(root: Path) -> None:
+    """The staging folders of run-file fetches whose process is gone (a plot killed by SIGKILL kept its own)."""
+    for old in root.glob(f"{STAGING}-*-*"):
+        pid = old.name.split("-")[-2]
+        try:
+            os.kill(int(pid), 0) if pid.isdigit() else None
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError:  # (alive, another account's)
+            pass
 
 
 def _converse(
