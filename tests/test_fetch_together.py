@@ -47,3 +47,14 @@ def test_run_files_fetched_beside_a_fetch_leave_its_staging_be(tmp_path):
     assert staged.read_bytes() == b"half a checkpoint"  # left as it was (it was its staging too, then removed)
     left = sorted(p.name for p in root.iterdir() if p.name.startswith(".partial-fetch"))
     assert left == [".partial-fetch", f".partial-fetch-{os.getpid()}-1"]
+
+
+def test_without_flock_a_lock_is_taken_as_held_alone(tmp_path, monkeypatch):
+    """Windows has no fcntl: the driver's advisory lock (orchestrator/ssh/portable.py) is then none at all, and
+    a fetch goes on rather than fail; with flock, a second holder of the file is refused."""
+    from orchestrator.ssh import portable
+
+    with open(tmp_path / "lock", "a") as first, open(tmp_path / "lock", "a") as second:
+        assert portable.held_alone(first) and not portable.held_alone(second)
+        monkeypatch.setattr(portable, "fcntl", None)
+        assert portable.held_alone(second)

@@ -5,7 +5,6 @@ the fixed --set items, and each point (run name, host, values). `status --sweep`
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,6 +14,7 @@ from enlace.contract import RUN_NAME_RE
 from enlace.errors import AlreadyRunning
 from orchestrator.errors import UsageError
 from orchestrator.hosts.resolve import driver_dir
+from orchestrator.ssh.portable import held_alone
 
 NAME_RULE = "a sweep name is 1-40 characters of [A-Za-z0-9._-] starting with a letter or digit"
 
@@ -51,13 +51,11 @@ def launching(repo: Path, name: str):
     driver_dir(repo)
     d.mkdir(exist_ok=True)
     with open(d / f".{name}.lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not held_alone(lock):
             raise AlreadyRunning(
                 f"sweep {name}: another `enlace-remote sweep` of that name is under way from this repo — let it end"
                 f" (then the same command with --name {name} starts the points it did not), or give another --name"
-            ) from None
+            )
         yield
 
 

@@ -16,11 +16,7 @@ from typing import Any
 from enlace.data.paths import stat_in
 from enlace.errors import AlreadyRunning, EnlaceError
 from enlace.hashing import file_sha256
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory lock, so two fetches into one folder are not kept apart there
-    fcntl = None
+from orchestrator.ssh.portable import held_alone
 
 STAGING = ".partial-fetch"
 LOCK = ".fetch.lock"
@@ -38,13 +34,10 @@ def one_fetch(root: str):
     os.makedirs(root, exist_ok=True)
     try:
         with open(os.path.join(root, LOCK), "a") as lock:
-            try:
-                if fcntl:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not held_alone(lock):
                 raise AlreadyRunning(
                     f"another fetch into {root} is under way — let it end (or Ctrl-C it), then fetch again"
-                ) from None
+                )
             yield
     finally:
         with contextlib.suppress(OSError):
