@@ -13,6 +13,7 @@ it starts anything (RECORDED: the keys).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -186,8 +187,9 @@ def set_aside_listing(run_dir: Path) -> list[dict[str, Any]]:
     --resume moved out of the run's line (fetch-serve offers it; a fetched copy follows with `set_aside_copies`)."""
     listed = []
     for ckpt in sorted((run_dir / SET_ASIDE).glob("*/step-*")):
-        if STEP_RE.fullmatch(ckpt.name) and manifest_problem(ckpt) is None:
-            listed.append({"folder": ckpt.parent.name, "name": ckpt.name, "files": read_manifest(ckpt)["files"]})
+        with contextlib.suppress(CheckpointError):  # (an incomplete one: not a checkpoint)
+            if STEP_RE.fullmatch(ckpt.name):
+                listed.append({"folder": ckpt.parent.name, "name": ckpt.name, "files": read_manifest(ckpt)["files"]})
     return listed
 
 
@@ -205,7 +207,10 @@ def set_aside_copies(ckpt_root: Path, aside: list[dict[str, Any]], present: dict
         if present.get(name) == entry.get("files"):
             continue
         here, there = ckpt_root / name, ckpt_root.parent / SET_ASIDE / folder / name
-        if here.is_symlink() or manifest_problem(here) or read_manifest(here)["files"] != entry.get("files"):
+        try:
+            if here.is_symlink() or read_manifest(here)["files"] != entry.get("files"):
+                continue
+        except CheckpointError:  # none here, or incomplete
             continue
         if not there.exists():
             there.parent.mkdir(parents=True, exist_ok=True)

@@ -74,8 +74,9 @@ def _already_here(final: Path, files: dict) -> bool:
 
 def fetch(session: Session, run_name: str, dest: Path, all_checkpoints: bool) -> dict[str, Any]:
     """Fetch RUN's newest (or every) complete checkpoint and its run files into `dest`, one fetch there at once."""
-    with one_fetch(str(dest.resolve())):
-        return _fetch(session, run_name, dest.resolve(), all_checkpoints)
+    root = dest.resolve()
+    with one_fetch(str(root)):
+        return _fetch(session, run_name, root, all_checkpoints)
 
 
 def _fetch(session: Session, run_name: str, root: Path, all_checkpoints: bool) -> dict[str, Any]:
