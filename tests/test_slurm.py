@@ -265,7 +265,8 @@ def test_a_preflight_job_that_would_never_run_is_one_error_and_asks_for_the_jobs
         assert "on a compute node: srun --nodes=1 --ntasks=1" in out.stderr and "--time=2 " in out.stderr
     finally:
         cluster.run("scontrol", "update", "PartitionName=debug", "MaxTime=INFINITE")
-    assert not cluster.run("squeue", "--noheader").stdout.strip()  # the pending job was cancelled
+    # the pending job was cancelled (the last preflight's job may still be completing, CG, for a moment)
+    wait_until(lambda: not cluster.run("squeue", "--noheader").stdout.strip(), 120, "an empty Slurm queue")
     # a GPU run where the host's jobs ask for no GPU: refused before any job (it queued and failed on the node)
     out = remote(user_repo, login.env, "launch", "smoke-2060", "--no-preflight", host="cluster", check=False)
     assert out.returncode == 3 and "asks its jobs for no GPU" in out.stderr, out.stderr
